@@ -1,0 +1,1 @@
+//! The `static inline` verbs of `<infiniband/verbs.h>`, ported. (Being written.)

@@ -19,8 +19,7 @@
 
 use std::ffi::{c_char, CStr};
 use std::fmt::Write as _;
-use std::io;
-use std::mem::size_of;
+use std::io::{self, Write as _};
 use std::net::Ipv6Addr;
 use std::process::ExitCode;
 
@@ -70,8 +69,10 @@ fn main() -> ExitCode {
     let opts = match parse_args(std::env::args().skip(1)) {
         Ok(Some(opts)) => opts,
         Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
+            return match write_stdout(&format!("{USAGE}\n")) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(_) => ExitCode::FAILURE,
+            }
         }
         Err(msg) => {
             eprintln!("devinfo: {msg}\n{USAGE}");
@@ -79,8 +80,8 @@ fn main() -> ExitCode {
         }
     };
     match run(&opts) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
+        Ok(()) | Err(Stop::PipeClosed) => ExitCode::SUCCESS,
+        Err(Stop::Failed(msg)) => {
             eprintln!("devinfo: {msg}");
             ExitCode::FAILURE
         }
@@ -90,23 +91,23 @@ fn main() -> ExitCode {
 const NO_DEVICE_HINT: &str = "no RDMA kernel driver is loaded, or no rxe link exists \
      (for SoftRoCE: `modprobe rdma_rxe; rdma link add rxe0 type rxe netdev <ifname>`)";
 
-fn run(opts: &Options) -> Result<(), String> {
+fn run(opts: &Options) -> Result<(), Stop> {
     let list = DeviceList::get().map_err(|e| {
         format!("no RDMA devices: ibv_get_device_list failed: {e}\nusual cause: {NO_DEVICE_HINT}")
     })?;
     if list.devices().is_empty() {
-        return Err(format!(
+        return Err(Stop::Failed(format!(
             "no RDMA devices found\nusual cause: {NO_DEVICE_HINT}"
-        ));
+        )));
     }
 
     if opts.list_only {
         let n = list.devices().len();
-        println!("{n} HCA{} found:", if n == 1 { "" } else { "s" });
+        let mut text = format!("{n} HCA{} found:\n", if n == 1 { "" } else { "s" });
         for &dev in list.devices() {
-            println!("\t{}", device_name(dev));
+            let _ = writeln!(text, "\t{}", device_name(dev));
         }
-        return Ok(());
+        return emit(&text);
     }
 
     let chosen: Vec<*mut ffi::ibv_device> = match &opts.device {
@@ -115,21 +116,51 @@ fn run(opts: &Options) -> Result<(), String> {
             Some(&dev) => vec![dev],
             None => {
                 let names: Vec<String> = list.devices().iter().map(|&d| device_name(d)).collect();
-                return Err(format!(
+                return Err(Stop::Failed(format!(
                     "no RDMA device named '{want}'; available: {}",
                     names.join(", ")
-                ));
+                )));
             }
         },
     };
 
-    for (i, &dev) in chosen.iter().enumerate() {
-        if i > 0 {
-            println!();
-        }
-        print_device(dev, opts.verbose)?;
+    for &dev in &chosen {
+        // One device at a time: what was gathered is printed even if a later
+        // device fails.
+        let mut out = Report::default();
+        let result = print_device(&mut out, dev, opts.verbose);
+        emit(&out.0)?;
+        result?;
     }
     Ok(())
+}
+
+/// Why `run` stopped early.
+enum Stop {
+    /// The reader went away (`devinfo | head`): not an error, stop quietly.
+    PipeClosed,
+    Failed(String),
+}
+
+impl From<String> for Stop {
+    fn from(msg: String) -> Self {
+        Stop::Failed(msg)
+    }
+}
+
+/// Writes `text` to stdout; unlike `println!`, a closed pipe does not panic.
+fn emit(text: &str) -> Result<(), Stop> {
+    match write_stdout(text) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(Stop::PipeClosed),
+        Err(e) => Err(Stop::Failed(format!("writing to stdout: {e}"))),
+    }
+}
+
+fn write_stdout(text: &str) -> io::Result<()> {
+    let mut stdout = io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()
 }
 
 /// The array from `ibv_get_device_list`, freed on drop. The device pointers in
@@ -183,45 +214,28 @@ impl Context {
     }
 
     fn query_device(&self) -> io::Result<ffi::ibv_device_attr> {
-        // SAFETY: all-zero bytes are a valid `ibv_device_attr` (integers, arrays
-        // and enum newtypes over integers).
-        let mut attr: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
+        let mut attr = ffi::ibv_device_attr::default();
         // SAFETY: `self.raw` is an open context and `attr` a valid out-pointer.
         let rc = unsafe { ffi::ibv_query_device(self.raw, &mut attr) };
         verb_result(rc).map(|()| attr)
     }
 
-    /// Through the exported compat symbol, as the header's `ibv_query_port`
-    /// does when the provider has no extended `query_port`: that symbol fills
-    /// the old layout, a prefix of `ibv_port_attr` that stops before
-    /// `port_cap_flags2`, which therefore stays 0 here.
+    /// Through the ported inline `ibv_query_port` (the header's macro), which
+    /// fills the whole current layout, `port_cap_flags2` included; the exported
+    /// symbol of that name only fills the older, shorter layout.
     fn query_port(&self, port: u8) -> io::Result<ffi::ibv_port_attr> {
-        // SAFETY: all-zero bytes are a valid `ibv_port_attr` (integers and enum
-        // newtypes over integers).
-        let mut attr: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
-        let out = std::ptr::addr_of_mut!(attr).cast::<ffi::_compat_ibv_port_attr>();
-        // SAFETY: `self.raw` is an open context; the library writes at most the
-        // compat layout, which is a prefix of the `ibv_port_attr` behind `out`.
-        let rc = unsafe { ffi::ibv_query_port_compat(self.raw, port, out) };
+        let mut attr = ffi::ibv_port_attr::default();
+        // SAFETY: `self.raw` is an open context and `attr` a valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_port(self.raw, port, &mut attr) };
         verb_result(rc).map(|()| attr)
     }
 
     /// `Ok(None)` for an empty slot (`ENODATA`).
     fn query_gid(&self, port: u8, index: u32) -> io::Result<Option<ffi::ibv_gid_entry>> {
-        // SAFETY: all-zero bytes are a valid `ibv_gid_entry` (plain integers).
-        let mut entry: ffi::ibv_gid_entry = unsafe { std::mem::zeroed() };
-        // SAFETY: `self.raw` is an open context, `entry` a valid out-pointer of
-        // the size we pass; flags must be 0.
-        let rc = unsafe {
-            ffi::_ibv_query_gid_ex(
-                self.raw,
-                port.into(),
-                index,
-                &mut entry,
-                0,
-                size_of::<ffi::ibv_gid_entry>(),
-            )
-        };
+        let mut entry = ffi::ibv_gid_entry::default();
+        // SAFETY: `self.raw` is an open context and `entry` a valid out-pointer;
+        // flags must be 0.
+        let rc = unsafe { ffi::ibv_query_gid_ex(self.raw, port.into(), index, &mut entry, 0) };
         match verb_result(rc) {
             Ok(()) => Ok(Some(entry)),
             Err(e) if e.raw_os_error() == Some(libc::ENODATA) => Ok(None),
@@ -265,7 +279,7 @@ fn device_name(dev: *mut ffi::ibv_device) -> String {
         .into_owned()
 }
 
-fn print_device(dev: *mut ffi::ibv_device, verbose: bool) -> Result<(), String> {
+fn print_device(out: &mut Report, dev: *mut ffi::ibv_device, verbose: bool) -> Result<(), String> {
     let name = device_name(dev);
     // SAFETY: `dev` is an element of a live device list; `transport_type` is a
     // plain integer field (no accessor verb exists for it).
@@ -275,126 +289,146 @@ fn print_device(dev: *mut ffi::ibv_device, verbose: bool) -> Result<(), String> 
         .query_device()
         .map_err(|e| format!("{name}: ibv_query_device failed: {e}"))?;
 
-    println!("hca_id:\t{name}");
-    field(
+    out.line(format_args!("hca_id:\t{name}"));
+    out.field(
         DEV,
         "transport",
         format!("{} ({})", transport_str(transport), transport.0),
     );
-    field(DEV, "fw_ver", c_chars_to_string(&attr.fw_ver));
-    field(DEV, "node_guid", guid_str(attr.node_guid));
-    field(DEV, "sys_image_guid", guid_str(attr.sys_image_guid));
-    field(DEV, "vendor_id", format!("0x{:04x}", attr.vendor_id));
-    field(DEV, "vendor_part_id", attr.vendor_part_id);
-    field(DEV, "hw_ver", format!("0x{:x}", attr.hw_ver));
-    field(DEV, "phys_port_cnt", attr.phys_port_cnt);
+    out.field(DEV, "fw_ver", c_chars_to_string(&attr.fw_ver));
+    out.field(DEV, "node_guid", guid_str(attr.node_guid));
+    out.field(DEV, "sys_image_guid", guid_str(attr.sys_image_guid));
+    out.field(DEV, "vendor_id", format!("0x{:04x}", attr.vendor_id));
+    out.field(DEV, "vendor_part_id", attr.vendor_part_id);
+    out.field(DEV, "hw_ver", format!("0x{:x}", attr.hw_ver));
+    out.field(DEV, "phys_port_cnt", attr.phys_port_cnt);
     if verbose {
-        print_device_limits(&attr);
+        print_device_limits(out, &attr);
+        // SAFETY: `ctx.raw` is an open context; `num_comp_vectors` is a plain
+        // integer the library set when it opened the device.
+        let comp_vectors = unsafe { (*ctx.raw).num_comp_vectors };
+        out.field(DEV, "num_comp_vectors", comp_vectors);
     }
 
     for port in 1..=attr.phys_port_cnt {
         let pattr = ctx
             .query_port(port)
             .map_err(|e| format!("{name}: ibv_query_port({port}) failed: {e}"))?;
-        print_port(&ctx, port, &pattr, verbose);
+        print_port(out, &ctx, port, &pattr, verbose)
+            .map_err(|e| format!("{name}: port {port}: {e}"))?;
     }
     Ok(())
 }
 
-fn print_device_limits(a: &ffi::ibv_device_attr) {
-    field(DEV, "max_mr_size", format!("0x{:x}", a.max_mr_size));
-    field(DEV, "page_size_cap", format!("0x{:x}", a.page_size_cap));
-    field(DEV, "max_qp", a.max_qp);
-    field(DEV, "max_qp_wr", a.max_qp_wr);
-    field(
+fn print_device_limits(out: &mut Report, a: &ffi::ibv_device_attr) {
+    out.field(DEV, "max_mr_size", format!("0x{:x}", a.max_mr_size));
+    out.field(DEV, "page_size_cap", format!("0x{:x}", a.page_size_cap));
+    out.field(DEV, "max_qp", a.max_qp);
+    out.field(DEV, "max_qp_wr", a.max_qp_wr);
+    out.field(
         DEV,
         "device_cap_flags",
         format!("0x{:08x}", a.device_cap_flags),
     );
-    print_flags(DEV, a.device_cap_flags, &device_cap_names());
-    field(DEV, "max_sge", a.max_sge);
-    field(DEV, "max_sge_rd", a.max_sge_rd);
-    field(DEV, "max_cq", a.max_cq);
-    field(DEV, "max_cqe", a.max_cqe);
-    field(DEV, "max_mr", a.max_mr);
-    field(DEV, "max_pd", a.max_pd);
-    field(DEV, "max_qp_rd_atom", a.max_qp_rd_atom);
-    field(DEV, "max_ee_rd_atom", a.max_ee_rd_atom);
-    field(DEV, "max_res_rd_atom", a.max_res_rd_atom);
-    field(DEV, "max_qp_init_rd_atom", a.max_qp_init_rd_atom);
-    field(DEV, "max_ee_init_rd_atom", a.max_ee_init_rd_atom);
-    field(
+    out.flags(DEV, a.device_cap_flags, &device_cap_names());
+    out.field(DEV, "max_sge", a.max_sge);
+    out.field(DEV, "max_sge_rd", a.max_sge_rd);
+    out.field(DEV, "max_cq", a.max_cq);
+    out.field(DEV, "max_cqe", a.max_cqe);
+    out.field(DEV, "max_mr", a.max_mr);
+    out.field(DEV, "max_pd", a.max_pd);
+    out.field(DEV, "max_qp_rd_atom", a.max_qp_rd_atom);
+    out.field(DEV, "max_ee_rd_atom", a.max_ee_rd_atom);
+    out.field(DEV, "max_res_rd_atom", a.max_res_rd_atom);
+    out.field(DEV, "max_qp_init_rd_atom", a.max_qp_init_rd_atom);
+    out.field(DEV, "max_ee_init_rd_atom", a.max_ee_init_rd_atom);
+    out.field(
         DEV,
         "atomic_cap",
         format!("{} ({})", atomic_str(a.atomic_cap), a.atomic_cap.0),
     );
-    field(DEV, "max_ee", a.max_ee);
-    field(DEV, "max_rdd", a.max_rdd);
-    field(DEV, "max_mw", a.max_mw);
-    field(DEV, "max_raw_ipv6_qp", a.max_raw_ipv6_qp);
-    field(DEV, "max_raw_ethy_qp", a.max_raw_ethy_qp);
-    field(DEV, "max_mcast_grp", a.max_mcast_grp);
-    field(DEV, "max_mcast_qp_attach", a.max_mcast_qp_attach);
-    field(
+    out.field(DEV, "max_ee", a.max_ee);
+    out.field(DEV, "max_rdd", a.max_rdd);
+    out.field(DEV, "max_mw", a.max_mw);
+    out.field(DEV, "max_raw_ipv6_qp", a.max_raw_ipv6_qp);
+    out.field(DEV, "max_raw_ethy_qp", a.max_raw_ethy_qp);
+    out.field(DEV, "max_mcast_grp", a.max_mcast_grp);
+    out.field(DEV, "max_mcast_qp_attach", a.max_mcast_qp_attach);
+    out.field(
         DEV,
         "max_total_mcast_qp_attach",
         a.max_total_mcast_qp_attach,
     );
-    field(DEV, "max_ah", a.max_ah);
-    field(DEV, "max_fmr", a.max_fmr);
+    out.field(DEV, "max_ah", a.max_ah);
+    out.field(DEV, "max_fmr", a.max_fmr);
     if a.max_fmr > 0 {
-        field(DEV, "max_map_per_fmr", a.max_map_per_fmr);
+        out.field(DEV, "max_map_per_fmr", a.max_map_per_fmr);
     }
-    field(DEV, "max_srq", a.max_srq);
+    out.field(DEV, "max_srq", a.max_srq);
     if a.max_srq > 0 {
-        field(DEV, "max_srq_wr", a.max_srq_wr);
-        field(DEV, "max_srq_sge", a.max_srq_sge);
+        out.field(DEV, "max_srq_wr", a.max_srq_wr);
+        out.field(DEV, "max_srq_sge", a.max_srq_sge);
     }
-    field(DEV, "max_pkeys", a.max_pkeys);
-    field(DEV, "local_ca_ack_delay", a.local_ca_ack_delay);
+    out.field(DEV, "max_pkeys", a.max_pkeys);
+    out.field(DEV, "local_ca_ack_delay", a.local_ca_ack_delay);
 }
 
-fn print_port(ctx: &Context, port: u8, a: &ffi::ibv_port_attr, verbose: bool) {
-    println!("\t\tport:\t{port}");
-    field(
+fn print_port(
+    out: &mut Report,
+    ctx: &Context,
+    port: u8,
+    a: &ffi::ibv_port_attr,
+    verbose: bool,
+) -> Result<(), String> {
+    out.line(format_args!("\t\tport:\t{port}"));
+    out.field(
         PORT,
         "state",
         format!("{} ({})", port_state_str(a.state), a.state.0),
     );
-    field(
+    out.field(
         PORT,
         "max_mtu",
         format!("{} ({})", mtu_str(a.max_mtu), a.max_mtu.0),
     );
-    field(
+    out.field(
         PORT,
         "active_mtu",
         format!("{} ({})", mtu_str(a.active_mtu), a.active_mtu.0),
     );
-    field(PORT, "sm_lid", a.sm_lid);
-    field(PORT, "port_lid", a.lid);
-    field(PORT, "port_lmc", format!("0x{:02x}", a.lmc));
-    field(PORT, "link_layer", link_layer_str(a.link_layer));
+    out.field(PORT, "sm_lid", a.sm_lid);
+    out.field(PORT, "port_lid", a.lid);
+    out.field(PORT, "port_lmc", format!("0x{:02x}", a.lmc));
+    out.field(PORT, "link_layer", link_layer_str(a.link_layer));
     if verbose {
-        field(PORT, "max_msg_sz", format!("0x{:x}", a.max_msg_sz));
-        field(
+        out.field(PORT, "max_msg_sz", format!("0x{:x}", a.max_msg_sz));
+        out.field(
             PORT,
             "port_cap_flags",
             format!("0x{:08x}", a.port_cap_flags),
         );
-        print_flags(PORT, a.port_cap_flags, &port_cap_names());
-        field(PORT, "max_vl_num", a.max_vl_num);
-        field(PORT, "bad_pkey_cntr", format!("0x{:x}", a.bad_pkey_cntr));
-        field(PORT, "qkey_viol_cntr", format!("0x{:x}", a.qkey_viol_cntr));
-        field(PORT, "sm_sl", a.sm_sl);
-        field(PORT, "pkey_tbl_len", a.pkey_tbl_len);
-        field(PORT, "gid_tbl_len", a.gid_tbl_len);
-        field(PORT, "subnet_timeout", a.subnet_timeout);
-        field(PORT, "init_type_reply", a.init_type_reply);
+        out.flags(PORT, a.port_cap_flags, &port_cap_names());
+        out.field(
+            PORT,
+            "port_cap_flags2",
+            format!("0x{:04x}", a.port_cap_flags2),
+        );
+        out.field(
+            PORT,
+            "max_vl_num",
+            format!("{} ({})", vl_str(a.max_vl_num), a.max_vl_num),
+        );
+        out.field(PORT, "bad_pkey_cntr", format!("0x{:x}", a.bad_pkey_cntr));
+        out.field(PORT, "qkey_viol_cntr", format!("0x{:x}", a.qkey_viol_cntr));
+        out.field(PORT, "sm_sl", a.sm_sl);
+        out.field(PORT, "pkey_tbl_len", a.pkey_tbl_len);
+        out.field(PORT, "gid_tbl_len", a.gid_tbl_len);
+        out.field(PORT, "subnet_timeout", a.subnet_timeout);
+        out.field(PORT, "init_type_reply", a.init_type_reply);
     }
     let lanes = width_lanes(a.active_width);
     let tenths = speed_tenths_gbps(a.active_speed);
-    field(
+    out.field(
         PORT,
         "active_width",
         match lanes {
@@ -402,7 +436,7 @@ fn print_port(ctx: &Context, port: u8, a: &ffi::ibv_port_attr, verbose: bool) {
             None => format!("invalid width ({})", a.active_width),
         },
     );
-    field(
+    out.field(
         PORT,
         "active_speed",
         match tenths {
@@ -410,7 +444,7 @@ fn print_port(ctx: &Context, port: u8, a: &ffi::ibv_port_attr, verbose: bool) {
             None => format!("invalid speed ({})", a.active_speed),
         },
     );
-    field(
+    out.field(
         PORT,
         "rate",
         match (lanes, tenths) {
@@ -418,26 +452,30 @@ fn print_port(ctx: &Context, port: u8, a: &ffi::ibv_port_attr, verbose: bool) {
             _ => String::from("unknown"),
         },
     );
-    field(
+    out.field(
         PORT,
         "phys_state",
         format!("{} ({})", phys_state_str(a.phys_state), a.phys_state),
     );
     if verbose {
-        print_gids(ctx, port, a);
+        print_gids(out, ctx, port, a)?;
     }
+    out.line(format_args!(""));
+    Ok(())
 }
 
-fn print_gids(ctx: &Context, port: u8, a: &ffi::ibv_port_attr) {
+fn print_gids(
+    out: &mut Report,
+    ctx: &Context,
+    port: u8,
+    a: &ffi::ibv_port_attr,
+) -> Result<(), String> {
     let len = u32::try_from(a.gid_tbl_len).unwrap_or(0);
     for index in 0..len {
         let entry = match ctx.query_gid(port, index) {
             Ok(Some(entry)) => entry,
             Ok(None) => continue,
-            Err(e) => {
-                eprintln!("devinfo: _ibv_query_gid_ex(port {port}, index {index}) failed: {e}");
-                return;
-            }
+            Err(e) => return Err(format!("_ibv_query_gid_ex(index {index}) failed: {e}")),
         };
         // SAFETY: both union members are plain bytes; any bit pattern is valid.
         let raw = unsafe { entry.gid.raw };
@@ -448,8 +486,9 @@ fn print_gids(ctx: &Context, port: u8, a: &ffi::ibv_port_attr) {
         if let Some(dev) = netdev_name(entry.ndev_ifindex) {
             let _ = write!(line, ", {dev}");
         }
-        field(PORT, &format!("GID[{index:>3}]"), line);
+        out.field(PORT, &format!("GID[{index:>3}]"), line);
     }
+    Ok(())
 }
 
 fn netdev_name(ifindex: u32) -> Option<String> {
@@ -482,30 +521,39 @@ const PORT: Section = Section {
     value_stop: 6,
 };
 
-fn field(sec: Section, name: &str, value: impl std::fmt::Display) {
-    let label = format!("{name}:");
-    // The first tab after the label lands on stop `indent + 1 + len / 8`.
-    let first_stop = sec.indent + 1 + label.len() / 8;
-    let tabs = (sec.value_stop + 1).saturating_sub(first_stop).max(1);
-    println!(
-        "{}{label}{}{value}",
-        "\t".repeat(sec.indent),
-        "\t".repeat(tabs)
-    );
-}
+/// The text printed for one device, gathered before it is written out.
+#[derive(Default)]
+struct Report(String);
 
-/// One line per set bit, under the value column; unknown bits stay visible.
-fn print_flags(sec: Section, bits: u32, names: &[(u32, &str)]) {
-    let pad = "\t".repeat(sec.value_stop);
-    let mut known = 0;
-    for &(bit, name) in names {
-        if bits & bit != 0 {
-            println!("{pad}{name}");
-            known |= bit;
-        }
+impl Report {
+    fn line(&mut self, args: std::fmt::Arguments<'_>) {
+        // Writing into a String cannot fail.
+        let _ = writeln!(self.0, "{args}");
     }
-    if bits & !known != 0 {
-        println!("{pad}unknown bits 0x{:08x}", bits & !known);
+
+    /// One `name: value` line, the value starting at the section's tab stop.
+    fn field(&mut self, sec: Section, name: &str, value: impl std::fmt::Display) {
+        let label = format!("{name}:");
+        // The first tab after the label lands on stop `indent + 1 + len / 8`.
+        let first_stop = sec.indent + 1 + label.len() / 8;
+        let tabs = (sec.value_stop + 1).saturating_sub(first_stop).max(1);
+        let (indent, tabs) = ("\t".repeat(sec.indent), "\t".repeat(tabs));
+        self.line(format_args!("{indent}{label}{tabs}{value}"));
+    }
+
+    /// One line per set bit, under the value column; unknown bits stay visible.
+    fn flags(&mut self, sec: Section, bits: u32, names: &[(u32, &str)]) {
+        let pad = "\t".repeat(sec.value_stop);
+        let mut known = 0;
+        for &(bit, name) in names {
+            if bits & bit != 0 {
+                self.line(format_args!("{pad}{name}"));
+                known |= bit;
+            }
+        }
+        if bits & !known != 0 {
+            self.line(format_args!("{pad}unknown bits 0x{:08x}", bits & !known));
+        }
     }
 }
 
@@ -646,6 +694,15 @@ fn mtu_str(m: ffi::ibv_mtu) -> String {
     match m.0 {
         1..=5 => (128u32 << m.0).to_string(),
         _ => String::from("invalid MTU"),
+    }
+}
+
+/// `max_vl_num` is a code: 1 means VL0 only, 2 VL0-1, 3 VL0-3, 4 VL0-7, 5 VL0-14.
+fn vl_str(code: u8) -> String {
+    match code {
+        1..=4 => (1u32 << (code - 1)).to_string(),
+        5 => String::from("15"),
+        _ => String::from("invalid"),
     }
 }
 

@@ -11,10 +11,7 @@ use std::process::Command;
 
 #[test]
 fn checked_in_bindings_match_what_bindgen_generates_here() {
-    assert!(
-        !rdma_sys::PREGENERATED,
-        "this build copied src/bindings.rs instead of generating it (is DOCS_RS set?)"
-    );
+    assert!(!rdma_sys::PREGENERATED, "this build copied src/bindings.rs instead of generating it (is DOCS_RS set?)");
     let generated = include_str!(concat!(env!("OUT_DIR"), "/bindings.rs"));
     let checked_in = include_str!("../src/bindings.rs");
     if generated != checked_in {
@@ -101,11 +98,7 @@ fn c_compiler_agrees_on_struct_layouts() {
         .unwrap_or_else(|e| panic!("could not run the C compiler `{cc}`: {e}"));
     assert!(status.success(), "the C compiler failed on the layout probe in {}", dir.display());
     let out = Command::new(dir.join("layout")).output().unwrap();
-    let c_values: Vec<usize> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| l.parse().unwrap())
-        .collect();
+    let c_values: Vec<usize> = String::from_utf8(out.stdout).unwrap().lines().map(|l| l.parse().unwrap()).collect();
     std::fs::remove_dir_all(&dir).ok();
 
     assert_eq!(c_values.len(), probes.len());

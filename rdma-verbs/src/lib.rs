@@ -1,3 +1,34 @@
-//! Safe Rust over the Linux RDMA verbs. The safe objects come with the "safe core" issue.
+//! Safe Rust over the Linux RDMA verbs (libibverbs and librdmacm from rdma-core).
+//!
+//! # Ownership: an `Arc` chain
+//!
+//! Every object holds a reference-counted handle to what it was created from: a memory
+//! region holds its protection domain, a QP its PD and CQs, a PD its device context.
+//! So any drop order that compiles is safe: a parent's C object is destroyed only after
+//! its last child is gone, and `destroy(self)` reports EBUSY instead of freeing a parent
+//! with live children. Arcs rather than lifetimes, because lifetimes would make every
+//! application struct that stores a context and its QPs self-referential; an Arc costs
+//! one atomic increment when an object is created and nothing on the data path.
+//! Borrowed memory is the exception: a region over a borrowed slice carries the slice's
+//! lifetime, so it cannot outlive the memory the device may touch.
+//!
+//! # Errors
+//!
+//! One [`Error`] type names the verb, the errno and the usual cause, and tells whether
+//! the failure came from the control plane (kernel path) or the data plane (provider).
 #![warn(missing_docs)]
+
 pub use rdma_sys as ffi;
+
+pub mod context;
+pub mod device;
+pub mod error;
+mod handle;
+pub mod pd;
+pub mod port;
+
+pub use context::Context;
+pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
+pub use error::{Error, Plane, Result};
+pub use pd::ProtectionDomain;
+pub use port::{Gid, GidEntry, GidType, LinkLayer, Mtu, PhysState, PortAttr, PortState};

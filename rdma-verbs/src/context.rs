@@ -1,0 +1,187 @@
+//! An open device (`struct ibv_context`): the root every other object hangs from.
+
+use std::ffi::c_int;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::device::{devices, DeviceAttr};
+use crate::error::{Error, Plane, Result};
+use crate::ffi;
+use crate::handle::{destroy_shared, Owned};
+use crate::port::{choose_roce_gid, GidEntry, PortAttr};
+
+/// An open RDMA device. Cloning is cheap (a reference count); the device is closed when
+/// the last clone and the last object created from it are gone.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+pub(crate) struct ContextInner {
+    raw: Owned<ffi::ibv_context>,
+    name: String,
+    ports: u8,
+}
+
+// SAFETY: libibverbs documents every verb on a context as thread-safe, and providers
+// lock their shared state; the context pointer itself is immutable once opened.
+unsafe impl Send for ContextInner {}
+// SAFETY: see Send: concurrent verbs on one context are allowed.
+unsafe impl Sync for ContextInner {}
+
+impl Context {
+    /// Opens the device with this name, or the first device when `name` is `None`.
+    pub fn open(name: Option<&str>) -> Result<Context> {
+        let list = devices()?;
+        match name {
+            Some(name) => list.find(name)?.open(),
+            None => list.iter().next().ok_or(Error::NoDevice)?.open(),
+        }
+    }
+
+    /// Opens the first device.
+    pub fn open_first() -> Result<Context> {
+        Self::open(None)
+    }
+
+    /// # Safety
+    /// `dev` must be a valid device pointer from a live device list.
+    pub(crate) unsafe fn from_device(dev: *mut ffi::ibv_device, name: &str) -> Result<Context> {
+        // SAFETY: the caller guarantees `dev` is valid.
+        let raw = unsafe { ffi::ibv_open_device(dev) };
+        // SAFETY: a new context that only this Owned closes.
+        let raw = unsafe { Owned::new(raw, "ibv_open_device")? };
+        let ctx = Context { inner: Arc::new(ContextInner { raw, name: name.to_owned(), ports: 0 }) };
+        let ports = ctx.query_device()?.phys_port_cnt;
+        // Only this function holds the Arc yet.
+        let mut ctx = ctx;
+        if let Some(inner) = Arc::get_mut(&mut ctx.inner) {
+            inner.ports = ports;
+        }
+        Ok(ctx)
+    }
+
+    /// Closes the device now and reports the result (`ibv_close_device`). Fails with
+    /// EBUSY, freeing nothing yet, while clones or objects created from it are alive.
+    pub fn destroy(self) -> Result<()> {
+        destroy_shared(self.inner, "ibv_close_device", |inner| inner.raw.destroy())
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The raw context pointer, valid while `self` lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_context {
+        self.inner.raw.as_ptr()
+    }
+
+    /// Device attributes (`ibv_query_device`).
+    #[doc(alias = "ibv_query_device")]
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.
+        let mut attr: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `attr` is a valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_device(self.as_raw(), &mut attr) };
+        if rc != 0 {
+            return Err(Error::verb("ibv_query_device", Plane::Control, rc));
+        }
+        Ok(DeviceAttr::from_raw(&attr))
+    }
+
+    /// Port attributes (`ibv_query_port`). Ports are numbered from 1.
+    #[doc(alias = "ibv_query_port")]
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        self.check_port("ibv_query_port", port)?;
+        // SAFETY: ibv_port_attr is plain data; all-zero is a valid value.
+        let mut attr: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open, the port exists, `attr` is a valid out-pointer.
+        let rc = unsafe { ffi::ibv_query_port(self.as_raw(), port, &mut attr) };
+        if rc != 0 {
+            return Err(Error::verb("ibv_query_port", Plane::Control, rc));
+        }
+        Ok(PortAttr::from_raw(&attr))
+    }
+
+    /// The port's GID table, empty slots left out (one `ibv_query_gid_table` call).
+    #[doc(alias = "ibv_query_gid_table")]
+    pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
+        self.check_port("ibv_query_gid_table", port)?;
+        // The call returns the valid entries of every port; size the buffer for all.
+        let mut max = 0usize;
+        for p in 1..=self.inner.ports {
+            max += self.query_port(p)?.gid_tbl_len as usize;
+        }
+        // SAFETY: ibv_gid_entry is plain data; all-zero is a valid value.
+        let mut entries = vec![unsafe { std::mem::zeroed::<ffi::ibv_gid_entry>() }; max];
+        // SAFETY: the context is open and `entries` has room for `max` entries.
+        let n = unsafe { ffi::ibv_query_gid_table(self.as_raw(), entries.as_mut_ptr(), max, 0) };
+        if n < 0 {
+            return Err(Error::verb("ibv_query_gid_table", Plane::Control, (-n) as i32));
+        }
+        entries.truncate(n as usize);
+        Ok(entries.iter().filter(|e| e.port_num == u32::from(port)).map(GidEntry::from_raw).collect())
+    }
+
+    /// One GID table entry. An index past the table is an error, not a zero GID.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<GidEntry> {
+        let len = self.query_port(port)?.gid_tbl_len;
+        if index >= len {
+            return Err(Error::invalid(
+                "ibv_query_gid_ex",
+                format!("GID index {index} is past the table of port {port} ({len} entries)"),
+            ));
+        }
+        self.query_gid_raw(port, index).map(|e| GidEntry::from_raw(&e))
+    }
+
+    fn query_gid_raw(&self, port: u8, index: u32) -> Result<ffi::ibv_gid_entry> {
+        // SAFETY: ibv_gid_entry is plain data; all-zero is a valid value.
+        let mut entry: ffi::ibv_gid_entry = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `entry` is a valid out-pointer of the size given.
+        let rc = unsafe { ffi::ibv_query_gid_ex(self.as_raw(), u32::from(port), index, &mut entry, 0) };
+        if rc != 0 {
+            return Err(Error::verb("ibv_query_gid_ex", Plane::Control, rc));
+        }
+        Ok(entry)
+    }
+
+    /// The GID to connect with on this port, chosen as the connection code does by
+    /// default: on RoCE, RoCE v2 with an IPv4-mapped address first (see
+    /// [`choose_roce_gid`]); on InfiniBand, index 0.
+    pub fn default_gid(&self, port: u8) -> Result<GidEntry> {
+        let attr = self.query_port(port)?;
+        if !attr.is_ethernet() {
+            return self.query_gid(port, 0);
+        }
+        let table = self.gid_table(port)?;
+        choose_roce_gid(&table).cloned().ok_or_else(|| Error::NoRoceV2Gid { device: self.name().to_owned(), port })
+    }
+
+    fn check_port(&self, verb: &'static str, port: u8) -> Result<()> {
+        let ports = self.inner.ports;
+        if port == 0 || port > ports {
+            return Err(Error::invalid(
+                verb,
+                format!("port {port} does not exist on {} (ports 1..={ports})", self.name()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Raw errno-style return to Result, for the modules of this crate.
+    pub(crate) fn check(verb: &'static str, plane: Plane, rc: c_int) -> Result<()> {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Error::verb(verb, plane, rc))
+        }
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context").field("name", &self.inner.name).finish()
+    }
+}

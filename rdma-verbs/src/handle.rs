@@ -1,0 +1,99 @@
+//! Ownership of one C verbs object: created once, destroyed once, errors reported.
+
+use std::ffi::c_int;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{Error, Plane, Result};
+use crate::ffi;
+
+/// A C object with a destroy verb.
+pub(crate) trait RawObject {
+    /// The destroy verb's name, for errors.
+    const DESTROY: &'static str;
+    /// Calls the destroy verb, returning 0 or an errno (or -1 with errno set).
+    ///
+    /// # Safety
+    /// `raw` must be a live object of this type, destroyed at most once.
+    unsafe fn destroy(raw: *mut Self) -> c_int;
+}
+
+/// Owns one C object: destroys it on drop (logging a failure) or in [`Owned::destroy`]
+/// (returning it). Put it first in a struct whose later fields hold the parents, so that
+/// the object is destroyed before its parents are released.
+pub(crate) struct Owned<T: RawObject>(NonNull<T>);
+
+impl<T: RawObject> Owned<T> {
+    /// Takes ownership of what a create verb returned; NULL becomes the verb's error.
+    ///
+    /// # Safety
+    /// `raw` must be NULL or a live object that nothing else destroys.
+    pub(crate) unsafe fn new(raw: *mut T, create_verb: &'static str) -> Result<Self> {
+        NonNull::new(raw).map(Owned).ok_or_else(|| Error::last_os(create_verb, Plane::Control))
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut T {
+        self.0.as_ptr()
+    }
+
+    /// Destroys the object now and reports the verb's result.
+    pub(crate) fn destroy(self) -> Result<()> {
+        let me = ManuallyDrop::new(self);
+        // SAFETY: `me` is never dropped, so this is the one destroy of a live object.
+        let rc = unsafe { T::destroy(me.0.as_ptr()) };
+        match rc {
+            0 => Ok(()),
+            -1 => Err(Error::last_os(T::DESTROY, Plane::Control)),
+            errno => Err(Error::verb(T::DESTROY, Plane::Control, errno.abs())),
+        }
+    }
+}
+
+impl<T: RawObject> Drop for Owned<T> {
+    fn drop(&mut self) {
+        let me = Owned(self.0);
+        if let Err(e) = me.destroy() {
+            log::error!("{e}");
+        }
+    }
+}
+
+/// `destroy(self)` for an Arc-shared object: destroys it when this is the last handle,
+/// and otherwise says who still holds it (the last holder frees it on drop).
+pub(crate) fn destroy_shared<I>(
+    inner: Arc<I>,
+    verb: &'static str,
+    destroy: impl FnOnce(I) -> Result<()>,
+) -> Result<()> {
+    match Arc::try_unwrap(inner) {
+        Ok(inner) => destroy(inner),
+        Err(shared) => Err(Error::verb(verb, Plane::Control, libc::EBUSY).with_hint(format!(
+            "{} other handles or child objects still use it; it is freed when the last of them is dropped",
+            Arc::strong_count(&shared) - 1
+        ))),
+    }
+}
+
+macro_rules! raw_object {
+    ($($t:ty => $verb:ident),* $(,)?) => {$(
+        impl RawObject for $t {
+            const DESTROY: &'static str = stringify!($verb);
+            unsafe fn destroy(raw: *mut Self) -> c_int {
+                // SAFETY: forwarded from the caller's contract.
+                unsafe { ffi::$verb(raw) }
+            }
+        }
+    )*};
+}
+
+raw_object! {
+    ffi::ibv_context => ibv_close_device,
+    ffi::ibv_pd => ibv_dealloc_pd,
+    ffi::ibv_mr => ibv_dereg_mr,
+    ffi::ibv_cq => ibv_destroy_cq,
+    ffi::ibv_qp => ibv_destroy_qp,
+    ffi::ibv_srq => ibv_destroy_srq,
+    ffi::ibv_ah => ibv_destroy_ah,
+    ffi::ibv_comp_channel => ibv_destroy_comp_channel,
+}

@@ -20,14 +20,22 @@
 
 pub use rdma_sys as ffi;
 
+pub mod ah;
 pub mod context;
+pub mod cq;
 pub mod device;
 pub mod error;
+pub mod event;
 mod handle;
+pub mod mr;
 pub mod pd;
 pub mod port;
+pub mod qp;
+pub mod srq;
+pub mod wc;
 
 pub use context::Context;
+pub use cq::CompletionQueue;
 pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
 pub use error::{Error, Plane, Result};
 pub use pd::ProtectionDomain;

@@ -1,0 +1,103 @@
+//! Device tests of the safe crate: they need a real RDMA device, and `scripts/test` runs
+//! them on rxe (`scripts/rxe`). Without a device each of them fails; a plain
+//! `cargo test` lists them as ignored.
+//!
+//! Every test takes a [`LeakCheck`] first: when the test ends, the device's resource
+//! counts (PD, MR, CQ, QP, SRQ, contexts, as `rdma resource show` prints them) must be
+//! back where they started. Tests run one at a time (`--test-threads=1`), so the counts
+//! are this process's own.
+
+mod basics;
+mod cq;
+mod events;
+mod mr;
+mod qp;
+
+use rdma_verbs::Context;
+
+/// Skipping is not an option: name the device or fail.
+pub fn device_name() -> String {
+    if let Ok(name) = std::env::var("RDMA_DEVICE") {
+        return name;
+    }
+    let list = rdma_verbs::devices().expect("ibv_get_device_list");
+    let name = list.iter().next().map(|d| d.name().to_owned());
+    name.expect("no RDMA device: device tests need one; run them with scripts/test (rxe in a VM)")
+}
+
+/// The device under test, opened.
+pub fn open() -> Context {
+    let name = device_name();
+    eprintln!("device under test: {name}");
+    Context::open(Some(&name)).unwrap_or_else(|e| panic!("opening {name}: {e}"))
+}
+
+/// The GID index to use (scripts/rxe exports the IPv4 RoCE v2 one).
+pub fn gid_index() -> u32 {
+    std::env::var("RDMA_GID_INDEX").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
+}
+
+/// Resource counts of the device under test, from the kernel (`rdma -j resource show`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResourceCounts {
+    pub pd: u64,
+    pub cq: u64,
+    pub qp: u64,
+    pub mr: u64,
+    pub srq: u64,
+    pub ctx: u64,
+    pub cm_id: u64,
+}
+
+impl ResourceCounts {
+    pub fn now() -> Self {
+        let dev = device_name();
+        let out = std::process::Command::new("rdma")
+            .args(["-j", "resource", "show"])
+            .output()
+            .expect("run `rdma -j resource show` (iproute2)");
+        assert!(out.status.success(), "rdma resource show failed: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8(out.stdout).unwrap();
+        // One JSON object per device: {"ifindex":0,"ifname":"rxe0","pd":0,...}
+        let obj = text
+            .split('{')
+            .find(|o| o.contains(&format!("\"ifname\":\"{dev}\"")))
+            .unwrap_or_else(|| panic!("{dev} not in `rdma resource show`: {text}"));
+        let field = |name: &str| -> u64 {
+            let key = format!("\"{name}\":");
+            obj.find(&key)
+                .map(|i| obj[i + key.len()..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0)
+        };
+        ResourceCounts {
+            pd: field("pd"),
+            cq: field("cq"),
+            qp: field("qp"),
+            mr: field("mr"),
+            srq: field("srq"),
+            ctx: field("ctx"),
+            cm_id: field("cm_id"),
+        }
+    }
+}
+
+/// Asserts on drop that the device's resource counts are back to where they were.
+pub struct LeakCheck(ResourceCounts);
+
+impl LeakCheck {
+    #[must_use]
+    pub fn new() -> Self {
+        LeakCheck(ResourceCounts::now())
+    }
+}
+
+impl Drop for LeakCheck {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let after = ResourceCounts::now();
+        assert_eq!(after, self.0, "device resources leaked (before vs after the test)");
+    }
+}

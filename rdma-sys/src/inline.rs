@@ -26,6 +26,9 @@
 //!   return `EOPNOTSUPP` where the op returns an error code). The check is one
 //!   predictable branch.
 //!
+//! `ibv_cq_ex_to_cq`, `ibv_inc_rkey`, `ibv_is_qpt_supported` and
+//! `ibv_flow_label_to_udp_sport` only cast or compute, so they are safe `const fn`s.
+//!
 //! # Not ported, and why
 //!
 //! - `ibv_qp_to_qp_ex` is exported by libibverbs and is in the bindings.
@@ -35,7 +38,7 @@
 //! - `__ibv_get_device_list` only serves static linking of providers.
 //! - `ibv_query_port` is ported under its C name; the exported symbol of that
 //!   name, which fills the old port attribute layout, is
-//!   [`ibv_query_port_compat`](crate::ibv_query_port_compat).
+//!   [`ibv_query_port_compat`].
 
 use core::ffi::{c_int, c_uint, c_void};
 use core::mem::{offset_of, size_of};
@@ -71,9 +74,28 @@ macro_rules! vctx_op {
         if vctx.is_null() {
             None
         } else {
-            (*vctx).$op
+            read_vctx_field(vctx, offset_of!(verbs_context, $op), |v| &v.$op)
         }
     }};
+}
+
+// `verbs_get_ctx_op` reads `sz` right before `context`, where every extended context has it.
+const _: () = assert!(offset_of!(verbs_context, sz) + size_of::<usize>() == offset_of!(verbs_context, context));
+
+/// Reads the field at byte `offset` of the `verbs_context` at `vctx`; `field` only
+/// names its type. Plain pointer arithmetic, without claiming that the whole struct
+/// is in bounds: a library older than these bindings has a smaller context, which
+/// starts after `vctx`.
+///
+/// # Safety
+///
+/// The field must lie inside the live context (`sz` says how far back it reaches).
+#[inline(always)]
+unsafe fn read_vctx_field<T: Copy>(vctx: *mut verbs_context, offset: usize, field: fn(&verbs_context) -> &T) -> T {
+    let _ = field;
+    // SAFETY: the caller checked that the field is inside the live context; fields of
+    // a repr(C) struct at their offset are aligned.
+    unsafe { vctx.wrapping_byte_add(offset).cast::<T>().read() }
 }
 
 // ---------------------------------------------------------------------------
@@ -82,6 +104,10 @@ macro_rules! vctx_op {
 
 /// Returns the `verbs_context` that embeds `ctx`, or null when the context is not
 /// an extended one (`abi_compat` is not [`VERBS_ABI_IS_EXTENDED`]).
+///
+/// When libibverbs at run time is older than the headers these bindings came from,
+/// its context is smaller and starts after the returned address: read only the
+/// fields that `sz` covers (see [`verbs_get_ctx_op`]).
 ///
 /// # Safety
 ///
@@ -92,9 +118,9 @@ pub unsafe fn verbs_get_ctx(ctx: *mut ibv_context) -> *mut verbs_context {
     if unsafe { (*ctx).abi_compat } != VERBS_ABI_IS_EXTENDED {
         return null_mut();
     }
-    // SAFETY: an extended context is the last field of a `verbs_context` in the same
-    // allocation, so stepping back by that field's offset stays inside it.
-    unsafe { ctx.byte_sub(offset_of!(verbs_context, context)).cast::<verbs_context>() }
+    // An extended context is the last field of a `verbs_context`: step back to its start,
+    // as C's container_of does (wrapping: see above for when that is outside the allocation).
+    ctx.wrapping_byte_sub(offset_of!(verbs_context, context)).cast::<verbs_context>()
 }
 
 /// The `verbs_get_ctx_op` macro: returns the `verbs_context` behind `ctx` if it
@@ -116,14 +142,15 @@ pub unsafe fn verbs_get_ctx_op(ctx: *mut ibv_context, op_offset: usize) -> *mut 
     if vctx.is_null() {
         return null_mut();
     }
-    // SAFETY: `vctx` points to the extended context around the live `ctx`; `sz` sits
-    // just before `context`, so it exists in every extended context.
-    if unsafe { (*vctx).sz } < size_of::<verbs_context>() - op_offset {
+    // SAFETY: `sz` sits right before `context` (checked at compile time above), so every
+    // extended context has it.
+    let sz = unsafe { read_vctx_field(vctx, offset_of!(verbs_context, sz), |v| &v.sz) };
+    if sz < size_of::<verbs_context>() - op_offset {
         return null_mut();
     }
     // SAFETY: the size check shows the provider's context covers this field, and the
     // caller promises it is a function pointer (null when the op is absent).
-    let op = unsafe { vctx.byte_add(op_offset).cast::<*const c_void>().read() };
+    let op = unsafe { vctx.wrapping_byte_add(op_offset).cast::<*const c_void>().read() };
     if op.is_null() {
         null_mut()
     } else {
@@ -518,8 +545,10 @@ pub unsafe fn ibv_bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, mw_bind: *mut ibv_mw
 // Completion queues
 // ---------------------------------------------------------------------------
 
-/// Creates an extended CQ; null with `errno` set on failure. The library's op
-/// checks `cq_attr->comp_mask` and `wc_flags` before the provider sees them.
+/// Creates an extended CQ; null with `errno` set on failure. The op is
+/// libibverbs' own, which refuses unknown `wc_flags` (`EOPNOTSUPP`) before calling
+/// the provider; the rdma-core 44 header checks nothing itself (older headers
+/// refused unknown `comp_mask` bits here).
 ///
 /// # Safety
 ///
@@ -538,13 +567,9 @@ pub unsafe fn ibv_create_cq_ex(context: *mut ibv_context, cq_attr: *mut ibv_cq_i
 }
 
 /// Views an extended CQ as a plain CQ (for `ibv_poll_cq`, `ibv_destroy_cq`, ...).
-/// A cast: the plain CQ is the extended CQ's prefix.
-///
-/// # Safety
-///
-/// None beyond what the caller does with the result; the function only casts.
+/// Only a cast, so it is safe: the plain CQ is the extended CQ's prefix.
 #[inline]
-pub unsafe fn ibv_cq_ex_to_cq(cq: *mut ibv_cq_ex) -> *mut ibv_cq {
+pub const fn ibv_cq_ex_to_cq(cq: *mut ibv_cq_ex) -> *mut ibv_cq {
     cq.cast::<ibv_cq>()
 }
 
@@ -663,7 +688,7 @@ pub unsafe fn ibv_end_poll(cq: *mut ibv_cq_ex) {
 /// Generates the `ibv_wc_read_*` accessors: each calls one `read_*` op of the
 /// extended CQ for the current completion of an open batch.
 macro_rules! wc_readers {
-    ($( $(#[$doc:meta])* $name:ident => $op:ident -> $ret:ty, $flag:literal; )*) => {$(
+    ($( $(#[$doc:meta])* $name:ident => $op:ident -> $ret:ty $(, $flag:literal)?; )*) => {$(
         $(#[$doc])*
         ///
         /// # Safety
@@ -673,10 +698,10 @@ macro_rules! wc_readers {
         ///
         /// # Panics
         ///
-        #[doc = concat!(
-            "If the provider did not set `", stringify!($op), "`, which it may leave \
-             unset unless the CQ was created with `", $flag, "` in `wc_flags`."
-        )]
+        #[doc = concat!("If the provider left `", stringify!($op), "` unset.")]
+        $(#[doc = concat!(
+            "Providers set it only on CQs created with `", $flag, "` in `wc_flags`."
+        )])?
         #[inline]
         pub unsafe fn $name(cq: *mut ibv_cq_ex) -> $ret {
             // SAFETY: `cq` is live with a current completion (caller's contract); the op
@@ -693,9 +718,9 @@ macro_rules! wc_readers {
 
 wc_readers! {
     /// The completion's opcode.
-    ibv_wc_read_opcode => read_opcode -> ibv_wc_opcode, "(always set)";
+    ibv_wc_read_opcode => read_opcode -> ibv_wc_opcode;
     /// The vendor error syndrome of a failed completion.
-    ibv_wc_read_vendor_err => read_vendor_err -> u32, "(always set)";
+    ibv_wc_read_vendor_err => read_vendor_err -> u32;
     /// The number of bytes received.
     ibv_wc_read_byte_len => read_byte_len -> u32, "IBV_WC_EX_WITH_BYTE_LEN";
     /// The immediate data, in network byte order.
@@ -707,7 +732,7 @@ wc_readers! {
     /// The remote QP number (UD).
     ibv_wc_read_src_qp => read_src_qp -> u32, "IBV_WC_EX_WITH_SRC_QP";
     /// The completion's `ibv_wc_flags` bits.
-    ibv_wc_read_wc_flags => read_wc_flags -> c_uint, "(always set)";
+    ibv_wc_read_wc_flags => read_wc_flags -> c_uint;
     /// The source LID (UD on InfiniBand).
     ibv_wc_read_slid => read_slid -> u32, "IBV_WC_EX_WITH_SLID";
     /// The service level.
@@ -974,10 +999,9 @@ macro_rules! wr_ops {
         ///
         /// # Safety
         ///
-        /// `qp` must be a live extended QP (from `ibv_qp_to_qp_ex`) on which
-        /// [`ibv_wr_start`] was called and neither [`ibv_wr_complete`] nor
-        /// [`ibv_wr_abort`] since, by this thread. Pointer arguments must be valid for
-        /// the provider to read.
+        /// `qp` must be a live extended QP (from `ibv_qp_to_qp_ex`) inside a batch this
+        /// thread opened: after [`ibv_wr_start`], before [`ibv_wr_complete`] or
+        /// [`ibv_wr_abort`]. Pointer arguments must be valid for the provider to read.
         ///
         /// # Panics
         ///
@@ -999,9 +1023,31 @@ macro_rules! wr_ops {
     )*};
 }
 
+/// Opens a batch of work requests on `qp`; the provider holds the QP's send lock
+/// until [`ibv_wr_complete`] or [`ibv_wr_abort`]. Set `wr_id` and `wr_flags` in
+/// `*qp` before each work request builder.
+///
+/// # Safety
+///
+/// `qp` must be a live extended QP (from `ibv_qp_to_qp_ex`) with no batch open by
+/// this thread.
+///
+/// # Panics
+///
+/// If the provider did not set `wr_start`, which it sets only on QPs created with
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
+#[inline]
+pub unsafe fn ibv_wr_start(qp: *mut ibv_qp_ex) {
+    // SAFETY: `qp` is a live extended QP (caller's contract); the op is the provider's.
+    unsafe {
+        match (*qp).wr_start {
+            Some(start) => start(qp),
+            None => missing_op("wr_start"),
+        }
+    }
+}
+
 wr_ops! {
-    /// Opens a batch of work requests on `qp`.
-    ibv_wr_start => wr_start(), "`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`";
     /// Drops every work request built since [`ibv_wr_start`].
     ibv_wr_abort => wr_abort(), "`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`";
     /// Adds an atomic compare-and-swap of the 8 bytes at `remote_addr`; the old value
@@ -1045,6 +1091,8 @@ wr_ops! {
     ibv_wr_set_xrc_srqn => wr_set_xrc_srqn(remote_srqn: u32),
         "`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` on an XRC QP";
     /// Copies `length` bytes at `addr` into the current work request (inline data).
+    /// On rxe (seen with rdma-core 44 on Linux 6.1) the bytes are only sent when
+    /// `wr_flags` also has `IBV_SEND_INLINE`; other providers ignore that flag here.
     ibv_wr_set_inline_data => wr_set_inline_data(addr: *mut c_void, length: usize),
         "`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`";
     /// Copies `num_buf` buffers into the current work request (inline data).
@@ -1230,22 +1278,19 @@ pub unsafe fn ibv_open_xrcd(context: *mut ibv_context, xrcd_init_attr: *mut ibv_
 
 /// Closes an XRC domain; returns 0 or an errno value.
 ///
-/// The C inline calls the op without checking; this port returns `EOPNOTSUPP`
-/// where that would call a null pointer.
+/// The C inline calls the op without any check, since an XRCD only exists on a
+/// context that had `open_xrcd` (and `close_xrcd` sits after it, so a context
+/// large enough for one has the other). This port checks as the other ports do, and
+/// returns `EOPNOTSUPP` where C would call a null pointer.
 ///
 /// # Safety
 ///
 /// `xrcd` must be live and not used afterwards.
 #[inline]
 pub unsafe fn ibv_close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
-    // SAFETY: `xrcd` is live, so its context is; an XRCD only exists on a context
-    // whose verbs_context has `open_xrcd`, and `close_xrcd` sits next to it.
+    // SAFETY: `xrcd` is live, so its context is too.
     unsafe {
-        let vctx = verbs_get_ctx((*xrcd).context);
-        if vctx.is_null() {
-            return libc::EOPNOTSUPP;
-        }
-        match (*vctx).close_xrcd {
+        match vctx_op!((*xrcd).context, close_xrcd) {
             Some(close) => close(xrcd),
             None => libc::EOPNOTSUPP,
         }
@@ -1461,10 +1506,11 @@ mod tests {
         let mut vctx = verbs_context::default();
         vctx.context.abi_compat = VERBS_ABI_IS_EXTENDED;
         vctx.sz = size_of::<verbs_context>();
-        let ctx = ptr::addr_of_mut!(vctx.context);
         let vctx_ptr = ptr::addr_of_mut!(vctx);
-        // SAFETY: `ctx` is the context inside `vctx`, live for the whole test.
+        // SAFETY: `ctx` is the context inside `vctx`, derived from a pointer to the whole
+        // struct as a C allocation would be, and live for the whole test.
         unsafe {
+            let ctx = ptr::addr_of_mut!((*vctx_ptr).context);
             assert_eq!(verbs_get_ctx(ctx), vctx_ptr);
             // Unset op: null.
             assert!(verbs_get_ctx_op(ctx, offset_of!(verbs_context, modify_cq)).is_null());
@@ -1477,6 +1523,78 @@ mod tests {
             // The port reaches the op through the CQ's context and returns its value.
             let mut cq = ibv_cq { context: ctx, ..Default::default() };
             assert_eq!(ibv_modify_cq(&mut cq, ptr::null_mut()), 7);
+            // A context that is not extended has no verbs_context at all.
+            (*vctx_ptr).context.abi_compat = ptr::null_mut();
+            assert!(verbs_get_ctx(ctx).is_null());
+            assert_eq!(ibv_modify_cq(&mut cq, ptr::null_mut()), libc::EOPNOTSUPP);
         }
+    }
+
+    #[test]
+    fn null_context_ops_report_errors_instead_of_calling_address_zero() {
+        // A context libibverbs did not make: every op slot is empty.
+        let mut ctx_storage = ibv_context::default();
+        let ctx: *mut ibv_context = &mut ctx_storage;
+        let mut cq = ibv_cq { context: ctx, ..Default::default() };
+        let mut qp = ibv_qp { context: ctx, ..Default::default() };
+        let mut wc = ibv_wc::default();
+        // SAFETY: the fakes are live; no op is called, since all are empty.
+        unsafe {
+            assert_eq!(ibv_poll_cq(&mut cq, 1, &mut wc), -libc::EOPNOTSUPP);
+            assert_eq!(ibv_req_notify_cq(&mut cq, 0), libc::EOPNOTSUPP);
+            let (mut bad_send, mut bad_recv) = (ptr::null_mut(), ptr::null_mut());
+            assert_eq!(ibv_post_send(&mut qp, ptr::null_mut(), &mut bad_send), libc::EOPNOTSUPP);
+            assert_eq!(ibv_post_recv(&mut qp, ptr::null_mut(), &mut bad_recv), libc::EOPNOTSUPP);
+            let mut pd = ibv_pd { context: ctx, handle: 0 };
+            *libc::__errno_location() = 0;
+            assert!(ibv_alloc_mw(&mut pd, ibv_mw_type::IBV_MW_TYPE_1).is_null());
+            assert_eq!(*libc::__errno_location(), libc::EOPNOTSUPP);
+        }
+    }
+
+    #[test]
+    fn bind_mw_checks_its_arguments_before_the_provider() {
+        let mut ctx = ibv_context::default();
+        let (mut pd_storage, mut other_pd) = (ibv_pd::default(), ibv_pd::default());
+        let pd: *mut ibv_pd = &mut pd_storage;
+        let mut mr_storage = ibv_mr { pd: &mut other_pd, ..Default::default() };
+        let mr: *mut ibv_mr = &mut mr_storage;
+        let mut mw = ibv_mw { context: &mut ctx, pd, type_: ibv_mw_type::IBV_MW_TYPE_2, ..Default::default() };
+        let mut bind = ibv_mw_bind::default();
+        let qp = ptr::null_mut();
+        // SAFETY: the fakes are live and every case returns before the (empty) op slot.
+        unsafe {
+            assert_eq!(ibv_bind_mw(qp, &mut mw, &mut bind), libc::EINVAL, "type 2 window");
+            mw.type_ = ibv_mw_type::IBV_MW_TYPE_1;
+            bind.bind_info.length = 8;
+            assert_eq!(ibv_bind_mw(qp, &mut mw, &mut bind), libc::EINVAL, "range without an MR");
+            bind.bind_info.mr = mr;
+            assert_eq!(ibv_bind_mw(qp, &mut mw, &mut bind), libc::EPERM, "MR of another PD");
+            (*mr).pd = pd;
+            assert_eq!(ibv_bind_mw(qp, &mut mw, &mut bind), libc::EOPNOTSUPP, "empty bind_mw slot");
+        }
+    }
+
+    #[test]
+    fn extended_cq_and_qp_ops_that_were_not_requested_are_reported() {
+        let mut cq = ibv_cq_ex::default();
+        let mut qp = ibv_qp_ex::default();
+        // SAFETY: the fakes are live; every op slot is empty, so nothing is called.
+        unsafe {
+            assert_eq!(ibv_start_poll(&mut cq, ptr::null_mut()), libc::EOPNOTSUPP);
+            assert_eq!(ibv_wr_complete(&mut qp), libc::EOPNOTSUPP);
+        }
+        let cq_ptr = ptr::addr_of_mut!(cq) as usize;
+        // SAFETY: as above; the panic happens before any call.
+        let panic = std::panic::catch_unwind(|| unsafe { ibv_wc_read_completion_ts(cq_ptr as *mut ibv_cq_ex) })
+            .expect_err("reading an unrequested field must panic");
+        let msg = panic.downcast_ref::<String>().expect("a formatted panic message");
+        assert!(msg.contains("read_completion_ts"), "{msg}");
+        let qp_ptr = ptr::addr_of_mut!(qp) as usize;
+        // SAFETY: as above.
+        let panic = std::panic::catch_unwind(|| unsafe { ibv_wr_rdma_write(qp_ptr as *mut ibv_qp_ex, 1, 2) })
+            .expect_err("an unrequested work request op must panic");
+        let msg = panic.downcast_ref::<String>().expect("a formatted panic message");
+        assert!(msg.contains("wr_rdma_write"), "{msg}");
     }
 }

@@ -24,7 +24,7 @@ fn query_port_takes_the_provider_path_and_agrees_with_the_compat_symbol() {
     let mut attr = ibv_port_attr::default();
     // SAFETY: the context is open and `attr` writable.
     check_rc(unsafe { ibv_query_port(dev.ctx, PORT, &mut attr) }, "ibv_query_port");
-    assert_eq!(attr.state, ibv_port_state::IBV_PORT_ACTIVE, "port {PORT} is not active");
+    assert_eq!(attr.state.0, ibv_port_state::IBV_PORT_ACTIVE.0, "port {PORT} is not active");
     assert!(
         attr.active_mtu.0 >= ibv_mtu::IBV_MTU_256.0 && attr.active_mtu.0 <= attr.max_mtu.0,
         "active MTU enum {} outside 256..=max ({})",
@@ -43,9 +43,9 @@ fn query_port_takes_the_provider_path_and_agrees_with_the_compat_symbol() {
     // SAFETY: the context is open; the compat layout is no larger than ibv_port_attr.
     let rc = unsafe { ibv_query_port_compat(dev.ctx, PORT, ptr::addr_of_mut!(compat).cast()) };
     check_rc(rc, "ibv_query_port (compat symbol)");
-    assert_eq!(compat.state, attr.state);
-    assert_eq!(compat.max_mtu, attr.max_mtu);
-    assert_eq!(compat.active_mtu, attr.active_mtu);
+    assert_eq!(compat.state.0, attr.state.0);
+    assert_eq!(compat.max_mtu.0, attr.max_mtu.0);
+    assert_eq!(compat.active_mtu.0, attr.active_mtu.0);
     assert_eq!(compat.gid_tbl_len, attr.gid_tbl_len);
     assert_eq!(compat.port_cap_flags, attr.port_cap_flags);
     assert_eq!(compat.max_msg_sz, attr.max_msg_sz);
@@ -114,13 +114,14 @@ fn query_gid_ex_gid_table_and_device_ex_agree_with_the_plain_queries() {
     assert_eq!(o.vendor_id, plain.vendor_id);
     assert_eq!(o.max_mr_size, plain.max_mr_size);
     assert_eq!((o.max_qp, o.max_cq, o.max_mr, o.max_pd), (plain.max_qp, plain.max_cq, plain.max_mr, plain.max_pd));
-    assert_eq!((o.max_srq, o.max_mw, o.atomic_cap), (plain.max_srq, plain.max_mw, plain.atomic_cap));
+    assert_eq!((o.max_srq, o.max_mw, o.atomic_cap.0), (plain.max_srq, plain.max_mw, plain.atomic_cap.0));
     assert_eq!(o.phys_port_cnt, plain.phys_port_cnt);
     assert!(o.max_qp > 0 && o.phys_port_cnt >= PORT);
+    let max_qp = o.max_qp;
 
     // A non-zero input comp_mask is refused before the provider is asked.
     let input = ibv_query_device_ex_input { comp_mask: 1 };
     // SAFETY: as above, with a readable `input`.
     assert_eq!(unsafe { ibv_query_device_ex(dev.ctx, &input, &mut ex) }, libc::EINVAL);
-    eprintln!("{}: GID {index} type {} ({n} valid GIDs), max_qp {}", dev.name, sys_type.trim(), o.max_qp);
+    eprintln!("{}: GID {index} type {} ({n} valid GIDs), max_qp {max_qp}", dev.name, sys_type.trim());
 }

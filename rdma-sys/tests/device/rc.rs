@@ -15,14 +15,7 @@ fn signaled() -> c_uint {
 
 /// A send work request over one SGE (the caller links lists and sets the opcode's fields).
 fn send_wr(wr_id: u64, opcode: ibv_wr_opcode, sge: &mut ibv_sge) -> ibv_send_wr {
-    ibv_send_wr {
-        wr_id,
-        sg_list: sge,
-        num_sge: 1,
-        opcode,
-        send_flags: signaled(),
-        ..Default::default()
-    }
+    ibv_send_wr { wr_id, sg_list: sge, num_sge: 1, opcode, send_flags: signaled(), ..Default::default() }
 }
 
 fn post_send(qp: &Qp, wr: &mut ibv_send_wr) {

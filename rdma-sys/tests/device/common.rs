@@ -65,7 +65,7 @@ impl Device {
             let dev = unsafe { *list.add(i) };
             // SAFETY: a listed device has a NUL-terminated name that lives with the list.
             let name = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) }.to_string_lossy().into_owned();
-            if chosen.is_none() && wanted.as_deref().map_or(true, |w| w == name) {
+            if chosen.is_none() && wanted.as_deref().is_none_or(|w| w == name) {
                 chosen = Some((dev, name.clone()));
             }
             names.push(name);

@@ -1,39 +1,245 @@
-//! Completion queues (`struct ibv_cq`). (Skeleton: the safe-core work fills it in.)
+//! Completion queues (`struct ibv_cq`) and their completion channels.
+//!
+//! # One poller
+//!
+//! [`CompletionQueue::poll`] takes `&mut self`, and a `CompletionQueue` is not `Clone`, so
+//! at most one thread polls a CQ at a time. That is what the providers need: their poll
+//! holds the CQ's lock, and a second poll from a nested or concurrent caller would spin on
+//! it. QPs that complete into the CQ hold its C object alive (an `Arc` on the inside), not
+//! the right to poll it.
+//!
+//! # Waiting without spinning
+//!
+//! A CQ built [`with_channel`](CqBuilder::with_channel) has its own completion channel:
+//! [`arm`](CompletionQueue::arm) asks for one event at the next completion,
+//! [`wait`](CompletionQueue::wait) sleeps until it comes. An event only says that a
+//! completion arrived *after* arming, so the order below is what keeps a completion that
+//! lands between the last poll and the wait from being missed:
+//!
+//! ```no_run
+//! # use rdma_verbs::{cq::CompletionQueue, wc::WorkCompletion, Context};
+//! # fn handle(_: &WorkCompletion) {}
+//! # fn main() -> rdma_verbs::Result<()> {
+//! # let ctx = Context::open_first()?;
+//! let mut cq = CompletionQueue::builder(&ctx, 256).with_channel().build()?;
+//! let mut wcs = [WorkCompletion::default(); 32];
+//! loop {
+//!     cq.arm(false)?;                       // 1. arm first,
+//!     loop {                                // 2. then drain what is already there,
+//!         let done = cq.poll(&mut wcs)?;
+//!         if done.is_empty() { break; }
+//!         done.iter().for_each(handle);
+//!     }
+//!     cq.wait(None)?;                       // 3. then sleep; a completion that came after
+//! }                                         //    step 1 has raised the event already.
+//! # }
+//! ```
+//!
+//! After a wake the loop comes back to arm again, then drains. The events `wait` consumed
+//! are acknowledged (`ibv_ack_cq_events`) in batches, and all of them before the CQ is
+//! destroyed, which `ibv_destroy_cq` requires; [`ack_events`](CompletionQueue::ack_events)
+//! acknowledges them at once.
+//!
+//! For an event loop (epoll, mio, tokio's `AsyncFd`), register the CQ's file descriptor
+//! ([`AsRawFd`]); it is non-blocking, and on readiness [`try_wait`](CompletionQueue::try_wait)
+//! consumes the event without sleeping.
 
+use std::ffi::c_int;
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::context::Context;
-use crate::error::Result;
+use crate::error::{Error, Plane, Result};
 use crate::ffi;
-use crate::handle::Owned;
+use crate::handle::{destroy_shared, Owned};
+use crate::wc::WorkCompletion;
+
+/// Completion events are acknowledged once this many have been consumed (acknowledging
+/// takes the CQ's mutex, so libibverbs advises batching), and always before destroy.
+const ACK_BATCH: u32 = 32;
 
 /// A completion queue. Not `Clone`: polling needs `&mut self`, so there is one poller.
+///
+/// Created with [`CompletionQueue::new`] or [`CompletionQueue::builder`]; destroyed when
+/// it and every QP or SRQ that uses it are dropped, or now with [`destroy`](Self::destroy).
+#[doc(alias = "ibv_cq")]
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
 }
 
 pub(crate) struct CqInner {
+    /// First, so that its drop acknowledges the consumed events before `raw` is destroyed
+    /// (`ibv_destroy_cq` waits for every event to be acknowledged).
+    events: UnackedEvents,
     pub(crate) raw: Owned<ffi::ibv_cq>,
+    /// After `raw`: a channel can only be destroyed once no CQ uses it.
+    channel: Option<Owned<ffi::ibv_comp_channel>>,
+    comp_vector: u32,
     pub(crate) ctx: Context,
 }
 
-// SAFETY: libibverbs allows CQ verbs from any thread; polling is serialized by &mut.
+// SAFETY: libibverbs allows every CQ verb from any thread. The raw pointers are owned by
+// this struct and only used by the verbs. The one mutable state, the unacknowledged-event
+// count, is atomic.
 unsafe impl Send for CqInner {}
-// SAFETY: the &self methods of a CQ are thread-safe verbs.
+// SAFETY: what a shared `&CqInner` reaches is the raw pointers (thread-safe verbs) and the
+// atomic count. Polling, arming and waiting, which must not run concurrently, are methods
+// of `CompletionQueue` taking `&mut self`, and `CompletionQueue` is not `Clone`.
 unsafe impl Sync for CqInner {}
 
+/// Completion events consumed by `ibv_get_cq_event` and not yet acknowledged.
+struct UnackedEvents {
+    cq: NonNull<ffi::ibv_cq>,
+    count: AtomicU32,
+}
+
+impl UnackedEvents {
+    /// Acknowledges every counted event.
+    fn ack_all(&self) {
+        let n = self.count.swap(0, Ordering::Relaxed);
+        if n > 0 {
+            // SAFETY: the CQ is live (this field drops before `CqInner::raw`, and
+            // `CqInner::destroy` drops it before destroying the CQ), and these `n` events
+            // were returned by `ibv_get_cq_event` for this CQ and not acknowledged yet.
+            unsafe { ffi::ibv_ack_cq_events(self.cq.as_ptr(), n) }
+        }
+    }
+}
+
+impl Drop for UnackedEvents {
+    fn drop(&mut self) {
+        self.ack_all();
+    }
+}
+
+impl CqInner {
+    fn destroy(self) -> Result<()> {
+        let CqInner { events, raw, channel, comp_vector: _, ctx: _ } = self;
+        drop(events);
+        if let Err(e) = raw.destroy() {
+            // The CQ still uses the channel: destroying it would fail too.
+            std::mem::forget(channel);
+            return Err(e);
+        }
+        channel.map_or(Ok(()), Owned::destroy)
+    }
+}
+
+/// Options for a new [`CompletionQueue`]: from [`CompletionQueue::builder`].
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct CqBuilder<'a> {
+    ctx: &'a Context,
+    cqe: u32,
+    comp_vector: u32,
+    channel: bool,
+}
+
+impl CqBuilder<'_> {
+    /// The completion vector (interrupt) the CQ's events are delivered on: below the
+    /// device's [`num_comp_vectors`](CompletionQueue::num_comp_vectors). Default 0.
+    pub fn comp_vector(mut self, vector: u32) -> Self {
+        self.comp_vector = vector;
+        self
+    }
+
+    /// Gives the CQ its own completion channel, so that it can [`arm`](CompletionQueue::arm)
+    /// and [`wait`](CompletionQueue::wait) and has a file descriptor for event loops.
+    pub fn with_channel(mut self) -> Self {
+        self.channel = true;
+        self
+    }
+
+    /// Creates the CQ (`ibv_create_cq`, and `ibv_create_comp_channel` first when asked).
+    ///
+    /// Fails with [`Error::InvalidArgument`], before any C call, when `cqe` is 0 or above
+    /// the device's `max_cqe`, or `comp_vector` is not below the device's vector count.
+    #[doc(alias = "ibv_create_cq")]
+    pub fn build(self) -> Result<CompletionQueue> {
+        const VERB: &str = "ibv_create_cq";
+        let ctx = self.ctx;
+        if self.cqe == 0 {
+            return Err(Error::invalid(VERB, "cqe 0: a CQ needs at least one entry"));
+        }
+        let max_cqe = ctx.query_device()?.max_cqe;
+        if self.cqe > max_cqe {
+            return Err(Error::invalid(VERB, format!("cqe {} exceeds the device's max_cqe {max_cqe}", self.cqe)));
+        }
+        let vectors = num_comp_vectors(ctx);
+        if self.comp_vector >= vectors {
+            return Err(Error::invalid(
+                VERB,
+                format!(
+                    "comp_vector {} is out of range: the device has {vectors} completion vectors (0..{vectors})",
+                    self.comp_vector
+                ),
+            ));
+        }
+        let channel = if self.channel { Some(new_channel(ctx)?) } else { None };
+        let channel_ptr = channel.as_ref().map_or(ptr::null_mut(), Owned::as_ptr);
+        // Both fit in c_int: checked against device limits that are c_int in C.
+        let (cqe, vector) = (self.cqe as c_int, self.comp_vector as c_int);
+        // SAFETY: the context is open; the channel, if any, is live and belongs to it and
+        // outlives the CQ (field order of CqInner); no cq_context.
+        let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), cqe, ptr::null_mut(), channel_ptr, vector) };
+        // SAFETY: a new CQ that only this Owned destroys. On failure `channel` drops here.
+        let raw = unsafe { Owned::new(raw, VERB)? };
+        let events = UnackedEvents {
+            // Owned::new refused NULL above.
+            cq: NonNull::new(raw.as_ptr()).expect("Owned holds a non-null pointer"),
+            count: AtomicU32::new(0),
+        };
+        let inner = CqInner { events, raw, channel, comp_vector: self.comp_vector, ctx: ctx.clone() };
+        Ok(CompletionQueue { inner: Arc::new(inner) })
+    }
+}
+
+fn num_comp_vectors(ctx: &Context) -> u32 {
+    // SAFETY: the context is open; libibverbs sets this field when opening the device and
+    // never changes it.
+    let n = unsafe { (*ctx.as_raw()).num_comp_vectors };
+    u32::try_from(n).unwrap_or(0)
+}
+
+/// A new completion channel whose file descriptor does not block, so that `wait` can
+/// bound its sleep with poll(2) and event loops can own the readiness.
+fn new_channel(ctx: &Context) -> Result<Owned<ffi::ibv_comp_channel>> {
+    // SAFETY: the context is open.
+    let raw = unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) };
+    // SAFETY: a new channel that only this Owned destroys.
+    let channel = unsafe { Owned::new(raw, "ibv_create_comp_channel")? };
+    // SAFETY: the channel is live; its fd is open for as long as the channel is.
+    let fd = unsafe { (*channel.as_ptr()).fd };
+    // SAFETY: fcntl on an open fd with integer arguments.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(Error::last_os("fcntl(O_NONBLOCK) on the completion channel", Plane::Control));
+    }
+    Ok(channel)
+}
+
 impl CompletionQueue {
-    /// Creates a CQ with at least `cqe` entries on completion vector 0, no channel.
+    /// Creates a CQ with at least `cqe` entries on completion vector 0, no channel:
+    /// shorthand for `CompletionQueue::builder(ctx, cqe).build()`.
+    #[doc(alias = "ibv_create_cq")]
     pub fn new(ctx: &Context, cqe: u32) -> Result<Self> {
-        let cqe = i32::try_from(cqe).map_err(|_| crate::Error::invalid("ibv_create_cq", "cqe too large"))?;
-        // SAFETY: the context is open; no channel, no context pointer.
-        let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), cqe, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
-        // SAFETY: a new CQ owned only here.
-        let raw = unsafe { Owned::new(raw, "ibv_create_cq")? };
-        Ok(CompletionQueue { inner: Arc::new(CqInner { raw, ctx: ctx.clone() }) })
+        Self::builder(ctx, cqe).build()
+    }
+
+    /// Starts building a CQ with at least `cqe` entries (the device may round up: see
+    /// [`cqe`](Self::cqe)). Size it for every work request that can be outstanding on the
+    /// QPs completing into it: a CQ that overflows puts them in the error state.
+    pub fn builder(ctx: &Context, cqe: u32) -> CqBuilder<'_> {
+        CqBuilder { ctx, cqe, comp_vector: 0, channel: false }
     }
 
     /// The raw pointer, valid while `self` lives.
+    #[inline]
     pub fn as_raw(&self) -> *mut ffi::ibv_cq {
         self.inner.raw.as_ptr()
     }
@@ -41,5 +247,217 @@ impl CompletionQueue {
     /// The context this CQ belongs to.
     pub fn context(&self) -> &Context {
         &self.inner.ctx
+    }
+
+    /// The number of entries the CQ really has (at least what was asked for).
+    pub fn cqe(&self) -> u32 {
+        // SAFETY: the CQ is live; `cqe` changes only in ibv_resize_cq, which needs the
+        // poller's `&mut self` and is not offered.
+        let cqe = unsafe { (*self.as_raw()).cqe };
+        u32::try_from(cqe).unwrap_or(0)
+    }
+
+    /// The completion vector the CQ was created on.
+    pub fn comp_vector(&self) -> u32 {
+        self.inner.comp_vector
+    }
+
+    /// How many completion vectors the device has (valid `comp_vector` values are below).
+    pub fn num_comp_vectors(ctx: &Context) -> u32 {
+        num_comp_vectors(ctx)
+    }
+
+    /// True when the CQ was built [`with_channel`](CqBuilder::with_channel).
+    pub fn has_channel(&self) -> bool {
+        self.inner.channel.is_some()
+    }
+
+    /// Moves up to `wc.len()` completions into the front of `wc` and returns that part,
+    /// empty when none are ready (`ibv_poll_cq`, called once).
+    ///
+    /// No allocation, lock or system call of this crate: the cost is the provider's. Check
+    /// each completion's [`status`](WorkCompletion::status) (or call
+    /// [`ok`](WorkCompletion::ok)): a failed work request is a completion, not an `Err`.
+    /// `Err` means the provider could not read the CQ at all.
+    #[doc(alias = "ibv_poll_cq")]
+    #[inline]
+    pub fn poll<'a>(&mut self, wc: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
+        let max = c_int::try_from(wc.len()).unwrap_or(c_int::MAX);
+        // SAFETY: the CQ is live; `wc` has room for `max` entries and WorkCompletion is
+        // repr(transparent) over ibv_wc; `&mut self` makes this the only poll of this CQ.
+        let n = unsafe { ffi::ibv_poll_cq(self.as_raw(), max, wc.as_mut_ptr().cast()) };
+        match usize::try_from(n) {
+            Ok(n) => Ok(&mut wc[..n]),
+            Err(_) => Err(poll_error(n)),
+        }
+    }
+
+    /// Polls for one completion: `Ok(None)` when none is ready.
+    #[inline]
+    pub fn poll_one(&mut self) -> Result<Option<WorkCompletion>> {
+        let mut wc = [WorkCompletion::default()];
+        Ok(self.poll(&mut wc)?.first().copied())
+    }
+
+    /// Asks for an event on the channel at the next completion, or with `solicited_only`
+    /// at the next solicited or failed one (`ibv_req_notify_cq`). One arming raises at most
+    /// one event; arm again after each. See the [module docs](self) for the order.
+    #[doc(alias = "ibv_req_notify_cq")]
+    pub fn arm(&mut self, solicited_only: bool) -> Result<()> {
+        self.channel("ibv_req_notify_cq")?;
+        // SAFETY: the CQ is live and `&mut self` keeps a poll of it from running meanwhile
+        // (providers read the consumer index when arming).
+        let rc = unsafe { ffi::ibv_req_notify_cq(self.as_raw(), c_int::from(solicited_only)) };
+        Context::check("ibv_req_notify_cq", Plane::Data, rc)
+    }
+
+    /// Sleeps until the armed CQ raises an event, or for at most `timeout`
+    /// ([`Error::Timeout`] when nothing comes; `None` waits forever, `Some(ZERO)` only
+    /// looks). Consumes the event (`ibv_get_cq_event`); the CQ must be armed again for the
+    /// next one. Completions are not returned here: poll for them.
+    #[doc(alias = "ibv_get_cq_event")]
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<()> {
+        let fd = self.channel_fd_or("ibv_get_cq_event")?;
+        // A timeout too large for the clock is no timeout.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        loop {
+            let ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    // Round up, so a sub-millisecond remainder sleeps instead of spinning.
+                    let left = d.saturating_duration_since(Instant::now());
+                    c_int::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX)
+                }
+            };
+            let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if rc < 0 {
+                let e = Error::last_os("poll on the completion channel", Plane::Control);
+                if e.errno() == Some(libc::EINTR) {
+                    continue;
+                }
+                return Err(e);
+            }
+            if rc > 0 && self.try_wait()? {
+                return Ok(());
+            }
+            if rc == 0 && ms == 0 {
+                return Err(Error::Timeout { verb: "ibv_get_cq_event", timeout: timeout.unwrap_or_default() });
+            }
+            // Woken with nothing to read (another reader of the fd took it), or the
+            // rounded-up sleep ended a hair early: look again with the time left.
+        }
+    }
+
+    /// Consumes a pending event without sleeping: `Ok(true)` when there was one,
+    /// `Ok(false)` when not. For event loops that saw the [file descriptor](AsRawFd)
+    /// become readable.
+    pub fn try_wait(&mut self) -> Result<bool> {
+        let channel = self.channel("ibv_get_cq_event")?;
+        let mut cq = ptr::null_mut();
+        let mut cq_context = ptr::null_mut();
+        // SAFETY: the channel is live; its fd is non-blocking, so this returns at once.
+        let rc = unsafe { ffi::ibv_get_cq_event(channel, &mut cq, &mut cq_context) };
+        if rc != 0 {
+            let e = Error::last_os("ibv_get_cq_event", Plane::Control);
+            return match e.errno() {
+                Some(libc::EAGAIN | libc::EINTR) => Ok(false),
+                _ => Err(e),
+            };
+        }
+        // The channel is this CQ's alone, so the event is this CQ's.
+        debug_assert_eq!(cq, self.as_raw());
+        let events = &self.inner.events;
+        if events.count.fetch_add(1, Ordering::Relaxed) + 1 >= ACK_BATCH {
+            events.ack_all();
+        }
+        Ok(true)
+    }
+
+    /// Acknowledges every event [`wait`](Self::wait) consumed (`ibv_ack_cq_events`).
+    /// Optional: they are acknowledged in batches, and all before the CQ is destroyed.
+    #[doc(alias = "ibv_ack_cq_events")]
+    pub fn ack_events(&mut self) {
+        self.inner.events.ack_all();
+    }
+
+    /// Events consumed and not acknowledged yet.
+    pub fn unacked_events(&self) -> u32 {
+        self.inner.events.count.load(Ordering::Relaxed)
+    }
+
+    /// The completion channel's file descriptor, or `None` without a channel.
+    pub fn channel_fd(&self) -> Option<RawFd> {
+        // SAFETY: the channel is live while the CQ is; `fd` is set once at creation.
+        self.inner.channel.as_ref().map(|ch| unsafe { (*ch.as_ptr()).fd })
+    }
+
+    /// Destroys the CQ now, then its channel, and reports the result (`ibv_destroy_cq`).
+    /// Fails with EBUSY, freeing nothing yet, while QPs or SRQs that use the CQ are alive.
+    pub fn destroy(self) -> Result<()> {
+        destroy_shared(self.inner, "ibv_destroy_cq", CqInner::destroy)
+    }
+
+    fn channel(&self, verb: &'static str) -> Result<*mut ffi::ibv_comp_channel> {
+        match &self.inner.channel {
+            Some(ch) => Ok(ch.as_ptr()),
+            None => Err(no_channel(verb)),
+        }
+    }
+
+    fn channel_fd_or(&self, verb: &'static str) -> Result<RawFd> {
+        self.channel_fd().ok_or_else(|| no_channel(verb))
+    }
+}
+
+#[cold]
+fn no_channel(verb: &'static str) -> Error {
+    Error::invalid(verb, "this CQ has no completion channel: build it with CompletionQueue::builder(..).with_channel()")
+}
+
+#[cold]
+#[inline(never)]
+fn poll_error(rc: c_int) -> Error {
+    // Providers return a negative number, not always an errno (mlx5 returns -2).
+    let errno = if rc == -libc::EOPNOTSUPP { libc::EOPNOTSUPP } else { libc::EIO };
+    Error::verb("ibv_poll_cq", Plane::Data, errno).with_hint(format!(
+        "the provider returned {rc}: the CQ is unusable, usually because it overran \
+         (more completions outstanding than its cqe entries) or the device failed"
+    ))
+}
+
+/// The completion channel's file descriptor: register it with epoll, mio or tokio's
+/// `AsyncFd` to learn when [`try_wait`](CompletionQueue::try_wait) has an event. It is
+/// non-blocking. Arm the CQ before waiting for readiness, as with [`wait`](CompletionQueue::wait).
+///
+/// # Panics
+/// When the CQ has no channel (built without [`with_channel`](CqBuilder::with_channel)).
+impl AsRawFd for CompletionQueue {
+    fn as_raw_fd(&self) -> RawFd {
+        match self.channel_fd() {
+            Some(fd) => fd,
+            None => panic!("{}", no_channel("CompletionQueue::as_raw_fd")),
+        }
+    }
+}
+
+/// As [`AsRawFd`], including the panic without a channel.
+impl AsFd for CompletionQueue {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd is open while the channel is, and the channel lives as long as
+        // `self` (and longer, while QPs hold the CQ).
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+impl fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompletionQueue")
+            .field("cqe", &self.cqe())
+            .field("comp_vector", &self.comp_vector())
+            .field("channel_fd", &self.channel_fd())
+            .field("context", self.context())
+            .finish()
     }
 }

@@ -82,6 +82,24 @@ pub enum Error {
         /// The port number.
         port: u8,
     },
+    /// A work request completed with an error status (see
+    /// [`WorkCompletion::ok`](crate::wc::WorkCompletion::ok)). A data-plane failure: the
+    /// provider and the hardware (or the peer) ended the request, no errno is involved.
+    #[error(
+        "work request wr_id {wr_id} on QP {qp_num} failed: {status} (vendor_err {vendor_err:#x}; {plane}){}",
+        Hint(&.status.hint().map(Cow::Borrowed)),
+        plane = Plane::Data
+    )]
+    WorkCompletion {
+        /// The completion status.
+        status: crate::wc::WcStatus,
+        /// The `wr_id` of the failed work request.
+        wr_id: u64,
+        /// The local QP number.
+        qp_num: u32,
+        /// The provider's own error code (0 when it gives none).
+        vendor_err: u32,
+    },
     /// A wait ran out of time.
     #[error("{verb}: timed out after {timeout:?}")]
     Timeout {
@@ -146,6 +164,7 @@ impl Error {
     pub fn plane(&self) -> Option<Plane> {
         match self {
             Error::Verb { plane, .. } => Some(*plane),
+            Error::WorkCompletion { .. } => Some(Plane::Data),
             _ => None,
         }
     }
@@ -154,6 +173,7 @@ impl Error {
     pub fn verb_name(&self) -> Option<&'static str> {
         match self {
             Error::Verb { verb, .. } | Error::InvalidArgument { verb, .. } | Error::Timeout { verb, .. } => Some(verb),
+            Error::WorkCompletion { .. } => Some("ibv_poll_cq"),
             _ => None,
         }
     }

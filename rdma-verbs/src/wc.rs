@@ -1,1 +1,489 @@
-//! Filled in by the safe-core work.
+//! Work completions (`struct ibv_wc`): what [`CompletionQueue::poll`](crate::cq::CompletionQueue::poll)
+//! hands back, one per finished work request.
+//!
+//! [`WorkCompletion`] has the layout of `struct ibv_wc`, so a slice of them is the array the
+//! provider writes into: decoding happens in the accessors, only for the fields read.
+//!
+//! When the status is not [`WcStatus::Success`], only [`wr_id`](WorkCompletion::wr_id),
+//! [`status`](WorkCompletion::status), [`qp_num`](WorkCompletion::qp_num) and
+//! [`vendor_err`](WorkCompletion::vendor_err) are defined (`man ibv_poll_cq`); providers
+//! differ in what the other fields hold then.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::port::c_enum;
+
+c_enum! {
+    /// How a work request ended (`enum ibv_wc_status`). [`Display`](fmt::Display) gives a
+    /// short text, [`WcStatus::hint`] the usual cause.
+    #[doc(alias = "ibv_wc_status")]
+    WcStatus: u32 {
+        /// The work request completed.
+        Success = ffi::ibv_wc_status::IBV_WC_SUCCESS.0,
+        /// Local length error.
+        LocLenErr = ffi::ibv_wc_status::IBV_WC_LOC_LEN_ERR.0,
+        /// Local QP operation error.
+        LocQpOpErr = ffi::ibv_wc_status::IBV_WC_LOC_QP_OP_ERR.0,
+        /// Local EE context operation error (RD only).
+        LocEecOpErr = ffi::ibv_wc_status::IBV_WC_LOC_EEC_OP_ERR.0,
+        /// Local protection error.
+        LocProtErr = ffi::ibv_wc_status::IBV_WC_LOC_PROT_ERR.0,
+        /// Flushed: the QP was in the error state, the request was not executed.
+        WrFlushErr = ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR.0,
+        /// Memory window bind error.
+        MwBindErr = ffi::ibv_wc_status::IBV_WC_MW_BIND_ERR.0,
+        /// Bad response from the peer.
+        BadRespErr = ffi::ibv_wc_status::IBV_WC_BAD_RESP_ERR.0,
+        /// Local access error.
+        LocAccessErr = ffi::ibv_wc_status::IBV_WC_LOC_ACCESS_ERR.0,
+        /// Remote invalid request error.
+        RemInvReqErr = ffi::ibv_wc_status::IBV_WC_REM_INV_REQ_ERR.0,
+        /// Remote access error.
+        RemAccessErr = ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR.0,
+        /// Remote operation error.
+        RemOpErr = ffi::ibv_wc_status::IBV_WC_REM_OP_ERR.0,
+        /// Transport retry counter exceeded.
+        RetryExcErr = ffi::ibv_wc_status::IBV_WC_RETRY_EXC_ERR.0,
+        /// Receiver-not-ready retry counter exceeded.
+        RnrRetryExcErr = ffi::ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR.0,
+        /// Local RDD violation (RD only).
+        LocRddViolErr = ffi::ibv_wc_status::IBV_WC_LOC_RDD_VIOL_ERR.0,
+        /// Remote invalid RD request (RD only).
+        RemInvRdReqErr = ffi::ibv_wc_status::IBV_WC_REM_INV_RD_REQ_ERR.0,
+        /// The peer aborted the operation.
+        RemAbortErr = ffi::ibv_wc_status::IBV_WC_REM_ABORT_ERR.0,
+        /// Invalid EE context number (RD only).
+        InvEecnErr = ffi::ibv_wc_status::IBV_WC_INV_EECN_ERR.0,
+        /// Invalid EE context state (RD only).
+        InvEecStateErr = ffi::ibv_wc_status::IBV_WC_INV_EEC_STATE_ERR.0,
+        /// Fatal device error.
+        FatalErr = ffi::ibv_wc_status::IBV_WC_FATAL_ERR.0,
+        /// Response timeout.
+        RespTimeoutErr = ffi::ibv_wc_status::IBV_WC_RESP_TIMEOUT_ERR.0,
+        /// General error.
+        GeneralErr = ffi::ibv_wc_status::IBV_WC_GENERAL_ERR.0,
+        /// Tag matching error.
+        TmErr = ffi::ibv_wc_status::IBV_WC_TM_ERR.0,
+        /// Tag matching rendezvous not completed.
+        TmRndvIncomplete = ffi::ibv_wc_status::IBV_WC_TM_RNDV_INCOMPLETE.0,
+    }
+}
+
+impl WcStatus {
+    /// True for [`WcStatus::Success`].
+    #[inline]
+    pub fn is_success(self) -> bool {
+        self == WcStatus::Success
+    }
+
+    /// The usual cause of this status, as operators meet it, when there is a usual one.
+    pub fn hint(self) -> Option<&'static str> {
+        Some(match self {
+            WcStatus::LocLenErr => {
+                "an incoming message was larger than the posted receive buffer, \
+                 or a send was larger than the QP or path allows"
+            }
+            WcStatus::LocQpOpErr => {
+                "the work request does not fit this QP: too many SGEs, inline data too large, \
+                 or an opcode the QP type does not support"
+            }
+            WcStatus::LocProtErr => {
+                "an SGE is not covered by its lkey: wrong lkey, address range outside the MR, \
+                 an MR of another PD, or a receive into an MR without local write access"
+            }
+            WcStatus::WrFlushErr => {
+                "the QP is in the error state (an earlier request failed, or it is being torn down), \
+                 so this request was never executed; look for the first completion that failed"
+            }
+            WcStatus::MwBindErr => "the memory window bind was refused: check the MR's bind access and the range",
+            WcStatus::LocAccessErr => {
+                "the data for an RDMA read or atomic result hit a local buffer without write access"
+            }
+            WcStatus::RemInvReqErr => {
+                "the peer rejected the request: message larger than its receive buffer, \
+                 or an operation its QP does not allow (check its access flags and max_rd_atomic)"
+            }
+            WcStatus::RemAccessErr => {
+                "the peer refused the memory access: wrong rkey or remote address, range outside \
+                 its MR, or the MR lacks the remote access this operation needs"
+            }
+            WcStatus::RemOpErr => "the peer could not complete the operation (its receive failed on its side)",
+            WcStatus::RetryExcErr => {
+                "the peer never acknowledged: it is down or unreachable, or the remote QPN, GID or \
+                 path is wrong, or its QP is not in RTR/RTS"
+            }
+            WcStatus::RnrRetryExcErr => {
+                "the peer had no receive posted for too long: post receives before the sender \
+                 sends, or raise rnr_retry"
+            }
+            WcStatus::FatalErr => "the device or its driver hit a fatal error; the device may need a reset",
+            WcStatus::GeneralErr => "the provider gave no detail: see vendor_err",
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocEecOpErr => "local EE context operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "flushed: the QP is in the error state",
+            WcStatus::MwBindErr => "memory window bind error",
+            WcStatus::BadRespErr => "bad response from the peer",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retries exhausted",
+            WcStatus::RnrRetryExcErr => "receiver-not-ready retries exhausted",
+            WcStatus::LocRddViolErr => "local RDD violation",
+            WcStatus::RemInvRdReqErr => "remote invalid RD request",
+            WcStatus::RemAbortErr => "remote abort",
+            WcStatus::InvEecnErr => "invalid EE context number",
+            WcStatus::InvEecStateErr => "invalid EE context state",
+            WcStatus::FatalErr => "fatal error",
+            WcStatus::RespTimeoutErr => "response timeout",
+            WcStatus::GeneralErr => "general error",
+            WcStatus::TmErr => "tag matching error",
+            WcStatus::TmRndvIncomplete => "tag matching rendezvous incomplete",
+            WcStatus::Unknown(v) => return write!(f, "unknown status {v}"),
+        })
+    }
+}
+
+c_enum! {
+    /// What a completed work request was (`enum ibv_wc_opcode`). Send-side opcodes are
+    /// below 128, receive-side ones (`Recv*`, tag matching) from 128 up.
+    #[doc(alias = "ibv_wc_opcode")]
+    WcOpcode: u32 {
+        /// A send (with or without immediate data, or with invalidate).
+        Send = ffi::ibv_wc_opcode::IBV_WC_SEND.0,
+        /// An RDMA write (with or without immediate data).
+        RdmaWrite = ffi::ibv_wc_opcode::IBV_WC_RDMA_WRITE.0,
+        /// An RDMA read.
+        RdmaRead = ffi::ibv_wc_opcode::IBV_WC_RDMA_READ.0,
+        /// An atomic compare-and-swap.
+        CompSwap = ffi::ibv_wc_opcode::IBV_WC_COMP_SWAP.0,
+        /// An atomic fetch-and-add.
+        FetchAdd = ffi::ibv_wc_opcode::IBV_WC_FETCH_ADD.0,
+        /// A memory window bind.
+        BindMw = ffi::ibv_wc_opcode::IBV_WC_BIND_MW.0,
+        /// A local invalidate.
+        LocalInv = ffi::ibv_wc_opcode::IBV_WC_LOCAL_INV.0,
+        /// A TCP segmentation offload send (raw packet QPs).
+        Tso = ffi::ibv_wc_opcode::IBV_WC_TSO.0,
+        /// An atomic write.
+        AtomicWrite = ffi::ibv_wc_opcode::IBV_WC_ATOMIC_WRITE.0,
+        /// A receive consumed by an incoming send.
+        Recv = ffi::ibv_wc_opcode::IBV_WC_RECV.0,
+        /// A receive consumed by an incoming RDMA write with immediate data.
+        RecvRdmaWithImm = ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM.0,
+        /// Tag matching: a tag was added.
+        TmAdd = ffi::ibv_wc_opcode::IBV_WC_TM_ADD.0,
+        /// Tag matching: a tag was removed.
+        TmDel = ffi::ibv_wc_opcode::IBV_WC_TM_DEL.0,
+        /// Tag matching: a sync request.
+        TmSync = ffi::ibv_wc_opcode::IBV_WC_TM_SYNC.0,
+        /// Tag matching: a tagged receive.
+        TmRecv = ffi::ibv_wc_opcode::IBV_WC_TM_RECV.0,
+        /// Tag matching: a message that matched no tag.
+        TmNoTag = ffi::ibv_wc_opcode::IBV_WC_TM_NO_TAG.0,
+        /// Provider-specific opcode 1.
+        Driver1 = ffi::ibv_wc_opcode::IBV_WC_DRIVER1.0,
+        /// Provider-specific opcode 2.
+        Driver2 = ffi::ibv_wc_opcode::IBV_WC_DRIVER2.0,
+        /// Provider-specific opcode 3.
+        Driver3 = ffi::ibv_wc_opcode::IBV_WC_DRIVER3.0,
+    }
+}
+
+impl WcOpcode {
+    /// True for completions of receive work requests (`IBV_WC_RECV` and up).
+    #[inline]
+    pub fn is_recv(self) -> bool {
+        self.to_raw() & ffi::ibv_wc_opcode::IBV_WC_RECV.0 != 0
+    }
+}
+
+bitflags::bitflags! {
+    /// Flags of a work completion (`enum ibv_wc_flags`). Bits this crate does not name
+    /// are kept, not dropped.
+    #[doc(alias = "ibv_wc_flags")]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct WcFlags: u32 {
+        /// A 40-byte GRH precedes the data in the receive buffer (UD).
+        const GRH = ffi::ibv_wc_flags::IBV_WC_GRH.0;
+        /// The message carried immediate data: see [`WorkCompletion::imm_data`].
+        const WITH_IMM = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        /// The device checked the IP checksum of the packet and it was correct.
+        const IP_CSUM_OK = ffi::ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+        /// The message invalidated a local rkey: see [`WorkCompletion::invalidated_rkey`].
+        const WITH_INV = ffi::ibv_wc_flags::IBV_WC_WITH_INV.0;
+        /// Tag matching: a sync request.
+        const TM_SYNC_REQ = ffi::ibv_wc_flags::IBV_WC_TM_SYNC_REQ.0;
+        /// Tag matching: the message matched a tag.
+        const TM_MATCH = ffi::ibv_wc_flags::IBV_WC_TM_MATCH.0;
+        /// Tag matching: the data is in the buffer.
+        const TM_DATA_VALID = ffi::ibv_wc_flags::IBV_WC_TM_DATA_VALID.0;
+        // Keep bits from newer providers.
+        const _ = !0;
+    }
+}
+
+/// One work completion, laid out as `struct ibv_wc` so that `&mut [WorkCompletion]` is the
+/// array `ibv_poll_cq` fills. Copying one is copying 48 bytes.
+#[doc(alias = "ibv_wc")]
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct WorkCompletion(ffi::ibv_wc);
+
+impl Default for WorkCompletion {
+    /// All zero: a placeholder for a poll buffer, not a real completion.
+    fn default() -> Self {
+        WorkCompletion(ffi::ibv_wc::default())
+    }
+}
+
+impl WorkCompletion {
+    /// Wraps a raw completion.
+    #[inline]
+    pub fn from_raw(wc: ffi::ibv_wc) -> Self {
+        WorkCompletion(wc)
+    }
+
+    /// The raw completion.
+    #[inline]
+    pub fn as_raw(&self) -> &ffi::ibv_wc {
+        &self.0
+    }
+
+    /// The `wr_id` of the work request this completes, as it was posted.
+    #[inline]
+    pub fn wr_id(&self) -> u64 {
+        self.0.wr_id
+    }
+
+    /// How the work request ended.
+    #[inline]
+    pub fn status(&self) -> WcStatus {
+        WcStatus::from_raw(self.0.status.0)
+    }
+
+    /// True when the work request completed without error.
+    #[inline]
+    pub fn is_success(&self) -> bool {
+        self.0.status == ffi::ibv_wc_status::IBV_WC_SUCCESS
+    }
+
+    /// Itself when the status is [`WcStatus::Success`], else an
+    /// [`Error::WorkCompletion`] that names the status, the `wr_id` and the QP.
+    #[inline]
+    pub fn ok(self) -> Result<Self> {
+        if self.is_success() {
+            Ok(self)
+        } else {
+            Err(self.to_error())
+        }
+    }
+
+    #[cold]
+    fn to_error(self) -> Error {
+        Error::WorkCompletion {
+            status: self.status(),
+            wr_id: self.wr_id(),
+            qp_num: self.qp_num(),
+            vendor_err: self.vendor_err(),
+        }
+    }
+
+    /// What the work request was. Defined only for successful completions: for failed
+    /// ones the provider may leave anything here (rxe reports [`WcOpcode::Send`], the
+    /// zero value, for a flushed receive).
+    #[inline]
+    pub fn opcode(&self) -> WcOpcode {
+        WcOpcode::from_raw(self.0.opcode.0)
+    }
+
+    /// Bytes transferred: the received message length for receives, the result size for
+    /// RDMA reads and atomics.
+    #[inline]
+    pub fn byte_len(&self) -> u32 {
+        self.0.byte_len
+    }
+
+    /// The immediate data, in host byte order, when the message carried any.
+    #[inline]
+    pub fn imm_data(&self) -> Option<u32> {
+        if self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+            // SAFETY: both members of the union are a plain u32; WITH_IMM says which it is.
+            Some(u32::from_be(unsafe { self.0.__bindgen_anon_1.imm_data }))
+        } else {
+            None
+        }
+    }
+
+    /// The local rkey the message invalidated, when it was a send with invalidate.
+    #[inline]
+    pub fn invalidated_rkey(&self) -> Option<u32> {
+        if self.0.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0 {
+            // SAFETY: both members of the union are a plain u32; WITH_INV says which it is.
+            Some(unsafe { self.0.__bindgen_anon_1.invalidated_rkey })
+        } else {
+            None
+        }
+    }
+
+    /// The number of the local QP the work request was posted on.
+    #[inline]
+    pub fn qp_num(&self) -> u32 {
+        self.0.qp_num
+    }
+
+    /// The source QP number of the message (UD receives).
+    #[inline]
+    pub fn src_qp(&self) -> u32 {
+        self.0.src_qp
+    }
+
+    /// The completion's flags.
+    #[inline]
+    pub fn wc_flags(&self) -> WcFlags {
+        WcFlags::from_bits_retain(self.0.wc_flags)
+    }
+
+    /// The P_Key index of the message (GSI QPs).
+    #[inline]
+    pub fn pkey_index(&self) -> u16 {
+        self.0.pkey_index
+    }
+
+    /// The source LID of the message (UD receives on InfiniBand).
+    #[inline]
+    pub fn slid(&self) -> u16 {
+        self.0.slid
+    }
+
+    /// The service level of the message (UD receives on InfiniBand).
+    #[inline]
+    pub fn sl(&self) -> u8 {
+        self.0.sl
+    }
+
+    /// The source path bits of the message (UD receives on InfiniBand).
+    #[inline]
+    pub fn dlid_path_bits(&self) -> u8 {
+        self.0.dlid_path_bits
+    }
+
+    /// The provider's own error code, for failed completions (0 when it gives none).
+    #[inline]
+    pub fn vendor_err(&self) -> u32 {
+        self.0.vendor_err
+    }
+}
+
+impl fmt::Debug for WorkCompletion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("WorkCompletion");
+        d.field("wr_id", &self.wr_id()).field("status", &self.status()).field("qp_num", &self.qp_num());
+        if !self.is_success() {
+            // Only these fields are defined for a failed completion.
+            return d.field("vendor_err", &self.vendor_err()).finish_non_exhaustive();
+        }
+        d.field("opcode", &self.opcode()).field("byte_len", &self.byte_len()).field("wc_flags", &self.wc_flags());
+        if let Some(imm) = self.imm_data() {
+            d.field("imm_data", &format_args!("{imm:#x}"));
+        }
+        if let Some(rkey) = self.invalidated_rkey() {
+            d.field("invalidated_rkey", &format_args!("{rkey:#x}"));
+        }
+        d.field("src_qp", &self.src_qp())
+            .field("pkey_index", &self.pkey_index())
+            .field("slid", &self.slid())
+            .field("sl", &self.sl())
+            .field("dlid_path_bits", &self.dlid_path_bits())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc(status: ffi::ibv_wc_status, flags: u32, imm_be: u32) -> WorkCompletion {
+        let mut raw = ffi::ibv_wc { wr_id: 42, status, qp_num: 17, wc_flags: flags, ..Default::default() };
+        raw.__bindgen_anon_1.imm_data = imm_be;
+        WorkCompletion::from_raw(raw)
+    }
+
+    #[test]
+    fn layout_is_ibv_wc() {
+        assert_eq!(std::mem::size_of::<WorkCompletion>(), std::mem::size_of::<ffi::ibv_wc>());
+        assert_eq!(std::mem::align_of::<WorkCompletion>(), std::mem::align_of::<ffi::ibv_wc>());
+    }
+
+    #[test]
+    fn imm_data_is_host_order_and_only_with_the_flag() {
+        let with = wc(ffi::ibv_wc_status::IBV_WC_SUCCESS, ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0, 0x1234_5678u32.to_be());
+        assert_eq!(with.imm_data(), Some(0x1234_5678));
+        assert_eq!(with.invalidated_rkey(), None);
+        let without = wc(ffi::ibv_wc_status::IBV_WC_SUCCESS, 0, 0x1234_5678u32.to_be());
+        assert_eq!(without.imm_data(), None);
+    }
+
+    #[test]
+    fn unknown_status_opcode_and_flags_are_kept() {
+        assert_eq!(WcStatus::from_raw(999), WcStatus::Unknown(999));
+        assert_eq!(WcStatus::from_raw(999).to_string(), "unknown status 999");
+        assert_eq!(WcOpcode::from_raw(77), WcOpcode::Unknown(77));
+        let flags = WcFlags::from_bits_retain(0x8000_0001);
+        assert!(flags.contains(WcFlags::GRH));
+        assert_eq!(flags.bits(), 0x8000_0001);
+    }
+
+    #[test]
+    fn every_status_round_trips_and_has_text() {
+        for v in 0..=23 {
+            let s = WcStatus::from_raw(v);
+            assert!(!matches!(s, WcStatus::Unknown(_)), "status {v} has no name");
+            assert_eq!(s.to_raw(), v);
+            assert!(!s.to_string().is_empty());
+        }
+        assert_eq!(WcStatus::RemAccessErr.to_string(), "remote access error");
+    }
+
+    #[test]
+    fn ok_turns_a_failed_status_into_a_data_plane_error() {
+        let good = wc(ffi::ibv_wc_status::IBV_WC_SUCCESS, 0, 0);
+        assert_eq!(good.ok().unwrap().wr_id(), 42);
+        let e = wc(ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR, 0, 0).ok().unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("remote access error"), "{text}");
+        assert!(text.contains("wr_id 42"), "{text}");
+        assert!(text.contains("data plane"), "{text}");
+        assert!(text.contains("rkey"), "{text}");
+        assert_eq!(e.plane(), Some(crate::Plane::Data));
+        assert!(matches!(e, Error::WorkCompletion { status: WcStatus::RemAccessErr, wr_id: 42, qp_num: 17, .. }));
+    }
+
+    #[test]
+    fn recv_opcodes_are_recognised() {
+        assert!(WcOpcode::Recv.is_recv());
+        assert!(WcOpcode::RecvRdmaWithImm.is_recv());
+        assert!(!WcOpcode::RdmaWrite.is_recv());
+        assert!(!WcOpcode::Send.is_recv());
+    }
+
+    #[test]
+    fn debug_of_a_failed_completion_shows_only_defined_fields() {
+        let text = format!("{:?}", wc(ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR, 0, 0));
+        assert!(text.contains("WrFlushErr") && text.contains("wr_id: 42"), "{text}");
+        assert!(!text.contains("opcode"), "{text}");
+    }
+}

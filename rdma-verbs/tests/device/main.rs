@@ -87,6 +87,7 @@ pub struct LeakCheck(ResourceCounts);
 
 impl LeakCheck {
     #[must_use]
+    #[allow(clippy::new_without_default)] // taking a snapshot is not a default value
     pub fn new() -> Self {
         LeakCheck(ResourceCounts::now())
     }

@@ -1,1 +1,240 @@
-//! Filled in by the safe-core work.
+//! Address handles (`struct ibv_ah`): where a UD send goes. The addressing types here
+//! ([`Remote`], [`AhAttr`]) also describe the path a connected QP takes at RTR.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::handle::{destroy_shared, Owned};
+use crate::pd::ProtectionDomain;
+use crate::port::{Gid, PortAttr};
+
+/// The hop limit [`Remote::gid`] sets: the IP TTL of RoCE v2 packets, enough for any
+/// routed data-centre fabric.
+pub const DEFAULT_HOP_LIMIT: u8 = 64;
+
+/// How to reach the remote side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remote {
+    /// By GID, with a global route header: always on RoCE (the GID is an IP address),
+    /// and on InfiniBand across subnets.
+    Gid {
+        /// The remote GID.
+        gid: Gid,
+        /// The index of the local GID to send from (on RoCE it picks the source IP address
+        /// and the RoCE version; [`Context::default_gid`] chooses a good one).
+        sgid_index: u8,
+        /// Hop limit (the IP TTL on RoCE v2).
+        hop_limit: u8,
+        /// Traffic class (the IP DSCP and ECN bits on RoCE v2).
+        traffic_class: u8,
+        /// Flow label, 20 bits.
+        flow_label: u32,
+    },
+    /// By LID: InfiniBand within one subnet.
+    Lid {
+        /// The remote port's LID (or the multicast LID).
+        dlid: u16,
+        /// Low bits of the source LID, for ports with an LMC.
+        src_path_bits: u8,
+    },
+}
+
+impl Remote {
+    /// A GID route with hop limit [`DEFAULT_HOP_LIMIT`], traffic class 0, flow label 0.
+    pub fn gid(gid: Gid, sgid_index: u8) -> Remote {
+        Remote::Gid { gid, sgid_index, hop_limit: DEFAULT_HOP_LIMIT, traffic_class: 0, flow_label: 0 }
+    }
+
+    /// A LID route (InfiniBand).
+    pub fn lid(dlid: u16) -> Remote {
+        Remote::Lid { dlid, src_path_bits: 0 }
+    }
+}
+
+/// An address vector: a local port and the way to the remote side (`struct ibv_ah_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AhAttr {
+    /// The local port, from 1.
+    pub port: u8,
+    /// Where to.
+    pub remote: Remote,
+    /// Service level (0..=15): the priority on InfiniBand, the VLAN priority on RoCE.
+    pub sl: u8,
+    /// Static rate limit code (`enum ibv_rate`); 0 means the port's full rate.
+    pub static_rate: u8,
+}
+
+impl AhAttr {
+    /// An address on `port` with service level 0 and no rate limit.
+    pub fn new(port: u8, remote: Remote) -> AhAttr {
+        AhAttr { port, remote, sl: 0, static_rate: 0 }
+    }
+
+    /// An address by GID: fills the global route header from the remote GID and the index
+    /// of the local GID to send from, with the defaults of [`Remote::gid`].
+    pub fn global(port: u8, dgid: Gid, sgid_index: u8) -> AhAttr {
+        AhAttr::new(port, Remote::gid(dgid, sgid_index))
+    }
+
+    /// The C struct.
+    pub fn to_ffi(&self) -> ffi::ibv_ah_attr {
+        let mut a =
+            ffi::ibv_ah_attr { port_num: self.port, sl: self.sl, static_rate: self.static_rate, ..Default::default() };
+        match self.remote {
+            Remote::Gid { gid, sgid_index, hop_limit, traffic_class, flow_label } => {
+                a.is_global = 1;
+                a.grh = ffi::ibv_global_route { dgid: gid.to_ffi(), flow_label, sgid_index, hop_limit, traffic_class };
+            }
+            Remote::Lid { dlid, src_path_bits } => {
+                a.dlid = dlid;
+                a.src_path_bits = src_path_bits;
+            }
+        }
+        a
+    }
+
+    /// From the C struct (as `ibv_query_qp` returns it).
+    pub fn from_ffi(a: &ffi::ibv_ah_attr) -> AhAttr {
+        let remote = if a.is_global != 0 {
+            Remote::Gid {
+                gid: Gid::from_ffi(&a.grh.dgid),
+                sgid_index: a.grh.sgid_index,
+                hop_limit: a.grh.hop_limit,
+                traffic_class: a.grh.traffic_class,
+                flow_label: a.grh.flow_label,
+            }
+        } else {
+            Remote::Lid { dlid: a.dlid, src_path_bits: a.src_path_bits }
+        };
+        AhAttr { port: a.port_num, remote, sl: a.sl, static_rate: a.static_rate }
+    }
+
+    /// Checks the address against the port before any C code sees it: the port exists,
+    /// RoCE ports are addressed by GID, the source GID slot is in use, the fields fit.
+    pub(crate) fn check(&self, ctx: &Context, verb: &'static str) -> Result<PortAttr> {
+        let bad = |what: String| Err(Error::invalid(verb, what));
+        let port = ctx.query_port(self.port)?;
+        if self.sl > 15 {
+            return bad(format!("service level {} is above 15", self.sl));
+        }
+        match self.remote {
+            Remote::Lid { .. } if port.is_ethernet() => bad(format!(
+                "port {} of {} is Ethernet (RoCE): peers are addressed by GID, use Remote::Gid",
+                self.port,
+                ctx.name()
+            )),
+            Remote::Lid { dlid: 0, .. } => bad("LID 0 is reserved: set the remote LID".into()),
+            Remote::Lid { .. } => Ok(port),
+            Remote::Gid { gid, sgid_index, flow_label, .. } => {
+                if gid.is_zero() {
+                    return bad("the remote GID is all zero: set the remote GID".into());
+                }
+                if flow_label > 0xF_FFFF {
+                    return bad(format!("flow label {flow_label:#x} does not fit in 20 bits"));
+                }
+                if u32::from(sgid_index) >= port.gid_tbl_len {
+                    return bad(format!(
+                        "sgid_index {sgid_index} is past the GID table of port {} ({} entries)",
+                        self.port, port.gid_tbl_len
+                    ));
+                }
+                match ctx.query_gid(self.port, u32::from(sgid_index)) {
+                    Ok(e) if !e.gid.is_zero() => Ok(port),
+                    _ => bad(format!(
+                        "sgid_index {sgid_index} is an empty slot of port {}'s GID table \
+                         (Context::default_gid picks a usable one)",
+                        self.port
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// An address handle: the destination of UD sends. Cloning is cheap; the handle keeps its
+/// protection domain (and so the device) alive, and is destroyed with its last clone.
+#[derive(Clone)]
+pub struct AddressHandle {
+    pub(crate) inner: Arc<AhInner>,
+}
+
+pub(crate) struct AhInner {
+    raw: Owned<ffi::ibv_ah>,
+    attr: AhAttr,
+    pd: ProtectionDomain,
+}
+
+// SAFETY: an address handle is immutable after creation; verbs that read it (posting UD
+// sends, destroying it once) are thread-safe in libibverbs.
+unsafe impl Send for AhInner {}
+// SAFETY: as for Send: nothing mutates the handle through a shared reference.
+unsafe impl Sync for AhInner {}
+
+impl AddressHandle {
+    /// Creates an address handle (`ibv_create_ah`). The address is checked against the
+    /// port first; on RoCE the kernel resolves the remote MAC address here.
+    #[doc(alias = "ibv_create_ah")]
+    pub fn new(pd: &ProtectionDomain, attr: &AhAttr) -> Result<AddressHandle> {
+        attr.check(pd.context(), "ibv_create_ah")?;
+        let mut raw_attr = attr.to_ffi();
+        // SAFETY: the PD is live and `raw_attr` is a valid address vector for the call.
+        let raw = unsafe { ffi::ibv_create_ah(pd.as_raw(), &mut raw_attr) };
+        // SAFETY: a new AH that only this Owned destroys.
+        let raw = unsafe { Owned::new(raw, "ibv_create_ah") }.map_err(|e| match e.errno() {
+            Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ENODATA) => {
+                e.with_hint("the kernel found no route or neighbour for the remote GID from this source GID")
+            }
+            _ => e,
+        })?;
+        Ok(AddressHandle { inner: Arc::new(AhInner { raw, attr: *attr, pd: pd.clone() }) })
+    }
+
+    /// The address it was created with.
+    pub fn attr(&self) -> &AhAttr {
+        &self.inner.attr
+    }
+
+    /// The protection domain it belongs to.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.inner.pd
+    }
+
+    /// The raw pointer (for `ibv_send_wr.wr.ud.ah` and `ibv_wr_set_ud_addr`), valid while
+    /// `self` lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_ah {
+        self.inner.raw.as_ptr()
+    }
+
+    /// Destroys the handle now and reports the result (`ibv_destroy_ah`). Fails with
+    /// EBUSY, destroying nothing yet, while clones are alive.
+    pub fn destroy(self) -> Result<()> {
+        destroy_shared(self.inner, "ibv_destroy_ah", |inner| inner.raw.destroy())
+    }
+}
+
+impl fmt::Debug for AddressHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AddressHandle").field("attr", &self.inner.attr).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ah_attr_round_trips_through_the_c_struct() {
+        let gid = Gid("::ffff:10.99.0.1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        let global = AhAttr { sl: 3, ..AhAttr::global(1, gid, 1) };
+        let raw = global.to_ffi();
+        assert_eq!((raw.is_global, raw.port_num, raw.sl, raw.grh.sgid_index, raw.grh.hop_limit), (1, 1, 3, 1, 64));
+        assert_eq!(AhAttr::from_ffi(&raw), global);
+        let by_lid = AhAttr::new(2, Remote::Lid { dlid: 7, src_path_bits: 1 });
+        let raw = by_lid.to_ffi();
+        assert_eq!((raw.is_global, raw.dlid, raw.src_path_bits), (0, 7, 1));
+        assert_eq!(AhAttr::from_ffi(&raw), by_lid);
+    }
+}

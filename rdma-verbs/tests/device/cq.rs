@@ -125,7 +125,7 @@ fn receives_flushed_by_the_error_state_come_back_through_poll_in_order_with_thei
     let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
     let qp = RawQp::new(&ctx, &cq);
     qp.to_init();
-    for wr_id in [0xC0FFEE_01, 0xC0FFEE_02, 0xC0FFEE_03] {
+    for wr_id in [0xC0FF_EE01, 0xC0FF_EE02, 0xC0FF_EE03] {
         qp.post_recv(wr_id);
     }
     assert!(cq.poll_one().unwrap().is_none(), "nothing completes while the QP is in INIT");
@@ -142,7 +142,7 @@ fn receives_flushed_by_the_error_state_come_back_through_poll_in_order_with_thei
     }
     assert_eq!(got.len(), 3, "flushed receives seen: {got:?}");
     eprintln!("flushed receive as the provider reports it: {:?}, raw opcode {:?}", got[0], got[0].opcode());
-    for (wc, wr_id) in got.iter().zip([0xC0FFEE_01, 0xC0FFEE_02, 0xC0FFEE_03]) {
+    for (wc, wr_id) in got.iter().zip([0xC0FF_EE01, 0xC0FF_EE02, 0xC0FF_EE03]) {
         assert_eq!(wc.wr_id(), wr_id, "{got:?}");
         assert_eq!(wc.status(), WcStatus::WrFlushErr, "{wc:?}");
         assert!(!wc.status().is_success() && !wc.is_success());

@@ -48,9 +48,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Options>,
             "-l" | "--list" => opts.list_only = true,
             "-v" | "--verbose" => opts.verbose = true,
             "-d" | "--ib-dev" => {
-                let name = args
-                    .next()
-                    .ok_or_else(|| format!("{arg} needs a device name"))?;
+                let name = args.next().ok_or_else(|| format!("{arg} needs a device name"))?;
                 opts.device = Some(name);
             }
             _ => {
@@ -92,13 +90,10 @@ const NO_DEVICE_HINT: &str = "no RDMA kernel driver is loaded, or no rxe link ex
      (for SoftRoCE: `modprobe rdma_rxe; rdma link add rxe0 type rxe netdev <ifname>`)";
 
 fn run(opts: &Options) -> Result<(), Stop> {
-    let list = DeviceList::get().map_err(|e| {
-        format!("no RDMA devices: ibv_get_device_list failed: {e}\nusual cause: {NO_DEVICE_HINT}")
-    })?;
+    let list = DeviceList::get()
+        .map_err(|e| format!("no RDMA devices: ibv_get_device_list failed: {e}\nusual cause: {NO_DEVICE_HINT}"))?;
     if list.devices().is_empty() {
-        return Err(Stop::Failed(format!(
-            "no RDMA devices found\nusual cause: {NO_DEVICE_HINT}"
-        )));
+        return Err(Stop::Failed(format!("no RDMA devices found\nusual cause: {NO_DEVICE_HINT}")));
     }
 
     if opts.list_only {
@@ -116,10 +111,7 @@ fn run(opts: &Options) -> Result<(), Stop> {
             Some(&dev) => vec![dev],
             None => {
                 let names: Vec<String> = list.devices().iter().map(|&d| device_name(d)).collect();
-                return Err(Stop::Failed(format!(
-                    "no RDMA device named '{want}'; available: {}",
-                    names.join(", ")
-                )));
+                return Err(Stop::Failed(format!("no RDMA device named '{want}'; available: {}", names.join(", "))));
             }
         },
     };
@@ -249,10 +241,7 @@ impl Drop for Context {
         // SAFETY: `raw` came from `ibv_open_device` and is closed only here.
         let rc = unsafe { ffi::ibv_close_device(self.raw) };
         if rc != 0 {
-            eprintln!(
-                "devinfo: ibv_close_device failed: {}",
-                io::Error::last_os_error()
-            );
+            eprintln!("devinfo: ibv_close_device failed: {}", io::Error::last_os_error());
         }
     }
 }
@@ -274,9 +263,7 @@ fn device_name(dev: *mut ffi::ibv_device) -> String {
         return String::from("(unnamed)");
     }
     // SAFETY: non-null, NUL-terminated, alive for the duration of this borrow.
-    unsafe { CStr::from_ptr(name) }
-        .to_string_lossy()
-        .into_owned()
+    unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
 }
 
 fn print_device(out: &mut Report, dev: *mut ffi::ibv_device, verbose: bool) -> Result<(), String> {
@@ -285,16 +272,10 @@ fn print_device(out: &mut Report, dev: *mut ffi::ibv_device, verbose: bool) -> R
     // plain integer field (no accessor verb exists for it).
     let transport = unsafe { (*dev).transport_type };
     let ctx = Context::open(dev).map_err(|e| format!("{name}: ibv_open_device failed: {e}"))?;
-    let attr = ctx
-        .query_device()
-        .map_err(|e| format!("{name}: ibv_query_device failed: {e}"))?;
+    let attr = ctx.query_device().map_err(|e| format!("{name}: ibv_query_device failed: {e}"))?;
 
     out.line(format_args!("hca_id:\t{name}"));
-    out.field(
-        DEV,
-        "transport",
-        format!("{} ({})", transport_str(transport), transport.0),
-    );
+    out.field(DEV, "transport", format!("{} ({})", transport_str(transport), transport.0));
     out.field(DEV, "fw_ver", c_chars_to_string(&attr.fw_ver));
     out.field(DEV, "node_guid", guid_str(attr.node_guid));
     out.field(DEV, "sys_image_guid", guid_str(attr.sys_image_guid));
@@ -311,11 +292,8 @@ fn print_device(out: &mut Report, dev: *mut ffi::ibv_device, verbose: bool) -> R
     }
 
     for port in 1..=attr.phys_port_cnt {
-        let pattr = ctx
-            .query_port(port)
-            .map_err(|e| format!("{name}: ibv_query_port({port}) failed: {e}"))?;
-        print_port(out, &ctx, port, &pattr, verbose)
-            .map_err(|e| format!("{name}: port {port}: {e}"))?;
+        let pattr = ctx.query_port(port).map_err(|e| format!("{name}: ibv_query_port({port}) failed: {e}"))?;
+        print_port(out, &ctx, port, &pattr, verbose).map_err(|e| format!("{name}: port {port}: {e}"))?;
     }
     Ok(())
 }
@@ -325,11 +303,7 @@ fn print_device_limits(out: &mut Report, a: &ffi::ibv_device_attr) {
     out.field(DEV, "page_size_cap", format!("0x{:x}", a.page_size_cap));
     out.field(DEV, "max_qp", a.max_qp);
     out.field(DEV, "max_qp_wr", a.max_qp_wr);
-    out.field(
-        DEV,
-        "device_cap_flags",
-        format!("0x{:08x}", a.device_cap_flags),
-    );
+    out.field(DEV, "device_cap_flags", format!("0x{:08x}", a.device_cap_flags));
     out.flags(DEV, a.device_cap_flags, &device_cap_names());
     out.field(DEV, "max_sge", a.max_sge);
     out.field(DEV, "max_sge_rd", a.max_sge_rd);
@@ -342,11 +316,7 @@ fn print_device_limits(out: &mut Report, a: &ffi::ibv_device_attr) {
     out.field(DEV, "max_res_rd_atom", a.max_res_rd_atom);
     out.field(DEV, "max_qp_init_rd_atom", a.max_qp_init_rd_atom);
     out.field(DEV, "max_ee_init_rd_atom", a.max_ee_init_rd_atom);
-    out.field(
-        DEV,
-        "atomic_cap",
-        format!("{} ({})", atomic_str(a.atomic_cap), a.atomic_cap.0),
-    );
+    out.field(DEV, "atomic_cap", format!("{} ({})", atomic_str(a.atomic_cap), a.atomic_cap.0));
     out.field(DEV, "max_ee", a.max_ee);
     out.field(DEV, "max_rdd", a.max_rdd);
     out.field(DEV, "max_mw", a.max_mw);
@@ -354,11 +324,7 @@ fn print_device_limits(out: &mut Report, a: &ffi::ibv_device_attr) {
     out.field(DEV, "max_raw_ethy_qp", a.max_raw_ethy_qp);
     out.field(DEV, "max_mcast_grp", a.max_mcast_grp);
     out.field(DEV, "max_mcast_qp_attach", a.max_mcast_qp_attach);
-    out.field(
-        DEV,
-        "max_total_mcast_qp_attach",
-        a.max_total_mcast_qp_attach,
-    );
+    out.field(DEV, "max_total_mcast_qp_attach", a.max_total_mcast_qp_attach);
     out.field(DEV, "max_ah", a.max_ah);
     out.field(DEV, "max_fmr", a.max_fmr);
     if a.max_fmr > 0 {
@@ -373,51 +339,21 @@ fn print_device_limits(out: &mut Report, a: &ffi::ibv_device_attr) {
     out.field(DEV, "local_ca_ack_delay", a.local_ca_ack_delay);
 }
 
-fn print_port(
-    out: &mut Report,
-    ctx: &Context,
-    port: u8,
-    a: &ffi::ibv_port_attr,
-    verbose: bool,
-) -> Result<(), String> {
+fn print_port(out: &mut Report, ctx: &Context, port: u8, a: &ffi::ibv_port_attr, verbose: bool) -> Result<(), String> {
     out.line(format_args!("\t\tport:\t{port}"));
-    out.field(
-        PORT,
-        "state",
-        format!("{} ({})", port_state_str(a.state), a.state.0),
-    );
-    out.field(
-        PORT,
-        "max_mtu",
-        format!("{} ({})", mtu_str(a.max_mtu), a.max_mtu.0),
-    );
-    out.field(
-        PORT,
-        "active_mtu",
-        format!("{} ({})", mtu_str(a.active_mtu), a.active_mtu.0),
-    );
+    out.field(PORT, "state", format!("{} ({})", port_state_str(a.state), a.state.0));
+    out.field(PORT, "max_mtu", format!("{} ({})", mtu_str(a.max_mtu), a.max_mtu.0));
+    out.field(PORT, "active_mtu", format!("{} ({})", mtu_str(a.active_mtu), a.active_mtu.0));
     out.field(PORT, "sm_lid", a.sm_lid);
     out.field(PORT, "port_lid", a.lid);
     out.field(PORT, "port_lmc", format!("0x{:02x}", a.lmc));
     out.field(PORT, "link_layer", link_layer_str(a.link_layer));
     if verbose {
         out.field(PORT, "max_msg_sz", format!("0x{:x}", a.max_msg_sz));
-        out.field(
-            PORT,
-            "port_cap_flags",
-            format!("0x{:08x}", a.port_cap_flags),
-        );
+        out.field(PORT, "port_cap_flags", format!("0x{:08x}", a.port_cap_flags));
         out.flags(PORT, a.port_cap_flags, &port_cap_names());
-        out.field(
-            PORT,
-            "port_cap_flags2",
-            format!("0x{:04x}", a.port_cap_flags2),
-        );
-        out.field(
-            PORT,
-            "max_vl_num",
-            format!("{} ({})", vl_str(a.max_vl_num), a.max_vl_num),
-        );
+        out.field(PORT, "port_cap_flags2", format!("0x{:04x}", a.port_cap_flags2));
+        out.field(PORT, "max_vl_num", format!("{} ({})", vl_str(a.max_vl_num), a.max_vl_num));
         out.field(PORT, "bad_pkey_cntr", format!("0x{:x}", a.bad_pkey_cntr));
         out.field(PORT, "qkey_viol_cntr", format!("0x{:x}", a.qkey_viol_cntr));
         out.field(PORT, "sm_sl", a.sm_sl);
@@ -452,11 +388,7 @@ fn print_port(
             _ => String::from("unknown"),
         },
     );
-    out.field(
-        PORT,
-        "phys_state",
-        format!("{} ({})", phys_state_str(a.phys_state), a.phys_state),
-    );
+    out.field(PORT, "phys_state", format!("{} ({})", phys_state_str(a.phys_state), a.phys_state));
     if verbose {
         print_gids(out, ctx, port, a)?;
     }
@@ -464,12 +396,7 @@ fn print_port(
     Ok(())
 }
 
-fn print_gids(
-    out: &mut Report,
-    ctx: &Context,
-    port: u8,
-    a: &ffi::ibv_port_attr,
-) -> Result<(), String> {
+fn print_gids(out: &mut Report, ctx: &Context, port: u8, a: &ffi::ibv_port_attr) -> Result<(), String> {
     let len = u32::try_from(a.gid_tbl_len).unwrap_or(0);
     for index in 0..len {
         let entry = match ctx.query_gid(port, index) {
@@ -512,14 +439,8 @@ struct Section {
     value_stop: usize,
 }
 
-const DEV: Section = Section {
-    indent: 1,
-    value_stop: 5,
-};
-const PORT: Section = Section {
-    indent: 3,
-    value_stop: 6,
-};
+const DEV: Section = Section { indent: 1, value_stop: 5 };
+const PORT: Section = Section { indent: 3, value_stop: 6 };
 
 /// The text printed for one device, gathered before it is written out.
 #[derive(Default)]
@@ -599,10 +520,7 @@ fn port_cap_names() -> [(u32, &'static str); 24] {
         (F::IBV_PORT_PKEY_NVRAM.0, "PKEY_NVRAM"),
         (F::IBV_PORT_LED_INFO_SUP.0, "LED_INFO_SUP"),
         (F::IBV_PORT_SYS_IMAGE_GUID_SUP.0, "SYS_IMAGE_GUID_SUP"),
-        (
-            F::IBV_PORT_PKEY_SW_EXT_PORT_TRAP_SUP.0,
-            "PKEY_SW_EXT_PORT_TRAP_SUP",
-        ),
+        (F::IBV_PORT_PKEY_SW_EXT_PORT_TRAP_SUP.0, "PKEY_SW_EXT_PORT_TRAP_SUP"),
         (F::IBV_PORT_EXTENDED_SPEEDS_SUP.0, "EXTENDED_SPEEDS_SUP"),
         (F::IBV_PORT_CAP_MASK2_SUP.0, "CAP_MASK2_SUP"),
         (F::IBV_PORT_CM_SUP.0, "CM_SUP"),
@@ -621,24 +539,14 @@ fn port_cap_names() -> [(u32, &'static str); 24] {
 
 /// Up to the first NUL; the buffers are filled by the kernel or the library.
 fn c_chars_to_string(buf: &[c_char]) -> String {
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
+    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// GUIDs are stored big-endian (`__be64`); printed as four 16-bit groups.
 fn guid_str(be: ffi::__be64) -> String {
     let g = u64::from_be(be);
-    format!(
-        "{:04x}:{:04x}:{:04x}:{:04x}",
-        g >> 48,
-        (g >> 32) & 0xffff,
-        (g >> 16) & 0xffff,
-        g & 0xffff
-    )
+    format!("{:04x}:{:04x}:{:04x}:{:04x}", g >> 48, (g >> 32) & 0xffff, (g >> 16) & 0xffff, g & 0xffff)
 }
 
 fn transport_str(t: ffi::ibv_transport_type) -> &'static str {
@@ -708,9 +616,7 @@ fn vl_str(code: u8) -> String {
 
 fn link_layer_str(l: u8) -> &'static str {
     match u32::from(l) {
-        x if x == ffi::IBV_LINK_LAYER_UNSPECIFIED.0 || x == ffi::IBV_LINK_LAYER_INFINIBAND.0 => {
-            "InfiniBand"
-        }
+        x if x == ffi::IBV_LINK_LAYER_UNSPECIFIED.0 || x == ffi::IBV_LINK_LAYER_INFINIBAND.0 => "InfiniBand",
         x if x == ffi::IBV_LINK_LAYER_ETHERNET.0 => "Ethernet",
         _ => "Unknown",
     }

@@ -34,9 +34,15 @@ pub mod qp;
 pub mod srq;
 pub mod wc;
 
+pub use ah::{AddressHandle, AhAttr, Remote};
 pub use context::Context;
-pub use cq::CompletionQueue;
+pub use cq::{CompletionQueue, CqBuilder};
 pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
 pub use error::{Error, Plane, Result};
+pub use event::{AsyncEvent, AsyncEventKind, AsyncEvents, EventSource};
+pub use mr::{AccessFlags, AccessMode, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr, RemoteWritable};
 pub use pd::ProtectionDomain;
 pub use port::{Gid, GidEntry, GidType, LinkLayer, Mtu, PhysState, PortAttr, PortState};
+pub use qp::{InitAttr, QpAccess, QpCaps, QpState, QpType, QueuePair, RemoteQpInfo, RtrAttr, RtsAttr, SendOps};
+pub use srq::SharedReceiveQueue;
+pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};

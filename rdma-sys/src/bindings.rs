@@ -134,8 +134,7 @@ const _: () = {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of __atomic_wide_counter"][::std::mem::size_of::<__atomic_wide_counter>() - 8usize];
-    ["Alignment of __atomic_wide_counter"]
-        [::std::mem::align_of::<__atomic_wide_counter>() - 8usize];
+    ["Alignment of __atomic_wide_counter"][::std::mem::align_of::<__atomic_wide_counter>() - 8usize];
     ["Offset of field: __atomic_wide_counter::__value64"]
         [::std::mem::offset_of!(__atomic_wide_counter, __value64) - 0usize];
     ["Offset of field: __atomic_wide_counter::__value32"]
@@ -159,8 +158,7 @@ pub struct __pthread_internal_list {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of __pthread_internal_list"][::std::mem::size_of::<__pthread_internal_list>() - 16usize];
-    ["Alignment of __pthread_internal_list"]
-        [::std::mem::align_of::<__pthread_internal_list>() - 8usize];
+    ["Alignment of __pthread_internal_list"][::std::mem::align_of::<__pthread_internal_list>() - 8usize];
     ["Offset of field: __pthread_internal_list::__prev"]
         [::std::mem::offset_of!(__pthread_internal_list, __prev) - 0usize];
     ["Offset of field: __pthread_internal_list::__next"]
@@ -192,22 +190,14 @@ pub struct __pthread_mutex_s {
 const _: () = {
     ["Size of __pthread_mutex_s"][::std::mem::size_of::<__pthread_mutex_s>() - 40usize];
     ["Alignment of __pthread_mutex_s"][::std::mem::align_of::<__pthread_mutex_s>() - 8usize];
-    ["Offset of field: __pthread_mutex_s::__lock"]
-        [::std::mem::offset_of!(__pthread_mutex_s, __lock) - 0usize];
-    ["Offset of field: __pthread_mutex_s::__count"]
-        [::std::mem::offset_of!(__pthread_mutex_s, __count) - 4usize];
-    ["Offset of field: __pthread_mutex_s::__owner"]
-        [::std::mem::offset_of!(__pthread_mutex_s, __owner) - 8usize];
-    ["Offset of field: __pthread_mutex_s::__nusers"]
-        [::std::mem::offset_of!(__pthread_mutex_s, __nusers) - 12usize];
-    ["Offset of field: __pthread_mutex_s::__kind"]
-        [::std::mem::offset_of!(__pthread_mutex_s, __kind) - 16usize];
-    ["Offset of field: __pthread_mutex_s::__spins"]
-        [::std::mem::offset_of!(__pthread_mutex_s, __spins) - 20usize];
-    ["Offset of field: __pthread_mutex_s::__elision"]
-        [::std::mem::offset_of!(__pthread_mutex_s, __elision) - 22usize];
-    ["Offset of field: __pthread_mutex_s::__list"]
-        [::std::mem::offset_of!(__pthread_mutex_s, __list) - 24usize];
+    ["Offset of field: __pthread_mutex_s::__lock"][::std::mem::offset_of!(__pthread_mutex_s, __lock) - 0usize];
+    ["Offset of field: __pthread_mutex_s::__count"][::std::mem::offset_of!(__pthread_mutex_s, __count) - 4usize];
+    ["Offset of field: __pthread_mutex_s::__owner"][::std::mem::offset_of!(__pthread_mutex_s, __owner) - 8usize];
+    ["Offset of field: __pthread_mutex_s::__nusers"][::std::mem::offset_of!(__pthread_mutex_s, __nusers) - 12usize];
+    ["Offset of field: __pthread_mutex_s::__kind"][::std::mem::offset_of!(__pthread_mutex_s, __kind) - 16usize];
+    ["Offset of field: __pthread_mutex_s::__spins"][::std::mem::offset_of!(__pthread_mutex_s, __spins) - 20usize];
+    ["Offset of field: __pthread_mutex_s::__elision"][::std::mem::offset_of!(__pthread_mutex_s, __elision) - 22usize];
+    ["Offset of field: __pthread_mutex_s::__list"][::std::mem::offset_of!(__pthread_mutex_s, __list) - 24usize];
 };
 impl Default for __pthread_mutex_s {
     fn default() -> Self {
@@ -233,20 +223,14 @@ pub struct __pthread_cond_s {
 const _: () = {
     ["Size of __pthread_cond_s"][::std::mem::size_of::<__pthread_cond_s>() - 48usize];
     ["Alignment of __pthread_cond_s"][::std::mem::align_of::<__pthread_cond_s>() - 8usize];
-    ["Offset of field: __pthread_cond_s::__wseq"]
-        [::std::mem::offset_of!(__pthread_cond_s, __wseq) - 0usize];
-    ["Offset of field: __pthread_cond_s::__g1_start"]
-        [::std::mem::offset_of!(__pthread_cond_s, __g1_start) - 8usize];
-    ["Offset of field: __pthread_cond_s::__g_refs"]
-        [::std::mem::offset_of!(__pthread_cond_s, __g_refs) - 16usize];
-    ["Offset of field: __pthread_cond_s::__g_size"]
-        [::std::mem::offset_of!(__pthread_cond_s, __g_size) - 24usize];
+    ["Offset of field: __pthread_cond_s::__wseq"][::std::mem::offset_of!(__pthread_cond_s, __wseq) - 0usize];
+    ["Offset of field: __pthread_cond_s::__g1_start"][::std::mem::offset_of!(__pthread_cond_s, __g1_start) - 8usize];
+    ["Offset of field: __pthread_cond_s::__g_refs"][::std::mem::offset_of!(__pthread_cond_s, __g_refs) - 16usize];
+    ["Offset of field: __pthread_cond_s::__g_size"][::std::mem::offset_of!(__pthread_cond_s, __g_size) - 24usize];
     ["Offset of field: __pthread_cond_s::__g1_orig_size"]
         [::std::mem::offset_of!(__pthread_cond_s, __g1_orig_size) - 32usize];
-    ["Offset of field: __pthread_cond_s::__wrefs"]
-        [::std::mem::offset_of!(__pthread_cond_s, __wrefs) - 36usize];
-    ["Offset of field: __pthread_cond_s::__g_signals"]
-        [::std::mem::offset_of!(__pthread_cond_s, __g_signals) - 40usize];
+    ["Offset of field: __pthread_cond_s::__wrefs"][::std::mem::offset_of!(__pthread_cond_s, __wrefs) - 36usize];
+    ["Offset of field: __pthread_cond_s::__g_signals"][::std::mem::offset_of!(__pthread_cond_s, __g_signals) - 40usize];
 };
 impl Default for __pthread_cond_s {
     fn default() -> Self {
@@ -268,12 +252,9 @@ pub union pthread_mutex_t {
 const _: () = {
     ["Size of pthread_mutex_t"][::std::mem::size_of::<pthread_mutex_t>() - 40usize];
     ["Alignment of pthread_mutex_t"][::std::mem::align_of::<pthread_mutex_t>() - 8usize];
-    ["Offset of field: pthread_mutex_t::__data"]
-        [::std::mem::offset_of!(pthread_mutex_t, __data) - 0usize];
-    ["Offset of field: pthread_mutex_t::__size"]
-        [::std::mem::offset_of!(pthread_mutex_t, __size) - 0usize];
-    ["Offset of field: pthread_mutex_t::__align"]
-        [::std::mem::offset_of!(pthread_mutex_t, __align) - 0usize];
+    ["Offset of field: pthread_mutex_t::__data"][::std::mem::offset_of!(pthread_mutex_t, __data) - 0usize];
+    ["Offset of field: pthread_mutex_t::__size"][::std::mem::offset_of!(pthread_mutex_t, __size) - 0usize];
+    ["Offset of field: pthread_mutex_t::__align"][::std::mem::offset_of!(pthread_mutex_t, __align) - 0usize];
 };
 impl Default for pthread_mutex_t {
     fn default() -> Self {
@@ -295,12 +276,9 @@ pub union pthread_cond_t {
 const _: () = {
     ["Size of pthread_cond_t"][::std::mem::size_of::<pthread_cond_t>() - 48usize];
     ["Alignment of pthread_cond_t"][::std::mem::align_of::<pthread_cond_t>() - 8usize];
-    ["Offset of field: pthread_cond_t::__data"]
-        [::std::mem::offset_of!(pthread_cond_t, __data) - 0usize];
-    ["Offset of field: pthread_cond_t::__size"]
-        [::std::mem::offset_of!(pthread_cond_t, __size) - 0usize];
-    ["Offset of field: pthread_cond_t::__align"]
-        [::std::mem::offset_of!(pthread_cond_t, __align) - 0usize];
+    ["Offset of field: pthread_cond_t::__data"][::std::mem::offset_of!(pthread_cond_t, __data) - 0usize];
+    ["Offset of field: pthread_cond_t::__size"][::std::mem::offset_of!(pthread_cond_t, __size) - 0usize];
+    ["Offset of field: pthread_cond_t::__align"][::std::mem::offset_of!(pthread_cond_t, __align) - 0usize];
 };
 impl Default for pthread_cond_t {
     fn default() -> Self {
@@ -337,8 +315,7 @@ impl ib_uverbs_write_cmds {
     pub const IB_USER_VERBS_CMD_ALLOC_MW: ib_uverbs_write_cmds = ib_uverbs_write_cmds(14);
     pub const IB_USER_VERBS_CMD_BIND_MW: ib_uverbs_write_cmds = ib_uverbs_write_cmds(15);
     pub const IB_USER_VERBS_CMD_DEALLOC_MW: ib_uverbs_write_cmds = ib_uverbs_write_cmds(16);
-    pub const IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL: ib_uverbs_write_cmds =
-        ib_uverbs_write_cmds(17);
+    pub const IB_USER_VERBS_CMD_CREATE_COMP_CHANNEL: ib_uverbs_write_cmds = ib_uverbs_write_cmds(17);
     pub const IB_USER_VERBS_CMD_CREATE_CQ: ib_uverbs_write_cmds = ib_uverbs_write_cmds(18);
     pub const IB_USER_VERBS_CMD_RESIZE_CQ: ib_uverbs_write_cmds = ib_uverbs_write_cmds(19);
     pub const IB_USER_VERBS_CMD_DESTROY_CQ: ib_uverbs_write_cmds = ib_uverbs_write_cmds(20);
@@ -375,10 +352,8 @@ pub struct ib_uverbs_async_event_desc {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_async_event_desc"]
-        [::std::mem::size_of::<ib_uverbs_async_event_desc>() - 16usize];
-    ["Alignment of ib_uverbs_async_event_desc"]
-        [::std::mem::align_of::<ib_uverbs_async_event_desc>() - 8usize];
+    ["Size of ib_uverbs_async_event_desc"][::std::mem::size_of::<ib_uverbs_async_event_desc>() - 16usize];
+    ["Alignment of ib_uverbs_async_event_desc"][::std::mem::align_of::<ib_uverbs_async_event_desc>() - 8usize];
     ["Offset of field: ib_uverbs_async_event_desc::element"]
         [::std::mem::offset_of!(ib_uverbs_async_event_desc, element) - 0usize];
     ["Offset of field: ib_uverbs_async_event_desc::event_type"]
@@ -393,10 +368,8 @@ pub struct ib_uverbs_comp_event_desc {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_comp_event_desc"]
-        [::std::mem::size_of::<ib_uverbs_comp_event_desc>() - 8usize];
-    ["Alignment of ib_uverbs_comp_event_desc"]
-        [::std::mem::align_of::<ib_uverbs_comp_event_desc>() - 8usize];
+    ["Size of ib_uverbs_comp_event_desc"][::std::mem::size_of::<ib_uverbs_comp_event_desc>() - 8usize];
+    ["Alignment of ib_uverbs_comp_event_desc"][::std::mem::align_of::<ib_uverbs_comp_event_desc>() - 8usize];
     ["Offset of field: ib_uverbs_comp_event_desc::cq_handle"]
         [::std::mem::offset_of!(ib_uverbs_comp_event_desc, cq_handle) - 0usize];
 };
@@ -409,10 +382,8 @@ pub struct ib_uverbs_cq_moderation_caps {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_cq_moderation_caps"]
-        [::std::mem::size_of::<ib_uverbs_cq_moderation_caps>() - 8usize];
-    ["Alignment of ib_uverbs_cq_moderation_caps"]
-        [::std::mem::align_of::<ib_uverbs_cq_moderation_caps>() - 4usize];
+    ["Size of ib_uverbs_cq_moderation_caps"][::std::mem::size_of::<ib_uverbs_cq_moderation_caps>() - 8usize];
+    ["Alignment of ib_uverbs_cq_moderation_caps"][::std::mem::align_of::<ib_uverbs_cq_moderation_caps>() - 4usize];
     ["Offset of field: ib_uverbs_cq_moderation_caps::max_cq_moderation_count"]
         [::std::mem::offset_of!(ib_uverbs_cq_moderation_caps, max_cq_moderation_count) - 0usize];
     ["Offset of field: ib_uverbs_cq_moderation_caps::max_cq_moderation_period"]
@@ -431,12 +402,9 @@ pub struct ib_uverbs_cmd_hdr {
 const _: () = {
     ["Size of ib_uverbs_cmd_hdr"][::std::mem::size_of::<ib_uverbs_cmd_hdr>() - 8usize];
     ["Alignment of ib_uverbs_cmd_hdr"][::std::mem::align_of::<ib_uverbs_cmd_hdr>() - 4usize];
-    ["Offset of field: ib_uverbs_cmd_hdr::command"]
-        [::std::mem::offset_of!(ib_uverbs_cmd_hdr, command) - 0usize];
-    ["Offset of field: ib_uverbs_cmd_hdr::in_words"]
-        [::std::mem::offset_of!(ib_uverbs_cmd_hdr, in_words) - 4usize];
-    ["Offset of field: ib_uverbs_cmd_hdr::out_words"]
-        [::std::mem::offset_of!(ib_uverbs_cmd_hdr, out_words) - 6usize];
+    ["Offset of field: ib_uverbs_cmd_hdr::command"][::std::mem::offset_of!(ib_uverbs_cmd_hdr, command) - 0usize];
+    ["Offset of field: ib_uverbs_cmd_hdr::in_words"][::std::mem::offset_of!(ib_uverbs_cmd_hdr, in_words) - 4usize];
+    ["Offset of field: ib_uverbs_cmd_hdr::out_words"][::std::mem::offset_of!(ib_uverbs_cmd_hdr, out_words) - 6usize];
 };
 #[repr(C)]
 #[derive(Default, Copy, Clone)]
@@ -468,8 +436,7 @@ pub struct ib_uverbs_get_context {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_get_context"][::std::mem::size_of::<ib_uverbs_get_context>() - 8usize];
-    ["Alignment of ib_uverbs_get_context"]
-        [::std::mem::align_of::<ib_uverbs_get_context>() - 8usize];
+    ["Alignment of ib_uverbs_get_context"][::std::mem::align_of::<ib_uverbs_get_context>() - 8usize];
     ["Offset of field: ib_uverbs_get_context::response"]
         [::std::mem::offset_of!(ib_uverbs_get_context, response) - 0usize];
     ["Offset of field: ib_uverbs_get_context::driver_data"]
@@ -484,10 +451,8 @@ pub struct ib_uverbs_get_context_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_get_context_resp"]
-        [::std::mem::size_of::<ib_uverbs_get_context_resp>() - 8usize];
-    ["Alignment of ib_uverbs_get_context_resp"]
-        [::std::mem::align_of::<ib_uverbs_get_context_resp>() - 8usize];
+    ["Size of ib_uverbs_get_context_resp"][::std::mem::size_of::<ib_uverbs_get_context_resp>() - 8usize];
+    ["Alignment of ib_uverbs_get_context_resp"][::std::mem::align_of::<ib_uverbs_get_context_resp>() - 8usize];
     ["Offset of field: ib_uverbs_get_context_resp::async_fd"]
         [::std::mem::offset_of!(ib_uverbs_get_context_resp, async_fd) - 0usize];
     ["Offset of field: ib_uverbs_get_context_resp::num_comp_vectors"]
@@ -504,8 +469,7 @@ pub struct ib_uverbs_query_device {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_query_device"][::std::mem::size_of::<ib_uverbs_query_device>() - 8usize];
-    ["Alignment of ib_uverbs_query_device"]
-        [::std::mem::align_of::<ib_uverbs_query_device>() - 8usize];
+    ["Alignment of ib_uverbs_query_device"][::std::mem::align_of::<ib_uverbs_query_device>() - 8usize];
     ["Offset of field: ib_uverbs_query_device::response"]
         [::std::mem::offset_of!(ib_uverbs_query_device, response) - 0usize];
     ["Offset of field: ib_uverbs_query_device::driver_data"]
@@ -558,10 +522,8 @@ pub struct ib_uverbs_query_device_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_query_device_resp"]
-        [::std::mem::size_of::<ib_uverbs_query_device_resp>() - 176usize];
-    ["Alignment of ib_uverbs_query_device_resp"]
-        [::std::mem::align_of::<ib_uverbs_query_device_resp>() - 8usize];
+    ["Size of ib_uverbs_query_device_resp"][::std::mem::size_of::<ib_uverbs_query_device_resp>() - 176usize];
+    ["Alignment of ib_uverbs_query_device_resp"][::std::mem::align_of::<ib_uverbs_query_device_resp>() - 8usize];
     ["Offset of field: ib_uverbs_query_device_resp::fw_ver"]
         [::std::mem::offset_of!(ib_uverbs_query_device_resp, fw_ver) - 0usize];
     ["Offset of field: ib_uverbs_query_device_resp::node_guid"]
@@ -653,10 +615,8 @@ pub struct ib_uverbs_ex_query_device {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_ex_query_device"]
-        [::std::mem::size_of::<ib_uverbs_ex_query_device>() - 8usize];
-    ["Alignment of ib_uverbs_ex_query_device"]
-        [::std::mem::align_of::<ib_uverbs_ex_query_device>() - 4usize];
+    ["Size of ib_uverbs_ex_query_device"][::std::mem::size_of::<ib_uverbs_ex_query_device>() - 8usize];
+    ["Alignment of ib_uverbs_ex_query_device"][::std::mem::align_of::<ib_uverbs_ex_query_device>() - 4usize];
     ["Offset of field: ib_uverbs_ex_query_device::comp_mask"]
         [::std::mem::offset_of!(ib_uverbs_ex_query_device, comp_mask) - 0usize];
     ["Offset of field: ib_uverbs_ex_query_device::reserved"]
@@ -678,8 +638,7 @@ pub struct ib_uverbs_odp_caps__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_odp_caps__bindgen_ty_1"]
-        [::std::mem::size_of::<ib_uverbs_odp_caps__bindgen_ty_1>() - 12usize];
+    ["Size of ib_uverbs_odp_caps__bindgen_ty_1"][::std::mem::size_of::<ib_uverbs_odp_caps__bindgen_ty_1>() - 12usize];
     ["Alignment of ib_uverbs_odp_caps__bindgen_ty_1"]
         [::std::mem::align_of::<ib_uverbs_odp_caps__bindgen_ty_1>() - 4usize];
     ["Offset of field: ib_uverbs_odp_caps__bindgen_ty_1::rc_odp_caps"]
@@ -697,8 +656,7 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_odp_caps, general_caps) - 0usize];
     ["Offset of field: ib_uverbs_odp_caps::per_transport_caps"]
         [::std::mem::offset_of!(ib_uverbs_odp_caps, per_transport_caps) - 8usize];
-    ["Offset of field: ib_uverbs_odp_caps::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_odp_caps, reserved) - 20usize];
+    ["Offset of field: ib_uverbs_odp_caps::reserved"][::std::mem::offset_of!(ib_uverbs_odp_caps, reserved) - 20usize];
 };
 #[repr(C)]
 #[derive(Default, Copy, Clone)]
@@ -718,8 +676,7 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_rss_caps, max_rwq_indirection_tables) - 4usize];
     ["Offset of field: ib_uverbs_rss_caps::max_rwq_indirection_table_size"]
         [::std::mem::offset_of!(ib_uverbs_rss_caps, max_rwq_indirection_table_size) - 8usize];
-    ["Offset of field: ib_uverbs_rss_caps::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_rss_caps, reserved) - 12usize];
+    ["Offset of field: ib_uverbs_rss_caps::reserved"][::std::mem::offset_of!(ib_uverbs_rss_caps, reserved) - 12usize];
 };
 #[repr(C)]
 #[derive(Default, Copy, Clone)]
@@ -739,14 +696,10 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_tm_caps, max_rndv_hdr_size) - 0usize];
     ["Offset of field: ib_uverbs_tm_caps::max_num_tags"]
         [::std::mem::offset_of!(ib_uverbs_tm_caps, max_num_tags) - 4usize];
-    ["Offset of field: ib_uverbs_tm_caps::flags"]
-        [::std::mem::offset_of!(ib_uverbs_tm_caps, flags) - 8usize];
-    ["Offset of field: ib_uverbs_tm_caps::max_ops"]
-        [::std::mem::offset_of!(ib_uverbs_tm_caps, max_ops) - 12usize];
-    ["Offset of field: ib_uverbs_tm_caps::max_sge"]
-        [::std::mem::offset_of!(ib_uverbs_tm_caps, max_sge) - 16usize];
-    ["Offset of field: ib_uverbs_tm_caps::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_tm_caps, reserved) - 20usize];
+    ["Offset of field: ib_uverbs_tm_caps::flags"][::std::mem::offset_of!(ib_uverbs_tm_caps, flags) - 8usize];
+    ["Offset of field: ib_uverbs_tm_caps::max_ops"][::std::mem::offset_of!(ib_uverbs_tm_caps, max_ops) - 12usize];
+    ["Offset of field: ib_uverbs_tm_caps::max_sge"][::std::mem::offset_of!(ib_uverbs_tm_caps, max_sge) - 16usize];
+    ["Offset of field: ib_uverbs_tm_caps::reserved"][::std::mem::offset_of!(ib_uverbs_tm_caps, reserved) - 20usize];
 };
 #[repr(C)]
 #[derive(Default, Copy, Clone)]
@@ -769,10 +722,8 @@ pub struct ib_uverbs_ex_query_device_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_ex_query_device_resp"]
-        [::std::mem::size_of::<ib_uverbs_ex_query_device_resp>() - 304usize];
-    ["Alignment of ib_uverbs_ex_query_device_resp"]
-        [::std::mem::align_of::<ib_uverbs_ex_query_device_resp>() - 8usize];
+    ["Size of ib_uverbs_ex_query_device_resp"][::std::mem::size_of::<ib_uverbs_ex_query_device_resp>() - 304usize];
+    ["Alignment of ib_uverbs_ex_query_device_resp"][::std::mem::align_of::<ib_uverbs_ex_query_device_resp>() - 8usize];
     ["Offset of field: ib_uverbs_ex_query_device_resp::base"]
         [::std::mem::offset_of!(ib_uverbs_ex_query_device_resp, base) - 0usize];
     ["Offset of field: ib_uverbs_ex_query_device_resp::comp_mask"]
@@ -853,10 +804,8 @@ pub struct ib_uverbs_query_port_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_query_port_resp"]
-        [::std::mem::size_of::<ib_uverbs_query_port_resp>() - 40usize];
-    ["Alignment of ib_uverbs_query_port_resp"]
-        [::std::mem::align_of::<ib_uverbs_query_port_resp>() - 4usize];
+    ["Size of ib_uverbs_query_port_resp"][::std::mem::size_of::<ib_uverbs_query_port_resp>() - 40usize];
+    ["Alignment of ib_uverbs_query_port_resp"][::std::mem::align_of::<ib_uverbs_query_port_resp>() - 4usize];
     ["Offset of field: ib_uverbs_query_port_resp::port_cap_flags"]
         [::std::mem::offset_of!(ib_uverbs_query_port_resp, port_cap_flags) - 0usize];
     ["Offset of field: ib_uverbs_query_port_resp::max_msg_sz"]
@@ -912,8 +861,7 @@ pub struct ib_uverbs_alloc_pd {
 const _: () = {
     ["Size of ib_uverbs_alloc_pd"][::std::mem::size_of::<ib_uverbs_alloc_pd>() - 8usize];
     ["Alignment of ib_uverbs_alloc_pd"][::std::mem::align_of::<ib_uverbs_alloc_pd>() - 8usize];
-    ["Offset of field: ib_uverbs_alloc_pd::response"]
-        [::std::mem::offset_of!(ib_uverbs_alloc_pd, response) - 0usize];
+    ["Offset of field: ib_uverbs_alloc_pd::response"][::std::mem::offset_of!(ib_uverbs_alloc_pd, response) - 0usize];
     ["Offset of field: ib_uverbs_alloc_pd::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_alloc_pd, driver_data) - 8usize];
 };
@@ -926,8 +874,7 @@ pub struct ib_uverbs_alloc_pd_resp {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_alloc_pd_resp"][::std::mem::size_of::<ib_uverbs_alloc_pd_resp>() - 4usize];
-    ["Alignment of ib_uverbs_alloc_pd_resp"]
-        [::std::mem::align_of::<ib_uverbs_alloc_pd_resp>() - 4usize];
+    ["Alignment of ib_uverbs_alloc_pd_resp"][::std::mem::align_of::<ib_uverbs_alloc_pd_resp>() - 4usize];
     ["Offset of field: ib_uverbs_alloc_pd_resp::pd_handle"]
         [::std::mem::offset_of!(ib_uverbs_alloc_pd_resp, pd_handle) - 0usize];
     ["Offset of field: ib_uverbs_alloc_pd_resp::driver_data"]
@@ -957,12 +904,9 @@ pub struct ib_uverbs_open_xrcd {
 const _: () = {
     ["Size of ib_uverbs_open_xrcd"][::std::mem::size_of::<ib_uverbs_open_xrcd>() - 16usize];
     ["Alignment of ib_uverbs_open_xrcd"][::std::mem::align_of::<ib_uverbs_open_xrcd>() - 8usize];
-    ["Offset of field: ib_uverbs_open_xrcd::response"]
-        [::std::mem::offset_of!(ib_uverbs_open_xrcd, response) - 0usize];
-    ["Offset of field: ib_uverbs_open_xrcd::fd"]
-        [::std::mem::offset_of!(ib_uverbs_open_xrcd, fd) - 8usize];
-    ["Offset of field: ib_uverbs_open_xrcd::oflags"]
-        [::std::mem::offset_of!(ib_uverbs_open_xrcd, oflags) - 12usize];
+    ["Offset of field: ib_uverbs_open_xrcd::response"][::std::mem::offset_of!(ib_uverbs_open_xrcd, response) - 0usize];
+    ["Offset of field: ib_uverbs_open_xrcd::fd"][::std::mem::offset_of!(ib_uverbs_open_xrcd, fd) - 8usize];
+    ["Offset of field: ib_uverbs_open_xrcd::oflags"][::std::mem::offset_of!(ib_uverbs_open_xrcd, oflags) - 12usize];
     ["Offset of field: ib_uverbs_open_xrcd::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_open_xrcd, driver_data) - 16usize];
 };
@@ -974,10 +918,8 @@ pub struct ib_uverbs_open_xrcd_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_open_xrcd_resp"]
-        [::std::mem::size_of::<ib_uverbs_open_xrcd_resp>() - 4usize];
-    ["Alignment of ib_uverbs_open_xrcd_resp"]
-        [::std::mem::align_of::<ib_uverbs_open_xrcd_resp>() - 4usize];
+    ["Size of ib_uverbs_open_xrcd_resp"][::std::mem::size_of::<ib_uverbs_open_xrcd_resp>() - 4usize];
+    ["Alignment of ib_uverbs_open_xrcd_resp"][::std::mem::align_of::<ib_uverbs_open_xrcd_resp>() - 4usize];
     ["Offset of field: ib_uverbs_open_xrcd_resp::xrcd_handle"]
         [::std::mem::offset_of!(ib_uverbs_open_xrcd_resp, xrcd_handle) - 0usize];
     ["Offset of field: ib_uverbs_open_xrcd_resp::driver_data"]
@@ -1010,20 +952,14 @@ pub struct ib_uverbs_reg_mr {
 const _: () = {
     ["Size of ib_uverbs_reg_mr"][::std::mem::size_of::<ib_uverbs_reg_mr>() - 40usize];
     ["Alignment of ib_uverbs_reg_mr"][::std::mem::align_of::<ib_uverbs_reg_mr>() - 8usize];
-    ["Offset of field: ib_uverbs_reg_mr::response"]
-        [::std::mem::offset_of!(ib_uverbs_reg_mr, response) - 0usize];
-    ["Offset of field: ib_uverbs_reg_mr::start"]
-        [::std::mem::offset_of!(ib_uverbs_reg_mr, start) - 8usize];
-    ["Offset of field: ib_uverbs_reg_mr::length"]
-        [::std::mem::offset_of!(ib_uverbs_reg_mr, length) - 16usize];
-    ["Offset of field: ib_uverbs_reg_mr::hca_va"]
-        [::std::mem::offset_of!(ib_uverbs_reg_mr, hca_va) - 24usize];
-    ["Offset of field: ib_uverbs_reg_mr::pd_handle"]
-        [::std::mem::offset_of!(ib_uverbs_reg_mr, pd_handle) - 32usize];
+    ["Offset of field: ib_uverbs_reg_mr::response"][::std::mem::offset_of!(ib_uverbs_reg_mr, response) - 0usize];
+    ["Offset of field: ib_uverbs_reg_mr::start"][::std::mem::offset_of!(ib_uverbs_reg_mr, start) - 8usize];
+    ["Offset of field: ib_uverbs_reg_mr::length"][::std::mem::offset_of!(ib_uverbs_reg_mr, length) - 16usize];
+    ["Offset of field: ib_uverbs_reg_mr::hca_va"][::std::mem::offset_of!(ib_uverbs_reg_mr, hca_va) - 24usize];
+    ["Offset of field: ib_uverbs_reg_mr::pd_handle"][::std::mem::offset_of!(ib_uverbs_reg_mr, pd_handle) - 32usize];
     ["Offset of field: ib_uverbs_reg_mr::access_flags"]
         [::std::mem::offset_of!(ib_uverbs_reg_mr, access_flags) - 36usize];
-    ["Offset of field: ib_uverbs_reg_mr::driver_data"]
-        [::std::mem::offset_of!(ib_uverbs_reg_mr, driver_data) - 40usize];
+    ["Offset of field: ib_uverbs_reg_mr::driver_data"][::std::mem::offset_of!(ib_uverbs_reg_mr, driver_data) - 40usize];
 };
 #[repr(C)]
 #[derive(Default)]
@@ -1036,14 +972,11 @@ pub struct ib_uverbs_reg_mr_resp {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_reg_mr_resp"][::std::mem::size_of::<ib_uverbs_reg_mr_resp>() - 12usize];
-    ["Alignment of ib_uverbs_reg_mr_resp"]
-        [::std::mem::align_of::<ib_uverbs_reg_mr_resp>() - 4usize];
+    ["Alignment of ib_uverbs_reg_mr_resp"][::std::mem::align_of::<ib_uverbs_reg_mr_resp>() - 4usize];
     ["Offset of field: ib_uverbs_reg_mr_resp::mr_handle"]
         [::std::mem::offset_of!(ib_uverbs_reg_mr_resp, mr_handle) - 0usize];
-    ["Offset of field: ib_uverbs_reg_mr_resp::lkey"]
-        [::std::mem::offset_of!(ib_uverbs_reg_mr_resp, lkey) - 4usize];
-    ["Offset of field: ib_uverbs_reg_mr_resp::rkey"]
-        [::std::mem::offset_of!(ib_uverbs_reg_mr_resp, rkey) - 8usize];
+    ["Offset of field: ib_uverbs_reg_mr_resp::lkey"][::std::mem::offset_of!(ib_uverbs_reg_mr_resp, lkey) - 4usize];
+    ["Offset of field: ib_uverbs_reg_mr_resp::rkey"][::std::mem::offset_of!(ib_uverbs_reg_mr_resp, rkey) - 8usize];
     ["Offset of field: ib_uverbs_reg_mr_resp::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_reg_mr_resp, driver_data) - 12usize];
 };
@@ -1064,20 +997,13 @@ pub struct ib_uverbs_rereg_mr {
 const _: () = {
     ["Size of ib_uverbs_rereg_mr"][::std::mem::size_of::<ib_uverbs_rereg_mr>() - 48usize];
     ["Alignment of ib_uverbs_rereg_mr"][::std::mem::align_of::<ib_uverbs_rereg_mr>() - 8usize];
-    ["Offset of field: ib_uverbs_rereg_mr::response"]
-        [::std::mem::offset_of!(ib_uverbs_rereg_mr, response) - 0usize];
-    ["Offset of field: ib_uverbs_rereg_mr::mr_handle"]
-        [::std::mem::offset_of!(ib_uverbs_rereg_mr, mr_handle) - 8usize];
-    ["Offset of field: ib_uverbs_rereg_mr::flags"]
-        [::std::mem::offset_of!(ib_uverbs_rereg_mr, flags) - 12usize];
-    ["Offset of field: ib_uverbs_rereg_mr::start"]
-        [::std::mem::offset_of!(ib_uverbs_rereg_mr, start) - 16usize];
-    ["Offset of field: ib_uverbs_rereg_mr::length"]
-        [::std::mem::offset_of!(ib_uverbs_rereg_mr, length) - 24usize];
-    ["Offset of field: ib_uverbs_rereg_mr::hca_va"]
-        [::std::mem::offset_of!(ib_uverbs_rereg_mr, hca_va) - 32usize];
-    ["Offset of field: ib_uverbs_rereg_mr::pd_handle"]
-        [::std::mem::offset_of!(ib_uverbs_rereg_mr, pd_handle) - 40usize];
+    ["Offset of field: ib_uverbs_rereg_mr::response"][::std::mem::offset_of!(ib_uverbs_rereg_mr, response) - 0usize];
+    ["Offset of field: ib_uverbs_rereg_mr::mr_handle"][::std::mem::offset_of!(ib_uverbs_rereg_mr, mr_handle) - 8usize];
+    ["Offset of field: ib_uverbs_rereg_mr::flags"][::std::mem::offset_of!(ib_uverbs_rereg_mr, flags) - 12usize];
+    ["Offset of field: ib_uverbs_rereg_mr::start"][::std::mem::offset_of!(ib_uverbs_rereg_mr, start) - 16usize];
+    ["Offset of field: ib_uverbs_rereg_mr::length"][::std::mem::offset_of!(ib_uverbs_rereg_mr, length) - 24usize];
+    ["Offset of field: ib_uverbs_rereg_mr::hca_va"][::std::mem::offset_of!(ib_uverbs_rereg_mr, hca_va) - 32usize];
+    ["Offset of field: ib_uverbs_rereg_mr::pd_handle"][::std::mem::offset_of!(ib_uverbs_rereg_mr, pd_handle) - 40usize];
     ["Offset of field: ib_uverbs_rereg_mr::access_flags"]
         [::std::mem::offset_of!(ib_uverbs_rereg_mr, access_flags) - 44usize];
     ["Offset of field: ib_uverbs_rereg_mr::driver_data"]
@@ -1093,12 +1019,9 @@ pub struct ib_uverbs_rereg_mr_resp {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_rereg_mr_resp"][::std::mem::size_of::<ib_uverbs_rereg_mr_resp>() - 8usize];
-    ["Alignment of ib_uverbs_rereg_mr_resp"]
-        [::std::mem::align_of::<ib_uverbs_rereg_mr_resp>() - 8usize];
-    ["Offset of field: ib_uverbs_rereg_mr_resp::lkey"]
-        [::std::mem::offset_of!(ib_uverbs_rereg_mr_resp, lkey) - 0usize];
-    ["Offset of field: ib_uverbs_rereg_mr_resp::rkey"]
-        [::std::mem::offset_of!(ib_uverbs_rereg_mr_resp, rkey) - 4usize];
+    ["Alignment of ib_uverbs_rereg_mr_resp"][::std::mem::align_of::<ib_uverbs_rereg_mr_resp>() - 8usize];
+    ["Offset of field: ib_uverbs_rereg_mr_resp::lkey"][::std::mem::offset_of!(ib_uverbs_rereg_mr_resp, lkey) - 0usize];
+    ["Offset of field: ib_uverbs_rereg_mr_resp::rkey"][::std::mem::offset_of!(ib_uverbs_rereg_mr_resp, rkey) - 4usize];
     ["Offset of field: ib_uverbs_rereg_mr_resp::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_rereg_mr_resp, driver_data) - 8usize];
 };
@@ -1111,8 +1034,7 @@ pub struct ib_uverbs_dereg_mr {
 const _: () = {
     ["Size of ib_uverbs_dereg_mr"][::std::mem::size_of::<ib_uverbs_dereg_mr>() - 4usize];
     ["Alignment of ib_uverbs_dereg_mr"][::std::mem::align_of::<ib_uverbs_dereg_mr>() - 4usize];
-    ["Offset of field: ib_uverbs_dereg_mr::mr_handle"]
-        [::std::mem::offset_of!(ib_uverbs_dereg_mr, mr_handle) - 0usize];
+    ["Offset of field: ib_uverbs_dereg_mr::mr_handle"][::std::mem::offset_of!(ib_uverbs_dereg_mr, mr_handle) - 0usize];
 };
 #[repr(C)]
 #[derive(Default)]
@@ -1127,14 +1049,10 @@ pub struct ib_uverbs_alloc_mw {
 const _: () = {
     ["Size of ib_uverbs_alloc_mw"][::std::mem::size_of::<ib_uverbs_alloc_mw>() - 16usize];
     ["Alignment of ib_uverbs_alloc_mw"][::std::mem::align_of::<ib_uverbs_alloc_mw>() - 8usize];
-    ["Offset of field: ib_uverbs_alloc_mw::response"]
-        [::std::mem::offset_of!(ib_uverbs_alloc_mw, response) - 0usize];
-    ["Offset of field: ib_uverbs_alloc_mw::pd_handle"]
-        [::std::mem::offset_of!(ib_uverbs_alloc_mw, pd_handle) - 8usize];
-    ["Offset of field: ib_uverbs_alloc_mw::mw_type"]
-        [::std::mem::offset_of!(ib_uverbs_alloc_mw, mw_type) - 12usize];
-    ["Offset of field: ib_uverbs_alloc_mw::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_alloc_mw, reserved) - 13usize];
+    ["Offset of field: ib_uverbs_alloc_mw::response"][::std::mem::offset_of!(ib_uverbs_alloc_mw, response) - 0usize];
+    ["Offset of field: ib_uverbs_alloc_mw::pd_handle"][::std::mem::offset_of!(ib_uverbs_alloc_mw, pd_handle) - 8usize];
+    ["Offset of field: ib_uverbs_alloc_mw::mw_type"][::std::mem::offset_of!(ib_uverbs_alloc_mw, mw_type) - 12usize];
+    ["Offset of field: ib_uverbs_alloc_mw::reserved"][::std::mem::offset_of!(ib_uverbs_alloc_mw, reserved) - 13usize];
     ["Offset of field: ib_uverbs_alloc_mw::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_alloc_mw, driver_data) - 16usize];
 };
@@ -1148,12 +1066,10 @@ pub struct ib_uverbs_alloc_mw_resp {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_alloc_mw_resp"][::std::mem::size_of::<ib_uverbs_alloc_mw_resp>() - 8usize];
-    ["Alignment of ib_uverbs_alloc_mw_resp"]
-        [::std::mem::align_of::<ib_uverbs_alloc_mw_resp>() - 8usize];
+    ["Alignment of ib_uverbs_alloc_mw_resp"][::std::mem::align_of::<ib_uverbs_alloc_mw_resp>() - 8usize];
     ["Offset of field: ib_uverbs_alloc_mw_resp::mw_handle"]
         [::std::mem::offset_of!(ib_uverbs_alloc_mw_resp, mw_handle) - 0usize];
-    ["Offset of field: ib_uverbs_alloc_mw_resp::rkey"]
-        [::std::mem::offset_of!(ib_uverbs_alloc_mw_resp, rkey) - 4usize];
+    ["Offset of field: ib_uverbs_alloc_mw_resp::rkey"][::std::mem::offset_of!(ib_uverbs_alloc_mw_resp, rkey) - 4usize];
     ["Offset of field: ib_uverbs_alloc_mw_resp::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_alloc_mw_resp, driver_data) - 8usize];
 };
@@ -1176,10 +1092,8 @@ pub struct ib_uverbs_create_comp_channel {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_create_comp_channel"]
-        [::std::mem::size_of::<ib_uverbs_create_comp_channel>() - 8usize];
-    ["Alignment of ib_uverbs_create_comp_channel"]
-        [::std::mem::align_of::<ib_uverbs_create_comp_channel>() - 8usize];
+    ["Size of ib_uverbs_create_comp_channel"][::std::mem::size_of::<ib_uverbs_create_comp_channel>() - 8usize];
+    ["Alignment of ib_uverbs_create_comp_channel"][::std::mem::align_of::<ib_uverbs_create_comp_channel>() - 8usize];
     ["Offset of field: ib_uverbs_create_comp_channel::response"]
         [::std::mem::offset_of!(ib_uverbs_create_comp_channel, response) - 0usize];
 };
@@ -1212,26 +1126,21 @@ pub struct ib_uverbs_create_cq {
 const _: () = {
     ["Size of ib_uverbs_create_cq"][::std::mem::size_of::<ib_uverbs_create_cq>() - 32usize];
     ["Alignment of ib_uverbs_create_cq"][::std::mem::align_of::<ib_uverbs_create_cq>() - 8usize];
-    ["Offset of field: ib_uverbs_create_cq::response"]
-        [::std::mem::offset_of!(ib_uverbs_create_cq, response) - 0usize];
+    ["Offset of field: ib_uverbs_create_cq::response"][::std::mem::offset_of!(ib_uverbs_create_cq, response) - 0usize];
     ["Offset of field: ib_uverbs_create_cq::user_handle"]
         [::std::mem::offset_of!(ib_uverbs_create_cq, user_handle) - 8usize];
-    ["Offset of field: ib_uverbs_create_cq::cqe"]
-        [::std::mem::offset_of!(ib_uverbs_create_cq, cqe) - 16usize];
+    ["Offset of field: ib_uverbs_create_cq::cqe"][::std::mem::offset_of!(ib_uverbs_create_cq, cqe) - 16usize];
     ["Offset of field: ib_uverbs_create_cq::comp_vector"]
         [::std::mem::offset_of!(ib_uverbs_create_cq, comp_vector) - 20usize];
     ["Offset of field: ib_uverbs_create_cq::comp_channel"]
         [::std::mem::offset_of!(ib_uverbs_create_cq, comp_channel) - 24usize];
-    ["Offset of field: ib_uverbs_create_cq::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_create_cq, reserved) - 28usize];
+    ["Offset of field: ib_uverbs_create_cq::reserved"][::std::mem::offset_of!(ib_uverbs_create_cq, reserved) - 28usize];
     ["Offset of field: ib_uverbs_create_cq::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_create_cq, driver_data) - 32usize];
 };
 impl ib_uverbs_ex_create_cq_flags {
-    pub const IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION: ib_uverbs_ex_create_cq_flags =
-        ib_uverbs_ex_create_cq_flags(1);
-    pub const IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN: ib_uverbs_ex_create_cq_flags =
-        ib_uverbs_ex_create_cq_flags(2);
+    pub const IB_UVERBS_CQ_FLAGS_TIMESTAMP_COMPLETION: ib_uverbs_ex_create_cq_flags = ib_uverbs_ex_create_cq_flags(1);
+    pub const IB_UVERBS_CQ_FLAGS_IGNORE_OVERRUN: ib_uverbs_ex_create_cq_flags = ib_uverbs_ex_create_cq_flags(2);
 }
 impl ::std::ops::BitOr<ib_uverbs_ex_create_cq_flags> for ib_uverbs_ex_create_cq_flags {
     type Output = Self;
@@ -1276,20 +1185,17 @@ pub struct ib_uverbs_ex_create_cq {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_ex_create_cq"][::std::mem::size_of::<ib_uverbs_ex_create_cq>() - 32usize];
-    ["Alignment of ib_uverbs_ex_create_cq"]
-        [::std::mem::align_of::<ib_uverbs_ex_create_cq>() - 8usize];
+    ["Alignment of ib_uverbs_ex_create_cq"][::std::mem::align_of::<ib_uverbs_ex_create_cq>() - 8usize];
     ["Offset of field: ib_uverbs_ex_create_cq::user_handle"]
         [::std::mem::offset_of!(ib_uverbs_ex_create_cq, user_handle) - 0usize];
-    ["Offset of field: ib_uverbs_ex_create_cq::cqe"]
-        [::std::mem::offset_of!(ib_uverbs_ex_create_cq, cqe) - 8usize];
+    ["Offset of field: ib_uverbs_ex_create_cq::cqe"][::std::mem::offset_of!(ib_uverbs_ex_create_cq, cqe) - 8usize];
     ["Offset of field: ib_uverbs_ex_create_cq::comp_vector"]
         [::std::mem::offset_of!(ib_uverbs_ex_create_cq, comp_vector) - 12usize];
     ["Offset of field: ib_uverbs_ex_create_cq::comp_channel"]
         [::std::mem::offset_of!(ib_uverbs_ex_create_cq, comp_channel) - 16usize];
     ["Offset of field: ib_uverbs_ex_create_cq::comp_mask"]
         [::std::mem::offset_of!(ib_uverbs_ex_create_cq, comp_mask) - 20usize];
-    ["Offset of field: ib_uverbs_ex_create_cq::flags"]
-        [::std::mem::offset_of!(ib_uverbs_ex_create_cq, flags) - 24usize];
+    ["Offset of field: ib_uverbs_ex_create_cq::flags"][::std::mem::offset_of!(ib_uverbs_ex_create_cq, flags) - 24usize];
     ["Offset of field: ib_uverbs_ex_create_cq::reserved"]
         [::std::mem::offset_of!(ib_uverbs_ex_create_cq, reserved) - 28usize];
 };
@@ -1302,14 +1208,11 @@ pub struct ib_uverbs_create_cq_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_create_cq_resp"]
-        [::std::mem::size_of::<ib_uverbs_create_cq_resp>() - 8usize];
-    ["Alignment of ib_uverbs_create_cq_resp"]
-        [::std::mem::align_of::<ib_uverbs_create_cq_resp>() - 8usize];
+    ["Size of ib_uverbs_create_cq_resp"][::std::mem::size_of::<ib_uverbs_create_cq_resp>() - 8usize];
+    ["Alignment of ib_uverbs_create_cq_resp"][::std::mem::align_of::<ib_uverbs_create_cq_resp>() - 8usize];
     ["Offset of field: ib_uverbs_create_cq_resp::cq_handle"]
         [::std::mem::offset_of!(ib_uverbs_create_cq_resp, cq_handle) - 0usize];
-    ["Offset of field: ib_uverbs_create_cq_resp::cqe"]
-        [::std::mem::offset_of!(ib_uverbs_create_cq_resp, cqe) - 4usize];
+    ["Offset of field: ib_uverbs_create_cq_resp::cqe"][::std::mem::offset_of!(ib_uverbs_create_cq_resp, cqe) - 4usize];
     ["Offset of field: ib_uverbs_create_cq_resp::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_create_cq_resp, driver_data) - 8usize];
 };
@@ -1322,10 +1225,8 @@ pub struct ib_uverbs_ex_create_cq_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_ex_create_cq_resp"]
-        [::std::mem::size_of::<ib_uverbs_ex_create_cq_resp>() - 16usize];
-    ["Alignment of ib_uverbs_ex_create_cq_resp"]
-        [::std::mem::align_of::<ib_uverbs_ex_create_cq_resp>() - 8usize];
+    ["Size of ib_uverbs_ex_create_cq_resp"][::std::mem::size_of::<ib_uverbs_ex_create_cq_resp>() - 16usize];
+    ["Alignment of ib_uverbs_ex_create_cq_resp"][::std::mem::align_of::<ib_uverbs_ex_create_cq_resp>() - 8usize];
     ["Offset of field: ib_uverbs_ex_create_cq_resp::base"]
         [::std::mem::offset_of!(ib_uverbs_ex_create_cq_resp, base) - 0usize];
     ["Offset of field: ib_uverbs_ex_create_cq_resp::comp_mask"]
@@ -1345,12 +1246,10 @@ pub struct ib_uverbs_resize_cq {
 const _: () = {
     ["Size of ib_uverbs_resize_cq"][::std::mem::size_of::<ib_uverbs_resize_cq>() - 16usize];
     ["Alignment of ib_uverbs_resize_cq"][::std::mem::align_of::<ib_uverbs_resize_cq>() - 8usize];
-    ["Offset of field: ib_uverbs_resize_cq::response"]
-        [::std::mem::offset_of!(ib_uverbs_resize_cq, response) - 0usize];
+    ["Offset of field: ib_uverbs_resize_cq::response"][::std::mem::offset_of!(ib_uverbs_resize_cq, response) - 0usize];
     ["Offset of field: ib_uverbs_resize_cq::cq_handle"]
         [::std::mem::offset_of!(ib_uverbs_resize_cq, cq_handle) - 8usize];
-    ["Offset of field: ib_uverbs_resize_cq::cqe"]
-        [::std::mem::offset_of!(ib_uverbs_resize_cq, cqe) - 12usize];
+    ["Offset of field: ib_uverbs_resize_cq::cqe"][::std::mem::offset_of!(ib_uverbs_resize_cq, cqe) - 12usize];
     ["Offset of field: ib_uverbs_resize_cq::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_resize_cq, driver_data) - 16usize];
 };
@@ -1363,12 +1262,9 @@ pub struct ib_uverbs_resize_cq_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_resize_cq_resp"]
-        [::std::mem::size_of::<ib_uverbs_resize_cq_resp>() - 8usize];
-    ["Alignment of ib_uverbs_resize_cq_resp"]
-        [::std::mem::align_of::<ib_uverbs_resize_cq_resp>() - 8usize];
-    ["Offset of field: ib_uverbs_resize_cq_resp::cqe"]
-        [::std::mem::offset_of!(ib_uverbs_resize_cq_resp, cqe) - 0usize];
+    ["Size of ib_uverbs_resize_cq_resp"][::std::mem::size_of::<ib_uverbs_resize_cq_resp>() - 8usize];
+    ["Alignment of ib_uverbs_resize_cq_resp"][::std::mem::align_of::<ib_uverbs_resize_cq_resp>() - 8usize];
+    ["Offset of field: ib_uverbs_resize_cq_resp::cqe"][::std::mem::offset_of!(ib_uverbs_resize_cq_resp, cqe) - 0usize];
     ["Offset of field: ib_uverbs_resize_cq_resp::reserved"]
         [::std::mem::offset_of!(ib_uverbs_resize_cq_resp, reserved) - 4usize];
     ["Offset of field: ib_uverbs_resize_cq_resp::driver_data"]
@@ -1385,12 +1281,9 @@ pub struct ib_uverbs_poll_cq {
 const _: () = {
     ["Size of ib_uverbs_poll_cq"][::std::mem::size_of::<ib_uverbs_poll_cq>() - 16usize];
     ["Alignment of ib_uverbs_poll_cq"][::std::mem::align_of::<ib_uverbs_poll_cq>() - 8usize];
-    ["Offset of field: ib_uverbs_poll_cq::response"]
-        [::std::mem::offset_of!(ib_uverbs_poll_cq, response) - 0usize];
-    ["Offset of field: ib_uverbs_poll_cq::cq_handle"]
-        [::std::mem::offset_of!(ib_uverbs_poll_cq, cq_handle) - 8usize];
-    ["Offset of field: ib_uverbs_poll_cq::ne"]
-        [::std::mem::offset_of!(ib_uverbs_poll_cq, ne) - 12usize];
+    ["Offset of field: ib_uverbs_poll_cq::response"][::std::mem::offset_of!(ib_uverbs_poll_cq, response) - 0usize];
+    ["Offset of field: ib_uverbs_poll_cq::cq_handle"][::std::mem::offset_of!(ib_uverbs_poll_cq, cq_handle) - 8usize];
+    ["Offset of field: ib_uverbs_poll_cq::ne"][::std::mem::offset_of!(ib_uverbs_poll_cq, ne) - 12usize];
 };
 impl ib_uverbs_wc_opcode {
     pub const IB_UVERBS_WC_SEND: ib_uverbs_wc_opcode = ib_uverbs_wc_opcode(0);
@@ -1432,10 +1325,8 @@ pub union ib_uverbs_wc__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_wc__bindgen_ty_1"]
-        [::std::mem::size_of::<ib_uverbs_wc__bindgen_ty_1>() - 4usize];
-    ["Alignment of ib_uverbs_wc__bindgen_ty_1"]
-        [::std::mem::align_of::<ib_uverbs_wc__bindgen_ty_1>() - 4usize];
+    ["Size of ib_uverbs_wc__bindgen_ty_1"][::std::mem::size_of::<ib_uverbs_wc__bindgen_ty_1>() - 4usize];
+    ["Alignment of ib_uverbs_wc__bindgen_ty_1"][::std::mem::align_of::<ib_uverbs_wc__bindgen_ty_1>() - 4usize];
     ["Offset of field: ib_uverbs_wc__bindgen_ty_1::imm_data"]
         [::std::mem::offset_of!(ib_uverbs_wc__bindgen_ty_1, imm_data) - 0usize];
     ["Offset of field: ib_uverbs_wc__bindgen_ty_1::invalidate_rkey"]
@@ -1455,31 +1346,20 @@ const _: () = {
     ["Size of ib_uverbs_wc"][::std::mem::size_of::<ib_uverbs_wc>() - 48usize];
     ["Alignment of ib_uverbs_wc"][::std::mem::align_of::<ib_uverbs_wc>() - 8usize];
     ["Offset of field: ib_uverbs_wc::wr_id"][::std::mem::offset_of!(ib_uverbs_wc, wr_id) - 0usize];
-    ["Offset of field: ib_uverbs_wc::status"]
-        [::std::mem::offset_of!(ib_uverbs_wc, status) - 8usize];
-    ["Offset of field: ib_uverbs_wc::opcode"]
-        [::std::mem::offset_of!(ib_uverbs_wc, opcode) - 12usize];
-    ["Offset of field: ib_uverbs_wc::vendor_err"]
-        [::std::mem::offset_of!(ib_uverbs_wc, vendor_err) - 16usize];
-    ["Offset of field: ib_uverbs_wc::byte_len"]
-        [::std::mem::offset_of!(ib_uverbs_wc, byte_len) - 20usize];
+    ["Offset of field: ib_uverbs_wc::status"][::std::mem::offset_of!(ib_uverbs_wc, status) - 8usize];
+    ["Offset of field: ib_uverbs_wc::opcode"][::std::mem::offset_of!(ib_uverbs_wc, opcode) - 12usize];
+    ["Offset of field: ib_uverbs_wc::vendor_err"][::std::mem::offset_of!(ib_uverbs_wc, vendor_err) - 16usize];
+    ["Offset of field: ib_uverbs_wc::byte_len"][::std::mem::offset_of!(ib_uverbs_wc, byte_len) - 20usize];
     ["Offset of field: ib_uverbs_wc::ex"][::std::mem::offset_of!(ib_uverbs_wc, ex) - 24usize];
-    ["Offset of field: ib_uverbs_wc::qp_num"]
-        [::std::mem::offset_of!(ib_uverbs_wc, qp_num) - 28usize];
-    ["Offset of field: ib_uverbs_wc::src_qp"]
-        [::std::mem::offset_of!(ib_uverbs_wc, src_qp) - 32usize];
-    ["Offset of field: ib_uverbs_wc::wc_flags"]
-        [::std::mem::offset_of!(ib_uverbs_wc, wc_flags) - 36usize];
-    ["Offset of field: ib_uverbs_wc::pkey_index"]
-        [::std::mem::offset_of!(ib_uverbs_wc, pkey_index) - 40usize];
+    ["Offset of field: ib_uverbs_wc::qp_num"][::std::mem::offset_of!(ib_uverbs_wc, qp_num) - 28usize];
+    ["Offset of field: ib_uverbs_wc::src_qp"][::std::mem::offset_of!(ib_uverbs_wc, src_qp) - 32usize];
+    ["Offset of field: ib_uverbs_wc::wc_flags"][::std::mem::offset_of!(ib_uverbs_wc, wc_flags) - 36usize];
+    ["Offset of field: ib_uverbs_wc::pkey_index"][::std::mem::offset_of!(ib_uverbs_wc, pkey_index) - 40usize];
     ["Offset of field: ib_uverbs_wc::slid"][::std::mem::offset_of!(ib_uverbs_wc, slid) - 42usize];
     ["Offset of field: ib_uverbs_wc::sl"][::std::mem::offset_of!(ib_uverbs_wc, sl) - 44usize];
-    ["Offset of field: ib_uverbs_wc::dlid_path_bits"]
-        [::std::mem::offset_of!(ib_uverbs_wc, dlid_path_bits) - 45usize];
-    ["Offset of field: ib_uverbs_wc::port_num"]
-        [::std::mem::offset_of!(ib_uverbs_wc, port_num) - 46usize];
-    ["Offset of field: ib_uverbs_wc::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_wc, reserved) - 47usize];
+    ["Offset of field: ib_uverbs_wc::dlid_path_bits"][::std::mem::offset_of!(ib_uverbs_wc, dlid_path_bits) - 45usize];
+    ["Offset of field: ib_uverbs_wc::port_num"][::std::mem::offset_of!(ib_uverbs_wc, port_num) - 46usize];
+    ["Offset of field: ib_uverbs_wc::reserved"][::std::mem::offset_of!(ib_uverbs_wc, reserved) - 47usize];
 };
 impl Default for ib_uverbs_wc {
     fn default() -> Self {
@@ -1499,14 +1379,11 @@ pub struct ib_uverbs_poll_cq_resp {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_poll_cq_resp"][::std::mem::size_of::<ib_uverbs_poll_cq_resp>() - 8usize];
-    ["Alignment of ib_uverbs_poll_cq_resp"]
-        [::std::mem::align_of::<ib_uverbs_poll_cq_resp>() - 8usize];
-    ["Offset of field: ib_uverbs_poll_cq_resp::count"]
-        [::std::mem::offset_of!(ib_uverbs_poll_cq_resp, count) - 0usize];
+    ["Alignment of ib_uverbs_poll_cq_resp"][::std::mem::align_of::<ib_uverbs_poll_cq_resp>() - 8usize];
+    ["Offset of field: ib_uverbs_poll_cq_resp::count"][::std::mem::offset_of!(ib_uverbs_poll_cq_resp, count) - 0usize];
     ["Offset of field: ib_uverbs_poll_cq_resp::reserved"]
         [::std::mem::offset_of!(ib_uverbs_poll_cq_resp, reserved) - 4usize];
-    ["Offset of field: ib_uverbs_poll_cq_resp::wc"]
-        [::std::mem::offset_of!(ib_uverbs_poll_cq_resp, wc) - 8usize];
+    ["Offset of field: ib_uverbs_poll_cq_resp::wc"][::std::mem::offset_of!(ib_uverbs_poll_cq_resp, wc) - 8usize];
 };
 impl Default for ib_uverbs_poll_cq_resp {
     fn default() -> Self {
@@ -1526,8 +1403,7 @@ pub struct ib_uverbs_req_notify_cq {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_req_notify_cq"][::std::mem::size_of::<ib_uverbs_req_notify_cq>() - 8usize];
-    ["Alignment of ib_uverbs_req_notify_cq"]
-        [::std::mem::align_of::<ib_uverbs_req_notify_cq>() - 4usize];
+    ["Alignment of ib_uverbs_req_notify_cq"][::std::mem::align_of::<ib_uverbs_req_notify_cq>() - 4usize];
     ["Offset of field: ib_uverbs_req_notify_cq::cq_handle"]
         [::std::mem::offset_of!(ib_uverbs_req_notify_cq, cq_handle) - 0usize];
     ["Offset of field: ib_uverbs_req_notify_cq::solicited_only"]
@@ -1559,10 +1435,8 @@ pub struct ib_uverbs_destroy_cq_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_destroy_cq_resp"]
-        [::std::mem::size_of::<ib_uverbs_destroy_cq_resp>() - 8usize];
-    ["Alignment of ib_uverbs_destroy_cq_resp"]
-        [::std::mem::align_of::<ib_uverbs_destroy_cq_resp>() - 4usize];
+    ["Size of ib_uverbs_destroy_cq_resp"][::std::mem::size_of::<ib_uverbs_destroy_cq_resp>() - 8usize];
+    ["Alignment of ib_uverbs_destroy_cq_resp"][::std::mem::align_of::<ib_uverbs_destroy_cq_resp>() - 4usize];
     ["Offset of field: ib_uverbs_destroy_cq_resp::comp_events_reported"]
         [::std::mem::offset_of!(ib_uverbs_destroy_cq_resp, comp_events_reported) - 0usize];
     ["Offset of field: ib_uverbs_destroy_cq_resp::async_events_reported"]
@@ -1581,10 +1455,8 @@ pub struct ib_uverbs_global_route {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_global_route"][::std::mem::size_of::<ib_uverbs_global_route>() - 24usize];
-    ["Alignment of ib_uverbs_global_route"]
-        [::std::mem::align_of::<ib_uverbs_global_route>() - 4usize];
-    ["Offset of field: ib_uverbs_global_route::dgid"]
-        [::std::mem::offset_of!(ib_uverbs_global_route, dgid) - 0usize];
+    ["Alignment of ib_uverbs_global_route"][::std::mem::align_of::<ib_uverbs_global_route>() - 4usize];
+    ["Offset of field: ib_uverbs_global_route::dgid"][::std::mem::offset_of!(ib_uverbs_global_route, dgid) - 0usize];
     ["Offset of field: ib_uverbs_global_route::flow_label"]
         [::std::mem::offset_of!(ib_uverbs_global_route, flow_label) - 16usize];
     ["Offset of field: ib_uverbs_global_route::sgid_index"]
@@ -1612,22 +1484,16 @@ pub struct ib_uverbs_ah_attr {
 const _: () = {
     ["Size of ib_uverbs_ah_attr"][::std::mem::size_of::<ib_uverbs_ah_attr>() - 32usize];
     ["Alignment of ib_uverbs_ah_attr"][::std::mem::align_of::<ib_uverbs_ah_attr>() - 4usize];
-    ["Offset of field: ib_uverbs_ah_attr::grh"]
-        [::std::mem::offset_of!(ib_uverbs_ah_attr, grh) - 0usize];
-    ["Offset of field: ib_uverbs_ah_attr::dlid"]
-        [::std::mem::offset_of!(ib_uverbs_ah_attr, dlid) - 24usize];
-    ["Offset of field: ib_uverbs_ah_attr::sl"]
-        [::std::mem::offset_of!(ib_uverbs_ah_attr, sl) - 26usize];
+    ["Offset of field: ib_uverbs_ah_attr::grh"][::std::mem::offset_of!(ib_uverbs_ah_attr, grh) - 0usize];
+    ["Offset of field: ib_uverbs_ah_attr::dlid"][::std::mem::offset_of!(ib_uverbs_ah_attr, dlid) - 24usize];
+    ["Offset of field: ib_uverbs_ah_attr::sl"][::std::mem::offset_of!(ib_uverbs_ah_attr, sl) - 26usize];
     ["Offset of field: ib_uverbs_ah_attr::src_path_bits"]
         [::std::mem::offset_of!(ib_uverbs_ah_attr, src_path_bits) - 27usize];
     ["Offset of field: ib_uverbs_ah_attr::static_rate"]
         [::std::mem::offset_of!(ib_uverbs_ah_attr, static_rate) - 28usize];
-    ["Offset of field: ib_uverbs_ah_attr::is_global"]
-        [::std::mem::offset_of!(ib_uverbs_ah_attr, is_global) - 29usize];
-    ["Offset of field: ib_uverbs_ah_attr::port_num"]
-        [::std::mem::offset_of!(ib_uverbs_ah_attr, port_num) - 30usize];
-    ["Offset of field: ib_uverbs_ah_attr::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_ah_attr, reserved) - 31usize];
+    ["Offset of field: ib_uverbs_ah_attr::is_global"][::std::mem::offset_of!(ib_uverbs_ah_attr, is_global) - 29usize];
+    ["Offset of field: ib_uverbs_ah_attr::port_num"][::std::mem::offset_of!(ib_uverbs_ah_attr, port_num) - 30usize];
+    ["Offset of field: ib_uverbs_ah_attr::reserved"][::std::mem::offset_of!(ib_uverbs_ah_attr, reserved) - 31usize];
 };
 #[repr(C)]
 #[derive(Default, Copy, Clone)]
@@ -1670,26 +1536,20 @@ const _: () = {
     ["Alignment of ib_uverbs_qp_attr"][::std::mem::align_of::<ib_uverbs_qp_attr>() - 4usize];
     ["Offset of field: ib_uverbs_qp_attr::qp_attr_mask"]
         [::std::mem::offset_of!(ib_uverbs_qp_attr, qp_attr_mask) - 0usize];
-    ["Offset of field: ib_uverbs_qp_attr::qp_state"]
-        [::std::mem::offset_of!(ib_uverbs_qp_attr, qp_state) - 4usize];
+    ["Offset of field: ib_uverbs_qp_attr::qp_state"][::std::mem::offset_of!(ib_uverbs_qp_attr, qp_state) - 4usize];
     ["Offset of field: ib_uverbs_qp_attr::cur_qp_state"]
         [::std::mem::offset_of!(ib_uverbs_qp_attr, cur_qp_state) - 8usize];
-    ["Offset of field: ib_uverbs_qp_attr::path_mtu"]
-        [::std::mem::offset_of!(ib_uverbs_qp_attr, path_mtu) - 12usize];
+    ["Offset of field: ib_uverbs_qp_attr::path_mtu"][::std::mem::offset_of!(ib_uverbs_qp_attr, path_mtu) - 12usize];
     ["Offset of field: ib_uverbs_qp_attr::path_mig_state"]
         [::std::mem::offset_of!(ib_uverbs_qp_attr, path_mig_state) - 16usize];
-    ["Offset of field: ib_uverbs_qp_attr::qkey"]
-        [::std::mem::offset_of!(ib_uverbs_qp_attr, qkey) - 20usize];
-    ["Offset of field: ib_uverbs_qp_attr::rq_psn"]
-        [::std::mem::offset_of!(ib_uverbs_qp_attr, rq_psn) - 24usize];
-    ["Offset of field: ib_uverbs_qp_attr::sq_psn"]
-        [::std::mem::offset_of!(ib_uverbs_qp_attr, sq_psn) - 28usize];
+    ["Offset of field: ib_uverbs_qp_attr::qkey"][::std::mem::offset_of!(ib_uverbs_qp_attr, qkey) - 20usize];
+    ["Offset of field: ib_uverbs_qp_attr::rq_psn"][::std::mem::offset_of!(ib_uverbs_qp_attr, rq_psn) - 24usize];
+    ["Offset of field: ib_uverbs_qp_attr::sq_psn"][::std::mem::offset_of!(ib_uverbs_qp_attr, sq_psn) - 28usize];
     ["Offset of field: ib_uverbs_qp_attr::dest_qp_num"]
         [::std::mem::offset_of!(ib_uverbs_qp_attr, dest_qp_num) - 32usize];
     ["Offset of field: ib_uverbs_qp_attr::qp_access_flags"]
         [::std::mem::offset_of!(ib_uverbs_qp_attr, qp_access_flags) - 36usize];
-    ["Offset of field: ib_uverbs_qp_attr::ah_attr"]
-        [::std::mem::offset_of!(ib_uverbs_qp_attr, ah_attr) - 40usize];
+    ["Offset of field: ib_uverbs_qp_attr::ah_attr"][::std::mem::offset_of!(ib_uverbs_qp_attr, ah_attr) - 40usize];
     ["Offset of field: ib_uverbs_qp_attr::alt_ah_attr"]
         [::std::mem::offset_of!(ib_uverbs_qp_attr, alt_ah_attr) - 72usize];
     ["Offset of field: ib_uverbs_qp_attr::max_send_wr"]
@@ -1716,20 +1576,15 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_qp_attr, max_dest_rd_atomic) - 131usize];
     ["Offset of field: ib_uverbs_qp_attr::min_rnr_timer"]
         [::std::mem::offset_of!(ib_uverbs_qp_attr, min_rnr_timer) - 132usize];
-    ["Offset of field: ib_uverbs_qp_attr::port_num"]
-        [::std::mem::offset_of!(ib_uverbs_qp_attr, port_num) - 133usize];
-    ["Offset of field: ib_uverbs_qp_attr::timeout"]
-        [::std::mem::offset_of!(ib_uverbs_qp_attr, timeout) - 134usize];
-    ["Offset of field: ib_uverbs_qp_attr::retry_cnt"]
-        [::std::mem::offset_of!(ib_uverbs_qp_attr, retry_cnt) - 135usize];
-    ["Offset of field: ib_uverbs_qp_attr::rnr_retry"]
-        [::std::mem::offset_of!(ib_uverbs_qp_attr, rnr_retry) - 136usize];
+    ["Offset of field: ib_uverbs_qp_attr::port_num"][::std::mem::offset_of!(ib_uverbs_qp_attr, port_num) - 133usize];
+    ["Offset of field: ib_uverbs_qp_attr::timeout"][::std::mem::offset_of!(ib_uverbs_qp_attr, timeout) - 134usize];
+    ["Offset of field: ib_uverbs_qp_attr::retry_cnt"][::std::mem::offset_of!(ib_uverbs_qp_attr, retry_cnt) - 135usize];
+    ["Offset of field: ib_uverbs_qp_attr::rnr_retry"][::std::mem::offset_of!(ib_uverbs_qp_attr, rnr_retry) - 136usize];
     ["Offset of field: ib_uverbs_qp_attr::alt_port_num"]
         [::std::mem::offset_of!(ib_uverbs_qp_attr, alt_port_num) - 137usize];
     ["Offset of field: ib_uverbs_qp_attr::alt_timeout"]
         [::std::mem::offset_of!(ib_uverbs_qp_attr, alt_timeout) - 138usize];
-    ["Offset of field: ib_uverbs_qp_attr::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_qp_attr, reserved) - 139usize];
+    ["Offset of field: ib_uverbs_qp_attr::reserved"][::std::mem::offset_of!(ib_uverbs_qp_attr, reserved) - 139usize];
 };
 #[repr(C)]
 #[derive(Default)]
@@ -1755,8 +1610,7 @@ pub struct ib_uverbs_create_qp {
 const _: () = {
     ["Size of ib_uverbs_create_qp"][::std::mem::size_of::<ib_uverbs_create_qp>() - 56usize];
     ["Alignment of ib_uverbs_create_qp"][::std::mem::align_of::<ib_uverbs_create_qp>() - 8usize];
-    ["Offset of field: ib_uverbs_create_qp::response"]
-        [::std::mem::offset_of!(ib_uverbs_create_qp, response) - 0usize];
+    ["Offset of field: ib_uverbs_create_qp::response"][::std::mem::offset_of!(ib_uverbs_create_qp, response) - 0usize];
     ["Offset of field: ib_uverbs_create_qp::user_handle"]
         [::std::mem::offset_of!(ib_uverbs_create_qp, user_handle) - 8usize];
     ["Offset of field: ib_uverbs_create_qp::pd_handle"]
@@ -1779,18 +1633,14 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_create_qp, max_inline_data) - 48usize];
     ["Offset of field: ib_uverbs_create_qp::sq_sig_all"]
         [::std::mem::offset_of!(ib_uverbs_create_qp, sq_sig_all) - 52usize];
-    ["Offset of field: ib_uverbs_create_qp::qp_type"]
-        [::std::mem::offset_of!(ib_uverbs_create_qp, qp_type) - 53usize];
-    ["Offset of field: ib_uverbs_create_qp::is_srq"]
-        [::std::mem::offset_of!(ib_uverbs_create_qp, is_srq) - 54usize];
-    ["Offset of field: ib_uverbs_create_qp::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_create_qp, reserved) - 55usize];
+    ["Offset of field: ib_uverbs_create_qp::qp_type"][::std::mem::offset_of!(ib_uverbs_create_qp, qp_type) - 53usize];
+    ["Offset of field: ib_uverbs_create_qp::is_srq"][::std::mem::offset_of!(ib_uverbs_create_qp, is_srq) - 54usize];
+    ["Offset of field: ib_uverbs_create_qp::reserved"][::std::mem::offset_of!(ib_uverbs_create_qp, reserved) - 55usize];
     ["Offset of field: ib_uverbs_create_qp::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_create_qp, driver_data) - 56usize];
 };
 impl ib_uverbs_create_qp_mask {
-    pub const IB_UVERBS_CREATE_QP_MASK_IND_TABLE: ib_uverbs_create_qp_mask =
-        ib_uverbs_create_qp_mask(1);
+    pub const IB_UVERBS_CREATE_QP_MASK_IND_TABLE: ib_uverbs_create_qp_mask = ib_uverbs_create_qp_mask(1);
 }
 impl ::std::ops::BitOr<ib_uverbs_create_qp_mask> for ib_uverbs_create_qp_mask {
     type Output = Self;
@@ -1846,8 +1696,7 @@ pub struct ib_uverbs_ex_create_qp {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_ex_create_qp"][::std::mem::size_of::<ib_uverbs_ex_create_qp>() - 64usize];
-    ["Alignment of ib_uverbs_ex_create_qp"]
-        [::std::mem::align_of::<ib_uverbs_ex_create_qp>() - 8usize];
+    ["Alignment of ib_uverbs_ex_create_qp"][::std::mem::align_of::<ib_uverbs_ex_create_qp>() - 8usize];
     ["Offset of field: ib_uverbs_ex_create_qp::user_handle"]
         [::std::mem::offset_of!(ib_uverbs_ex_create_qp, user_handle) - 0usize];
     ["Offset of field: ib_uverbs_ex_create_qp::pd_handle"]
@@ -1900,18 +1749,13 @@ pub struct ib_uverbs_open_qp {
 const _: () = {
     ["Size of ib_uverbs_open_qp"][::std::mem::size_of::<ib_uverbs_open_qp>() - 32usize];
     ["Alignment of ib_uverbs_open_qp"][::std::mem::align_of::<ib_uverbs_open_qp>() - 8usize];
-    ["Offset of field: ib_uverbs_open_qp::response"]
-        [::std::mem::offset_of!(ib_uverbs_open_qp, response) - 0usize];
+    ["Offset of field: ib_uverbs_open_qp::response"][::std::mem::offset_of!(ib_uverbs_open_qp, response) - 0usize];
     ["Offset of field: ib_uverbs_open_qp::user_handle"]
         [::std::mem::offset_of!(ib_uverbs_open_qp, user_handle) - 8usize];
-    ["Offset of field: ib_uverbs_open_qp::pd_handle"]
-        [::std::mem::offset_of!(ib_uverbs_open_qp, pd_handle) - 16usize];
-    ["Offset of field: ib_uverbs_open_qp::qpn"]
-        [::std::mem::offset_of!(ib_uverbs_open_qp, qpn) - 20usize];
-    ["Offset of field: ib_uverbs_open_qp::qp_type"]
-        [::std::mem::offset_of!(ib_uverbs_open_qp, qp_type) - 24usize];
-    ["Offset of field: ib_uverbs_open_qp::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_open_qp, reserved) - 25usize];
+    ["Offset of field: ib_uverbs_open_qp::pd_handle"][::std::mem::offset_of!(ib_uverbs_open_qp, pd_handle) - 16usize];
+    ["Offset of field: ib_uverbs_open_qp::qpn"][::std::mem::offset_of!(ib_uverbs_open_qp, qpn) - 20usize];
+    ["Offset of field: ib_uverbs_open_qp::qp_type"][::std::mem::offset_of!(ib_uverbs_open_qp, qp_type) - 24usize];
+    ["Offset of field: ib_uverbs_open_qp::reserved"][::std::mem::offset_of!(ib_uverbs_open_qp, reserved) - 25usize];
     ["Offset of field: ib_uverbs_open_qp::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_open_qp, driver_data) - 32usize];
 };
@@ -1930,14 +1774,11 @@ pub struct ib_uverbs_create_qp_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_create_qp_resp"]
-        [::std::mem::size_of::<ib_uverbs_create_qp_resp>() - 32usize];
-    ["Alignment of ib_uverbs_create_qp_resp"]
-        [::std::mem::align_of::<ib_uverbs_create_qp_resp>() - 4usize];
+    ["Size of ib_uverbs_create_qp_resp"][::std::mem::size_of::<ib_uverbs_create_qp_resp>() - 32usize];
+    ["Alignment of ib_uverbs_create_qp_resp"][::std::mem::align_of::<ib_uverbs_create_qp_resp>() - 4usize];
     ["Offset of field: ib_uverbs_create_qp_resp::qp_handle"]
         [::std::mem::offset_of!(ib_uverbs_create_qp_resp, qp_handle) - 0usize];
-    ["Offset of field: ib_uverbs_create_qp_resp::qpn"]
-        [::std::mem::offset_of!(ib_uverbs_create_qp_resp, qpn) - 4usize];
+    ["Offset of field: ib_uverbs_create_qp_resp::qpn"][::std::mem::offset_of!(ib_uverbs_create_qp_resp, qpn) - 4usize];
     ["Offset of field: ib_uverbs_create_qp_resp::max_send_wr"]
         [::std::mem::offset_of!(ib_uverbs_create_qp_resp, max_send_wr) - 8usize];
     ["Offset of field: ib_uverbs_create_qp_resp::max_recv_wr"]
@@ -1962,10 +1803,8 @@ pub struct ib_uverbs_ex_create_qp_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_ex_create_qp_resp"]
-        [::std::mem::size_of::<ib_uverbs_ex_create_qp_resp>() - 40usize];
-    ["Alignment of ib_uverbs_ex_create_qp_resp"]
-        [::std::mem::align_of::<ib_uverbs_ex_create_qp_resp>() - 4usize];
+    ["Size of ib_uverbs_ex_create_qp_resp"][::std::mem::size_of::<ib_uverbs_ex_create_qp_resp>() - 40usize];
+    ["Alignment of ib_uverbs_ex_create_qp_resp"][::std::mem::align_of::<ib_uverbs_ex_create_qp_resp>() - 4usize];
     ["Offset of field: ib_uverbs_ex_create_qp_resp::base"]
         [::std::mem::offset_of!(ib_uverbs_ex_create_qp_resp, base) - 0usize];
     ["Offset of field: ib_uverbs_ex_create_qp_resp::comp_mask"]
@@ -1993,30 +1832,21 @@ pub struct ib_uverbs_qp_dest {
 const _: () = {
     ["Size of ib_uverbs_qp_dest"][::std::mem::size_of::<ib_uverbs_qp_dest>() - 32usize];
     ["Alignment of ib_uverbs_qp_dest"][::std::mem::align_of::<ib_uverbs_qp_dest>() - 4usize];
-    ["Offset of field: ib_uverbs_qp_dest::dgid"]
-        [::std::mem::offset_of!(ib_uverbs_qp_dest, dgid) - 0usize];
-    ["Offset of field: ib_uverbs_qp_dest::flow_label"]
-        [::std::mem::offset_of!(ib_uverbs_qp_dest, flow_label) - 16usize];
-    ["Offset of field: ib_uverbs_qp_dest::dlid"]
-        [::std::mem::offset_of!(ib_uverbs_qp_dest, dlid) - 20usize];
-    ["Offset of field: ib_uverbs_qp_dest::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_qp_dest, reserved) - 22usize];
-    ["Offset of field: ib_uverbs_qp_dest::sgid_index"]
-        [::std::mem::offset_of!(ib_uverbs_qp_dest, sgid_index) - 24usize];
-    ["Offset of field: ib_uverbs_qp_dest::hop_limit"]
-        [::std::mem::offset_of!(ib_uverbs_qp_dest, hop_limit) - 25usize];
+    ["Offset of field: ib_uverbs_qp_dest::dgid"][::std::mem::offset_of!(ib_uverbs_qp_dest, dgid) - 0usize];
+    ["Offset of field: ib_uverbs_qp_dest::flow_label"][::std::mem::offset_of!(ib_uverbs_qp_dest, flow_label) - 16usize];
+    ["Offset of field: ib_uverbs_qp_dest::dlid"][::std::mem::offset_of!(ib_uverbs_qp_dest, dlid) - 20usize];
+    ["Offset of field: ib_uverbs_qp_dest::reserved"][::std::mem::offset_of!(ib_uverbs_qp_dest, reserved) - 22usize];
+    ["Offset of field: ib_uverbs_qp_dest::sgid_index"][::std::mem::offset_of!(ib_uverbs_qp_dest, sgid_index) - 24usize];
+    ["Offset of field: ib_uverbs_qp_dest::hop_limit"][::std::mem::offset_of!(ib_uverbs_qp_dest, hop_limit) - 25usize];
     ["Offset of field: ib_uverbs_qp_dest::traffic_class"]
         [::std::mem::offset_of!(ib_uverbs_qp_dest, traffic_class) - 26usize];
-    ["Offset of field: ib_uverbs_qp_dest::sl"]
-        [::std::mem::offset_of!(ib_uverbs_qp_dest, sl) - 27usize];
+    ["Offset of field: ib_uverbs_qp_dest::sl"][::std::mem::offset_of!(ib_uverbs_qp_dest, sl) - 27usize];
     ["Offset of field: ib_uverbs_qp_dest::src_path_bits"]
         [::std::mem::offset_of!(ib_uverbs_qp_dest, src_path_bits) - 28usize];
     ["Offset of field: ib_uverbs_qp_dest::static_rate"]
         [::std::mem::offset_of!(ib_uverbs_qp_dest, static_rate) - 29usize];
-    ["Offset of field: ib_uverbs_qp_dest::is_global"]
-        [::std::mem::offset_of!(ib_uverbs_qp_dest, is_global) - 30usize];
-    ["Offset of field: ib_uverbs_qp_dest::port_num"]
-        [::std::mem::offset_of!(ib_uverbs_qp_dest, port_num) - 31usize];
+    ["Offset of field: ib_uverbs_qp_dest::is_global"][::std::mem::offset_of!(ib_uverbs_qp_dest, is_global) - 30usize];
+    ["Offset of field: ib_uverbs_qp_dest::port_num"][::std::mem::offset_of!(ib_uverbs_qp_dest, port_num) - 31usize];
 };
 #[repr(C)]
 #[derive(Default)]
@@ -2030,12 +1860,9 @@ pub struct ib_uverbs_query_qp {
 const _: () = {
     ["Size of ib_uverbs_query_qp"][::std::mem::size_of::<ib_uverbs_query_qp>() - 16usize];
     ["Alignment of ib_uverbs_query_qp"][::std::mem::align_of::<ib_uverbs_query_qp>() - 8usize];
-    ["Offset of field: ib_uverbs_query_qp::response"]
-        [::std::mem::offset_of!(ib_uverbs_query_qp, response) - 0usize];
-    ["Offset of field: ib_uverbs_query_qp::qp_handle"]
-        [::std::mem::offset_of!(ib_uverbs_query_qp, qp_handle) - 8usize];
-    ["Offset of field: ib_uverbs_query_qp::attr_mask"]
-        [::std::mem::offset_of!(ib_uverbs_query_qp, attr_mask) - 12usize];
+    ["Offset of field: ib_uverbs_query_qp::response"][::std::mem::offset_of!(ib_uverbs_query_qp, response) - 0usize];
+    ["Offset of field: ib_uverbs_query_qp::qp_handle"][::std::mem::offset_of!(ib_uverbs_query_qp, qp_handle) - 8usize];
+    ["Offset of field: ib_uverbs_query_qp::attr_mask"][::std::mem::offset_of!(ib_uverbs_query_qp, attr_mask) - 12usize];
     ["Offset of field: ib_uverbs_query_qp::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_query_qp, driver_data) - 16usize];
 };
@@ -2076,12 +1903,9 @@ pub struct ib_uverbs_query_qp_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_query_qp_resp"]
-        [::std::mem::size_of::<ib_uverbs_query_qp_resp>() - 128usize];
-    ["Alignment of ib_uverbs_query_qp_resp"]
-        [::std::mem::align_of::<ib_uverbs_query_qp_resp>() - 8usize];
-    ["Offset of field: ib_uverbs_query_qp_resp::dest"]
-        [::std::mem::offset_of!(ib_uverbs_query_qp_resp, dest) - 0usize];
+    ["Size of ib_uverbs_query_qp_resp"][::std::mem::size_of::<ib_uverbs_query_qp_resp>() - 128usize];
+    ["Alignment of ib_uverbs_query_qp_resp"][::std::mem::align_of::<ib_uverbs_query_qp_resp>() - 8usize];
+    ["Offset of field: ib_uverbs_query_qp_resp::dest"][::std::mem::offset_of!(ib_uverbs_query_qp_resp, dest) - 0usize];
     ["Offset of field: ib_uverbs_query_qp_resp::alt_dest"]
         [::std::mem::offset_of!(ib_uverbs_query_qp_resp, alt_dest) - 32usize];
     ["Offset of field: ib_uverbs_query_qp_resp::max_send_wr"]
@@ -2094,8 +1918,7 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_query_qp_resp, max_recv_sge) - 76usize];
     ["Offset of field: ib_uverbs_query_qp_resp::max_inline_data"]
         [::std::mem::offset_of!(ib_uverbs_query_qp_resp, max_inline_data) - 80usize];
-    ["Offset of field: ib_uverbs_query_qp_resp::qkey"]
-        [::std::mem::offset_of!(ib_uverbs_query_qp_resp, qkey) - 84usize];
+    ["Offset of field: ib_uverbs_query_qp_resp::qkey"][::std::mem::offset_of!(ib_uverbs_query_qp_resp, qkey) - 84usize];
     ["Offset of field: ib_uverbs_query_qp_resp::rq_psn"]
         [::std::mem::offset_of!(ib_uverbs_query_qp_resp, rq_psn) - 88usize];
     ["Offset of field: ib_uverbs_query_qp_resp::sq_psn"]
@@ -2178,20 +2001,15 @@ pub struct ib_uverbs_modify_qp {
 const _: () = {
     ["Size of ib_uverbs_modify_qp"][::std::mem::size_of::<ib_uverbs_modify_qp>() - 112usize];
     ["Alignment of ib_uverbs_modify_qp"][::std::mem::align_of::<ib_uverbs_modify_qp>() - 8usize];
-    ["Offset of field: ib_uverbs_modify_qp::dest"]
-        [::std::mem::offset_of!(ib_uverbs_modify_qp, dest) - 0usize];
-    ["Offset of field: ib_uverbs_modify_qp::alt_dest"]
-        [::std::mem::offset_of!(ib_uverbs_modify_qp, alt_dest) - 32usize];
+    ["Offset of field: ib_uverbs_modify_qp::dest"][::std::mem::offset_of!(ib_uverbs_modify_qp, dest) - 0usize];
+    ["Offset of field: ib_uverbs_modify_qp::alt_dest"][::std::mem::offset_of!(ib_uverbs_modify_qp, alt_dest) - 32usize];
     ["Offset of field: ib_uverbs_modify_qp::qp_handle"]
         [::std::mem::offset_of!(ib_uverbs_modify_qp, qp_handle) - 64usize];
     ["Offset of field: ib_uverbs_modify_qp::attr_mask"]
         [::std::mem::offset_of!(ib_uverbs_modify_qp, attr_mask) - 68usize];
-    ["Offset of field: ib_uverbs_modify_qp::qkey"]
-        [::std::mem::offset_of!(ib_uverbs_modify_qp, qkey) - 72usize];
-    ["Offset of field: ib_uverbs_modify_qp::rq_psn"]
-        [::std::mem::offset_of!(ib_uverbs_modify_qp, rq_psn) - 76usize];
-    ["Offset of field: ib_uverbs_modify_qp::sq_psn"]
-        [::std::mem::offset_of!(ib_uverbs_modify_qp, sq_psn) - 80usize];
+    ["Offset of field: ib_uverbs_modify_qp::qkey"][::std::mem::offset_of!(ib_uverbs_modify_qp, qkey) - 72usize];
+    ["Offset of field: ib_uverbs_modify_qp::rq_psn"][::std::mem::offset_of!(ib_uverbs_modify_qp, rq_psn) - 76usize];
+    ["Offset of field: ib_uverbs_modify_qp::sq_psn"][::std::mem::offset_of!(ib_uverbs_modify_qp, sq_psn) - 80usize];
     ["Offset of field: ib_uverbs_modify_qp::dest_qp_num"]
         [::std::mem::offset_of!(ib_uverbs_modify_qp, dest_qp_num) - 84usize];
     ["Offset of field: ib_uverbs_modify_qp::qp_access_flags"]
@@ -2200,12 +2018,10 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_modify_qp, pkey_index) - 92usize];
     ["Offset of field: ib_uverbs_modify_qp::alt_pkey_index"]
         [::std::mem::offset_of!(ib_uverbs_modify_qp, alt_pkey_index) - 94usize];
-    ["Offset of field: ib_uverbs_modify_qp::qp_state"]
-        [::std::mem::offset_of!(ib_uverbs_modify_qp, qp_state) - 96usize];
+    ["Offset of field: ib_uverbs_modify_qp::qp_state"][::std::mem::offset_of!(ib_uverbs_modify_qp, qp_state) - 96usize];
     ["Offset of field: ib_uverbs_modify_qp::cur_qp_state"]
         [::std::mem::offset_of!(ib_uverbs_modify_qp, cur_qp_state) - 97usize];
-    ["Offset of field: ib_uverbs_modify_qp::path_mtu"]
-        [::std::mem::offset_of!(ib_uverbs_modify_qp, path_mtu) - 98usize];
+    ["Offset of field: ib_uverbs_modify_qp::path_mtu"][::std::mem::offset_of!(ib_uverbs_modify_qp, path_mtu) - 98usize];
     ["Offset of field: ib_uverbs_modify_qp::path_mig_state"]
         [::std::mem::offset_of!(ib_uverbs_modify_qp, path_mig_state) - 99usize];
     ["Offset of field: ib_uverbs_modify_qp::en_sqd_async_notify"]
@@ -2218,8 +2034,7 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_modify_qp, min_rnr_timer) - 103usize];
     ["Offset of field: ib_uverbs_modify_qp::port_num"]
         [::std::mem::offset_of!(ib_uverbs_modify_qp, port_num) - 104usize];
-    ["Offset of field: ib_uverbs_modify_qp::timeout"]
-        [::std::mem::offset_of!(ib_uverbs_modify_qp, timeout) - 105usize];
+    ["Offset of field: ib_uverbs_modify_qp::timeout"][::std::mem::offset_of!(ib_uverbs_modify_qp, timeout) - 105usize];
     ["Offset of field: ib_uverbs_modify_qp::retry_cnt"]
         [::std::mem::offset_of!(ib_uverbs_modify_qp, retry_cnt) - 106usize];
     ["Offset of field: ib_uverbs_modify_qp::rnr_retry"]
@@ -2243,10 +2058,8 @@ pub struct ib_uverbs_ex_modify_qp {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_ex_modify_qp"][::std::mem::size_of::<ib_uverbs_ex_modify_qp>() - 120usize];
-    ["Alignment of ib_uverbs_ex_modify_qp"]
-        [::std::mem::align_of::<ib_uverbs_ex_modify_qp>() - 8usize];
-    ["Offset of field: ib_uverbs_ex_modify_qp::base"]
-        [::std::mem::offset_of!(ib_uverbs_ex_modify_qp, base) - 0usize];
+    ["Alignment of ib_uverbs_ex_modify_qp"][::std::mem::align_of::<ib_uverbs_ex_modify_qp>() - 8usize];
+    ["Offset of field: ib_uverbs_ex_modify_qp::base"][::std::mem::offset_of!(ib_uverbs_ex_modify_qp, base) - 0usize];
     ["Offset of field: ib_uverbs_ex_modify_qp::rate_limit"]
         [::std::mem::offset_of!(ib_uverbs_ex_modify_qp, rate_limit) - 112usize];
     ["Offset of field: ib_uverbs_ex_modify_qp::reserved"]
@@ -2260,10 +2073,8 @@ pub struct ib_uverbs_ex_modify_qp_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_ex_modify_qp_resp"]
-        [::std::mem::size_of::<ib_uverbs_ex_modify_qp_resp>() - 8usize];
-    ["Alignment of ib_uverbs_ex_modify_qp_resp"]
-        [::std::mem::align_of::<ib_uverbs_ex_modify_qp_resp>() - 4usize];
+    ["Size of ib_uverbs_ex_modify_qp_resp"][::std::mem::size_of::<ib_uverbs_ex_modify_qp_resp>() - 8usize];
+    ["Alignment of ib_uverbs_ex_modify_qp_resp"][::std::mem::align_of::<ib_uverbs_ex_modify_qp_resp>() - 4usize];
     ["Offset of field: ib_uverbs_ex_modify_qp_resp::comp_mask"]
         [::std::mem::offset_of!(ib_uverbs_ex_modify_qp_resp, comp_mask) - 0usize];
     ["Offset of field: ib_uverbs_ex_modify_qp_resp::response_length"]
@@ -2294,10 +2105,8 @@ pub struct ib_uverbs_destroy_qp_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_destroy_qp_resp"]
-        [::std::mem::size_of::<ib_uverbs_destroy_qp_resp>() - 4usize];
-    ["Alignment of ib_uverbs_destroy_qp_resp"]
-        [::std::mem::align_of::<ib_uverbs_destroy_qp_resp>() - 4usize];
+    ["Size of ib_uverbs_destroy_qp_resp"][::std::mem::size_of::<ib_uverbs_destroy_qp_resp>() - 4usize];
+    ["Alignment of ib_uverbs_destroy_qp_resp"][::std::mem::align_of::<ib_uverbs_destroy_qp_resp>() - 4usize];
     ["Offset of field: ib_uverbs_destroy_qp_resp::events_reported"]
         [::std::mem::offset_of!(ib_uverbs_destroy_qp_resp, events_reported) - 0usize];
 };
@@ -2313,8 +2122,7 @@ const _: () = {
     ["Size of ib_uverbs_sge"][::std::mem::size_of::<ib_uverbs_sge>() - 16usize];
     ["Alignment of ib_uverbs_sge"][::std::mem::align_of::<ib_uverbs_sge>() - 8usize];
     ["Offset of field: ib_uverbs_sge::addr"][::std::mem::offset_of!(ib_uverbs_sge, addr) - 0usize];
-    ["Offset of field: ib_uverbs_sge::length"]
-        [::std::mem::offset_of!(ib_uverbs_sge, length) - 8usize];
+    ["Offset of field: ib_uverbs_sge::length"][::std::mem::offset_of!(ib_uverbs_sge, length) - 8usize];
     ["Offset of field: ib_uverbs_sge::lkey"][::std::mem::offset_of!(ib_uverbs_sge, lkey) - 12usize];
 };
 impl ib_uverbs_wr_opcode {
@@ -2331,8 +2139,7 @@ impl ib_uverbs_wr_opcode {
     pub const IB_UVERBS_WR_TSO: ib_uverbs_wr_opcode = ib_uverbs_wr_opcode(10);
     pub const IB_UVERBS_WR_RDMA_READ_WITH_INV: ib_uverbs_wr_opcode = ib_uverbs_wr_opcode(11);
     pub const IB_UVERBS_WR_MASKED_ATOMIC_CMP_AND_SWP: ib_uverbs_wr_opcode = ib_uverbs_wr_opcode(12);
-    pub const IB_UVERBS_WR_MASKED_ATOMIC_FETCH_AND_ADD: ib_uverbs_wr_opcode =
-        ib_uverbs_wr_opcode(13);
+    pub const IB_UVERBS_WR_MASKED_ATOMIC_FETCH_AND_ADD: ib_uverbs_wr_opcode = ib_uverbs_wr_opcode(13);
 }
 #[repr(transparent)]
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
@@ -2355,8 +2162,7 @@ pub union ib_uverbs_send_wr__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_send_wr__bindgen_ty_1"]
-        [::std::mem::size_of::<ib_uverbs_send_wr__bindgen_ty_1>() - 4usize];
+    ["Size of ib_uverbs_send_wr__bindgen_ty_1"][::std::mem::size_of::<ib_uverbs_send_wr__bindgen_ty_1>() - 4usize];
     ["Alignment of ib_uverbs_send_wr__bindgen_ty_1"]
         [::std::mem::align_of::<ib_uverbs_send_wr__bindgen_ty_1>() - 4usize];
     ["Offset of field: ib_uverbs_send_wr__bindgen_ty_1::imm_data"]
@@ -2393,10 +2199,8 @@ const _: () = {
         [::std::mem::size_of::<ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_1>() - 16usize];
     ["Alignment of ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_1"]
         [::std::mem::align_of::<ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_1>() - 8usize];
-    ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_1::remote_addr"][::std::mem::offset_of!(
-        ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_1,
-        remote_addr
-    ) - 0usize];
+    ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_1::remote_addr"]
+        [::std::mem::offset_of!(ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_1, remote_addr) - 0usize];
     ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_1::rkey"]
         [::std::mem::offset_of!(ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_1, rkey) - 8usize];
     ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_1::reserved"]
@@ -2417,14 +2221,10 @@ const _: () = {
         [::std::mem::size_of::<ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2>() - 32usize];
     ["Alignment of ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2"]
         [::std::mem::align_of::<ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2>() - 8usize];
-    ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2::remote_addr"][::std::mem::offset_of!(
-        ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2,
-        remote_addr
-    ) - 0usize];
-    ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2::compare_add"][::std::mem::offset_of!(
-        ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2,
-        compare_add
-    ) - 8usize];
+    ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2::remote_addr"]
+        [::std::mem::offset_of!(ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2, remote_addr) - 0usize];
+    ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2::compare_add"]
+        [::std::mem::offset_of!(ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2, compare_add) - 8usize];
     ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2::swap"]
         [::std::mem::offset_of!(ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2, swap) - 16usize];
     ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_2::rkey"]
@@ -2448,21 +2248,16 @@ const _: () = {
         [::std::mem::align_of::<ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3>() - 4usize];
     ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3::ah"]
         [::std::mem::offset_of!(ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3, ah) - 0usize];
-    ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3::remote_qpn"][::std::mem::offset_of!(
-        ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3,
-        remote_qpn
-    ) - 4usize];
-    ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3::remote_qkey"][::std::mem::offset_of!(
-        ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3,
-        remote_qkey
-    ) - 8usize];
+    ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3::remote_qpn"]
+        [::std::mem::offset_of!(ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3, remote_qpn) - 4usize];
+    ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3::remote_qkey"]
+        [::std::mem::offset_of!(ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3, remote_qkey) - 8usize];
     ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3::reserved"]
         [::std::mem::offset_of!(ib_uverbs_send_wr__bindgen_ty_2__bindgen_ty_3, reserved) - 12usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_send_wr__bindgen_ty_2"]
-        [::std::mem::size_of::<ib_uverbs_send_wr__bindgen_ty_2>() - 32usize];
+    ["Size of ib_uverbs_send_wr__bindgen_ty_2"][::std::mem::size_of::<ib_uverbs_send_wr__bindgen_ty_2>() - 32usize];
     ["Alignment of ib_uverbs_send_wr__bindgen_ty_2"]
         [::std::mem::align_of::<ib_uverbs_send_wr__bindgen_ty_2>() - 8usize];
     ["Offset of field: ib_uverbs_send_wr__bindgen_ty_2::rdma"]
@@ -2485,18 +2280,12 @@ impl Default for ib_uverbs_send_wr__bindgen_ty_2 {
 const _: () = {
     ["Size of ib_uverbs_send_wr"][::std::mem::size_of::<ib_uverbs_send_wr>() - 56usize];
     ["Alignment of ib_uverbs_send_wr"][::std::mem::align_of::<ib_uverbs_send_wr>() - 8usize];
-    ["Offset of field: ib_uverbs_send_wr::wr_id"]
-        [::std::mem::offset_of!(ib_uverbs_send_wr, wr_id) - 0usize];
-    ["Offset of field: ib_uverbs_send_wr::num_sge"]
-        [::std::mem::offset_of!(ib_uverbs_send_wr, num_sge) - 8usize];
-    ["Offset of field: ib_uverbs_send_wr::opcode"]
-        [::std::mem::offset_of!(ib_uverbs_send_wr, opcode) - 12usize];
-    ["Offset of field: ib_uverbs_send_wr::send_flags"]
-        [::std::mem::offset_of!(ib_uverbs_send_wr, send_flags) - 16usize];
-    ["Offset of field: ib_uverbs_send_wr::ex"]
-        [::std::mem::offset_of!(ib_uverbs_send_wr, ex) - 20usize];
-    ["Offset of field: ib_uverbs_send_wr::wr"]
-        [::std::mem::offset_of!(ib_uverbs_send_wr, wr) - 24usize];
+    ["Offset of field: ib_uverbs_send_wr::wr_id"][::std::mem::offset_of!(ib_uverbs_send_wr, wr_id) - 0usize];
+    ["Offset of field: ib_uverbs_send_wr::num_sge"][::std::mem::offset_of!(ib_uverbs_send_wr, num_sge) - 8usize];
+    ["Offset of field: ib_uverbs_send_wr::opcode"][::std::mem::offset_of!(ib_uverbs_send_wr, opcode) - 12usize];
+    ["Offset of field: ib_uverbs_send_wr::send_flags"][::std::mem::offset_of!(ib_uverbs_send_wr, send_flags) - 16usize];
+    ["Offset of field: ib_uverbs_send_wr::ex"][::std::mem::offset_of!(ib_uverbs_send_wr, ex) - 20usize];
+    ["Offset of field: ib_uverbs_send_wr::wr"][::std::mem::offset_of!(ib_uverbs_send_wr, wr) - 24usize];
 };
 impl Default for ib_uverbs_send_wr {
     fn default() -> Self {
@@ -2520,18 +2309,14 @@ pub struct ib_uverbs_post_send {
 const _: () = {
     ["Size of ib_uverbs_post_send"][::std::mem::size_of::<ib_uverbs_post_send>() - 24usize];
     ["Alignment of ib_uverbs_post_send"][::std::mem::align_of::<ib_uverbs_post_send>() - 8usize];
-    ["Offset of field: ib_uverbs_post_send::response"]
-        [::std::mem::offset_of!(ib_uverbs_post_send, response) - 0usize];
+    ["Offset of field: ib_uverbs_post_send::response"][::std::mem::offset_of!(ib_uverbs_post_send, response) - 0usize];
     ["Offset of field: ib_uverbs_post_send::qp_handle"]
         [::std::mem::offset_of!(ib_uverbs_post_send, qp_handle) - 8usize];
-    ["Offset of field: ib_uverbs_post_send::wr_count"]
-        [::std::mem::offset_of!(ib_uverbs_post_send, wr_count) - 12usize];
+    ["Offset of field: ib_uverbs_post_send::wr_count"][::std::mem::offset_of!(ib_uverbs_post_send, wr_count) - 12usize];
     ["Offset of field: ib_uverbs_post_send::sge_count"]
         [::std::mem::offset_of!(ib_uverbs_post_send, sge_count) - 16usize];
-    ["Offset of field: ib_uverbs_post_send::wqe_size"]
-        [::std::mem::offset_of!(ib_uverbs_post_send, wqe_size) - 20usize];
-    ["Offset of field: ib_uverbs_post_send::send_wr"]
-        [::std::mem::offset_of!(ib_uverbs_post_send, send_wr) - 24usize];
+    ["Offset of field: ib_uverbs_post_send::wqe_size"][::std::mem::offset_of!(ib_uverbs_post_send, wqe_size) - 20usize];
+    ["Offset of field: ib_uverbs_post_send::send_wr"][::std::mem::offset_of!(ib_uverbs_post_send, send_wr) - 24usize];
 };
 impl Default for ib_uverbs_post_send {
     fn default() -> Self {
@@ -2549,10 +2334,8 @@ pub struct ib_uverbs_post_send_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_post_send_resp"]
-        [::std::mem::size_of::<ib_uverbs_post_send_resp>() - 4usize];
-    ["Alignment of ib_uverbs_post_send_resp"]
-        [::std::mem::align_of::<ib_uverbs_post_send_resp>() - 4usize];
+    ["Size of ib_uverbs_post_send_resp"][::std::mem::size_of::<ib_uverbs_post_send_resp>() - 4usize];
+    ["Alignment of ib_uverbs_post_send_resp"][::std::mem::align_of::<ib_uverbs_post_send_resp>() - 4usize];
     ["Offset of field: ib_uverbs_post_send_resp::bad_wr"]
         [::std::mem::offset_of!(ib_uverbs_post_send_resp, bad_wr) - 0usize];
 };
@@ -2567,12 +2350,9 @@ pub struct ib_uverbs_recv_wr {
 const _: () = {
     ["Size of ib_uverbs_recv_wr"][::std::mem::size_of::<ib_uverbs_recv_wr>() - 16usize];
     ["Alignment of ib_uverbs_recv_wr"][::std::mem::align_of::<ib_uverbs_recv_wr>() - 8usize];
-    ["Offset of field: ib_uverbs_recv_wr::wr_id"]
-        [::std::mem::offset_of!(ib_uverbs_recv_wr, wr_id) - 0usize];
-    ["Offset of field: ib_uverbs_recv_wr::num_sge"]
-        [::std::mem::offset_of!(ib_uverbs_recv_wr, num_sge) - 8usize];
-    ["Offset of field: ib_uverbs_recv_wr::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_recv_wr, reserved) - 12usize];
+    ["Offset of field: ib_uverbs_recv_wr::wr_id"][::std::mem::offset_of!(ib_uverbs_recv_wr, wr_id) - 0usize];
+    ["Offset of field: ib_uverbs_recv_wr::num_sge"][::std::mem::offset_of!(ib_uverbs_recv_wr, num_sge) - 8usize];
+    ["Offset of field: ib_uverbs_recv_wr::reserved"][::std::mem::offset_of!(ib_uverbs_recv_wr, reserved) - 12usize];
 };
 #[repr(C)]
 #[derive(Default)]
@@ -2588,18 +2368,14 @@ pub struct ib_uverbs_post_recv {
 const _: () = {
     ["Size of ib_uverbs_post_recv"][::std::mem::size_of::<ib_uverbs_post_recv>() - 24usize];
     ["Alignment of ib_uverbs_post_recv"][::std::mem::align_of::<ib_uverbs_post_recv>() - 8usize];
-    ["Offset of field: ib_uverbs_post_recv::response"]
-        [::std::mem::offset_of!(ib_uverbs_post_recv, response) - 0usize];
+    ["Offset of field: ib_uverbs_post_recv::response"][::std::mem::offset_of!(ib_uverbs_post_recv, response) - 0usize];
     ["Offset of field: ib_uverbs_post_recv::qp_handle"]
         [::std::mem::offset_of!(ib_uverbs_post_recv, qp_handle) - 8usize];
-    ["Offset of field: ib_uverbs_post_recv::wr_count"]
-        [::std::mem::offset_of!(ib_uverbs_post_recv, wr_count) - 12usize];
+    ["Offset of field: ib_uverbs_post_recv::wr_count"][::std::mem::offset_of!(ib_uverbs_post_recv, wr_count) - 12usize];
     ["Offset of field: ib_uverbs_post_recv::sge_count"]
         [::std::mem::offset_of!(ib_uverbs_post_recv, sge_count) - 16usize];
-    ["Offset of field: ib_uverbs_post_recv::wqe_size"]
-        [::std::mem::offset_of!(ib_uverbs_post_recv, wqe_size) - 20usize];
-    ["Offset of field: ib_uverbs_post_recv::recv_wr"]
-        [::std::mem::offset_of!(ib_uverbs_post_recv, recv_wr) - 24usize];
+    ["Offset of field: ib_uverbs_post_recv::wqe_size"][::std::mem::offset_of!(ib_uverbs_post_recv, wqe_size) - 20usize];
+    ["Offset of field: ib_uverbs_post_recv::recv_wr"][::std::mem::offset_of!(ib_uverbs_post_recv, recv_wr) - 24usize];
 };
 #[repr(C)]
 #[derive(Default, Copy, Clone)]
@@ -2608,10 +2384,8 @@ pub struct ib_uverbs_post_recv_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_post_recv_resp"]
-        [::std::mem::size_of::<ib_uverbs_post_recv_resp>() - 4usize];
-    ["Alignment of ib_uverbs_post_recv_resp"]
-        [::std::mem::align_of::<ib_uverbs_post_recv_resp>() - 4usize];
+    ["Size of ib_uverbs_post_recv_resp"][::std::mem::size_of::<ib_uverbs_post_recv_resp>() - 4usize];
+    ["Alignment of ib_uverbs_post_recv_resp"][::std::mem::align_of::<ib_uverbs_post_recv_resp>() - 4usize];
     ["Offset of field: ib_uverbs_post_recv_resp::bad_wr"]
         [::std::mem::offset_of!(ib_uverbs_post_recv_resp, bad_wr) - 0usize];
 };
@@ -2628,8 +2402,7 @@ pub struct ib_uverbs_post_srq_recv {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_post_srq_recv"][::std::mem::size_of::<ib_uverbs_post_srq_recv>() - 24usize];
-    ["Alignment of ib_uverbs_post_srq_recv"]
-        [::std::mem::align_of::<ib_uverbs_post_srq_recv>() - 8usize];
+    ["Alignment of ib_uverbs_post_srq_recv"][::std::mem::align_of::<ib_uverbs_post_srq_recv>() - 8usize];
     ["Offset of field: ib_uverbs_post_srq_recv::response"]
         [::std::mem::offset_of!(ib_uverbs_post_srq_recv, response) - 0usize];
     ["Offset of field: ib_uverbs_post_srq_recv::srq_handle"]
@@ -2640,8 +2413,7 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_post_srq_recv, sge_count) - 16usize];
     ["Offset of field: ib_uverbs_post_srq_recv::wqe_size"]
         [::std::mem::offset_of!(ib_uverbs_post_srq_recv, wqe_size) - 20usize];
-    ["Offset of field: ib_uverbs_post_srq_recv::recv"]
-        [::std::mem::offset_of!(ib_uverbs_post_srq_recv, recv) - 24usize];
+    ["Offset of field: ib_uverbs_post_srq_recv::recv"][::std::mem::offset_of!(ib_uverbs_post_srq_recv, recv) - 24usize];
 };
 #[repr(C)]
 #[derive(Default, Copy, Clone)]
@@ -2650,10 +2422,8 @@ pub struct ib_uverbs_post_srq_recv_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_post_srq_recv_resp"]
-        [::std::mem::size_of::<ib_uverbs_post_srq_recv_resp>() - 4usize];
-    ["Alignment of ib_uverbs_post_srq_recv_resp"]
-        [::std::mem::align_of::<ib_uverbs_post_srq_recv_resp>() - 4usize];
+    ["Size of ib_uverbs_post_srq_recv_resp"][::std::mem::size_of::<ib_uverbs_post_srq_recv_resp>() - 4usize];
+    ["Alignment of ib_uverbs_post_srq_recv_resp"][::std::mem::align_of::<ib_uverbs_post_srq_recv_resp>() - 4usize];
     ["Offset of field: ib_uverbs_post_srq_recv_resp::bad_wr"]
         [::std::mem::offset_of!(ib_uverbs_post_srq_recv_resp, bad_wr) - 0usize];
 };
@@ -2671,16 +2441,13 @@ pub struct ib_uverbs_create_ah {
 const _: () = {
     ["Size of ib_uverbs_create_ah"][::std::mem::size_of::<ib_uverbs_create_ah>() - 56usize];
     ["Alignment of ib_uverbs_create_ah"][::std::mem::align_of::<ib_uverbs_create_ah>() - 8usize];
-    ["Offset of field: ib_uverbs_create_ah::response"]
-        [::std::mem::offset_of!(ib_uverbs_create_ah, response) - 0usize];
+    ["Offset of field: ib_uverbs_create_ah::response"][::std::mem::offset_of!(ib_uverbs_create_ah, response) - 0usize];
     ["Offset of field: ib_uverbs_create_ah::user_handle"]
         [::std::mem::offset_of!(ib_uverbs_create_ah, user_handle) - 8usize];
     ["Offset of field: ib_uverbs_create_ah::pd_handle"]
         [::std::mem::offset_of!(ib_uverbs_create_ah, pd_handle) - 16usize];
-    ["Offset of field: ib_uverbs_create_ah::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_create_ah, reserved) - 20usize];
-    ["Offset of field: ib_uverbs_create_ah::attr"]
-        [::std::mem::offset_of!(ib_uverbs_create_ah, attr) - 24usize];
+    ["Offset of field: ib_uverbs_create_ah::reserved"][::std::mem::offset_of!(ib_uverbs_create_ah, reserved) - 20usize];
+    ["Offset of field: ib_uverbs_create_ah::attr"][::std::mem::offset_of!(ib_uverbs_create_ah, attr) - 24usize];
     ["Offset of field: ib_uverbs_create_ah::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_create_ah, driver_data) - 56usize];
 };
@@ -2692,10 +2459,8 @@ pub struct ib_uverbs_create_ah_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_create_ah_resp"]
-        [::std::mem::size_of::<ib_uverbs_create_ah_resp>() - 4usize];
-    ["Alignment of ib_uverbs_create_ah_resp"]
-        [::std::mem::align_of::<ib_uverbs_create_ah_resp>() - 4usize];
+    ["Size of ib_uverbs_create_ah_resp"][::std::mem::size_of::<ib_uverbs_create_ah_resp>() - 4usize];
+    ["Alignment of ib_uverbs_create_ah_resp"][::std::mem::align_of::<ib_uverbs_create_ah_resp>() - 4usize];
     ["Offset of field: ib_uverbs_create_ah_resp::ah_handle"]
         [::std::mem::offset_of!(ib_uverbs_create_ah_resp, ah_handle) - 0usize];
     ["Offset of field: ib_uverbs_create_ah_resp::driver_data"]
@@ -2725,14 +2490,11 @@ pub struct ib_uverbs_attach_mcast {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_attach_mcast"][::std::mem::size_of::<ib_uverbs_attach_mcast>() - 24usize];
-    ["Alignment of ib_uverbs_attach_mcast"]
-        [::std::mem::align_of::<ib_uverbs_attach_mcast>() - 8usize];
-    ["Offset of field: ib_uverbs_attach_mcast::gid"]
-        [::std::mem::offset_of!(ib_uverbs_attach_mcast, gid) - 0usize];
+    ["Alignment of ib_uverbs_attach_mcast"][::std::mem::align_of::<ib_uverbs_attach_mcast>() - 8usize];
+    ["Offset of field: ib_uverbs_attach_mcast::gid"][::std::mem::offset_of!(ib_uverbs_attach_mcast, gid) - 0usize];
     ["Offset of field: ib_uverbs_attach_mcast::qp_handle"]
         [::std::mem::offset_of!(ib_uverbs_attach_mcast, qp_handle) - 16usize];
-    ["Offset of field: ib_uverbs_attach_mcast::mlid"]
-        [::std::mem::offset_of!(ib_uverbs_attach_mcast, mlid) - 20usize];
+    ["Offset of field: ib_uverbs_attach_mcast::mlid"][::std::mem::offset_of!(ib_uverbs_attach_mcast, mlid) - 20usize];
     ["Offset of field: ib_uverbs_attach_mcast::reserved"]
         [::std::mem::offset_of!(ib_uverbs_attach_mcast, reserved) - 22usize];
     ["Offset of field: ib_uverbs_attach_mcast::driver_data"]
@@ -2750,14 +2512,11 @@ pub struct ib_uverbs_detach_mcast {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_detach_mcast"][::std::mem::size_of::<ib_uverbs_detach_mcast>() - 24usize];
-    ["Alignment of ib_uverbs_detach_mcast"]
-        [::std::mem::align_of::<ib_uverbs_detach_mcast>() - 8usize];
-    ["Offset of field: ib_uverbs_detach_mcast::gid"]
-        [::std::mem::offset_of!(ib_uverbs_detach_mcast, gid) - 0usize];
+    ["Alignment of ib_uverbs_detach_mcast"][::std::mem::align_of::<ib_uverbs_detach_mcast>() - 8usize];
+    ["Offset of field: ib_uverbs_detach_mcast::gid"][::std::mem::offset_of!(ib_uverbs_detach_mcast, gid) - 0usize];
     ["Offset of field: ib_uverbs_detach_mcast::qp_handle"]
         [::std::mem::offset_of!(ib_uverbs_detach_mcast, qp_handle) - 16usize];
-    ["Offset of field: ib_uverbs_detach_mcast::mlid"]
-        [::std::mem::offset_of!(ib_uverbs_detach_mcast, mlid) - 20usize];
+    ["Offset of field: ib_uverbs_detach_mcast::mlid"][::std::mem::offset_of!(ib_uverbs_detach_mcast, mlid) - 20usize];
     ["Offset of field: ib_uverbs_detach_mcast::reserved"]
         [::std::mem::offset_of!(ib_uverbs_detach_mcast, reserved) - 22usize];
     ["Offset of field: ib_uverbs_detach_mcast::driver_data"]
@@ -2774,12 +2533,10 @@ pub struct ib_uverbs_flow_spec_hdr {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_flow_spec_hdr"][::std::mem::size_of::<ib_uverbs_flow_spec_hdr>() - 8usize];
-    ["Alignment of ib_uverbs_flow_spec_hdr"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_hdr>() - 8usize];
+    ["Alignment of ib_uverbs_flow_spec_hdr"][::std::mem::align_of::<ib_uverbs_flow_spec_hdr>() - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_hdr::type_"]
         [::std::mem::offset_of!(ib_uverbs_flow_spec_hdr, type_) - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_hdr::size"]
-        [::std::mem::offset_of!(ib_uverbs_flow_spec_hdr, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_hdr::size"][::std::mem::offset_of!(ib_uverbs_flow_spec_hdr, size) - 4usize];
     ["Offset of field: ib_uverbs_flow_spec_hdr::reserved"]
         [::std::mem::offset_of!(ib_uverbs_flow_spec_hdr, reserved) - 6usize];
     ["Offset of field: ib_uverbs_flow_spec_hdr::flow_spec_data"]
@@ -2795,10 +2552,8 @@ pub struct ib_uverbs_flow_eth_filter {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_eth_filter"]
-        [::std::mem::size_of::<ib_uverbs_flow_eth_filter>() - 16usize];
-    ["Alignment of ib_uverbs_flow_eth_filter"]
-        [::std::mem::align_of::<ib_uverbs_flow_eth_filter>() - 2usize];
+    ["Size of ib_uverbs_flow_eth_filter"][::std::mem::size_of::<ib_uverbs_flow_eth_filter>() - 16usize];
+    ["Alignment of ib_uverbs_flow_eth_filter"][::std::mem::align_of::<ib_uverbs_flow_eth_filter>() - 2usize];
     ["Offset of field: ib_uverbs_flow_eth_filter::dst_mac"]
         [::std::mem::offset_of!(ib_uverbs_flow_eth_filter, dst_mac) - 0usize];
     ["Offset of field: ib_uverbs_flow_eth_filter::src_mac"]
@@ -2833,18 +2588,12 @@ const _: () = {
         [::std::mem::size_of::<ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1"]
         [::std::mem::align_of::<ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1>() - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1,
-        type_
-    ) - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1,
-        size
-    ) - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    ) - 6usize];
+    ["Offset of field: ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_eth__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -2867,12 +2616,9 @@ impl Default for ib_uverbs_flow_spec_eth__bindgen_ty_1 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_flow_spec_eth"][::std::mem::size_of::<ib_uverbs_flow_spec_eth>() - 40usize];
-    ["Alignment of ib_uverbs_flow_spec_eth"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_eth>() - 8usize];
-    ["Offset of field: ib_uverbs_flow_spec_eth::val"]
-        [::std::mem::offset_of!(ib_uverbs_flow_spec_eth, val) - 8usize];
-    ["Offset of field: ib_uverbs_flow_spec_eth::mask"]
-        [::std::mem::offset_of!(ib_uverbs_flow_spec_eth, mask) - 24usize];
+    ["Alignment of ib_uverbs_flow_spec_eth"][::std::mem::align_of::<ib_uverbs_flow_spec_eth>() - 8usize];
+    ["Offset of field: ib_uverbs_flow_spec_eth::val"][::std::mem::offset_of!(ib_uverbs_flow_spec_eth, val) - 8usize];
+    ["Offset of field: ib_uverbs_flow_spec_eth::mask"][::std::mem::offset_of!(ib_uverbs_flow_spec_eth, mask) - 24usize];
 };
 impl Default for ib_uverbs_flow_spec_eth {
     fn default() -> Self {
@@ -2895,10 +2641,8 @@ pub struct ib_uverbs_flow_ipv4_filter {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_ipv4_filter"]
-        [::std::mem::size_of::<ib_uverbs_flow_ipv4_filter>() - 12usize];
-    ["Alignment of ib_uverbs_flow_ipv4_filter"]
-        [::std::mem::align_of::<ib_uverbs_flow_ipv4_filter>() - 4usize];
+    ["Size of ib_uverbs_flow_ipv4_filter"][::std::mem::size_of::<ib_uverbs_flow_ipv4_filter>() - 12usize];
+    ["Alignment of ib_uverbs_flow_ipv4_filter"][::std::mem::align_of::<ib_uverbs_flow_ipv4_filter>() - 4usize];
     ["Offset of field: ib_uverbs_flow_ipv4_filter::src_ip"]
         [::std::mem::offset_of!(ib_uverbs_flow_ipv4_filter, src_ip) - 0usize];
     ["Offset of field: ib_uverbs_flow_ipv4_filter::dst_ip"]
@@ -2937,18 +2681,12 @@ const _: () = {
         [::std::mem::size_of::<ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1"]
         [::std::mem::align_of::<ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1>() - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1,
-        type_
-    ) - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1,
-        size
-    ) - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    ) - 6usize];
+    ["Offset of field: ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_ipv4__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -2970,12 +2708,9 @@ impl Default for ib_uverbs_flow_spec_ipv4__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_ipv4"]
-        [::std::mem::size_of::<ib_uverbs_flow_spec_ipv4>() - 32usize];
-    ["Alignment of ib_uverbs_flow_spec_ipv4"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_ipv4>() - 8usize];
-    ["Offset of field: ib_uverbs_flow_spec_ipv4::val"]
-        [::std::mem::offset_of!(ib_uverbs_flow_spec_ipv4, val) - 8usize];
+    ["Size of ib_uverbs_flow_spec_ipv4"][::std::mem::size_of::<ib_uverbs_flow_spec_ipv4>() - 32usize];
+    ["Alignment of ib_uverbs_flow_spec_ipv4"][::std::mem::align_of::<ib_uverbs_flow_spec_ipv4>() - 8usize];
+    ["Offset of field: ib_uverbs_flow_spec_ipv4::val"][::std::mem::offset_of!(ib_uverbs_flow_spec_ipv4, val) - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_ipv4::mask"]
         [::std::mem::offset_of!(ib_uverbs_flow_spec_ipv4, mask) - 20usize];
 };
@@ -2996,10 +2731,8 @@ pub struct ib_uverbs_flow_tcp_udp_filter {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_tcp_udp_filter"]
-        [::std::mem::size_of::<ib_uverbs_flow_tcp_udp_filter>() - 4usize];
-    ["Alignment of ib_uverbs_flow_tcp_udp_filter"]
-        [::std::mem::align_of::<ib_uverbs_flow_tcp_udp_filter>() - 2usize];
+    ["Size of ib_uverbs_flow_tcp_udp_filter"][::std::mem::size_of::<ib_uverbs_flow_tcp_udp_filter>() - 4usize];
+    ["Alignment of ib_uverbs_flow_tcp_udp_filter"][::std::mem::align_of::<ib_uverbs_flow_tcp_udp_filter>() - 2usize];
     ["Offset of field: ib_uverbs_flow_tcp_udp_filter::dst_port"]
         [::std::mem::offset_of!(ib_uverbs_flow_tcp_udp_filter, dst_port) - 0usize];
     ["Offset of field: ib_uverbs_flow_tcp_udp_filter::src_port"]
@@ -3014,8 +2747,7 @@ pub struct ib_uverbs_flow_spec_tcp_udp {
 #[repr(C)]
 pub struct ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1 {
     pub hdr: __BindgenUnionField<ib_uverbs_flow_spec_hdr>,
-    pub __bindgen_anon_1:
-        __BindgenUnionField<ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1>,
+    pub __bindgen_anon_1: __BindgenUnionField<ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1>,
     pub bindgen_union_field: u64,
 }
 #[repr(C)]
@@ -3029,22 +2761,14 @@ pub struct ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1 {
 const _: () = {
     ["Size of ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1"]
         [::std::mem::size_of::<ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1>() - 8usize];
-    ["Alignment of ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1"][::std::mem::align_of::<
-        ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1,
-    >() - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1,
-        type_
-    ) - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1,
-        size
-    ) - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    )
-        - 6usize];
+    ["Alignment of ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1"]
+        [::std::mem::align_of::<ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1>() - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -3066,10 +2790,8 @@ impl Default for ib_uverbs_flow_spec_tcp_udp__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_tcp_udp"]
-        [::std::mem::size_of::<ib_uverbs_flow_spec_tcp_udp>() - 16usize];
-    ["Alignment of ib_uverbs_flow_spec_tcp_udp"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_tcp_udp>() - 8usize];
+    ["Size of ib_uverbs_flow_spec_tcp_udp"][::std::mem::size_of::<ib_uverbs_flow_spec_tcp_udp>() - 16usize];
+    ["Alignment of ib_uverbs_flow_spec_tcp_udp"][::std::mem::align_of::<ib_uverbs_flow_spec_tcp_udp>() - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_tcp_udp::val"]
         [::std::mem::offset_of!(ib_uverbs_flow_spec_tcp_udp, val) - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_tcp_udp::mask"]
@@ -3097,10 +2819,8 @@ pub struct ib_uverbs_flow_ipv6_filter {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_ipv6_filter"]
-        [::std::mem::size_of::<ib_uverbs_flow_ipv6_filter>() - 40usize];
-    ["Alignment of ib_uverbs_flow_ipv6_filter"]
-        [::std::mem::align_of::<ib_uverbs_flow_ipv6_filter>() - 4usize];
+    ["Size of ib_uverbs_flow_ipv6_filter"][::std::mem::size_of::<ib_uverbs_flow_ipv6_filter>() - 40usize];
+    ["Alignment of ib_uverbs_flow_ipv6_filter"][::std::mem::align_of::<ib_uverbs_flow_ipv6_filter>() - 4usize];
     ["Offset of field: ib_uverbs_flow_ipv6_filter::src_ip"]
         [::std::mem::offset_of!(ib_uverbs_flow_ipv6_filter, src_ip) - 0usize];
     ["Offset of field: ib_uverbs_flow_ipv6_filter::dst_ip"]
@@ -3141,18 +2861,12 @@ const _: () = {
         [::std::mem::size_of::<ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1"]
         [::std::mem::align_of::<ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1>() - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1,
-        type_
-    ) - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1,
-        size
-    ) - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    ) - 6usize];
+    ["Offset of field: ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_ipv6__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -3174,12 +2888,9 @@ impl Default for ib_uverbs_flow_spec_ipv6__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_ipv6"]
-        [::std::mem::size_of::<ib_uverbs_flow_spec_ipv6>() - 88usize];
-    ["Alignment of ib_uverbs_flow_spec_ipv6"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_ipv6>() - 8usize];
-    ["Offset of field: ib_uverbs_flow_spec_ipv6::val"]
-        [::std::mem::offset_of!(ib_uverbs_flow_spec_ipv6, val) - 8usize];
+    ["Size of ib_uverbs_flow_spec_ipv6"][::std::mem::size_of::<ib_uverbs_flow_spec_ipv6>() - 88usize];
+    ["Alignment of ib_uverbs_flow_spec_ipv6"][::std::mem::align_of::<ib_uverbs_flow_spec_ipv6>() - 8usize];
+    ["Offset of field: ib_uverbs_flow_spec_ipv6::val"][::std::mem::offset_of!(ib_uverbs_flow_spec_ipv6, val) - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_ipv6::mask"]
         [::std::mem::offset_of!(ib_uverbs_flow_spec_ipv6, mask) - 48usize];
 };
@@ -3201,8 +2912,7 @@ pub struct ib_uverbs_flow_spec_action_tag {
 #[repr(C)]
 pub struct ib_uverbs_flow_spec_action_tag__bindgen_ty_1 {
     pub hdr: __BindgenUnionField<ib_uverbs_flow_spec_hdr>,
-    pub __bindgen_anon_1:
-        __BindgenUnionField<ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1>,
+    pub __bindgen_anon_1: __BindgenUnionField<ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1>,
     pub bindgen_union_field: u64,
 }
 #[repr(C)]
@@ -3214,27 +2924,16 @@ pub struct ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1"][::std::mem::size_of::<
-        ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1,
-    >() - 8usize];
-    ["Alignment of ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1"][::std::mem::align_of::<
-        ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1,
-    >() - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1,
-        type_
-    )
-        - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1,
-        size
-    )
-        - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    )
-        - 6usize];
+    ["Size of ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1"]
+        [::std::mem::size_of::<ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1>() - 8usize];
+    ["Alignment of ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1"]
+        [::std::mem::align_of::<ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1>() - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_tag__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -3256,10 +2955,8 @@ impl Default for ib_uverbs_flow_spec_action_tag__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_action_tag"]
-        [::std::mem::size_of::<ib_uverbs_flow_spec_action_tag>() - 16usize];
-    ["Alignment of ib_uverbs_flow_spec_action_tag"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_action_tag>() - 8usize];
+    ["Size of ib_uverbs_flow_spec_action_tag"][::std::mem::size_of::<ib_uverbs_flow_spec_action_tag>() - 16usize];
+    ["Alignment of ib_uverbs_flow_spec_action_tag"][::std::mem::align_of::<ib_uverbs_flow_spec_action_tag>() - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_action_tag::tag_id"]
         [::std::mem::offset_of!(ib_uverbs_flow_spec_action_tag, tag_id) - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_action_tag::reserved1"]
@@ -3281,8 +2978,7 @@ pub struct ib_uverbs_flow_spec_action_drop {
 #[repr(C)]
 pub struct ib_uverbs_flow_spec_action_drop__bindgen_ty_1 {
     pub hdr: __BindgenUnionField<ib_uverbs_flow_spec_hdr>,
-    pub __bindgen_anon_1:
-        __BindgenUnionField<ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1>,
+    pub __bindgen_anon_1: __BindgenUnionField<ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1>,
     pub bindgen_union_field: u64,
 }
 #[repr(C)]
@@ -3294,27 +2990,16 @@ pub struct ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1"][::std::mem::size_of::<
-        ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1,
-    >() - 8usize];
+    ["Size of ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1"]
+        [::std::mem::size_of::<ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1>()
-            - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1,
-        type_
-    )
-        - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1,
-        size
-    )
-        - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    )
-        - 6usize];
+        [::std::mem::align_of::<ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1>() - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_drop__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -3336,8 +3021,7 @@ impl Default for ib_uverbs_flow_spec_action_drop__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_action_drop"]
-        [::std::mem::size_of::<ib_uverbs_flow_spec_action_drop>() - 8usize];
+    ["Size of ib_uverbs_flow_spec_action_drop"][::std::mem::size_of::<ib_uverbs_flow_spec_action_drop>() - 8usize];
     ["Alignment of ib_uverbs_flow_spec_action_drop"]
         [::std::mem::align_of::<ib_uverbs_flow_spec_action_drop>() - 8usize];
 };
@@ -3359,8 +3043,7 @@ pub struct ib_uverbs_flow_spec_action_handle {
 #[repr(C)]
 pub struct ib_uverbs_flow_spec_action_handle__bindgen_ty_1 {
     pub hdr: __BindgenUnionField<ib_uverbs_flow_spec_hdr>,
-    pub __bindgen_anon_1:
-        __BindgenUnionField<ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1>,
+    pub __bindgen_anon_1: __BindgenUnionField<ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1>,
     pub bindgen_union_field: u64,
 }
 #[repr(C)]
@@ -3372,27 +3055,16 @@ pub struct ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1"][::std::mem::size_of::<
-        ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1,
-    >() - 8usize];
+    ["Size of ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1"]
+        [::std::mem::size_of::<ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1>()
-            - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1,
-        type_
-    )
-        - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1,
-        size
-    )
-        - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    )
-        - 6usize];
+        [::std::mem::align_of::<ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1>() - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_handle__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -3414,8 +3086,7 @@ impl Default for ib_uverbs_flow_spec_action_handle__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_action_handle"]
-        [::std::mem::size_of::<ib_uverbs_flow_spec_action_handle>() - 16usize];
+    ["Size of ib_uverbs_flow_spec_action_handle"][::std::mem::size_of::<ib_uverbs_flow_spec_action_handle>() - 16usize];
     ["Alignment of ib_uverbs_flow_spec_action_handle"]
         [::std::mem::align_of::<ib_uverbs_flow_spec_action_handle>() - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_action_handle::handle"]
@@ -3441,8 +3112,7 @@ pub struct ib_uverbs_flow_spec_action_count {
 #[repr(C)]
 pub struct ib_uverbs_flow_spec_action_count__bindgen_ty_1 {
     pub hdr: __BindgenUnionField<ib_uverbs_flow_spec_hdr>,
-    pub __bindgen_anon_1:
-        __BindgenUnionField<ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1>,
+    pub __bindgen_anon_1: __BindgenUnionField<ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1>,
     pub bindgen_union_field: u64,
 }
 #[repr(C)]
@@ -3454,27 +3124,16 @@ pub struct ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1"][::std::mem::size_of::<
-        ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1,
-    >() - 8usize];
+    ["Size of ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1"]
+        [::std::mem::size_of::<ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1>()
-            - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1,
-        type_
-    )
-        - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1,
-        size
-    )
-        - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    )
-        - 6usize];
+        [::std::mem::align_of::<ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1>() - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_action_count__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -3496,8 +3155,7 @@ impl Default for ib_uverbs_flow_spec_action_count__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_action_count"]
-        [::std::mem::size_of::<ib_uverbs_flow_spec_action_count>() - 16usize];
+    ["Size of ib_uverbs_flow_spec_action_count"][::std::mem::size_of::<ib_uverbs_flow_spec_action_count>() - 16usize];
     ["Alignment of ib_uverbs_flow_spec_action_count"]
         [::std::mem::align_of::<ib_uverbs_flow_spec_action_count>() - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_action_count::handle"]
@@ -3521,10 +3179,8 @@ pub struct ib_uverbs_flow_tunnel_filter {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_tunnel_filter"]
-        [::std::mem::size_of::<ib_uverbs_flow_tunnel_filter>() - 4usize];
-    ["Alignment of ib_uverbs_flow_tunnel_filter"]
-        [::std::mem::align_of::<ib_uverbs_flow_tunnel_filter>() - 4usize];
+    ["Size of ib_uverbs_flow_tunnel_filter"][::std::mem::size_of::<ib_uverbs_flow_tunnel_filter>() - 4usize];
+    ["Alignment of ib_uverbs_flow_tunnel_filter"][::std::mem::align_of::<ib_uverbs_flow_tunnel_filter>() - 4usize];
     ["Offset of field: ib_uverbs_flow_tunnel_filter::tunnel_id"]
         [::std::mem::offset_of!(ib_uverbs_flow_tunnel_filter, tunnel_id) - 0usize];
 };
@@ -3537,8 +3193,7 @@ pub struct ib_uverbs_flow_spec_tunnel {
 #[repr(C)]
 pub struct ib_uverbs_flow_spec_tunnel__bindgen_ty_1 {
     pub hdr: __BindgenUnionField<ib_uverbs_flow_spec_hdr>,
-    pub __bindgen_anon_1:
-        __BindgenUnionField<ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1>,
+    pub __bindgen_anon_1: __BindgenUnionField<ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1>,
     pub bindgen_union_field: u64,
 }
 #[repr(C)]
@@ -3554,19 +3209,12 @@ const _: () = {
         [::std::mem::size_of::<ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1"]
         [::std::mem::align_of::<ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1>() - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1,
-        type_
-    ) - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1,
-        size
-    ) - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    )
-        - 6usize];
+    ["Offset of field: ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_tunnel__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -3588,10 +3236,8 @@ impl Default for ib_uverbs_flow_spec_tunnel__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_tunnel"]
-        [::std::mem::size_of::<ib_uverbs_flow_spec_tunnel>() - 16usize];
-    ["Alignment of ib_uverbs_flow_spec_tunnel"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_tunnel>() - 8usize];
+    ["Size of ib_uverbs_flow_spec_tunnel"][::std::mem::size_of::<ib_uverbs_flow_spec_tunnel>() - 16usize];
+    ["Alignment of ib_uverbs_flow_spec_tunnel"][::std::mem::align_of::<ib_uverbs_flow_spec_tunnel>() - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_tunnel::val"]
         [::std::mem::offset_of!(ib_uverbs_flow_spec_tunnel, val) - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_tunnel::mask"]
@@ -3614,10 +3260,8 @@ pub struct ib_uverbs_flow_spec_esp_filter {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_esp_filter"]
-        [::std::mem::size_of::<ib_uverbs_flow_spec_esp_filter>() - 8usize];
-    ["Alignment of ib_uverbs_flow_spec_esp_filter"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_esp_filter>() - 4usize];
+    ["Size of ib_uverbs_flow_spec_esp_filter"][::std::mem::size_of::<ib_uverbs_flow_spec_esp_filter>() - 8usize];
+    ["Alignment of ib_uverbs_flow_spec_esp_filter"][::std::mem::align_of::<ib_uverbs_flow_spec_esp_filter>() - 4usize];
     ["Offset of field: ib_uverbs_flow_spec_esp_filter::spi"]
         [::std::mem::offset_of!(ib_uverbs_flow_spec_esp_filter, spi) - 0usize];
     ["Offset of field: ib_uverbs_flow_spec_esp_filter::seq"]
@@ -3648,18 +3292,12 @@ const _: () = {
         [::std::mem::size_of::<ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1"]
         [::std::mem::align_of::<ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1>() - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1,
-        type_
-    ) - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1,
-        size
-    ) - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    ) - 6usize];
+    ["Offset of field: ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_esp__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -3682,12 +3320,9 @@ impl Default for ib_uverbs_flow_spec_esp__bindgen_ty_1 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_flow_spec_esp"][::std::mem::size_of::<ib_uverbs_flow_spec_esp>() - 24usize];
-    ["Alignment of ib_uverbs_flow_spec_esp"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_esp>() - 8usize];
-    ["Offset of field: ib_uverbs_flow_spec_esp::val"]
-        [::std::mem::offset_of!(ib_uverbs_flow_spec_esp, val) - 8usize];
-    ["Offset of field: ib_uverbs_flow_spec_esp::mask"]
-        [::std::mem::offset_of!(ib_uverbs_flow_spec_esp, mask) - 16usize];
+    ["Alignment of ib_uverbs_flow_spec_esp"][::std::mem::align_of::<ib_uverbs_flow_spec_esp>() - 8usize];
+    ["Offset of field: ib_uverbs_flow_spec_esp::val"][::std::mem::offset_of!(ib_uverbs_flow_spec_esp, val) - 8usize];
+    ["Offset of field: ib_uverbs_flow_spec_esp::mask"][::std::mem::offset_of!(ib_uverbs_flow_spec_esp, mask) - 16usize];
 };
 impl Default for ib_uverbs_flow_spec_esp {
     fn default() -> Self {
@@ -3707,10 +3342,8 @@ pub struct ib_uverbs_flow_gre_filter {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_gre_filter"]
-        [::std::mem::size_of::<ib_uverbs_flow_gre_filter>() - 8usize];
-    ["Alignment of ib_uverbs_flow_gre_filter"]
-        [::std::mem::align_of::<ib_uverbs_flow_gre_filter>() - 4usize];
+    ["Size of ib_uverbs_flow_gre_filter"][::std::mem::size_of::<ib_uverbs_flow_gre_filter>() - 8usize];
+    ["Alignment of ib_uverbs_flow_gre_filter"][::std::mem::align_of::<ib_uverbs_flow_gre_filter>() - 4usize];
     ["Offset of field: ib_uverbs_flow_gre_filter::c_ks_res0_ver"]
         [::std::mem::offset_of!(ib_uverbs_flow_gre_filter, c_ks_res0_ver) - 0usize];
     ["Offset of field: ib_uverbs_flow_gre_filter::protocol"]
@@ -3743,18 +3376,12 @@ const _: () = {
         [::std::mem::size_of::<ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1"]
         [::std::mem::align_of::<ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1>() - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1,
-        type_
-    ) - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1,
-        size
-    ) - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    ) - 6usize];
+    ["Offset of field: ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_gre__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -3777,12 +3404,9 @@ impl Default for ib_uverbs_flow_spec_gre__bindgen_ty_1 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_flow_spec_gre"][::std::mem::size_of::<ib_uverbs_flow_spec_gre>() - 24usize];
-    ["Alignment of ib_uverbs_flow_spec_gre"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_gre>() - 8usize];
-    ["Offset of field: ib_uverbs_flow_spec_gre::val"]
-        [::std::mem::offset_of!(ib_uverbs_flow_spec_gre, val) - 8usize];
-    ["Offset of field: ib_uverbs_flow_spec_gre::mask"]
-        [::std::mem::offset_of!(ib_uverbs_flow_spec_gre, mask) - 16usize];
+    ["Alignment of ib_uverbs_flow_spec_gre"][::std::mem::align_of::<ib_uverbs_flow_spec_gre>() - 8usize];
+    ["Offset of field: ib_uverbs_flow_spec_gre::val"][::std::mem::offset_of!(ib_uverbs_flow_spec_gre, val) - 8usize];
+    ["Offset of field: ib_uverbs_flow_spec_gre::mask"][::std::mem::offset_of!(ib_uverbs_flow_spec_gre, mask) - 16usize];
 };
 impl Default for ib_uverbs_flow_spec_gre {
     fn default() -> Self {
@@ -3800,10 +3424,8 @@ pub struct ib_uverbs_flow_mpls_filter {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_mpls_filter"]
-        [::std::mem::size_of::<ib_uverbs_flow_mpls_filter>() - 4usize];
-    ["Alignment of ib_uverbs_flow_mpls_filter"]
-        [::std::mem::align_of::<ib_uverbs_flow_mpls_filter>() - 4usize];
+    ["Size of ib_uverbs_flow_mpls_filter"][::std::mem::size_of::<ib_uverbs_flow_mpls_filter>() - 4usize];
+    ["Alignment of ib_uverbs_flow_mpls_filter"][::std::mem::align_of::<ib_uverbs_flow_mpls_filter>() - 4usize];
     ["Offset of field: ib_uverbs_flow_mpls_filter::label"]
         [::std::mem::offset_of!(ib_uverbs_flow_mpls_filter, label) - 0usize];
 };
@@ -3832,18 +3454,12 @@ const _: () = {
         [::std::mem::size_of::<ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1"]
         [::std::mem::align_of::<ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1>() - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1::type_"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1,
-        type_
-    ) - 0usize];
-    ["Offset of field: ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1::size"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1,
-        size
-    ) - 4usize];
-    ["Offset of field: ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1,
-        reserved
-    ) - 6usize];
+    ["Offset of field: ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1::type_"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1::size"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(ib_uverbs_flow_spec_mpls__bindgen_ty_1__bindgen_ty_1, reserved) - 6usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -3865,12 +3481,9 @@ impl Default for ib_uverbs_flow_spec_mpls__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_spec_mpls"]
-        [::std::mem::size_of::<ib_uverbs_flow_spec_mpls>() - 16usize];
-    ["Alignment of ib_uverbs_flow_spec_mpls"]
-        [::std::mem::align_of::<ib_uverbs_flow_spec_mpls>() - 8usize];
-    ["Offset of field: ib_uverbs_flow_spec_mpls::val"]
-        [::std::mem::offset_of!(ib_uverbs_flow_spec_mpls, val) - 8usize];
+    ["Size of ib_uverbs_flow_spec_mpls"][::std::mem::size_of::<ib_uverbs_flow_spec_mpls>() - 16usize];
+    ["Alignment of ib_uverbs_flow_spec_mpls"][::std::mem::align_of::<ib_uverbs_flow_spec_mpls>() - 8usize];
+    ["Offset of field: ib_uverbs_flow_spec_mpls::val"][::std::mem::offset_of!(ib_uverbs_flow_spec_mpls, val) - 8usize];
     ["Offset of field: ib_uverbs_flow_spec_mpls::mask"]
         [::std::mem::offset_of!(ib_uverbs_flow_spec_mpls, mask) - 12usize];
 };
@@ -3899,20 +3512,14 @@ pub struct ib_uverbs_flow_attr {
 const _: () = {
     ["Size of ib_uverbs_flow_attr"][::std::mem::size_of::<ib_uverbs_flow_attr>() - 16usize];
     ["Alignment of ib_uverbs_flow_attr"][::std::mem::align_of::<ib_uverbs_flow_attr>() - 8usize];
-    ["Offset of field: ib_uverbs_flow_attr::type_"]
-        [::std::mem::offset_of!(ib_uverbs_flow_attr, type_) - 0usize];
-    ["Offset of field: ib_uverbs_flow_attr::size"]
-        [::std::mem::offset_of!(ib_uverbs_flow_attr, size) - 4usize];
-    ["Offset of field: ib_uverbs_flow_attr::priority"]
-        [::std::mem::offset_of!(ib_uverbs_flow_attr, priority) - 6usize];
+    ["Offset of field: ib_uverbs_flow_attr::type_"][::std::mem::offset_of!(ib_uverbs_flow_attr, type_) - 0usize];
+    ["Offset of field: ib_uverbs_flow_attr::size"][::std::mem::offset_of!(ib_uverbs_flow_attr, size) - 4usize];
+    ["Offset of field: ib_uverbs_flow_attr::priority"][::std::mem::offset_of!(ib_uverbs_flow_attr, priority) - 6usize];
     ["Offset of field: ib_uverbs_flow_attr::num_of_specs"]
         [::std::mem::offset_of!(ib_uverbs_flow_attr, num_of_specs) - 8usize];
-    ["Offset of field: ib_uverbs_flow_attr::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_flow_attr, reserved) - 9usize];
-    ["Offset of field: ib_uverbs_flow_attr::port"]
-        [::std::mem::offset_of!(ib_uverbs_flow_attr, port) - 11usize];
-    ["Offset of field: ib_uverbs_flow_attr::flags"]
-        [::std::mem::offset_of!(ib_uverbs_flow_attr, flags) - 12usize];
+    ["Offset of field: ib_uverbs_flow_attr::reserved"][::std::mem::offset_of!(ib_uverbs_flow_attr, reserved) - 9usize];
+    ["Offset of field: ib_uverbs_flow_attr::port"][::std::mem::offset_of!(ib_uverbs_flow_attr, port) - 11usize];
+    ["Offset of field: ib_uverbs_flow_attr::flags"][::std::mem::offset_of!(ib_uverbs_flow_attr, flags) - 12usize];
     ["Offset of field: ib_uverbs_flow_attr::flow_specs"]
         [::std::mem::offset_of!(ib_uverbs_flow_attr, flow_specs) - 16usize];
 };
@@ -3926,8 +3533,7 @@ pub struct ib_uverbs_create_flow {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_create_flow"][::std::mem::size_of::<ib_uverbs_create_flow>() - 24usize];
-    ["Alignment of ib_uverbs_create_flow"]
-        [::std::mem::align_of::<ib_uverbs_create_flow>() - 8usize];
+    ["Alignment of ib_uverbs_create_flow"][::std::mem::align_of::<ib_uverbs_create_flow>() - 8usize];
     ["Offset of field: ib_uverbs_create_flow::comp_mask"]
         [::std::mem::offset_of!(ib_uverbs_create_flow, comp_mask) - 0usize];
     ["Offset of field: ib_uverbs_create_flow::qp_handle"]
@@ -3943,10 +3549,8 @@ pub struct ib_uverbs_create_flow_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_create_flow_resp"]
-        [::std::mem::size_of::<ib_uverbs_create_flow_resp>() - 8usize];
-    ["Alignment of ib_uverbs_create_flow_resp"]
-        [::std::mem::align_of::<ib_uverbs_create_flow_resp>() - 4usize];
+    ["Size of ib_uverbs_create_flow_resp"][::std::mem::size_of::<ib_uverbs_create_flow_resp>() - 8usize];
+    ["Alignment of ib_uverbs_create_flow_resp"][::std::mem::align_of::<ib_uverbs_create_flow_resp>() - 4usize];
     ["Offset of field: ib_uverbs_create_flow_resp::comp_mask"]
         [::std::mem::offset_of!(ib_uverbs_create_flow_resp, comp_mask) - 0usize];
     ["Offset of field: ib_uverbs_create_flow_resp::flow_handle"]
@@ -3961,8 +3565,7 @@ pub struct ib_uverbs_destroy_flow {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_destroy_flow"][::std::mem::size_of::<ib_uverbs_destroy_flow>() - 8usize];
-    ["Alignment of ib_uverbs_destroy_flow"]
-        [::std::mem::align_of::<ib_uverbs_destroy_flow>() - 4usize];
+    ["Alignment of ib_uverbs_destroy_flow"][::std::mem::align_of::<ib_uverbs_destroy_flow>() - 4usize];
     ["Offset of field: ib_uverbs_destroy_flow::comp_mask"]
         [::std::mem::offset_of!(ib_uverbs_destroy_flow, comp_mask) - 0usize];
     ["Offset of field: ib_uverbs_destroy_flow::flow_handle"]
@@ -3989,10 +3592,8 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_create_srq, user_handle) - 8usize];
     ["Offset of field: ib_uverbs_create_srq::pd_handle"]
         [::std::mem::offset_of!(ib_uverbs_create_srq, pd_handle) - 16usize];
-    ["Offset of field: ib_uverbs_create_srq::max_wr"]
-        [::std::mem::offset_of!(ib_uverbs_create_srq, max_wr) - 20usize];
-    ["Offset of field: ib_uverbs_create_srq::max_sge"]
-        [::std::mem::offset_of!(ib_uverbs_create_srq, max_sge) - 24usize];
+    ["Offset of field: ib_uverbs_create_srq::max_wr"][::std::mem::offset_of!(ib_uverbs_create_srq, max_wr) - 20usize];
+    ["Offset of field: ib_uverbs_create_srq::max_sge"][::std::mem::offset_of!(ib_uverbs_create_srq, max_sge) - 24usize];
     ["Offset of field: ib_uverbs_create_srq::srq_limit"]
         [::std::mem::offset_of!(ib_uverbs_create_srq, srq_limit) - 28usize];
     ["Offset of field: ib_uverbs_create_srq::driver_data"]
@@ -4016,8 +3617,7 @@ pub struct ib_uverbs_create_xsrq {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_create_xsrq"][::std::mem::size_of::<ib_uverbs_create_xsrq>() - 48usize];
-    ["Alignment of ib_uverbs_create_xsrq"]
-        [::std::mem::align_of::<ib_uverbs_create_xsrq>() - 8usize];
+    ["Alignment of ib_uverbs_create_xsrq"][::std::mem::align_of::<ib_uverbs_create_xsrq>() - 8usize];
     ["Offset of field: ib_uverbs_create_xsrq::response"]
         [::std::mem::offset_of!(ib_uverbs_create_xsrq, response) - 0usize];
     ["Offset of field: ib_uverbs_create_xsrq::user_handle"]
@@ -4026,8 +3626,7 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_create_xsrq, srq_type) - 16usize];
     ["Offset of field: ib_uverbs_create_xsrq::pd_handle"]
         [::std::mem::offset_of!(ib_uverbs_create_xsrq, pd_handle) - 20usize];
-    ["Offset of field: ib_uverbs_create_xsrq::max_wr"]
-        [::std::mem::offset_of!(ib_uverbs_create_xsrq, max_wr) - 24usize];
+    ["Offset of field: ib_uverbs_create_xsrq::max_wr"][::std::mem::offset_of!(ib_uverbs_create_xsrq, max_wr) - 24usize];
     ["Offset of field: ib_uverbs_create_xsrq::max_sge"]
         [::std::mem::offset_of!(ib_uverbs_create_xsrq, max_sge) - 28usize];
     ["Offset of field: ib_uverbs_create_xsrq::srq_limit"]
@@ -4052,10 +3651,8 @@ pub struct ib_uverbs_create_srq_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_create_srq_resp"]
-        [::std::mem::size_of::<ib_uverbs_create_srq_resp>() - 16usize];
-    ["Alignment of ib_uverbs_create_srq_resp"]
-        [::std::mem::align_of::<ib_uverbs_create_srq_resp>() - 4usize];
+    ["Size of ib_uverbs_create_srq_resp"][::std::mem::size_of::<ib_uverbs_create_srq_resp>() - 16usize];
+    ["Alignment of ib_uverbs_create_srq_resp"][::std::mem::align_of::<ib_uverbs_create_srq_resp>() - 4usize];
     ["Offset of field: ib_uverbs_create_srq_resp::srq_handle"]
         [::std::mem::offset_of!(ib_uverbs_create_srq_resp, srq_handle) - 0usize];
     ["Offset of field: ib_uverbs_create_srq_resp::max_wr"]
@@ -4084,8 +3681,7 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_modify_srq, srq_handle) - 0usize];
     ["Offset of field: ib_uverbs_modify_srq::attr_mask"]
         [::std::mem::offset_of!(ib_uverbs_modify_srq, attr_mask) - 4usize];
-    ["Offset of field: ib_uverbs_modify_srq::max_wr"]
-        [::std::mem::offset_of!(ib_uverbs_modify_srq, max_wr) - 8usize];
+    ["Offset of field: ib_uverbs_modify_srq::max_wr"][::std::mem::offset_of!(ib_uverbs_modify_srq, max_wr) - 8usize];
     ["Offset of field: ib_uverbs_modify_srq::srq_limit"]
         [::std::mem::offset_of!(ib_uverbs_modify_srq, srq_limit) - 12usize];
     ["Offset of field: ib_uverbs_modify_srq::driver_data"]
@@ -4103,12 +3699,10 @@ pub struct ib_uverbs_query_srq {
 const _: () = {
     ["Size of ib_uverbs_query_srq"][::std::mem::size_of::<ib_uverbs_query_srq>() - 16usize];
     ["Alignment of ib_uverbs_query_srq"][::std::mem::align_of::<ib_uverbs_query_srq>() - 8usize];
-    ["Offset of field: ib_uverbs_query_srq::response"]
-        [::std::mem::offset_of!(ib_uverbs_query_srq, response) - 0usize];
+    ["Offset of field: ib_uverbs_query_srq::response"][::std::mem::offset_of!(ib_uverbs_query_srq, response) - 0usize];
     ["Offset of field: ib_uverbs_query_srq::srq_handle"]
         [::std::mem::offset_of!(ib_uverbs_query_srq, srq_handle) - 8usize];
-    ["Offset of field: ib_uverbs_query_srq::reserved"]
-        [::std::mem::offset_of!(ib_uverbs_query_srq, reserved) - 12usize];
+    ["Offset of field: ib_uverbs_query_srq::reserved"][::std::mem::offset_of!(ib_uverbs_query_srq, reserved) - 12usize];
     ["Offset of field: ib_uverbs_query_srq::driver_data"]
         [::std::mem::offset_of!(ib_uverbs_query_srq, driver_data) - 16usize];
 };
@@ -4122,10 +3716,8 @@ pub struct ib_uverbs_query_srq_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_query_srq_resp"]
-        [::std::mem::size_of::<ib_uverbs_query_srq_resp>() - 16usize];
-    ["Alignment of ib_uverbs_query_srq_resp"]
-        [::std::mem::align_of::<ib_uverbs_query_srq_resp>() - 4usize];
+    ["Size of ib_uverbs_query_srq_resp"][::std::mem::size_of::<ib_uverbs_query_srq_resp>() - 16usize];
+    ["Alignment of ib_uverbs_query_srq_resp"][::std::mem::align_of::<ib_uverbs_query_srq_resp>() - 4usize];
     ["Offset of field: ib_uverbs_query_srq_resp::max_wr"]
         [::std::mem::offset_of!(ib_uverbs_query_srq_resp, max_wr) - 0usize];
     ["Offset of field: ib_uverbs_query_srq_resp::max_sge"]
@@ -4145,8 +3737,7 @@ pub struct ib_uverbs_destroy_srq {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_destroy_srq"][::std::mem::size_of::<ib_uverbs_destroy_srq>() - 16usize];
-    ["Alignment of ib_uverbs_destroy_srq"]
-        [::std::mem::align_of::<ib_uverbs_destroy_srq>() - 8usize];
+    ["Alignment of ib_uverbs_destroy_srq"][::std::mem::align_of::<ib_uverbs_destroy_srq>() - 8usize];
     ["Offset of field: ib_uverbs_destroy_srq::response"]
         [::std::mem::offset_of!(ib_uverbs_destroy_srq, response) - 0usize];
     ["Offset of field: ib_uverbs_destroy_srq::srq_handle"]
@@ -4161,10 +3752,8 @@ pub struct ib_uverbs_destroy_srq_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_destroy_srq_resp"]
-        [::std::mem::size_of::<ib_uverbs_destroy_srq_resp>() - 4usize];
-    ["Alignment of ib_uverbs_destroy_srq_resp"]
-        [::std::mem::align_of::<ib_uverbs_destroy_srq_resp>() - 4usize];
+    ["Size of ib_uverbs_destroy_srq_resp"][::std::mem::size_of::<ib_uverbs_destroy_srq_resp>() - 4usize];
+    ["Alignment of ib_uverbs_destroy_srq_resp"][::std::mem::align_of::<ib_uverbs_destroy_srq_resp>() - 4usize];
     ["Offset of field: ib_uverbs_destroy_srq_resp::events_reported"]
         [::std::mem::offset_of!(ib_uverbs_destroy_srq_resp, events_reported) - 0usize];
 };
@@ -4184,8 +3773,7 @@ pub struct ib_uverbs_ex_create_wq {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_ex_create_wq"][::std::mem::size_of::<ib_uverbs_ex_create_wq>() - 40usize];
-    ["Alignment of ib_uverbs_ex_create_wq"]
-        [::std::mem::align_of::<ib_uverbs_ex_create_wq>() - 8usize];
+    ["Alignment of ib_uverbs_ex_create_wq"][::std::mem::align_of::<ib_uverbs_ex_create_wq>() - 8usize];
     ["Offset of field: ib_uverbs_ex_create_wq::comp_mask"]
         [::std::mem::offset_of!(ib_uverbs_ex_create_wq, comp_mask) - 0usize];
     ["Offset of field: ib_uverbs_ex_create_wq::wq_type"]
@@ -4217,10 +3805,8 @@ pub struct ib_uverbs_ex_create_wq_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_ex_create_wq_resp"]
-        [::std::mem::size_of::<ib_uverbs_ex_create_wq_resp>() - 24usize];
-    ["Alignment of ib_uverbs_ex_create_wq_resp"]
-        [::std::mem::align_of::<ib_uverbs_ex_create_wq_resp>() - 4usize];
+    ["Size of ib_uverbs_ex_create_wq_resp"][::std::mem::size_of::<ib_uverbs_ex_create_wq_resp>() - 24usize];
+    ["Alignment of ib_uverbs_ex_create_wq_resp"][::std::mem::align_of::<ib_uverbs_ex_create_wq_resp>() - 4usize];
     ["Offset of field: ib_uverbs_ex_create_wq_resp::comp_mask"]
         [::std::mem::offset_of!(ib_uverbs_ex_create_wq_resp, comp_mask) - 0usize];
     ["Offset of field: ib_uverbs_ex_create_wq_resp::response_length"]
@@ -4243,8 +3829,7 @@ pub struct ib_uverbs_ex_destroy_wq {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_ex_destroy_wq"][::std::mem::size_of::<ib_uverbs_ex_destroy_wq>() - 8usize];
-    ["Alignment of ib_uverbs_ex_destroy_wq"]
-        [::std::mem::align_of::<ib_uverbs_ex_destroy_wq>() - 4usize];
+    ["Alignment of ib_uverbs_ex_destroy_wq"][::std::mem::align_of::<ib_uverbs_ex_destroy_wq>() - 4usize];
     ["Offset of field: ib_uverbs_ex_destroy_wq::comp_mask"]
         [::std::mem::offset_of!(ib_uverbs_ex_destroy_wq, comp_mask) - 0usize];
     ["Offset of field: ib_uverbs_ex_destroy_wq::wq_handle"]
@@ -4260,10 +3845,8 @@ pub struct ib_uverbs_ex_destroy_wq_resp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_ex_destroy_wq_resp"]
-        [::std::mem::size_of::<ib_uverbs_ex_destroy_wq_resp>() - 16usize];
-    ["Alignment of ib_uverbs_ex_destroy_wq_resp"]
-        [::std::mem::align_of::<ib_uverbs_ex_destroy_wq_resp>() - 4usize];
+    ["Size of ib_uverbs_ex_destroy_wq_resp"][::std::mem::size_of::<ib_uverbs_ex_destroy_wq_resp>() - 16usize];
+    ["Alignment of ib_uverbs_ex_destroy_wq_resp"][::std::mem::align_of::<ib_uverbs_ex_destroy_wq_resp>() - 4usize];
     ["Offset of field: ib_uverbs_ex_destroy_wq_resp::comp_mask"]
         [::std::mem::offset_of!(ib_uverbs_ex_destroy_wq_resp, comp_mask) - 0usize];
     ["Offset of field: ib_uverbs_ex_destroy_wq_resp::response_length"]
@@ -4286,8 +3869,7 @@ pub struct ib_uverbs_ex_modify_wq {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_ex_modify_wq"][::std::mem::size_of::<ib_uverbs_ex_modify_wq>() - 24usize];
-    ["Alignment of ib_uverbs_ex_modify_wq"]
-        [::std::mem::align_of::<ib_uverbs_ex_modify_wq>() - 4usize];
+    ["Alignment of ib_uverbs_ex_modify_wq"][::std::mem::align_of::<ib_uverbs_ex_modify_wq>() - 4usize];
     ["Offset of field: ib_uverbs_ex_modify_wq::attr_mask"]
         [::std::mem::offset_of!(ib_uverbs_ex_modify_wq, attr_mask) - 0usize];
     ["Offset of field: ib_uverbs_ex_modify_wq::wq_handle"]
@@ -4296,8 +3878,7 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_ex_modify_wq, wq_state) - 8usize];
     ["Offset of field: ib_uverbs_ex_modify_wq::curr_wq_state"]
         [::std::mem::offset_of!(ib_uverbs_ex_modify_wq, curr_wq_state) - 12usize];
-    ["Offset of field: ib_uverbs_ex_modify_wq::flags"]
-        [::std::mem::offset_of!(ib_uverbs_ex_modify_wq, flags) - 16usize];
+    ["Offset of field: ib_uverbs_ex_modify_wq::flags"][::std::mem::offset_of!(ib_uverbs_ex_modify_wq, flags) - 16usize];
     ["Offset of field: ib_uverbs_ex_modify_wq::flags_mask"]
         [::std::mem::offset_of!(ib_uverbs_ex_modify_wq, flags_mask) - 20usize];
 };
@@ -4310,8 +3891,7 @@ pub struct ib_uverbs_ex_create_rwq_ind_table {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_ex_create_rwq_ind_table"]
-        [::std::mem::size_of::<ib_uverbs_ex_create_rwq_ind_table>() - 8usize];
+    ["Size of ib_uverbs_ex_create_rwq_ind_table"][::std::mem::size_of::<ib_uverbs_ex_create_rwq_ind_table>() - 8usize];
     ["Alignment of ib_uverbs_ex_create_rwq_ind_table"]
         [::std::mem::align_of::<ib_uverbs_ex_create_rwq_ind_table>() - 4usize];
     ["Offset of field: ib_uverbs_ex_create_rwq_ind_table::comp_mask"]
@@ -4370,8 +3950,7 @@ pub struct ib_uverbs_cq_moderation {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_cq_moderation"][::std::mem::size_of::<ib_uverbs_cq_moderation>() - 4usize];
-    ["Alignment of ib_uverbs_cq_moderation"]
-        [::std::mem::align_of::<ib_uverbs_cq_moderation>() - 2usize];
+    ["Alignment of ib_uverbs_cq_moderation"][::std::mem::align_of::<ib_uverbs_cq_moderation>() - 2usize];
     ["Offset of field: ib_uverbs_cq_moderation::cq_count"]
         [::std::mem::offset_of!(ib_uverbs_cq_moderation, cq_count) - 0usize];
     ["Offset of field: ib_uverbs_cq_moderation::cq_period"]
@@ -4388,66 +3967,41 @@ pub struct ib_uverbs_ex_modify_cq {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ib_uverbs_ex_modify_cq"][::std::mem::size_of::<ib_uverbs_ex_modify_cq>() - 16usize];
-    ["Alignment of ib_uverbs_ex_modify_cq"]
-        [::std::mem::align_of::<ib_uverbs_ex_modify_cq>() - 4usize];
+    ["Alignment of ib_uverbs_ex_modify_cq"][::std::mem::align_of::<ib_uverbs_ex_modify_cq>() - 4usize];
     ["Offset of field: ib_uverbs_ex_modify_cq::cq_handle"]
         [::std::mem::offset_of!(ib_uverbs_ex_modify_cq, cq_handle) - 0usize];
     ["Offset of field: ib_uverbs_ex_modify_cq::attr_mask"]
         [::std::mem::offset_of!(ib_uverbs_ex_modify_cq, attr_mask) - 4usize];
-    ["Offset of field: ib_uverbs_ex_modify_cq::attr"]
-        [::std::mem::offset_of!(ib_uverbs_ex_modify_cq, attr) - 8usize];
+    ["Offset of field: ib_uverbs_ex_modify_cq::attr"][::std::mem::offset_of!(ib_uverbs_ex_modify_cq, attr) - 8usize];
     ["Offset of field: ib_uverbs_ex_modify_cq::reserved"]
         [::std::mem::offset_of!(ib_uverbs_ex_modify_cq, reserved) - 12usize];
 };
 impl ib_uverbs_device_cap_flags {
-    pub const IB_UVERBS_DEVICE_RESIZE_MAX_WR: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(1);
-    pub const IB_UVERBS_DEVICE_BAD_PKEY_CNTR: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(2);
-    pub const IB_UVERBS_DEVICE_BAD_QKEY_CNTR: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(4);
-    pub const IB_UVERBS_DEVICE_RAW_MULTI: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(8);
-    pub const IB_UVERBS_DEVICE_AUTO_PATH_MIG: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(16);
-    pub const IB_UVERBS_DEVICE_CHANGE_PHY_PORT: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(32);
-    pub const IB_UVERBS_DEVICE_UD_AV_PORT_ENFORCE: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(64);
-    pub const IB_UVERBS_DEVICE_CURR_QP_STATE_MOD: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(128);
-    pub const IB_UVERBS_DEVICE_SHUTDOWN_PORT: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(256);
-    pub const IB_UVERBS_DEVICE_PORT_ACTIVE_EVENT: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(1024);
-    pub const IB_UVERBS_DEVICE_SYS_IMAGE_GUID: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(2048);
-    pub const IB_UVERBS_DEVICE_RC_RNR_NAK_GEN: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(4096);
-    pub const IB_UVERBS_DEVICE_SRQ_RESIZE: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(8192);
-    pub const IB_UVERBS_DEVICE_N_NOTIFY_CQ: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(16384);
-    pub const IB_UVERBS_DEVICE_MEM_WINDOW: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(131072);
-    pub const IB_UVERBS_DEVICE_UD_IP_CSUM: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(262144);
-    pub const IB_UVERBS_DEVICE_XRC: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(1048576);
-    pub const IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(2097152);
-    pub const IB_UVERBS_DEVICE_MEM_WINDOW_TYPE_2A: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(8388608);
-    pub const IB_UVERBS_DEVICE_MEM_WINDOW_TYPE_2B: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(16777216);
-    pub const IB_UVERBS_DEVICE_RC_IP_CSUM: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(33554432);
-    pub const IB_UVERBS_DEVICE_RAW_IP_CSUM: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(67108864);
+    pub const IB_UVERBS_DEVICE_RESIZE_MAX_WR: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(1);
+    pub const IB_UVERBS_DEVICE_BAD_PKEY_CNTR: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(2);
+    pub const IB_UVERBS_DEVICE_BAD_QKEY_CNTR: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(4);
+    pub const IB_UVERBS_DEVICE_RAW_MULTI: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(8);
+    pub const IB_UVERBS_DEVICE_AUTO_PATH_MIG: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(16);
+    pub const IB_UVERBS_DEVICE_CHANGE_PHY_PORT: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(32);
+    pub const IB_UVERBS_DEVICE_UD_AV_PORT_ENFORCE: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(64);
+    pub const IB_UVERBS_DEVICE_CURR_QP_STATE_MOD: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(128);
+    pub const IB_UVERBS_DEVICE_SHUTDOWN_PORT: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(256);
+    pub const IB_UVERBS_DEVICE_PORT_ACTIVE_EVENT: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(1024);
+    pub const IB_UVERBS_DEVICE_SYS_IMAGE_GUID: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(2048);
+    pub const IB_UVERBS_DEVICE_RC_RNR_NAK_GEN: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(4096);
+    pub const IB_UVERBS_DEVICE_SRQ_RESIZE: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(8192);
+    pub const IB_UVERBS_DEVICE_N_NOTIFY_CQ: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(16384);
+    pub const IB_UVERBS_DEVICE_MEM_WINDOW: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(131072);
+    pub const IB_UVERBS_DEVICE_UD_IP_CSUM: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(262144);
+    pub const IB_UVERBS_DEVICE_XRC: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(1048576);
+    pub const IB_UVERBS_DEVICE_MEM_MGT_EXTENSIONS: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(2097152);
+    pub const IB_UVERBS_DEVICE_MEM_WINDOW_TYPE_2A: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(8388608);
+    pub const IB_UVERBS_DEVICE_MEM_WINDOW_TYPE_2B: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(16777216);
+    pub const IB_UVERBS_DEVICE_RC_IP_CSUM: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(33554432);
+    pub const IB_UVERBS_DEVICE_RAW_IP_CSUM: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(67108864);
     pub const IB_UVERBS_DEVICE_MANAGED_FLOW_STEERING: ib_uverbs_device_cap_flags =
         ib_uverbs_device_cap_flags(536870912);
-    pub const IB_UVERBS_DEVICE_RAW_SCATTER_FCS: ib_uverbs_device_cap_flags =
-        ib_uverbs_device_cap_flags(17179869184);
+    pub const IB_UVERBS_DEVICE_RAW_SCATTER_FCS: ib_uverbs_device_cap_flags = ib_uverbs_device_cap_flags(17179869184);
     pub const IB_UVERBS_DEVICE_PCI_WRITE_END_PADDING: ib_uverbs_device_cap_flags =
         ib_uverbs_device_cap_flags(68719476736);
 }
@@ -4481,14 +4035,10 @@ impl ::std::ops::BitAndAssign for ib_uverbs_device_cap_flags {
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
 pub struct ib_uverbs_device_cap_flags(pub ::std::os::raw::c_ulong);
 impl ib_uverbs_raw_packet_caps {
-    pub const IB_UVERBS_RAW_PACKET_CAP_CVLAN_STRIPPING: ib_uverbs_raw_packet_caps =
-        ib_uverbs_raw_packet_caps(1);
-    pub const IB_UVERBS_RAW_PACKET_CAP_SCATTER_FCS: ib_uverbs_raw_packet_caps =
-        ib_uverbs_raw_packet_caps(2);
-    pub const IB_UVERBS_RAW_PACKET_CAP_IP_CSUM: ib_uverbs_raw_packet_caps =
-        ib_uverbs_raw_packet_caps(4);
-    pub const IB_UVERBS_RAW_PACKET_CAP_DELAY_DROP: ib_uverbs_raw_packet_caps =
-        ib_uverbs_raw_packet_caps(8);
+    pub const IB_UVERBS_RAW_PACKET_CAP_CVLAN_STRIPPING: ib_uverbs_raw_packet_caps = ib_uverbs_raw_packet_caps(1);
+    pub const IB_UVERBS_RAW_PACKET_CAP_SCATTER_FCS: ib_uverbs_raw_packet_caps = ib_uverbs_raw_packet_caps(2);
+    pub const IB_UVERBS_RAW_PACKET_CAP_IP_CSUM: ib_uverbs_raw_packet_caps = ib_uverbs_raw_packet_caps(4);
+    pub const IB_UVERBS_RAW_PACKET_CAP_DELAY_DROP: ib_uverbs_raw_packet_caps = ib_uverbs_raw_packet_caps(8);
 }
 impl ::std::ops::BitOr<ib_uverbs_raw_packet_caps> for ib_uverbs_raw_packet_caps {
     type Output = Self;
@@ -4520,8 +4070,7 @@ impl ::std::ops::BitAndAssign for ib_uverbs_raw_packet_caps {
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
 pub struct ib_uverbs_raw_packet_caps(pub ::std::os::raw::c_uint);
 impl ib_uverbs_core_support {
-    pub const IB_UVERBS_CORE_SUPPORT_OPTIONAL_MR_ACCESS: ib_uverbs_core_support =
-        ib_uverbs_core_support(1);
+    pub const IB_UVERBS_CORE_SUPPORT_OPTIONAL_MR_ACCESS: ib_uverbs_core_support = ib_uverbs_core_support(1);
 }
 #[repr(transparent)]
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
@@ -4535,10 +4084,8 @@ impl ib_uverbs_access_flags {
     pub const IB_UVERBS_ACCESS_ZERO_BASED: ib_uverbs_access_flags = ib_uverbs_access_flags(32);
     pub const IB_UVERBS_ACCESS_ON_DEMAND: ib_uverbs_access_flags = ib_uverbs_access_flags(64);
     pub const IB_UVERBS_ACCESS_HUGETLB: ib_uverbs_access_flags = ib_uverbs_access_flags(128);
-    pub const IB_UVERBS_ACCESS_RELAXED_ORDERING: ib_uverbs_access_flags =
-        ib_uverbs_access_flags(1048576);
-    pub const IB_UVERBS_ACCESS_OPTIONAL_RANGE: ib_uverbs_access_flags =
-        ib_uverbs_access_flags(1072693248);
+    pub const IB_UVERBS_ACCESS_RELAXED_ORDERING: ib_uverbs_access_flags = ib_uverbs_access_flags(1048576);
+    pub const IB_UVERBS_ACCESS_OPTIONAL_RANGE: ib_uverbs_access_flags = ib_uverbs_access_flags(1072693248);
 }
 impl ::std::ops::BitOr<ib_uverbs_access_flags> for ib_uverbs_access_flags {
     type Output = Self;
@@ -4631,16 +4178,11 @@ impl ib_uverbs_qp_type {
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
 pub struct ib_uverbs_qp_type(pub ::std::os::raw::c_uint);
 impl ib_uverbs_qp_create_flags {
-    pub const IB_UVERBS_QP_CREATE_BLOCK_MULTICAST_LOOPBACK: ib_uverbs_qp_create_flags =
-        ib_uverbs_qp_create_flags(2);
-    pub const IB_UVERBS_QP_CREATE_SCATTER_FCS: ib_uverbs_qp_create_flags =
-        ib_uverbs_qp_create_flags(256);
-    pub const IB_UVERBS_QP_CREATE_CVLAN_STRIPPING: ib_uverbs_qp_create_flags =
-        ib_uverbs_qp_create_flags(512);
-    pub const IB_UVERBS_QP_CREATE_PCI_WRITE_END_PADDING: ib_uverbs_qp_create_flags =
-        ib_uverbs_qp_create_flags(2048);
-    pub const IB_UVERBS_QP_CREATE_SQ_SIG_ALL: ib_uverbs_qp_create_flags =
-        ib_uverbs_qp_create_flags(4096);
+    pub const IB_UVERBS_QP_CREATE_BLOCK_MULTICAST_LOOPBACK: ib_uverbs_qp_create_flags = ib_uverbs_qp_create_flags(2);
+    pub const IB_UVERBS_QP_CREATE_SCATTER_FCS: ib_uverbs_qp_create_flags = ib_uverbs_qp_create_flags(256);
+    pub const IB_UVERBS_QP_CREATE_CVLAN_STRIPPING: ib_uverbs_qp_create_flags = ib_uverbs_qp_create_flags(512);
+    pub const IB_UVERBS_QP_CREATE_PCI_WRITE_END_PADDING: ib_uverbs_qp_create_flags = ib_uverbs_qp_create_flags(2048);
+    pub const IB_UVERBS_QP_CREATE_SQ_SIG_ALL: ib_uverbs_qp_create_flags = ib_uverbs_qp_create_flags(4096);
 }
 impl ::std::ops::BitOr<ib_uverbs_qp_create_flags> for ib_uverbs_qp_create_flags {
     type Output = Self;
@@ -4673,50 +4215,30 @@ impl ::std::ops::BitAndAssign for ib_uverbs_qp_create_flags {
 pub struct ib_uverbs_qp_create_flags(pub ::std::os::raw::c_uint);
 impl ib_uverbs_query_port_cap_flags {
     pub const IB_UVERBS_PCF_SM: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(2);
-    pub const IB_UVERBS_PCF_NOTICE_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(4);
-    pub const IB_UVERBS_PCF_TRAP_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(8);
-    pub const IB_UVERBS_PCF_OPT_IPD_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(16);
-    pub const IB_UVERBS_PCF_AUTO_MIGR_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(32);
-    pub const IB_UVERBS_PCF_SL_MAP_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(64);
-    pub const IB_UVERBS_PCF_MKEY_NVRAM: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(128);
-    pub const IB_UVERBS_PCF_PKEY_NVRAM: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(256);
-    pub const IB_UVERBS_PCF_LED_INFO_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(512);
-    pub const IB_UVERBS_PCF_SM_DISABLED: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(1024);
-    pub const IB_UVERBS_PCF_SYS_IMAGE_GUID_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(2048);
+    pub const IB_UVERBS_PCF_NOTICE_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(4);
+    pub const IB_UVERBS_PCF_TRAP_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(8);
+    pub const IB_UVERBS_PCF_OPT_IPD_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(16);
+    pub const IB_UVERBS_PCF_AUTO_MIGR_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(32);
+    pub const IB_UVERBS_PCF_SL_MAP_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(64);
+    pub const IB_UVERBS_PCF_MKEY_NVRAM: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(128);
+    pub const IB_UVERBS_PCF_PKEY_NVRAM: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(256);
+    pub const IB_UVERBS_PCF_LED_INFO_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(512);
+    pub const IB_UVERBS_PCF_SM_DISABLED: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(1024);
+    pub const IB_UVERBS_PCF_SYS_IMAGE_GUID_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(2048);
     pub const IB_UVERBS_PCF_PKEY_SW_EXT_PORT_TRAP_SUP: ib_uverbs_query_port_cap_flags =
         ib_uverbs_query_port_cap_flags(4096);
-    pub const IB_UVERBS_PCF_EXTENDED_SPEEDS_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(16384);
-    pub const IB_UVERBS_PCF_CM_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(65536);
-    pub const IB_UVERBS_PCF_SNMP_TUNNEL_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(131072);
-    pub const IB_UVERBS_PCF_REINIT_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(262144);
-    pub const IB_UVERBS_PCF_DEVICE_MGMT_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(524288);
-    pub const IB_UVERBS_PCF_VENDOR_CLASS_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(1048576);
-    pub const IB_UVERBS_PCF_DR_NOTICE_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(2097152);
+    pub const IB_UVERBS_PCF_EXTENDED_SPEEDS_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(16384);
+    pub const IB_UVERBS_PCF_CM_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(65536);
+    pub const IB_UVERBS_PCF_SNMP_TUNNEL_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(131072);
+    pub const IB_UVERBS_PCF_REINIT_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(262144);
+    pub const IB_UVERBS_PCF_DEVICE_MGMT_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(524288);
+    pub const IB_UVERBS_PCF_VENDOR_CLASS_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(1048576);
+    pub const IB_UVERBS_PCF_DR_NOTICE_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(2097152);
     pub const IB_UVERBS_PCF_CAP_MASK_NOTICE_SUP: ib_uverbs_query_port_cap_flags =
         ib_uverbs_query_port_cap_flags(4194304);
-    pub const IB_UVERBS_PCF_BOOT_MGMT_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(8388608);
-    pub const IB_UVERBS_PCF_LINK_LATENCY_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(16777216);
-    pub const IB_UVERBS_PCF_CLIENT_REG_SUP: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(33554432);
+    pub const IB_UVERBS_PCF_BOOT_MGMT_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(8388608);
+    pub const IB_UVERBS_PCF_LINK_LATENCY_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(16777216);
+    pub const IB_UVERBS_PCF_CLIENT_REG_SUP: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(33554432);
     pub const IB_UVERBS_PCF_LINK_SPEED_WIDTH_TABLE_SUP: ib_uverbs_query_port_cap_flags =
         ib_uverbs_query_port_cap_flags(134217728);
     pub const IB_UVERBS_PCF_VENDOR_SPECIFIC_MADS_TABLE_SUP: ib_uverbs_query_port_cap_flags =
@@ -4727,8 +4249,7 @@ impl ib_uverbs_query_port_cap_flags {
         ib_uverbs_query_port_cap_flags(1073741824);
     pub const IB_UVERBS_PCF_HIERARCHY_INFO_SUP: ib_uverbs_query_port_cap_flags =
         ib_uverbs_query_port_cap_flags(2147483648);
-    pub const IB_UVERBS_PCF_IP_BASED_GIDS: ib_uverbs_query_port_cap_flags =
-        ib_uverbs_query_port_cap_flags(67108864);
+    pub const IB_UVERBS_PCF_IP_BASED_GIDS: ib_uverbs_query_port_cap_flags = ib_uverbs_query_port_cap_flags(67108864);
 }
 impl ::std::ops::BitOr<ib_uverbs_query_port_cap_flags> for ib_uverbs_query_port_cap_flags {
     type Output = Self;
@@ -4760,8 +4281,7 @@ impl ::std::ops::BitAndAssign for ib_uverbs_query_port_cap_flags {
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
 pub struct ib_uverbs_query_port_cap_flags(pub ::std::os::raw::c_uint);
 impl ib_uverbs_query_port_flags {
-    pub const IB_UVERBS_QPF_GRH_REQUIRED: ib_uverbs_query_port_flags =
-        ib_uverbs_query_port_flags(1);
+    pub const IB_UVERBS_QPF_GRH_REQUIRED: ib_uverbs_query_port_flags = ib_uverbs_query_port_flags(1);
 }
 impl ::std::ops::BitOr<ib_uverbs_query_port_flags> for ib_uverbs_query_port_flags {
     type Output = Self;
@@ -4925,11 +4445,8 @@ const _: () = {
         [::std::mem::align_of::<ib_uverbs_flow_action_esp_encap__bindgen_ty_1>() - 8usize];
     ["Offset of field: ib_uverbs_flow_action_esp_encap__bindgen_ty_1::val_ptr"]
         [::std::mem::offset_of!(ib_uverbs_flow_action_esp_encap__bindgen_ty_1, val_ptr) - 0usize];
-    ["Offset of field: ib_uverbs_flow_action_esp_encap__bindgen_ty_1::val_ptr_data_u64"][::std::mem::offset_of!(
-        ib_uverbs_flow_action_esp_encap__bindgen_ty_1,
-        val_ptr_data_u64
-    )
-        - 0usize];
+    ["Offset of field: ib_uverbs_flow_action_esp_encap__bindgen_ty_1::val_ptr_data_u64"]
+        [::std::mem::offset_of!(ib_uverbs_flow_action_esp_encap__bindgen_ty_1, val_ptr_data_u64) - 0usize];
 };
 impl Default for ib_uverbs_flow_action_esp_encap__bindgen_ty_1 {
     fn default() -> Self {
@@ -4954,11 +4471,8 @@ const _: () = {
         [::std::mem::align_of::<ib_uverbs_flow_action_esp_encap__bindgen_ty_2>() - 8usize];
     ["Offset of field: ib_uverbs_flow_action_esp_encap__bindgen_ty_2::next_ptr"]
         [::std::mem::offset_of!(ib_uverbs_flow_action_esp_encap__bindgen_ty_2, next_ptr) - 0usize];
-    ["Offset of field: ib_uverbs_flow_action_esp_encap__bindgen_ty_2::next_ptr_data_u64"][::std::mem::offset_of!(
-        ib_uverbs_flow_action_esp_encap__bindgen_ty_2,
-        next_ptr_data_u64
-    )
-        - 0usize];
+    ["Offset of field: ib_uverbs_flow_action_esp_encap__bindgen_ty_2::next_ptr_data_u64"]
+        [::std::mem::offset_of!(ib_uverbs_flow_action_esp_encap__bindgen_ty_2, next_ptr_data_u64) - 0usize];
 };
 impl Default for ib_uverbs_flow_action_esp_encap__bindgen_ty_2 {
     fn default() -> Self {
@@ -4971,8 +4485,7 @@ impl Default for ib_uverbs_flow_action_esp_encap__bindgen_ty_2 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_action_esp_encap"]
-        [::std::mem::size_of::<ib_uverbs_flow_action_esp_encap>() - 24usize];
+    ["Size of ib_uverbs_flow_action_esp_encap"][::std::mem::size_of::<ib_uverbs_flow_action_esp_encap>() - 24usize];
     ["Alignment of ib_uverbs_flow_action_esp_encap"]
         [::std::mem::align_of::<ib_uverbs_flow_action_esp_encap>() - 8usize];
     ["Offset of field: ib_uverbs_flow_action_esp_encap::len"]
@@ -5000,10 +4513,8 @@ pub struct ib_uverbs_flow_action_esp {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_flow_action_esp"]
-        [::std::mem::size_of::<ib_uverbs_flow_action_esp>() - 24usize];
-    ["Alignment of ib_uverbs_flow_action_esp"]
-        [::std::mem::align_of::<ib_uverbs_flow_action_esp>() - 8usize];
+    ["Size of ib_uverbs_flow_action_esp"][::std::mem::size_of::<ib_uverbs_flow_action_esp>() - 24usize];
+    ["Alignment of ib_uverbs_flow_action_esp"][::std::mem::align_of::<ib_uverbs_flow_action_esp>() - 8usize];
     ["Offset of field: ib_uverbs_flow_action_esp::spi"]
         [::std::mem::offset_of!(ib_uverbs_flow_action_esp, spi) - 0usize];
     ["Offset of field: ib_uverbs_flow_action_esp::seq"]
@@ -5016,8 +4527,7 @@ const _: () = {
         [::std::mem::offset_of!(ib_uverbs_flow_action_esp, hard_limit_pkts) - 16usize];
 };
 impl ib_uverbs_read_counters_flags {
-    pub const IB_UVERBS_READ_COUNTERS_PREFER_CACHED: ib_uverbs_read_counters_flags =
-        ib_uverbs_read_counters_flags(1);
+    pub const IB_UVERBS_READ_COUNTERS_PREFER_CACHED: ib_uverbs_read_counters_flags = ib_uverbs_read_counters_flags(1);
 }
 impl ::std::ops::BitOr<ib_uverbs_read_counters_flags> for ib_uverbs_read_counters_flags {
     type Output = Self;
@@ -5049,19 +4559,15 @@ impl ::std::ops::BitAndAssign for ib_uverbs_read_counters_flags {
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
 pub struct ib_uverbs_read_counters_flags(pub ::std::os::raw::c_uint);
 impl ib_uverbs_advise_mr_advice {
-    pub const IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH: ib_uverbs_advise_mr_advice =
-        ib_uverbs_advise_mr_advice(0);
-    pub const IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE: ib_uverbs_advise_mr_advice =
-        ib_uverbs_advise_mr_advice(1);
-    pub const IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: ib_uverbs_advise_mr_advice =
-        ib_uverbs_advise_mr_advice(2);
+    pub const IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH: ib_uverbs_advise_mr_advice = ib_uverbs_advise_mr_advice(0);
+    pub const IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE: ib_uverbs_advise_mr_advice = ib_uverbs_advise_mr_advice(1);
+    pub const IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT: ib_uverbs_advise_mr_advice = ib_uverbs_advise_mr_advice(2);
 }
 #[repr(transparent)]
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
 pub struct ib_uverbs_advise_mr_advice(pub ::std::os::raw::c_uint);
 impl ib_uverbs_advise_mr_flag {
-    pub const IB_UVERBS_ADVISE_MR_FLAG_FLUSH: ib_uverbs_advise_mr_flag =
-        ib_uverbs_advise_mr_flag(1);
+    pub const IB_UVERBS_ADVISE_MR_FLAG_FLUSH: ib_uverbs_advise_mr_flag = ib_uverbs_advise_mr_flag(1);
 }
 #[repr(transparent)]
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
@@ -5075,10 +4581,8 @@ pub struct ib_uverbs_query_port_resp_ex {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ib_uverbs_query_port_resp_ex"]
-        [::std::mem::size_of::<ib_uverbs_query_port_resp_ex>() - 48usize];
-    ["Alignment of ib_uverbs_query_port_resp_ex"]
-        [::std::mem::align_of::<ib_uverbs_query_port_resp_ex>() - 4usize];
+    ["Size of ib_uverbs_query_port_resp_ex"][::std::mem::size_of::<ib_uverbs_query_port_resp_ex>() - 48usize];
+    ["Alignment of ib_uverbs_query_port_resp_ex"][::std::mem::align_of::<ib_uverbs_query_port_resp_ex>() - 4usize];
     ["Offset of field: ib_uverbs_query_port_resp_ex::legacy_resp"]
         [::std::mem::offset_of!(ib_uverbs_query_port_resp_ex, legacy_resp) - 0usize];
     ["Offset of field: ib_uverbs_query_port_resp_ex::port_cap_flags2"]
@@ -5099,10 +4603,8 @@ pub struct ib_uverbs_qp_cap {
 const _: () = {
     ["Size of ib_uverbs_qp_cap"][::std::mem::size_of::<ib_uverbs_qp_cap>() - 20usize];
     ["Alignment of ib_uverbs_qp_cap"][::std::mem::align_of::<ib_uverbs_qp_cap>() - 4usize];
-    ["Offset of field: ib_uverbs_qp_cap::max_send_wr"]
-        [::std::mem::offset_of!(ib_uverbs_qp_cap, max_send_wr) - 0usize];
-    ["Offset of field: ib_uverbs_qp_cap::max_recv_wr"]
-        [::std::mem::offset_of!(ib_uverbs_qp_cap, max_recv_wr) - 4usize];
+    ["Offset of field: ib_uverbs_qp_cap::max_send_wr"][::std::mem::offset_of!(ib_uverbs_qp_cap, max_send_wr) - 0usize];
+    ["Offset of field: ib_uverbs_qp_cap::max_recv_wr"][::std::mem::offset_of!(ib_uverbs_qp_cap, max_recv_wr) - 4usize];
     ["Offset of field: ib_uverbs_qp_cap::max_send_sge"]
         [::std::mem::offset_of!(ib_uverbs_qp_cap, max_send_sge) - 8usize];
     ["Offset of field: ib_uverbs_qp_cap::max_recv_sge"]
@@ -5158,14 +4660,11 @@ pub struct ib_uverbs_gid_entry {
 const _: () = {
     ["Size of ib_uverbs_gid_entry"][::std::mem::size_of::<ib_uverbs_gid_entry>() - 32usize];
     ["Alignment of ib_uverbs_gid_entry"][::std::mem::align_of::<ib_uverbs_gid_entry>() - 8usize];
-    ["Offset of field: ib_uverbs_gid_entry::gid"]
-        [::std::mem::offset_of!(ib_uverbs_gid_entry, gid) - 0usize];
+    ["Offset of field: ib_uverbs_gid_entry::gid"][::std::mem::offset_of!(ib_uverbs_gid_entry, gid) - 0usize];
     ["Offset of field: ib_uverbs_gid_entry::gid_index"]
         [::std::mem::offset_of!(ib_uverbs_gid_entry, gid_index) - 16usize];
-    ["Offset of field: ib_uverbs_gid_entry::port_num"]
-        [::std::mem::offset_of!(ib_uverbs_gid_entry, port_num) - 20usize];
-    ["Offset of field: ib_uverbs_gid_entry::gid_type"]
-        [::std::mem::offset_of!(ib_uverbs_gid_entry, gid_type) - 24usize];
+    ["Offset of field: ib_uverbs_gid_entry::port_num"][::std::mem::offset_of!(ib_uverbs_gid_entry, port_num) - 20usize];
+    ["Offset of field: ib_uverbs_gid_entry::gid_type"][::std::mem::offset_of!(ib_uverbs_gid_entry, gid_type) - 24usize];
     ["Offset of field: ib_uverbs_gid_entry::netdev_ifindex"]
         [::std::mem::offset_of!(ib_uverbs_gid_entry, netdev_ifindex) - 28usize];
 };
@@ -5184,8 +4683,7 @@ pub struct ibv_gid__bindgen_ty_1 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_gid__bindgen_ty_1"][::std::mem::size_of::<ibv_gid__bindgen_ty_1>() - 16usize];
-    ["Alignment of ibv_gid__bindgen_ty_1"]
-        [::std::mem::align_of::<ibv_gid__bindgen_ty_1>() - 8usize];
+    ["Alignment of ibv_gid__bindgen_ty_1"][::std::mem::align_of::<ibv_gid__bindgen_ty_1>() - 8usize];
     ["Offset of field: ibv_gid__bindgen_ty_1::subnet_prefix"]
         [::std::mem::offset_of!(ibv_gid__bindgen_ty_1, subnet_prefix) - 0usize];
     ["Offset of field: ibv_gid__bindgen_ty_1::interface_id"]
@@ -5229,14 +4727,10 @@ const _: () = {
     ["Size of ibv_gid_entry"][::std::mem::size_of::<ibv_gid_entry>() - 32usize];
     ["Alignment of ibv_gid_entry"][::std::mem::align_of::<ibv_gid_entry>() - 8usize];
     ["Offset of field: ibv_gid_entry::gid"][::std::mem::offset_of!(ibv_gid_entry, gid) - 0usize];
-    ["Offset of field: ibv_gid_entry::gid_index"]
-        [::std::mem::offset_of!(ibv_gid_entry, gid_index) - 16usize];
-    ["Offset of field: ibv_gid_entry::port_num"]
-        [::std::mem::offset_of!(ibv_gid_entry, port_num) - 20usize];
-    ["Offset of field: ibv_gid_entry::gid_type"]
-        [::std::mem::offset_of!(ibv_gid_entry, gid_type) - 24usize];
-    ["Offset of field: ibv_gid_entry::ndev_ifindex"]
-        [::std::mem::offset_of!(ibv_gid_entry, ndev_ifindex) - 28usize];
+    ["Offset of field: ibv_gid_entry::gid_index"][::std::mem::offset_of!(ibv_gid_entry, gid_index) - 16usize];
+    ["Offset of field: ibv_gid_entry::port_num"][::std::mem::offset_of!(ibv_gid_entry, port_num) - 20usize];
+    ["Offset of field: ibv_gid_entry::gid_type"][::std::mem::offset_of!(ibv_gid_entry, gid_type) - 24usize];
+    ["Offset of field: ibv_gid_entry::ndev_ifindex"][::std::mem::offset_of!(ibv_gid_entry, ndev_ifindex) - 28usize];
 };
 impl Default for ibv_gid_entry {
     fn default() -> Self {
@@ -5295,8 +4789,7 @@ impl ibv_device_cap_flags {
     pub const IBV_DEVICE_MEM_WINDOW_TYPE_2B: ibv_device_cap_flags = ibv_device_cap_flags(16777216);
     pub const IBV_DEVICE_RC_IP_CSUM: ibv_device_cap_flags = ibv_device_cap_flags(33554432);
     pub const IBV_DEVICE_RAW_IP_CSUM: ibv_device_cap_flags = ibv_device_cap_flags(67108864);
-    pub const IBV_DEVICE_MANAGED_FLOW_STEERING: ibv_device_cap_flags =
-        ibv_device_cap_flags(536870912);
+    pub const IBV_DEVICE_MANAGED_FLOW_STEERING: ibv_device_cap_flags = ibv_device_cap_flags(536870912);
 }
 impl ::std::ops::BitOr<ibv_device_cap_flags> for ibv_device_cap_flags {
     type Output = Self;
@@ -5354,12 +4847,10 @@ pub struct ibv_alloc_dm_attr {
 const _: () = {
     ["Size of ibv_alloc_dm_attr"][::std::mem::size_of::<ibv_alloc_dm_attr>() - 16usize];
     ["Alignment of ibv_alloc_dm_attr"][::std::mem::align_of::<ibv_alloc_dm_attr>() - 8usize];
-    ["Offset of field: ibv_alloc_dm_attr::length"]
-        [::std::mem::offset_of!(ibv_alloc_dm_attr, length) - 0usize];
+    ["Offset of field: ibv_alloc_dm_attr::length"][::std::mem::offset_of!(ibv_alloc_dm_attr, length) - 0usize];
     ["Offset of field: ibv_alloc_dm_attr::log_align_req"]
         [::std::mem::offset_of!(ibv_alloc_dm_attr, log_align_req) - 8usize];
-    ["Offset of field: ibv_alloc_dm_attr::comp_mask"]
-        [::std::mem::offset_of!(ibv_alloc_dm_attr, comp_mask) - 12usize];
+    ["Offset of field: ibv_alloc_dm_attr::comp_mask"][::std::mem::offset_of!(ibv_alloc_dm_attr, comp_mask) - 12usize];
 };
 impl ibv_dm_mask {
     pub const IBV_DM_MASK_HANDLE: ibv_dm_mask = ibv_dm_mask(1);
@@ -5421,10 +4912,8 @@ const _: () = {
     ["Size of ibv_dm"][::std::mem::size_of::<ibv_dm>() - 32usize];
     ["Alignment of ibv_dm"][::std::mem::align_of::<ibv_dm>() - 8usize];
     ["Offset of field: ibv_dm::context"][::std::mem::offset_of!(ibv_dm, context) - 0usize];
-    ["Offset of field: ibv_dm::memcpy_to_dm"]
-        [::std::mem::offset_of!(ibv_dm, memcpy_to_dm) - 8usize];
-    ["Offset of field: ibv_dm::memcpy_from_dm"]
-        [::std::mem::offset_of!(ibv_dm, memcpy_from_dm) - 16usize];
+    ["Offset of field: ibv_dm::memcpy_to_dm"][::std::mem::offset_of!(ibv_dm, memcpy_to_dm) - 8usize];
+    ["Offset of field: ibv_dm::memcpy_from_dm"][::std::mem::offset_of!(ibv_dm, memcpy_from_dm) - 16usize];
     ["Offset of field: ibv_dm::comp_mask"][::std::mem::offset_of!(ibv_dm, comp_mask) - 24usize];
     ["Offset of field: ibv_dm::handle"][::std::mem::offset_of!(ibv_dm, handle) - 28usize];
 };
@@ -5485,40 +4974,27 @@ pub struct ibv_device_attr {
 const _: () = {
     ["Size of ibv_device_attr"][::std::mem::size_of::<ibv_device_attr>() - 232usize];
     ["Alignment of ibv_device_attr"][::std::mem::align_of::<ibv_device_attr>() - 8usize];
-    ["Offset of field: ibv_device_attr::fw_ver"]
-        [::std::mem::offset_of!(ibv_device_attr, fw_ver) - 0usize];
-    ["Offset of field: ibv_device_attr::node_guid"]
-        [::std::mem::offset_of!(ibv_device_attr, node_guid) - 64usize];
+    ["Offset of field: ibv_device_attr::fw_ver"][::std::mem::offset_of!(ibv_device_attr, fw_ver) - 0usize];
+    ["Offset of field: ibv_device_attr::node_guid"][::std::mem::offset_of!(ibv_device_attr, node_guid) - 64usize];
     ["Offset of field: ibv_device_attr::sys_image_guid"]
         [::std::mem::offset_of!(ibv_device_attr, sys_image_guid) - 72usize];
-    ["Offset of field: ibv_device_attr::max_mr_size"]
-        [::std::mem::offset_of!(ibv_device_attr, max_mr_size) - 80usize];
+    ["Offset of field: ibv_device_attr::max_mr_size"][::std::mem::offset_of!(ibv_device_attr, max_mr_size) - 80usize];
     ["Offset of field: ibv_device_attr::page_size_cap"]
         [::std::mem::offset_of!(ibv_device_attr, page_size_cap) - 88usize];
-    ["Offset of field: ibv_device_attr::vendor_id"]
-        [::std::mem::offset_of!(ibv_device_attr, vendor_id) - 96usize];
+    ["Offset of field: ibv_device_attr::vendor_id"][::std::mem::offset_of!(ibv_device_attr, vendor_id) - 96usize];
     ["Offset of field: ibv_device_attr::vendor_part_id"]
         [::std::mem::offset_of!(ibv_device_attr, vendor_part_id) - 100usize];
-    ["Offset of field: ibv_device_attr::hw_ver"]
-        [::std::mem::offset_of!(ibv_device_attr, hw_ver) - 104usize];
-    ["Offset of field: ibv_device_attr::max_qp"]
-        [::std::mem::offset_of!(ibv_device_attr, max_qp) - 108usize];
-    ["Offset of field: ibv_device_attr::max_qp_wr"]
-        [::std::mem::offset_of!(ibv_device_attr, max_qp_wr) - 112usize];
+    ["Offset of field: ibv_device_attr::hw_ver"][::std::mem::offset_of!(ibv_device_attr, hw_ver) - 104usize];
+    ["Offset of field: ibv_device_attr::max_qp"][::std::mem::offset_of!(ibv_device_attr, max_qp) - 108usize];
+    ["Offset of field: ibv_device_attr::max_qp_wr"][::std::mem::offset_of!(ibv_device_attr, max_qp_wr) - 112usize];
     ["Offset of field: ibv_device_attr::device_cap_flags"]
         [::std::mem::offset_of!(ibv_device_attr, device_cap_flags) - 116usize];
-    ["Offset of field: ibv_device_attr::max_sge"]
-        [::std::mem::offset_of!(ibv_device_attr, max_sge) - 120usize];
-    ["Offset of field: ibv_device_attr::max_sge_rd"]
-        [::std::mem::offset_of!(ibv_device_attr, max_sge_rd) - 124usize];
-    ["Offset of field: ibv_device_attr::max_cq"]
-        [::std::mem::offset_of!(ibv_device_attr, max_cq) - 128usize];
-    ["Offset of field: ibv_device_attr::max_cqe"]
-        [::std::mem::offset_of!(ibv_device_attr, max_cqe) - 132usize];
-    ["Offset of field: ibv_device_attr::max_mr"]
-        [::std::mem::offset_of!(ibv_device_attr, max_mr) - 136usize];
-    ["Offset of field: ibv_device_attr::max_pd"]
-        [::std::mem::offset_of!(ibv_device_attr, max_pd) - 140usize];
+    ["Offset of field: ibv_device_attr::max_sge"][::std::mem::offset_of!(ibv_device_attr, max_sge) - 120usize];
+    ["Offset of field: ibv_device_attr::max_sge_rd"][::std::mem::offset_of!(ibv_device_attr, max_sge_rd) - 124usize];
+    ["Offset of field: ibv_device_attr::max_cq"][::std::mem::offset_of!(ibv_device_attr, max_cq) - 128usize];
+    ["Offset of field: ibv_device_attr::max_cqe"][::std::mem::offset_of!(ibv_device_attr, max_cqe) - 132usize];
+    ["Offset of field: ibv_device_attr::max_mr"][::std::mem::offset_of!(ibv_device_attr, max_mr) - 136usize];
+    ["Offset of field: ibv_device_attr::max_pd"][::std::mem::offset_of!(ibv_device_attr, max_pd) - 140usize];
     ["Offset of field: ibv_device_attr::max_qp_rd_atom"]
         [::std::mem::offset_of!(ibv_device_attr, max_qp_rd_atom) - 144usize];
     ["Offset of field: ibv_device_attr::max_ee_rd_atom"]
@@ -5529,14 +5005,10 @@ const _: () = {
         [::std::mem::offset_of!(ibv_device_attr, max_qp_init_rd_atom) - 156usize];
     ["Offset of field: ibv_device_attr::max_ee_init_rd_atom"]
         [::std::mem::offset_of!(ibv_device_attr, max_ee_init_rd_atom) - 160usize];
-    ["Offset of field: ibv_device_attr::atomic_cap"]
-        [::std::mem::offset_of!(ibv_device_attr, atomic_cap) - 164usize];
-    ["Offset of field: ibv_device_attr::max_ee"]
-        [::std::mem::offset_of!(ibv_device_attr, max_ee) - 168usize];
-    ["Offset of field: ibv_device_attr::max_rdd"]
-        [::std::mem::offset_of!(ibv_device_attr, max_rdd) - 172usize];
-    ["Offset of field: ibv_device_attr::max_mw"]
-        [::std::mem::offset_of!(ibv_device_attr, max_mw) - 176usize];
+    ["Offset of field: ibv_device_attr::atomic_cap"][::std::mem::offset_of!(ibv_device_attr, atomic_cap) - 164usize];
+    ["Offset of field: ibv_device_attr::max_ee"][::std::mem::offset_of!(ibv_device_attr, max_ee) - 168usize];
+    ["Offset of field: ibv_device_attr::max_rdd"][::std::mem::offset_of!(ibv_device_attr, max_rdd) - 172usize];
+    ["Offset of field: ibv_device_attr::max_mw"][::std::mem::offset_of!(ibv_device_attr, max_mw) - 176usize];
     ["Offset of field: ibv_device_attr::max_raw_ipv6_qp"]
         [::std::mem::offset_of!(ibv_device_attr, max_raw_ipv6_qp) - 180usize];
     ["Offset of field: ibv_device_attr::max_raw_ethy_qp"]
@@ -5547,20 +5019,14 @@ const _: () = {
         [::std::mem::offset_of!(ibv_device_attr, max_mcast_qp_attach) - 192usize];
     ["Offset of field: ibv_device_attr::max_total_mcast_qp_attach"]
         [::std::mem::offset_of!(ibv_device_attr, max_total_mcast_qp_attach) - 196usize];
-    ["Offset of field: ibv_device_attr::max_ah"]
-        [::std::mem::offset_of!(ibv_device_attr, max_ah) - 200usize];
-    ["Offset of field: ibv_device_attr::max_fmr"]
-        [::std::mem::offset_of!(ibv_device_attr, max_fmr) - 204usize];
+    ["Offset of field: ibv_device_attr::max_ah"][::std::mem::offset_of!(ibv_device_attr, max_ah) - 200usize];
+    ["Offset of field: ibv_device_attr::max_fmr"][::std::mem::offset_of!(ibv_device_attr, max_fmr) - 204usize];
     ["Offset of field: ibv_device_attr::max_map_per_fmr"]
         [::std::mem::offset_of!(ibv_device_attr, max_map_per_fmr) - 208usize];
-    ["Offset of field: ibv_device_attr::max_srq"]
-        [::std::mem::offset_of!(ibv_device_attr, max_srq) - 212usize];
-    ["Offset of field: ibv_device_attr::max_srq_wr"]
-        [::std::mem::offset_of!(ibv_device_attr, max_srq_wr) - 216usize];
-    ["Offset of field: ibv_device_attr::max_srq_sge"]
-        [::std::mem::offset_of!(ibv_device_attr, max_srq_sge) - 220usize];
-    ["Offset of field: ibv_device_attr::max_pkeys"]
-        [::std::mem::offset_of!(ibv_device_attr, max_pkeys) - 224usize];
+    ["Offset of field: ibv_device_attr::max_srq"][::std::mem::offset_of!(ibv_device_attr, max_srq) - 212usize];
+    ["Offset of field: ibv_device_attr::max_srq_wr"][::std::mem::offset_of!(ibv_device_attr, max_srq_wr) - 216usize];
+    ["Offset of field: ibv_device_attr::max_srq_sge"][::std::mem::offset_of!(ibv_device_attr, max_srq_sge) - 220usize];
+    ["Offset of field: ibv_device_attr::max_pkeys"][::std::mem::offset_of!(ibv_device_attr, max_pkeys) - 224usize];
     ["Offset of field: ibv_device_attr::local_ca_ack_delay"]
         [::std::mem::offset_of!(ibv_device_attr, local_ca_ack_delay) - 226usize];
     ["Offset of field: ibv_device_attr::phys_port_cnt"]
@@ -5582,10 +5048,8 @@ pub struct ibv_query_device_ex_input {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_query_device_ex_input"]
-        [::std::mem::size_of::<ibv_query_device_ex_input>() - 4usize];
-    ["Alignment of ibv_query_device_ex_input"]
-        [::std::mem::align_of::<ibv_query_device_ex_input>() - 4usize];
+    ["Size of ibv_query_device_ex_input"][::std::mem::size_of::<ibv_query_device_ex_input>() - 4usize];
+    ["Alignment of ibv_query_device_ex_input"][::std::mem::align_of::<ibv_query_device_ex_input>() - 4usize];
     ["Offset of field: ibv_query_device_ex_input::comp_mask"]
         [::std::mem::offset_of!(ibv_query_device_ex_input, comp_mask) - 0usize];
 };
@@ -5615,10 +5079,8 @@ pub struct ibv_odp_caps__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_odp_caps__bindgen_ty_1"]
-        [::std::mem::size_of::<ibv_odp_caps__bindgen_ty_1>() - 12usize];
-    ["Alignment of ibv_odp_caps__bindgen_ty_1"]
-        [::std::mem::align_of::<ibv_odp_caps__bindgen_ty_1>() - 4usize];
+    ["Size of ibv_odp_caps__bindgen_ty_1"][::std::mem::size_of::<ibv_odp_caps__bindgen_ty_1>() - 12usize];
+    ["Alignment of ibv_odp_caps__bindgen_ty_1"][::std::mem::align_of::<ibv_odp_caps__bindgen_ty_1>() - 4usize];
     ["Offset of field: ibv_odp_caps__bindgen_ty_1::rc_odp_caps"]
         [::std::mem::offset_of!(ibv_odp_caps__bindgen_ty_1, rc_odp_caps) - 0usize];
     ["Offset of field: ibv_odp_caps__bindgen_ty_1::uc_odp_caps"]
@@ -5630,8 +5092,7 @@ const _: () = {
 const _: () = {
     ["Size of ibv_odp_caps"][::std::mem::size_of::<ibv_odp_caps>() - 24usize];
     ["Alignment of ibv_odp_caps"][::std::mem::align_of::<ibv_odp_caps>() - 8usize];
-    ["Offset of field: ibv_odp_caps::general_caps"]
-        [::std::mem::offset_of!(ibv_odp_caps, general_caps) - 0usize];
+    ["Offset of field: ibv_odp_caps::general_caps"][::std::mem::offset_of!(ibv_odp_caps, general_caps) - 0usize];
     ["Offset of field: ibv_odp_caps::per_transport_caps"]
         [::std::mem::offset_of!(ibv_odp_caps, per_transport_caps) - 8usize];
 };
@@ -5678,10 +5139,8 @@ pub struct ibv_tso_caps {
 const _: () = {
     ["Size of ibv_tso_caps"][::std::mem::size_of::<ibv_tso_caps>() - 8usize];
     ["Alignment of ibv_tso_caps"][::std::mem::align_of::<ibv_tso_caps>() - 4usize];
-    ["Offset of field: ibv_tso_caps::max_tso"]
-        [::std::mem::offset_of!(ibv_tso_caps, max_tso) - 0usize];
-    ["Offset of field: ibv_tso_caps::supported_qpts"]
-        [::std::mem::offset_of!(ibv_tso_caps, supported_qpts) - 4usize];
+    ["Offset of field: ibv_tso_caps::max_tso"][::std::mem::offset_of!(ibv_tso_caps, max_tso) - 0usize];
+    ["Offset of field: ibv_tso_caps::supported_qpts"][::std::mem::offset_of!(ibv_tso_caps, supported_qpts) - 4usize];
 };
 impl ibv_rx_hash_function_flags {
     pub const IBV_RX_HASH_FUNC_TOEPLITZ: ibv_rx_hash_function_flags = ibv_rx_hash_function_flags(1);
@@ -5743,8 +5202,7 @@ pub struct ibv_rss_caps {
 const _: () = {
     ["Size of ibv_rss_caps"][::std::mem::size_of::<ibv_rss_caps>() - 32usize];
     ["Alignment of ibv_rss_caps"][::std::mem::align_of::<ibv_rss_caps>() - 8usize];
-    ["Offset of field: ibv_rss_caps::supported_qpts"]
-        [::std::mem::offset_of!(ibv_rss_caps, supported_qpts) - 0usize];
+    ["Offset of field: ibv_rss_caps::supported_qpts"][::std::mem::offset_of!(ibv_rss_caps, supported_qpts) - 0usize];
     ["Offset of field: ibv_rss_caps::max_rwq_indirection_tables"]
         [::std::mem::offset_of!(ibv_rss_caps, max_rwq_indirection_tables) - 4usize];
     ["Offset of field: ibv_rss_caps::max_rwq_indirection_table_size"]
@@ -5764,8 +5222,7 @@ pub struct ibv_packet_pacing_caps {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_packet_pacing_caps"][::std::mem::size_of::<ibv_packet_pacing_caps>() - 12usize];
-    ["Alignment of ibv_packet_pacing_caps"]
-        [::std::mem::align_of::<ibv_packet_pacing_caps>() - 4usize];
+    ["Alignment of ibv_packet_pacing_caps"][::std::mem::align_of::<ibv_packet_pacing_caps>() - 4usize];
     ["Offset of field: ibv_packet_pacing_caps::qp_rate_limit_min"]
         [::std::mem::offset_of!(ibv_packet_pacing_caps, qp_rate_limit_min) - 0usize];
     ["Offset of field: ibv_packet_pacing_caps::qp_rate_limit_max"]
@@ -5855,13 +5312,10 @@ const _: () = {
     ["Alignment of ibv_tm_caps"][::std::mem::align_of::<ibv_tm_caps>() - 4usize];
     ["Offset of field: ibv_tm_caps::max_rndv_hdr_size"]
         [::std::mem::offset_of!(ibv_tm_caps, max_rndv_hdr_size) - 0usize];
-    ["Offset of field: ibv_tm_caps::max_num_tags"]
-        [::std::mem::offset_of!(ibv_tm_caps, max_num_tags) - 4usize];
+    ["Offset of field: ibv_tm_caps::max_num_tags"][::std::mem::offset_of!(ibv_tm_caps, max_num_tags) - 4usize];
     ["Offset of field: ibv_tm_caps::flags"][::std::mem::offset_of!(ibv_tm_caps, flags) - 8usize];
-    ["Offset of field: ibv_tm_caps::max_ops"]
-        [::std::mem::offset_of!(ibv_tm_caps, max_ops) - 12usize];
-    ["Offset of field: ibv_tm_caps::max_sge"]
-        [::std::mem::offset_of!(ibv_tm_caps, max_sge) - 16usize];
+    ["Offset of field: ibv_tm_caps::max_ops"][::std::mem::offset_of!(ibv_tm_caps, max_ops) - 12usize];
+    ["Offset of field: ibv_tm_caps::max_sge"][::std::mem::offset_of!(ibv_tm_caps, max_sge) - 16usize];
 };
 #[repr(C)]
 #[derive(Default, Copy, Clone)]
@@ -5872,20 +5326,16 @@ pub struct ibv_cq_moderation_caps {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_cq_moderation_caps"][::std::mem::size_of::<ibv_cq_moderation_caps>() - 4usize];
-    ["Alignment of ibv_cq_moderation_caps"]
-        [::std::mem::align_of::<ibv_cq_moderation_caps>() - 2usize];
+    ["Alignment of ibv_cq_moderation_caps"][::std::mem::align_of::<ibv_cq_moderation_caps>() - 2usize];
     ["Offset of field: ibv_cq_moderation_caps::max_cq_count"]
         [::std::mem::offset_of!(ibv_cq_moderation_caps, max_cq_count) - 0usize];
     ["Offset of field: ibv_cq_moderation_caps::max_cq_period"]
         [::std::mem::offset_of!(ibv_cq_moderation_caps, max_cq_period) - 2usize];
 };
 impl ibv_pci_atomic_op_size {
-    pub const IBV_PCI_ATOMIC_OPERATION_4_BYTE_SIZE_SUP: ibv_pci_atomic_op_size =
-        ibv_pci_atomic_op_size(1);
-    pub const IBV_PCI_ATOMIC_OPERATION_8_BYTE_SIZE_SUP: ibv_pci_atomic_op_size =
-        ibv_pci_atomic_op_size(2);
-    pub const IBV_PCI_ATOMIC_OPERATION_16_BYTE_SIZE_SUP: ibv_pci_atomic_op_size =
-        ibv_pci_atomic_op_size(4);
+    pub const IBV_PCI_ATOMIC_OPERATION_4_BYTE_SIZE_SUP: ibv_pci_atomic_op_size = ibv_pci_atomic_op_size(1);
+    pub const IBV_PCI_ATOMIC_OPERATION_8_BYTE_SIZE_SUP: ibv_pci_atomic_op_size = ibv_pci_atomic_op_size(2);
+    pub const IBV_PCI_ATOMIC_OPERATION_16_BYTE_SIZE_SUP: ibv_pci_atomic_op_size = ibv_pci_atomic_op_size(4);
 }
 #[repr(transparent)]
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
@@ -5903,8 +5353,7 @@ const _: () = {
     ["Alignment of ibv_pci_atomic_caps"][::std::mem::align_of::<ibv_pci_atomic_caps>() - 2usize];
     ["Offset of field: ibv_pci_atomic_caps::fetch_add"]
         [::std::mem::offset_of!(ibv_pci_atomic_caps, fetch_add) - 0usize];
-    ["Offset of field: ibv_pci_atomic_caps::swap"]
-        [::std::mem::offset_of!(ibv_pci_atomic_caps, swap) - 2usize];
+    ["Offset of field: ibv_pci_atomic_caps::swap"][::std::mem::offset_of!(ibv_pci_atomic_caps, swap) - 2usize];
     ["Offset of field: ibv_pci_atomic_caps::compare_swap"]
         [::std::mem::offset_of!(ibv_pci_atomic_caps, compare_swap) - 4usize];
 };
@@ -5933,30 +5382,25 @@ pub struct ibv_device_attr_ex {
 const _: () = {
     ["Size of ibv_device_attr_ex"][::std::mem::size_of::<ibv_device_attr_ex>() - 400usize];
     ["Alignment of ibv_device_attr_ex"][::std::mem::align_of::<ibv_device_attr_ex>() - 8usize];
-    ["Offset of field: ibv_device_attr_ex::orig_attr"]
-        [::std::mem::offset_of!(ibv_device_attr_ex, orig_attr) - 0usize];
+    ["Offset of field: ibv_device_attr_ex::orig_attr"][::std::mem::offset_of!(ibv_device_attr_ex, orig_attr) - 0usize];
     ["Offset of field: ibv_device_attr_ex::comp_mask"]
         [::std::mem::offset_of!(ibv_device_attr_ex, comp_mask) - 232usize];
-    ["Offset of field: ibv_device_attr_ex::odp_caps"]
-        [::std::mem::offset_of!(ibv_device_attr_ex, odp_caps) - 240usize];
+    ["Offset of field: ibv_device_attr_ex::odp_caps"][::std::mem::offset_of!(ibv_device_attr_ex, odp_caps) - 240usize];
     ["Offset of field: ibv_device_attr_ex::completion_timestamp_mask"]
         [::std::mem::offset_of!(ibv_device_attr_ex, completion_timestamp_mask) - 264usize];
     ["Offset of field: ibv_device_attr_ex::hca_core_clock"]
         [::std::mem::offset_of!(ibv_device_attr_ex, hca_core_clock) - 272usize];
     ["Offset of field: ibv_device_attr_ex::device_cap_flags_ex"]
         [::std::mem::offset_of!(ibv_device_attr_ex, device_cap_flags_ex) - 280usize];
-    ["Offset of field: ibv_device_attr_ex::tso_caps"]
-        [::std::mem::offset_of!(ibv_device_attr_ex, tso_caps) - 288usize];
-    ["Offset of field: ibv_device_attr_ex::rss_caps"]
-        [::std::mem::offset_of!(ibv_device_attr_ex, rss_caps) - 296usize];
+    ["Offset of field: ibv_device_attr_ex::tso_caps"][::std::mem::offset_of!(ibv_device_attr_ex, tso_caps) - 288usize];
+    ["Offset of field: ibv_device_attr_ex::rss_caps"][::std::mem::offset_of!(ibv_device_attr_ex, rss_caps) - 296usize];
     ["Offset of field: ibv_device_attr_ex::max_wq_type_rq"]
         [::std::mem::offset_of!(ibv_device_attr_ex, max_wq_type_rq) - 328usize];
     ["Offset of field: ibv_device_attr_ex::packet_pacing_caps"]
         [::std::mem::offset_of!(ibv_device_attr_ex, packet_pacing_caps) - 332usize];
     ["Offset of field: ibv_device_attr_ex::raw_packet_caps"]
         [::std::mem::offset_of!(ibv_device_attr_ex, raw_packet_caps) - 344usize];
-    ["Offset of field: ibv_device_attr_ex::tm_caps"]
-        [::std::mem::offset_of!(ibv_device_attr_ex, tm_caps) - 348usize];
+    ["Offset of field: ibv_device_attr_ex::tm_caps"][::std::mem::offset_of!(ibv_device_attr_ex, tm_caps) - 348usize];
     ["Offset of field: ibv_device_attr_ex::cq_mod_caps"]
         [::std::mem::offset_of!(ibv_device_attr_ex, cq_mod_caps) - 368usize];
     ["Offset of field: ibv_device_attr_ex::max_dm_size"]
@@ -6101,46 +5545,28 @@ pub struct ibv_port_attr {
 const _: () = {
     ["Size of ibv_port_attr"][::std::mem::size_of::<ibv_port_attr>() - 52usize];
     ["Alignment of ibv_port_attr"][::std::mem::align_of::<ibv_port_attr>() - 4usize];
-    ["Offset of field: ibv_port_attr::state"]
-        [::std::mem::offset_of!(ibv_port_attr, state) - 0usize];
-    ["Offset of field: ibv_port_attr::max_mtu"]
-        [::std::mem::offset_of!(ibv_port_attr, max_mtu) - 4usize];
-    ["Offset of field: ibv_port_attr::active_mtu"]
-        [::std::mem::offset_of!(ibv_port_attr, active_mtu) - 8usize];
-    ["Offset of field: ibv_port_attr::gid_tbl_len"]
-        [::std::mem::offset_of!(ibv_port_attr, gid_tbl_len) - 12usize];
-    ["Offset of field: ibv_port_attr::port_cap_flags"]
-        [::std::mem::offset_of!(ibv_port_attr, port_cap_flags) - 16usize];
-    ["Offset of field: ibv_port_attr::max_msg_sz"]
-        [::std::mem::offset_of!(ibv_port_attr, max_msg_sz) - 20usize];
-    ["Offset of field: ibv_port_attr::bad_pkey_cntr"]
-        [::std::mem::offset_of!(ibv_port_attr, bad_pkey_cntr) - 24usize];
-    ["Offset of field: ibv_port_attr::qkey_viol_cntr"]
-        [::std::mem::offset_of!(ibv_port_attr, qkey_viol_cntr) - 28usize];
-    ["Offset of field: ibv_port_attr::pkey_tbl_len"]
-        [::std::mem::offset_of!(ibv_port_attr, pkey_tbl_len) - 32usize];
+    ["Offset of field: ibv_port_attr::state"][::std::mem::offset_of!(ibv_port_attr, state) - 0usize];
+    ["Offset of field: ibv_port_attr::max_mtu"][::std::mem::offset_of!(ibv_port_attr, max_mtu) - 4usize];
+    ["Offset of field: ibv_port_attr::active_mtu"][::std::mem::offset_of!(ibv_port_attr, active_mtu) - 8usize];
+    ["Offset of field: ibv_port_attr::gid_tbl_len"][::std::mem::offset_of!(ibv_port_attr, gid_tbl_len) - 12usize];
+    ["Offset of field: ibv_port_attr::port_cap_flags"][::std::mem::offset_of!(ibv_port_attr, port_cap_flags) - 16usize];
+    ["Offset of field: ibv_port_attr::max_msg_sz"][::std::mem::offset_of!(ibv_port_attr, max_msg_sz) - 20usize];
+    ["Offset of field: ibv_port_attr::bad_pkey_cntr"][::std::mem::offset_of!(ibv_port_attr, bad_pkey_cntr) - 24usize];
+    ["Offset of field: ibv_port_attr::qkey_viol_cntr"][::std::mem::offset_of!(ibv_port_attr, qkey_viol_cntr) - 28usize];
+    ["Offset of field: ibv_port_attr::pkey_tbl_len"][::std::mem::offset_of!(ibv_port_attr, pkey_tbl_len) - 32usize];
     ["Offset of field: ibv_port_attr::lid"][::std::mem::offset_of!(ibv_port_attr, lid) - 34usize];
-    ["Offset of field: ibv_port_attr::sm_lid"]
-        [::std::mem::offset_of!(ibv_port_attr, sm_lid) - 36usize];
+    ["Offset of field: ibv_port_attr::sm_lid"][::std::mem::offset_of!(ibv_port_attr, sm_lid) - 36usize];
     ["Offset of field: ibv_port_attr::lmc"][::std::mem::offset_of!(ibv_port_attr, lmc) - 38usize];
-    ["Offset of field: ibv_port_attr::max_vl_num"]
-        [::std::mem::offset_of!(ibv_port_attr, max_vl_num) - 39usize];
-    ["Offset of field: ibv_port_attr::sm_sl"]
-        [::std::mem::offset_of!(ibv_port_attr, sm_sl) - 40usize];
-    ["Offset of field: ibv_port_attr::subnet_timeout"]
-        [::std::mem::offset_of!(ibv_port_attr, subnet_timeout) - 41usize];
+    ["Offset of field: ibv_port_attr::max_vl_num"][::std::mem::offset_of!(ibv_port_attr, max_vl_num) - 39usize];
+    ["Offset of field: ibv_port_attr::sm_sl"][::std::mem::offset_of!(ibv_port_attr, sm_sl) - 40usize];
+    ["Offset of field: ibv_port_attr::subnet_timeout"][::std::mem::offset_of!(ibv_port_attr, subnet_timeout) - 41usize];
     ["Offset of field: ibv_port_attr::init_type_reply"]
         [::std::mem::offset_of!(ibv_port_attr, init_type_reply) - 42usize];
-    ["Offset of field: ibv_port_attr::active_width"]
-        [::std::mem::offset_of!(ibv_port_attr, active_width) - 43usize];
-    ["Offset of field: ibv_port_attr::active_speed"]
-        [::std::mem::offset_of!(ibv_port_attr, active_speed) - 44usize];
-    ["Offset of field: ibv_port_attr::phys_state"]
-        [::std::mem::offset_of!(ibv_port_attr, phys_state) - 45usize];
-    ["Offset of field: ibv_port_attr::link_layer"]
-        [::std::mem::offset_of!(ibv_port_attr, link_layer) - 46usize];
-    ["Offset of field: ibv_port_attr::flags"]
-        [::std::mem::offset_of!(ibv_port_attr, flags) - 47usize];
+    ["Offset of field: ibv_port_attr::active_width"][::std::mem::offset_of!(ibv_port_attr, active_width) - 43usize];
+    ["Offset of field: ibv_port_attr::active_speed"][::std::mem::offset_of!(ibv_port_attr, active_speed) - 44usize];
+    ["Offset of field: ibv_port_attr::phys_state"][::std::mem::offset_of!(ibv_port_attr, phys_state) - 45usize];
+    ["Offset of field: ibv_port_attr::link_layer"][::std::mem::offset_of!(ibv_port_attr, link_layer) - 46usize];
+    ["Offset of field: ibv_port_attr::flags"][::std::mem::offset_of!(ibv_port_attr, flags) - 47usize];
     ["Offset of field: ibv_port_attr::port_cap_flags2"]
         [::std::mem::offset_of!(ibv_port_attr, port_cap_flags2) - 48usize];
 };
@@ -6195,10 +5621,8 @@ pub union ibv_async_event__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_async_event__bindgen_ty_1"]
-        [::std::mem::size_of::<ibv_async_event__bindgen_ty_1>() - 8usize];
-    ["Alignment of ibv_async_event__bindgen_ty_1"]
-        [::std::mem::align_of::<ibv_async_event__bindgen_ty_1>() - 8usize];
+    ["Size of ibv_async_event__bindgen_ty_1"][::std::mem::size_of::<ibv_async_event__bindgen_ty_1>() - 8usize];
+    ["Alignment of ibv_async_event__bindgen_ty_1"][::std::mem::align_of::<ibv_async_event__bindgen_ty_1>() - 8usize];
     ["Offset of field: ibv_async_event__bindgen_ty_1::cq"]
         [::std::mem::offset_of!(ibv_async_event__bindgen_ty_1, cq) - 0usize];
     ["Offset of field: ibv_async_event__bindgen_ty_1::qp"]
@@ -6223,10 +5647,8 @@ impl Default for ibv_async_event__bindgen_ty_1 {
 const _: () = {
     ["Size of ibv_async_event"][::std::mem::size_of::<ibv_async_event>() - 16usize];
     ["Alignment of ibv_async_event"][::std::mem::align_of::<ibv_async_event>() - 8usize];
-    ["Offset of field: ibv_async_event::element"]
-        [::std::mem::offset_of!(ibv_async_event, element) - 0usize];
-    ["Offset of field: ibv_async_event::event_type"]
-        [::std::mem::offset_of!(ibv_async_event, event_type) - 8usize];
+    ["Offset of field: ibv_async_event::element"][::std::mem::offset_of!(ibv_async_event, element) - 0usize];
+    ["Offset of field: ibv_async_event::event_type"][::std::mem::offset_of!(ibv_async_event, event_type) - 8usize];
 };
 impl Default for ibv_async_event {
     fn default() -> Self {
@@ -6305,13 +5727,11 @@ impl ibv_create_cq_wc_flags {
     pub const IBV_WC_EX_WITH_SLID: ibv_create_cq_wc_flags = ibv_create_cq_wc_flags(16);
     pub const IBV_WC_EX_WITH_SL: ibv_create_cq_wc_flags = ibv_create_cq_wc_flags(32);
     pub const IBV_WC_EX_WITH_DLID_PATH_BITS: ibv_create_cq_wc_flags = ibv_create_cq_wc_flags(64);
-    pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: ibv_create_cq_wc_flags =
-        ibv_create_cq_wc_flags(128);
+    pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: ibv_create_cq_wc_flags = ibv_create_cq_wc_flags(128);
     pub const IBV_WC_EX_WITH_CVLAN: ibv_create_cq_wc_flags = ibv_create_cq_wc_flags(256);
     pub const IBV_WC_EX_WITH_FLOW_TAG: ibv_create_cq_wc_flags = ibv_create_cq_wc_flags(512);
     pub const IBV_WC_EX_WITH_TM_INFO: ibv_create_cq_wc_flags = ibv_create_cq_wc_flags(1024);
-    pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: ibv_create_cq_wc_flags =
-        ibv_create_cq_wc_flags(2048);
+    pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: ibv_create_cq_wc_flags = ibv_create_cq_wc_flags(2048);
 }
 impl ::std::ops::BitOr<ibv_create_cq_wc_flags> for ibv_create_cq_wc_flags {
     type Output = Self;
@@ -6444,8 +5864,7 @@ const _: () = {
     ["Offset of field: ibv_wc::pkey_index"][::std::mem::offset_of!(ibv_wc, pkey_index) - 40usize];
     ["Offset of field: ibv_wc::slid"][::std::mem::offset_of!(ibv_wc, slid) - 42usize];
     ["Offset of field: ibv_wc::sl"][::std::mem::offset_of!(ibv_wc, sl) - 44usize];
-    ["Offset of field: ibv_wc::dlid_path_bits"]
-        [::std::mem::offset_of!(ibv_wc, dlid_path_bits) - 45usize];
+    ["Offset of field: ibv_wc::dlid_path_bits"][::std::mem::offset_of!(ibv_wc, dlid_path_bits) - 45usize];
 };
 impl Default for ibv_wc {
     fn default() -> Self {
@@ -6508,12 +5927,9 @@ pub struct ibv_mw_bind_info {
 const _: () = {
     ["Size of ibv_mw_bind_info"][::std::mem::size_of::<ibv_mw_bind_info>() - 32usize];
     ["Alignment of ibv_mw_bind_info"][::std::mem::align_of::<ibv_mw_bind_info>() - 8usize];
-    ["Offset of field: ibv_mw_bind_info::mr"]
-        [::std::mem::offset_of!(ibv_mw_bind_info, mr) - 0usize];
-    ["Offset of field: ibv_mw_bind_info::addr"]
-        [::std::mem::offset_of!(ibv_mw_bind_info, addr) - 8usize];
-    ["Offset of field: ibv_mw_bind_info::length"]
-        [::std::mem::offset_of!(ibv_mw_bind_info, length) - 16usize];
+    ["Offset of field: ibv_mw_bind_info::mr"][::std::mem::offset_of!(ibv_mw_bind_info, mr) - 0usize];
+    ["Offset of field: ibv_mw_bind_info::addr"][::std::mem::offset_of!(ibv_mw_bind_info, addr) - 8usize];
+    ["Offset of field: ibv_mw_bind_info::length"][::std::mem::offset_of!(ibv_mw_bind_info, length) - 16usize];
     ["Offset of field: ibv_mw_bind_info::mw_access_flags"]
         [::std::mem::offset_of!(ibv_mw_bind_info, mw_access_flags) - 24usize];
 };
@@ -6557,8 +5973,7 @@ pub struct ibv_td_init_attr {
 const _: () = {
     ["Size of ibv_td_init_attr"][::std::mem::size_of::<ibv_td_init_attr>() - 4usize];
     ["Alignment of ibv_td_init_attr"][::std::mem::align_of::<ibv_td_init_attr>() - 4usize];
-    ["Offset of field: ibv_td_init_attr::comp_mask"]
-        [::std::mem::offset_of!(ibv_td_init_attr, comp_mask) - 0usize];
+    ["Offset of field: ibv_td_init_attr::comp_mask"][::std::mem::offset_of!(ibv_td_init_attr, comp_mask) - 0usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -6625,12 +6040,9 @@ pub struct ibv_xrcd_init_attr {
 const _: () = {
     ["Size of ibv_xrcd_init_attr"][::std::mem::size_of::<ibv_xrcd_init_attr>() - 12usize];
     ["Alignment of ibv_xrcd_init_attr"][::std::mem::align_of::<ibv_xrcd_init_attr>() - 4usize];
-    ["Offset of field: ibv_xrcd_init_attr::comp_mask"]
-        [::std::mem::offset_of!(ibv_xrcd_init_attr, comp_mask) - 0usize];
-    ["Offset of field: ibv_xrcd_init_attr::fd"]
-        [::std::mem::offset_of!(ibv_xrcd_init_attr, fd) - 4usize];
-    ["Offset of field: ibv_xrcd_init_attr::oflags"]
-        [::std::mem::offset_of!(ibv_xrcd_init_attr, oflags) - 8usize];
+    ["Offset of field: ibv_xrcd_init_attr::comp_mask"][::std::mem::offset_of!(ibv_xrcd_init_attr, comp_mask) - 0usize];
+    ["Offset of field: ibv_xrcd_init_attr::fd"][::std::mem::offset_of!(ibv_xrcd_init_attr, fd) - 4usize];
+    ["Offset of field: ibv_xrcd_init_attr::oflags"][::std::mem::offset_of!(ibv_xrcd_init_attr, oflags) - 8usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -6767,14 +6179,10 @@ pub struct ibv_global_route {
 const _: () = {
     ["Size of ibv_global_route"][::std::mem::size_of::<ibv_global_route>() - 24usize];
     ["Alignment of ibv_global_route"][::std::mem::align_of::<ibv_global_route>() - 8usize];
-    ["Offset of field: ibv_global_route::dgid"]
-        [::std::mem::offset_of!(ibv_global_route, dgid) - 0usize];
-    ["Offset of field: ibv_global_route::flow_label"]
-        [::std::mem::offset_of!(ibv_global_route, flow_label) - 16usize];
-    ["Offset of field: ibv_global_route::sgid_index"]
-        [::std::mem::offset_of!(ibv_global_route, sgid_index) - 20usize];
-    ["Offset of field: ibv_global_route::hop_limit"]
-        [::std::mem::offset_of!(ibv_global_route, hop_limit) - 21usize];
+    ["Offset of field: ibv_global_route::dgid"][::std::mem::offset_of!(ibv_global_route, dgid) - 0usize];
+    ["Offset of field: ibv_global_route::flow_label"][::std::mem::offset_of!(ibv_global_route, flow_label) - 16usize];
+    ["Offset of field: ibv_global_route::sgid_index"][::std::mem::offset_of!(ibv_global_route, sgid_index) - 20usize];
+    ["Offset of field: ibv_global_route::hop_limit"][::std::mem::offset_of!(ibv_global_route, hop_limit) - 21usize];
     ["Offset of field: ibv_global_route::traffic_class"]
         [::std::mem::offset_of!(ibv_global_route, traffic_class) - 22usize];
 };
@@ -6801,8 +6209,7 @@ pub struct ibv_grh {
 const _: () = {
     ["Size of ibv_grh"][::std::mem::size_of::<ibv_grh>() - 40usize];
     ["Alignment of ibv_grh"][::std::mem::align_of::<ibv_grh>() - 8usize];
-    ["Offset of field: ibv_grh::version_tclass_flow"]
-        [::std::mem::offset_of!(ibv_grh, version_tclass_flow) - 0usize];
+    ["Offset of field: ibv_grh::version_tclass_flow"][::std::mem::offset_of!(ibv_grh, version_tclass_flow) - 0usize];
     ["Offset of field: ibv_grh::paylen"][::std::mem::offset_of!(ibv_grh, paylen) - 4usize];
     ["Offset of field: ibv_grh::next_hdr"][::std::mem::offset_of!(ibv_grh, next_hdr) - 6usize];
     ["Offset of field: ibv_grh::hop_limit"][::std::mem::offset_of!(ibv_grh, hop_limit) - 7usize];
@@ -6871,14 +6278,10 @@ const _: () = {
     ["Offset of field: ibv_ah_attr::grh"][::std::mem::offset_of!(ibv_ah_attr, grh) - 0usize];
     ["Offset of field: ibv_ah_attr::dlid"][::std::mem::offset_of!(ibv_ah_attr, dlid) - 24usize];
     ["Offset of field: ibv_ah_attr::sl"][::std::mem::offset_of!(ibv_ah_attr, sl) - 26usize];
-    ["Offset of field: ibv_ah_attr::src_path_bits"]
-        [::std::mem::offset_of!(ibv_ah_attr, src_path_bits) - 27usize];
-    ["Offset of field: ibv_ah_attr::static_rate"]
-        [::std::mem::offset_of!(ibv_ah_attr, static_rate) - 28usize];
-    ["Offset of field: ibv_ah_attr::is_global"]
-        [::std::mem::offset_of!(ibv_ah_attr, is_global) - 29usize];
-    ["Offset of field: ibv_ah_attr::port_num"]
-        [::std::mem::offset_of!(ibv_ah_attr, port_num) - 30usize];
+    ["Offset of field: ibv_ah_attr::src_path_bits"][::std::mem::offset_of!(ibv_ah_attr, src_path_bits) - 27usize];
+    ["Offset of field: ibv_ah_attr::static_rate"][::std::mem::offset_of!(ibv_ah_attr, static_rate) - 28usize];
+    ["Offset of field: ibv_ah_attr::is_global"][::std::mem::offset_of!(ibv_ah_attr, is_global) - 29usize];
+    ["Offset of field: ibv_ah_attr::port_num"][::std::mem::offset_of!(ibv_ah_attr, port_num) - 30usize];
 };
 impl Default for ibv_ah_attr {
     fn default() -> Self {
@@ -6933,12 +6336,9 @@ pub struct ibv_srq_attr {
 const _: () = {
     ["Size of ibv_srq_attr"][::std::mem::size_of::<ibv_srq_attr>() - 12usize];
     ["Alignment of ibv_srq_attr"][::std::mem::align_of::<ibv_srq_attr>() - 4usize];
-    ["Offset of field: ibv_srq_attr::max_wr"]
-        [::std::mem::offset_of!(ibv_srq_attr, max_wr) - 0usize];
-    ["Offset of field: ibv_srq_attr::max_sge"]
-        [::std::mem::offset_of!(ibv_srq_attr, max_sge) - 4usize];
-    ["Offset of field: ibv_srq_attr::srq_limit"]
-        [::std::mem::offset_of!(ibv_srq_attr, srq_limit) - 8usize];
+    ["Offset of field: ibv_srq_attr::max_wr"][::std::mem::offset_of!(ibv_srq_attr, max_wr) - 0usize];
+    ["Offset of field: ibv_srq_attr::max_sge"][::std::mem::offset_of!(ibv_srq_attr, max_sge) - 4usize];
+    ["Offset of field: ibv_srq_attr::srq_limit"][::std::mem::offset_of!(ibv_srq_attr, srq_limit) - 8usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -6952,8 +6352,7 @@ const _: () = {
     ["Alignment of ibv_srq_init_attr"][::std::mem::align_of::<ibv_srq_init_attr>() - 8usize];
     ["Offset of field: ibv_srq_init_attr::srq_context"]
         [::std::mem::offset_of!(ibv_srq_init_attr, srq_context) - 0usize];
-    ["Offset of field: ibv_srq_init_attr::attr"]
-        [::std::mem::offset_of!(ibv_srq_init_attr, attr) - 8usize];
+    ["Offset of field: ibv_srq_init_attr::attr"][::std::mem::offset_of!(ibv_srq_init_attr, attr) - 8usize];
 };
 impl Default for ibv_srq_init_attr {
     fn default() -> Self {
@@ -7019,8 +6418,7 @@ pub struct ibv_tm_cap {
 const _: () = {
     ["Size of ibv_tm_cap"][::std::mem::size_of::<ibv_tm_cap>() - 8usize];
     ["Alignment of ibv_tm_cap"][::std::mem::align_of::<ibv_tm_cap>() - 4usize];
-    ["Offset of field: ibv_tm_cap::max_num_tags"]
-        [::std::mem::offset_of!(ibv_tm_cap, max_num_tags) - 0usize];
+    ["Offset of field: ibv_tm_cap::max_num_tags"][::std::mem::offset_of!(ibv_tm_cap, max_num_tags) - 0usize];
     ["Offset of field: ibv_tm_cap::max_ops"][::std::mem::offset_of!(ibv_tm_cap, max_ops) - 4usize];
 };
 #[repr(C)]
@@ -7041,20 +6439,15 @@ const _: () = {
     ["Alignment of ibv_srq_init_attr_ex"][::std::mem::align_of::<ibv_srq_init_attr_ex>() - 8usize];
     ["Offset of field: ibv_srq_init_attr_ex::srq_context"]
         [::std::mem::offset_of!(ibv_srq_init_attr_ex, srq_context) - 0usize];
-    ["Offset of field: ibv_srq_init_attr_ex::attr"]
-        [::std::mem::offset_of!(ibv_srq_init_attr_ex, attr) - 8usize];
+    ["Offset of field: ibv_srq_init_attr_ex::attr"][::std::mem::offset_of!(ibv_srq_init_attr_ex, attr) - 8usize];
     ["Offset of field: ibv_srq_init_attr_ex::comp_mask"]
         [::std::mem::offset_of!(ibv_srq_init_attr_ex, comp_mask) - 20usize];
     ["Offset of field: ibv_srq_init_attr_ex::srq_type"]
         [::std::mem::offset_of!(ibv_srq_init_attr_ex, srq_type) - 24usize];
-    ["Offset of field: ibv_srq_init_attr_ex::pd"]
-        [::std::mem::offset_of!(ibv_srq_init_attr_ex, pd) - 32usize];
-    ["Offset of field: ibv_srq_init_attr_ex::xrcd"]
-        [::std::mem::offset_of!(ibv_srq_init_attr_ex, xrcd) - 40usize];
-    ["Offset of field: ibv_srq_init_attr_ex::cq"]
-        [::std::mem::offset_of!(ibv_srq_init_attr_ex, cq) - 48usize];
-    ["Offset of field: ibv_srq_init_attr_ex::tm_cap"]
-        [::std::mem::offset_of!(ibv_srq_init_attr_ex, tm_cap) - 56usize];
+    ["Offset of field: ibv_srq_init_attr_ex::pd"][::std::mem::offset_of!(ibv_srq_init_attr_ex, pd) - 32usize];
+    ["Offset of field: ibv_srq_init_attr_ex::xrcd"][::std::mem::offset_of!(ibv_srq_init_attr_ex, xrcd) - 40usize];
+    ["Offset of field: ibv_srq_init_attr_ex::cq"][::std::mem::offset_of!(ibv_srq_init_attr_ex, cq) - 48usize];
+    ["Offset of field: ibv_srq_init_attr_ex::tm_cap"][::std::mem::offset_of!(ibv_srq_init_attr_ex, tm_cap) - 56usize];
 };
 impl Default for ibv_srq_init_attr_ex {
     fn default() -> Self {
@@ -7156,20 +6549,13 @@ pub struct ibv_wq_init_attr {
 const _: () = {
     ["Size of ibv_wq_init_attr"][::std::mem::size_of::<ibv_wq_init_attr>() - 48usize];
     ["Alignment of ibv_wq_init_attr"][::std::mem::align_of::<ibv_wq_init_attr>() - 8usize];
-    ["Offset of field: ibv_wq_init_attr::wq_context"]
-        [::std::mem::offset_of!(ibv_wq_init_attr, wq_context) - 0usize];
-    ["Offset of field: ibv_wq_init_attr::wq_type"]
-        [::std::mem::offset_of!(ibv_wq_init_attr, wq_type) - 8usize];
-    ["Offset of field: ibv_wq_init_attr::max_wr"]
-        [::std::mem::offset_of!(ibv_wq_init_attr, max_wr) - 12usize];
-    ["Offset of field: ibv_wq_init_attr::max_sge"]
-        [::std::mem::offset_of!(ibv_wq_init_attr, max_sge) - 16usize];
-    ["Offset of field: ibv_wq_init_attr::pd"]
-        [::std::mem::offset_of!(ibv_wq_init_attr, pd) - 24usize];
-    ["Offset of field: ibv_wq_init_attr::cq"]
-        [::std::mem::offset_of!(ibv_wq_init_attr, cq) - 32usize];
-    ["Offset of field: ibv_wq_init_attr::comp_mask"]
-        [::std::mem::offset_of!(ibv_wq_init_attr, comp_mask) - 40usize];
+    ["Offset of field: ibv_wq_init_attr::wq_context"][::std::mem::offset_of!(ibv_wq_init_attr, wq_context) - 0usize];
+    ["Offset of field: ibv_wq_init_attr::wq_type"][::std::mem::offset_of!(ibv_wq_init_attr, wq_type) - 8usize];
+    ["Offset of field: ibv_wq_init_attr::max_wr"][::std::mem::offset_of!(ibv_wq_init_attr, max_wr) - 12usize];
+    ["Offset of field: ibv_wq_init_attr::max_sge"][::std::mem::offset_of!(ibv_wq_init_attr, max_sge) - 16usize];
+    ["Offset of field: ibv_wq_init_attr::pd"][::std::mem::offset_of!(ibv_wq_init_attr, pd) - 24usize];
+    ["Offset of field: ibv_wq_init_attr::cq"][::std::mem::offset_of!(ibv_wq_init_attr, cq) - 32usize];
+    ["Offset of field: ibv_wq_init_attr::comp_mask"][::std::mem::offset_of!(ibv_wq_init_attr, comp_mask) - 40usize];
     ["Offset of field: ibv_wq_init_attr::create_flags"]
         [::std::mem::offset_of!(ibv_wq_init_attr, create_flags) - 44usize];
 };
@@ -7239,15 +6625,11 @@ pub struct ibv_wq_attr {
 const _: () = {
     ["Size of ibv_wq_attr"][::std::mem::size_of::<ibv_wq_attr>() - 20usize];
     ["Alignment of ibv_wq_attr"][::std::mem::align_of::<ibv_wq_attr>() - 4usize];
-    ["Offset of field: ibv_wq_attr::attr_mask"]
-        [::std::mem::offset_of!(ibv_wq_attr, attr_mask) - 0usize];
-    ["Offset of field: ibv_wq_attr::wq_state"]
-        [::std::mem::offset_of!(ibv_wq_attr, wq_state) - 4usize];
-    ["Offset of field: ibv_wq_attr::curr_wq_state"]
-        [::std::mem::offset_of!(ibv_wq_attr, curr_wq_state) - 8usize];
+    ["Offset of field: ibv_wq_attr::attr_mask"][::std::mem::offset_of!(ibv_wq_attr, attr_mask) - 0usize];
+    ["Offset of field: ibv_wq_attr::wq_state"][::std::mem::offset_of!(ibv_wq_attr, wq_state) - 4usize];
+    ["Offset of field: ibv_wq_attr::curr_wq_state"][::std::mem::offset_of!(ibv_wq_attr, curr_wq_state) - 8usize];
     ["Offset of field: ibv_wq_attr::flags"][::std::mem::offset_of!(ibv_wq_attr, flags) - 12usize];
-    ["Offset of field: ibv_wq_attr::flags_mask"]
-        [::std::mem::offset_of!(ibv_wq_attr, flags_mask) - 16usize];
+    ["Offset of field: ibv_wq_attr::flags_mask"][::std::mem::offset_of!(ibv_wq_attr, flags_mask) - 16usize];
 };
 impl Default for ibv_wq_attr {
     fn default() -> Self {
@@ -7270,14 +6652,12 @@ pub struct ibv_rwq_ind_table {
 const _: () = {
     ["Size of ibv_rwq_ind_table"][::std::mem::size_of::<ibv_rwq_ind_table>() - 24usize];
     ["Alignment of ibv_rwq_ind_table"][::std::mem::align_of::<ibv_rwq_ind_table>() - 8usize];
-    ["Offset of field: ibv_rwq_ind_table::context"]
-        [::std::mem::offset_of!(ibv_rwq_ind_table, context) - 0usize];
+    ["Offset of field: ibv_rwq_ind_table::context"][::std::mem::offset_of!(ibv_rwq_ind_table, context) - 0usize];
     ["Offset of field: ibv_rwq_ind_table::ind_tbl_handle"]
         [::std::mem::offset_of!(ibv_rwq_ind_table, ind_tbl_handle) - 8usize];
     ["Offset of field: ibv_rwq_ind_table::ind_tbl_num"]
         [::std::mem::offset_of!(ibv_rwq_ind_table, ind_tbl_num) - 12usize];
-    ["Offset of field: ibv_rwq_ind_table::comp_mask"]
-        [::std::mem::offset_of!(ibv_rwq_ind_table, comp_mask) - 16usize];
+    ["Offset of field: ibv_rwq_ind_table::comp_mask"][::std::mem::offset_of!(ibv_rwq_ind_table, comp_mask) - 16usize];
 };
 impl Default for ibv_rwq_ind_table {
     fn default() -> Self {
@@ -7289,8 +6669,7 @@ impl Default for ibv_rwq_ind_table {
     }
 }
 impl ibv_ind_table_init_attr_mask {
-    pub const IBV_CREATE_IND_TABLE_RESERVED: ibv_ind_table_init_attr_mask =
-        ibv_ind_table_init_attr_mask(1);
+    pub const IBV_CREATE_IND_TABLE_RESERVED: ibv_ind_table_init_attr_mask = ibv_ind_table_init_attr_mask(1);
 }
 impl ::std::ops::BitOr<ibv_ind_table_init_attr_mask> for ibv_ind_table_init_attr_mask {
     type Output = Self;
@@ -7330,10 +6709,8 @@ pub struct ibv_rwq_ind_table_init_attr {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_rwq_ind_table_init_attr"]
-        [::std::mem::size_of::<ibv_rwq_ind_table_init_attr>() - 24usize];
-    ["Alignment of ibv_rwq_ind_table_init_attr"]
-        [::std::mem::align_of::<ibv_rwq_ind_table_init_attr>() - 8usize];
+    ["Size of ibv_rwq_ind_table_init_attr"][::std::mem::size_of::<ibv_rwq_ind_table_init_attr>() - 24usize];
+    ["Alignment of ibv_rwq_ind_table_init_attr"][::std::mem::align_of::<ibv_rwq_ind_table_init_attr>() - 8usize];
     ["Offset of field: ibv_rwq_ind_table_init_attr::log_ind_tbl_size"]
         [::std::mem::offset_of!(ibv_rwq_ind_table_init_attr, log_ind_tbl_size) - 0usize];
     ["Offset of field: ibv_rwq_ind_table_init_attr::ind_tbl"]
@@ -7375,16 +6752,11 @@ pub struct ibv_qp_cap {
 const _: () = {
     ["Size of ibv_qp_cap"][::std::mem::size_of::<ibv_qp_cap>() - 20usize];
     ["Alignment of ibv_qp_cap"][::std::mem::align_of::<ibv_qp_cap>() - 4usize];
-    ["Offset of field: ibv_qp_cap::max_send_wr"]
-        [::std::mem::offset_of!(ibv_qp_cap, max_send_wr) - 0usize];
-    ["Offset of field: ibv_qp_cap::max_recv_wr"]
-        [::std::mem::offset_of!(ibv_qp_cap, max_recv_wr) - 4usize];
-    ["Offset of field: ibv_qp_cap::max_send_sge"]
-        [::std::mem::offset_of!(ibv_qp_cap, max_send_sge) - 8usize];
-    ["Offset of field: ibv_qp_cap::max_recv_sge"]
-        [::std::mem::offset_of!(ibv_qp_cap, max_recv_sge) - 12usize];
-    ["Offset of field: ibv_qp_cap::max_inline_data"]
-        [::std::mem::offset_of!(ibv_qp_cap, max_inline_data) - 16usize];
+    ["Offset of field: ibv_qp_cap::max_send_wr"][::std::mem::offset_of!(ibv_qp_cap, max_send_wr) - 0usize];
+    ["Offset of field: ibv_qp_cap::max_recv_wr"][::std::mem::offset_of!(ibv_qp_cap, max_recv_wr) - 4usize];
+    ["Offset of field: ibv_qp_cap::max_send_sge"][::std::mem::offset_of!(ibv_qp_cap, max_send_sge) - 8usize];
+    ["Offset of field: ibv_qp_cap::max_recv_sge"][::std::mem::offset_of!(ibv_qp_cap, max_recv_sge) - 12usize];
+    ["Offset of field: ibv_qp_cap::max_inline_data"][::std::mem::offset_of!(ibv_qp_cap, max_inline_data) - 16usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -7401,20 +6773,13 @@ pub struct ibv_qp_init_attr {
 const _: () = {
     ["Size of ibv_qp_init_attr"][::std::mem::size_of::<ibv_qp_init_attr>() - 64usize];
     ["Alignment of ibv_qp_init_attr"][::std::mem::align_of::<ibv_qp_init_attr>() - 8usize];
-    ["Offset of field: ibv_qp_init_attr::qp_context"]
-        [::std::mem::offset_of!(ibv_qp_init_attr, qp_context) - 0usize];
-    ["Offset of field: ibv_qp_init_attr::send_cq"]
-        [::std::mem::offset_of!(ibv_qp_init_attr, send_cq) - 8usize];
-    ["Offset of field: ibv_qp_init_attr::recv_cq"]
-        [::std::mem::offset_of!(ibv_qp_init_attr, recv_cq) - 16usize];
-    ["Offset of field: ibv_qp_init_attr::srq"]
-        [::std::mem::offset_of!(ibv_qp_init_attr, srq) - 24usize];
-    ["Offset of field: ibv_qp_init_attr::cap"]
-        [::std::mem::offset_of!(ibv_qp_init_attr, cap) - 32usize];
-    ["Offset of field: ibv_qp_init_attr::qp_type"]
-        [::std::mem::offset_of!(ibv_qp_init_attr, qp_type) - 52usize];
-    ["Offset of field: ibv_qp_init_attr::sq_sig_all"]
-        [::std::mem::offset_of!(ibv_qp_init_attr, sq_sig_all) - 56usize];
+    ["Offset of field: ibv_qp_init_attr::qp_context"][::std::mem::offset_of!(ibv_qp_init_attr, qp_context) - 0usize];
+    ["Offset of field: ibv_qp_init_attr::send_cq"][::std::mem::offset_of!(ibv_qp_init_attr, send_cq) - 8usize];
+    ["Offset of field: ibv_qp_init_attr::recv_cq"][::std::mem::offset_of!(ibv_qp_init_attr, recv_cq) - 16usize];
+    ["Offset of field: ibv_qp_init_attr::srq"][::std::mem::offset_of!(ibv_qp_init_attr, srq) - 24usize];
+    ["Offset of field: ibv_qp_init_attr::cap"][::std::mem::offset_of!(ibv_qp_init_attr, cap) - 32usize];
+    ["Offset of field: ibv_qp_init_attr::qp_type"][::std::mem::offset_of!(ibv_qp_init_attr, qp_type) - 52usize];
+    ["Offset of field: ibv_qp_init_attr::sq_sig_all"][::std::mem::offset_of!(ibv_qp_init_attr, sq_sig_all) - 56usize];
 };
 impl Default for ibv_qp_init_attr {
     fn default() -> Self {
@@ -7500,28 +6865,18 @@ impl ::std::ops::BitAndAssign for ibv_qp_create_flags {
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
 pub struct ibv_qp_create_flags(pub ::std::os::raw::c_uint);
 impl ibv_qp_create_send_ops_flags {
-    pub const IBV_QP_EX_WITH_RDMA_WRITE: ibv_qp_create_send_ops_flags =
-        ibv_qp_create_send_ops_flags(1);
-    pub const IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM: ibv_qp_create_send_ops_flags =
-        ibv_qp_create_send_ops_flags(2);
+    pub const IBV_QP_EX_WITH_RDMA_WRITE: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(1);
+    pub const IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(2);
     pub const IBV_QP_EX_WITH_SEND: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(4);
-    pub const IBV_QP_EX_WITH_SEND_WITH_IMM: ibv_qp_create_send_ops_flags =
-        ibv_qp_create_send_ops_flags(8);
-    pub const IBV_QP_EX_WITH_RDMA_READ: ibv_qp_create_send_ops_flags =
-        ibv_qp_create_send_ops_flags(16);
-    pub const IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP: ibv_qp_create_send_ops_flags =
-        ibv_qp_create_send_ops_flags(32);
-    pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: ibv_qp_create_send_ops_flags =
-        ibv_qp_create_send_ops_flags(64);
-    pub const IBV_QP_EX_WITH_LOCAL_INV: ibv_qp_create_send_ops_flags =
-        ibv_qp_create_send_ops_flags(128);
-    pub const IBV_QP_EX_WITH_BIND_MW: ibv_qp_create_send_ops_flags =
-        ibv_qp_create_send_ops_flags(256);
-    pub const IBV_QP_EX_WITH_SEND_WITH_INV: ibv_qp_create_send_ops_flags =
-        ibv_qp_create_send_ops_flags(512);
+    pub const IBV_QP_EX_WITH_SEND_WITH_IMM: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(8);
+    pub const IBV_QP_EX_WITH_RDMA_READ: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(16);
+    pub const IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(32);
+    pub const IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(64);
+    pub const IBV_QP_EX_WITH_LOCAL_INV: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(128);
+    pub const IBV_QP_EX_WITH_BIND_MW: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(256);
+    pub const IBV_QP_EX_WITH_SEND_WITH_INV: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(512);
     pub const IBV_QP_EX_WITH_TSO: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(1024);
-    pub const IBV_QP_EX_WITH_ATOMIC_WRITE: ibv_qp_create_send_ops_flags =
-        ibv_qp_create_send_ops_flags(4096);
+    pub const IBV_QP_EX_WITH_ATOMIC_WRITE: ibv_qp_create_send_ops_flags = ibv_qp_create_send_ops_flags(4096);
 }
 impl ::std::ops::BitOr<ibv_qp_create_send_ops_flags> for ibv_qp_create_send_ops_flags {
     type Output = Self;
@@ -7568,8 +6923,7 @@ const _: () = {
         [::std::mem::offset_of!(ibv_rx_hash_conf, rx_hash_function) - 0usize];
     ["Offset of field: ibv_rx_hash_conf::rx_hash_key_len"]
         [::std::mem::offset_of!(ibv_rx_hash_conf, rx_hash_key_len) - 1usize];
-    ["Offset of field: ibv_rx_hash_conf::rx_hash_key"]
-        [::std::mem::offset_of!(ibv_rx_hash_conf, rx_hash_key) - 8usize];
+    ["Offset of field: ibv_rx_hash_conf::rx_hash_key"][::std::mem::offset_of!(ibv_rx_hash_conf, rx_hash_key) - 8usize];
     ["Offset of field: ibv_rx_hash_conf::rx_hash_fields_mask"]
         [::std::mem::offset_of!(ibv_rx_hash_conf, rx_hash_fields_mask) - 16usize];
 };
@@ -7608,24 +6962,17 @@ const _: () = {
     ["Alignment of ibv_qp_init_attr_ex"][::std::mem::align_of::<ibv_qp_init_attr_ex>() - 8usize];
     ["Offset of field: ibv_qp_init_attr_ex::qp_context"]
         [::std::mem::offset_of!(ibv_qp_init_attr_ex, qp_context) - 0usize];
-    ["Offset of field: ibv_qp_init_attr_ex::send_cq"]
-        [::std::mem::offset_of!(ibv_qp_init_attr_ex, send_cq) - 8usize];
-    ["Offset of field: ibv_qp_init_attr_ex::recv_cq"]
-        [::std::mem::offset_of!(ibv_qp_init_attr_ex, recv_cq) - 16usize];
-    ["Offset of field: ibv_qp_init_attr_ex::srq"]
-        [::std::mem::offset_of!(ibv_qp_init_attr_ex, srq) - 24usize];
-    ["Offset of field: ibv_qp_init_attr_ex::cap"]
-        [::std::mem::offset_of!(ibv_qp_init_attr_ex, cap) - 32usize];
-    ["Offset of field: ibv_qp_init_attr_ex::qp_type"]
-        [::std::mem::offset_of!(ibv_qp_init_attr_ex, qp_type) - 52usize];
+    ["Offset of field: ibv_qp_init_attr_ex::send_cq"][::std::mem::offset_of!(ibv_qp_init_attr_ex, send_cq) - 8usize];
+    ["Offset of field: ibv_qp_init_attr_ex::recv_cq"][::std::mem::offset_of!(ibv_qp_init_attr_ex, recv_cq) - 16usize];
+    ["Offset of field: ibv_qp_init_attr_ex::srq"][::std::mem::offset_of!(ibv_qp_init_attr_ex, srq) - 24usize];
+    ["Offset of field: ibv_qp_init_attr_ex::cap"][::std::mem::offset_of!(ibv_qp_init_attr_ex, cap) - 32usize];
+    ["Offset of field: ibv_qp_init_attr_ex::qp_type"][::std::mem::offset_of!(ibv_qp_init_attr_ex, qp_type) - 52usize];
     ["Offset of field: ibv_qp_init_attr_ex::sq_sig_all"]
         [::std::mem::offset_of!(ibv_qp_init_attr_ex, sq_sig_all) - 56usize];
     ["Offset of field: ibv_qp_init_attr_ex::comp_mask"]
         [::std::mem::offset_of!(ibv_qp_init_attr_ex, comp_mask) - 60usize];
-    ["Offset of field: ibv_qp_init_attr_ex::pd"]
-        [::std::mem::offset_of!(ibv_qp_init_attr_ex, pd) - 64usize];
-    ["Offset of field: ibv_qp_init_attr_ex::xrcd"]
-        [::std::mem::offset_of!(ibv_qp_init_attr_ex, xrcd) - 72usize];
+    ["Offset of field: ibv_qp_init_attr_ex::pd"][::std::mem::offset_of!(ibv_qp_init_attr_ex, pd) - 64usize];
+    ["Offset of field: ibv_qp_init_attr_ex::xrcd"][::std::mem::offset_of!(ibv_qp_init_attr_ex, xrcd) - 72usize];
     ["Offset of field: ibv_qp_init_attr_ex::create_flags"]
         [::std::mem::offset_of!(ibv_qp_init_attr_ex, create_flags) - 80usize];
     ["Offset of field: ibv_qp_init_attr_ex::max_tso_header"]
@@ -7697,16 +7044,11 @@ pub struct ibv_qp_open_attr {
 const _: () = {
     ["Size of ibv_qp_open_attr"][::std::mem::size_of::<ibv_qp_open_attr>() - 32usize];
     ["Alignment of ibv_qp_open_attr"][::std::mem::align_of::<ibv_qp_open_attr>() - 8usize];
-    ["Offset of field: ibv_qp_open_attr::comp_mask"]
-        [::std::mem::offset_of!(ibv_qp_open_attr, comp_mask) - 0usize];
-    ["Offset of field: ibv_qp_open_attr::qp_num"]
-        [::std::mem::offset_of!(ibv_qp_open_attr, qp_num) - 4usize];
-    ["Offset of field: ibv_qp_open_attr::xrcd"]
-        [::std::mem::offset_of!(ibv_qp_open_attr, xrcd) - 8usize];
-    ["Offset of field: ibv_qp_open_attr::qp_context"]
-        [::std::mem::offset_of!(ibv_qp_open_attr, qp_context) - 16usize];
-    ["Offset of field: ibv_qp_open_attr::qp_type"]
-        [::std::mem::offset_of!(ibv_qp_open_attr, qp_type) - 24usize];
+    ["Offset of field: ibv_qp_open_attr::comp_mask"][::std::mem::offset_of!(ibv_qp_open_attr, comp_mask) - 0usize];
+    ["Offset of field: ibv_qp_open_attr::qp_num"][::std::mem::offset_of!(ibv_qp_open_attr, qp_num) - 4usize];
+    ["Offset of field: ibv_qp_open_attr::xrcd"][::std::mem::offset_of!(ibv_qp_open_attr, xrcd) - 8usize];
+    ["Offset of field: ibv_qp_open_attr::qp_context"][::std::mem::offset_of!(ibv_qp_open_attr, qp_context) - 16usize];
+    ["Offset of field: ibv_qp_open_attr::qp_type"][::std::mem::offset_of!(ibv_qp_open_attr, qp_type) - 24usize];
 };
 impl Default for ibv_qp_open_attr {
     fn default() -> Self {
@@ -7825,54 +7167,34 @@ pub struct ibv_qp_attr {
 const _: () = {
     ["Size of ibv_qp_attr"][::std::mem::size_of::<ibv_qp_attr>() - 144usize];
     ["Alignment of ibv_qp_attr"][::std::mem::align_of::<ibv_qp_attr>() - 8usize];
-    ["Offset of field: ibv_qp_attr::qp_state"]
-        [::std::mem::offset_of!(ibv_qp_attr, qp_state) - 0usize];
-    ["Offset of field: ibv_qp_attr::cur_qp_state"]
-        [::std::mem::offset_of!(ibv_qp_attr, cur_qp_state) - 4usize];
-    ["Offset of field: ibv_qp_attr::path_mtu"]
-        [::std::mem::offset_of!(ibv_qp_attr, path_mtu) - 8usize];
-    ["Offset of field: ibv_qp_attr::path_mig_state"]
-        [::std::mem::offset_of!(ibv_qp_attr, path_mig_state) - 12usize];
+    ["Offset of field: ibv_qp_attr::qp_state"][::std::mem::offset_of!(ibv_qp_attr, qp_state) - 0usize];
+    ["Offset of field: ibv_qp_attr::cur_qp_state"][::std::mem::offset_of!(ibv_qp_attr, cur_qp_state) - 4usize];
+    ["Offset of field: ibv_qp_attr::path_mtu"][::std::mem::offset_of!(ibv_qp_attr, path_mtu) - 8usize];
+    ["Offset of field: ibv_qp_attr::path_mig_state"][::std::mem::offset_of!(ibv_qp_attr, path_mig_state) - 12usize];
     ["Offset of field: ibv_qp_attr::qkey"][::std::mem::offset_of!(ibv_qp_attr, qkey) - 16usize];
     ["Offset of field: ibv_qp_attr::rq_psn"][::std::mem::offset_of!(ibv_qp_attr, rq_psn) - 20usize];
     ["Offset of field: ibv_qp_attr::sq_psn"][::std::mem::offset_of!(ibv_qp_attr, sq_psn) - 24usize];
-    ["Offset of field: ibv_qp_attr::dest_qp_num"]
-        [::std::mem::offset_of!(ibv_qp_attr, dest_qp_num) - 28usize];
-    ["Offset of field: ibv_qp_attr::qp_access_flags"]
-        [::std::mem::offset_of!(ibv_qp_attr, qp_access_flags) - 32usize];
+    ["Offset of field: ibv_qp_attr::dest_qp_num"][::std::mem::offset_of!(ibv_qp_attr, dest_qp_num) - 28usize];
+    ["Offset of field: ibv_qp_attr::qp_access_flags"][::std::mem::offset_of!(ibv_qp_attr, qp_access_flags) - 32usize];
     ["Offset of field: ibv_qp_attr::cap"][::std::mem::offset_of!(ibv_qp_attr, cap) - 36usize];
-    ["Offset of field: ibv_qp_attr::ah_attr"]
-        [::std::mem::offset_of!(ibv_qp_attr, ah_attr) - 56usize];
-    ["Offset of field: ibv_qp_attr::alt_ah_attr"]
-        [::std::mem::offset_of!(ibv_qp_attr, alt_ah_attr) - 88usize];
-    ["Offset of field: ibv_qp_attr::pkey_index"]
-        [::std::mem::offset_of!(ibv_qp_attr, pkey_index) - 120usize];
-    ["Offset of field: ibv_qp_attr::alt_pkey_index"]
-        [::std::mem::offset_of!(ibv_qp_attr, alt_pkey_index) - 122usize];
+    ["Offset of field: ibv_qp_attr::ah_attr"][::std::mem::offset_of!(ibv_qp_attr, ah_attr) - 56usize];
+    ["Offset of field: ibv_qp_attr::alt_ah_attr"][::std::mem::offset_of!(ibv_qp_attr, alt_ah_attr) - 88usize];
+    ["Offset of field: ibv_qp_attr::pkey_index"][::std::mem::offset_of!(ibv_qp_attr, pkey_index) - 120usize];
+    ["Offset of field: ibv_qp_attr::alt_pkey_index"][::std::mem::offset_of!(ibv_qp_attr, alt_pkey_index) - 122usize];
     ["Offset of field: ibv_qp_attr::en_sqd_async_notify"]
         [::std::mem::offset_of!(ibv_qp_attr, en_sqd_async_notify) - 124usize];
-    ["Offset of field: ibv_qp_attr::sq_draining"]
-        [::std::mem::offset_of!(ibv_qp_attr, sq_draining) - 125usize];
-    ["Offset of field: ibv_qp_attr::max_rd_atomic"]
-        [::std::mem::offset_of!(ibv_qp_attr, max_rd_atomic) - 126usize];
+    ["Offset of field: ibv_qp_attr::sq_draining"][::std::mem::offset_of!(ibv_qp_attr, sq_draining) - 125usize];
+    ["Offset of field: ibv_qp_attr::max_rd_atomic"][::std::mem::offset_of!(ibv_qp_attr, max_rd_atomic) - 126usize];
     ["Offset of field: ibv_qp_attr::max_dest_rd_atomic"]
         [::std::mem::offset_of!(ibv_qp_attr, max_dest_rd_atomic) - 127usize];
-    ["Offset of field: ibv_qp_attr::min_rnr_timer"]
-        [::std::mem::offset_of!(ibv_qp_attr, min_rnr_timer) - 128usize];
-    ["Offset of field: ibv_qp_attr::port_num"]
-        [::std::mem::offset_of!(ibv_qp_attr, port_num) - 129usize];
-    ["Offset of field: ibv_qp_attr::timeout"]
-        [::std::mem::offset_of!(ibv_qp_attr, timeout) - 130usize];
-    ["Offset of field: ibv_qp_attr::retry_cnt"]
-        [::std::mem::offset_of!(ibv_qp_attr, retry_cnt) - 131usize];
-    ["Offset of field: ibv_qp_attr::rnr_retry"]
-        [::std::mem::offset_of!(ibv_qp_attr, rnr_retry) - 132usize];
-    ["Offset of field: ibv_qp_attr::alt_port_num"]
-        [::std::mem::offset_of!(ibv_qp_attr, alt_port_num) - 133usize];
-    ["Offset of field: ibv_qp_attr::alt_timeout"]
-        [::std::mem::offset_of!(ibv_qp_attr, alt_timeout) - 134usize];
-    ["Offset of field: ibv_qp_attr::rate_limit"]
-        [::std::mem::offset_of!(ibv_qp_attr, rate_limit) - 136usize];
+    ["Offset of field: ibv_qp_attr::min_rnr_timer"][::std::mem::offset_of!(ibv_qp_attr, min_rnr_timer) - 128usize];
+    ["Offset of field: ibv_qp_attr::port_num"][::std::mem::offset_of!(ibv_qp_attr, port_num) - 129usize];
+    ["Offset of field: ibv_qp_attr::timeout"][::std::mem::offset_of!(ibv_qp_attr, timeout) - 130usize];
+    ["Offset of field: ibv_qp_attr::retry_cnt"][::std::mem::offset_of!(ibv_qp_attr, retry_cnt) - 131usize];
+    ["Offset of field: ibv_qp_attr::rnr_retry"][::std::mem::offset_of!(ibv_qp_attr, rnr_retry) - 132usize];
+    ["Offset of field: ibv_qp_attr::alt_port_num"][::std::mem::offset_of!(ibv_qp_attr, alt_port_num) - 133usize];
+    ["Offset of field: ibv_qp_attr::alt_timeout"][::std::mem::offset_of!(ibv_qp_attr, alt_timeout) - 134usize];
+    ["Offset of field: ibv_qp_attr::rate_limit"][::std::mem::offset_of!(ibv_qp_attr, rate_limit) - 136usize];
 };
 impl Default for ibv_qp_attr {
     fn default() -> Self {
@@ -7894,8 +7216,7 @@ pub struct ibv_qp_rate_limit_attr {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_qp_rate_limit_attr"][::std::mem::size_of::<ibv_qp_rate_limit_attr>() - 16usize];
-    ["Alignment of ibv_qp_rate_limit_attr"]
-        [::std::mem::align_of::<ibv_qp_rate_limit_attr>() - 4usize];
+    ["Alignment of ibv_qp_rate_limit_attr"][::std::mem::align_of::<ibv_qp_rate_limit_attr>() - 4usize];
     ["Offset of field: ibv_qp_rate_limit_attr::rate_limit"]
         [::std::mem::offset_of!(ibv_qp_rate_limit_attr, rate_limit) - 0usize];
     ["Offset of field: ibv_qp_rate_limit_attr::max_burst_sz"]
@@ -7970,8 +7291,7 @@ const _: () = {
     ["Size of ibv_data_buf"][::std::mem::size_of::<ibv_data_buf>() - 16usize];
     ["Alignment of ibv_data_buf"][::std::mem::align_of::<ibv_data_buf>() - 8usize];
     ["Offset of field: ibv_data_buf::addr"][::std::mem::offset_of!(ibv_data_buf, addr) - 0usize];
-    ["Offset of field: ibv_data_buf::length"]
-        [::std::mem::offset_of!(ibv_data_buf, length) - 8usize];
+    ["Offset of field: ibv_data_buf::length"][::std::mem::offset_of!(ibv_data_buf, length) - 8usize];
 };
 impl Default for ibv_data_buf {
     fn default() -> Self {
@@ -8019,10 +7339,8 @@ pub union ibv_send_wr__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_send_wr__bindgen_ty_1"]
-        [::std::mem::size_of::<ibv_send_wr__bindgen_ty_1>() - 4usize];
-    ["Alignment of ibv_send_wr__bindgen_ty_1"]
-        [::std::mem::align_of::<ibv_send_wr__bindgen_ty_1>() - 4usize];
+    ["Size of ibv_send_wr__bindgen_ty_1"][::std::mem::size_of::<ibv_send_wr__bindgen_ty_1>() - 4usize];
+    ["Alignment of ibv_send_wr__bindgen_ty_1"][::std::mem::align_of::<ibv_send_wr__bindgen_ty_1>() - 4usize];
     ["Offset of field: ibv_send_wr__bindgen_ty_1::imm_data"]
         [::std::mem::offset_of!(ibv_send_wr__bindgen_ty_1, imm_data) - 0usize];
     ["Offset of field: ibv_send_wr__bindgen_ty_1::invalidate_rkey"]
@@ -8115,16 +7433,13 @@ impl Default for ibv_send_wr__bindgen_ty_2__bindgen_ty_3 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_send_wr__bindgen_ty_2"]
-        [::std::mem::size_of::<ibv_send_wr__bindgen_ty_2>() - 32usize];
-    ["Alignment of ibv_send_wr__bindgen_ty_2"]
-        [::std::mem::align_of::<ibv_send_wr__bindgen_ty_2>() - 8usize];
+    ["Size of ibv_send_wr__bindgen_ty_2"][::std::mem::size_of::<ibv_send_wr__bindgen_ty_2>() - 32usize];
+    ["Alignment of ibv_send_wr__bindgen_ty_2"][::std::mem::align_of::<ibv_send_wr__bindgen_ty_2>() - 8usize];
     ["Offset of field: ibv_send_wr__bindgen_ty_2::rdma"]
         [::std::mem::offset_of!(ibv_send_wr__bindgen_ty_2, rdma) - 0usize];
     ["Offset of field: ibv_send_wr__bindgen_ty_2::atomic"]
         [::std::mem::offset_of!(ibv_send_wr__bindgen_ty_2, atomic) - 0usize];
-    ["Offset of field: ibv_send_wr__bindgen_ty_2::ud"]
-        [::std::mem::offset_of!(ibv_send_wr__bindgen_ty_2, ud) - 0usize];
+    ["Offset of field: ibv_send_wr__bindgen_ty_2::ud"][::std::mem::offset_of!(ibv_send_wr__bindgen_ty_2, ud) - 0usize];
 };
 impl Default for ibv_send_wr__bindgen_ty_2 {
     fn default() -> Self {
@@ -8156,10 +7471,8 @@ const _: () = {
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_send_wr__bindgen_ty_3"]
-        [::std::mem::size_of::<ibv_send_wr__bindgen_ty_3>() - 4usize];
-    ["Alignment of ibv_send_wr__bindgen_ty_3"]
-        [::std::mem::align_of::<ibv_send_wr__bindgen_ty_3>() - 4usize];
+    ["Size of ibv_send_wr__bindgen_ty_3"][::std::mem::size_of::<ibv_send_wr__bindgen_ty_3>() - 4usize];
+    ["Alignment of ibv_send_wr__bindgen_ty_3"][::std::mem::align_of::<ibv_send_wr__bindgen_ty_3>() - 4usize];
     ["Offset of field: ibv_send_wr__bindgen_ty_3::xrc"]
         [::std::mem::offset_of!(ibv_send_wr__bindgen_ty_3, xrc) - 0usize];
 };
@@ -8238,10 +7551,8 @@ impl Default for ibv_send_wr__bindgen_ty_4__bindgen_ty_2 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_send_wr__bindgen_ty_4"]
-        [::std::mem::size_of::<ibv_send_wr__bindgen_ty_4>() - 48usize];
-    ["Alignment of ibv_send_wr__bindgen_ty_4"]
-        [::std::mem::align_of::<ibv_send_wr__bindgen_ty_4>() - 8usize];
+    ["Size of ibv_send_wr__bindgen_ty_4"][::std::mem::size_of::<ibv_send_wr__bindgen_ty_4>() - 48usize];
+    ["Alignment of ibv_send_wr__bindgen_ty_4"][::std::mem::align_of::<ibv_send_wr__bindgen_ty_4>() - 8usize];
     ["Offset of field: ibv_send_wr__bindgen_ty_4::bind_mw"]
         [::std::mem::offset_of!(ibv_send_wr__bindgen_ty_4, bind_mw) - 0usize];
     ["Offset of field: ibv_send_wr__bindgen_ty_4::tso"]
@@ -8262,16 +7573,12 @@ const _: () = {
     ["Alignment of ibv_send_wr"][::std::mem::align_of::<ibv_send_wr>() - 8usize];
     ["Offset of field: ibv_send_wr::wr_id"][::std::mem::offset_of!(ibv_send_wr, wr_id) - 0usize];
     ["Offset of field: ibv_send_wr::next"][::std::mem::offset_of!(ibv_send_wr, next) - 8usize];
-    ["Offset of field: ibv_send_wr::sg_list"]
-        [::std::mem::offset_of!(ibv_send_wr, sg_list) - 16usize];
-    ["Offset of field: ibv_send_wr::num_sge"]
-        [::std::mem::offset_of!(ibv_send_wr, num_sge) - 24usize];
+    ["Offset of field: ibv_send_wr::sg_list"][::std::mem::offset_of!(ibv_send_wr, sg_list) - 16usize];
+    ["Offset of field: ibv_send_wr::num_sge"][::std::mem::offset_of!(ibv_send_wr, num_sge) - 24usize];
     ["Offset of field: ibv_send_wr::opcode"][::std::mem::offset_of!(ibv_send_wr, opcode) - 28usize];
-    ["Offset of field: ibv_send_wr::send_flags"]
-        [::std::mem::offset_of!(ibv_send_wr, send_flags) - 32usize];
+    ["Offset of field: ibv_send_wr::send_flags"][::std::mem::offset_of!(ibv_send_wr, send_flags) - 32usize];
     ["Offset of field: ibv_send_wr::wr"][::std::mem::offset_of!(ibv_send_wr, wr) - 40usize];
-    ["Offset of field: ibv_send_wr::qp_type"]
-        [::std::mem::offset_of!(ibv_send_wr, qp_type) - 72usize];
+    ["Offset of field: ibv_send_wr::qp_type"][::std::mem::offset_of!(ibv_send_wr, qp_type) - 72usize];
 };
 impl Default for ibv_send_wr {
     fn default() -> Self {
@@ -8296,10 +7603,8 @@ const _: () = {
     ["Alignment of ibv_recv_wr"][::std::mem::align_of::<ibv_recv_wr>() - 8usize];
     ["Offset of field: ibv_recv_wr::wr_id"][::std::mem::offset_of!(ibv_recv_wr, wr_id) - 0usize];
     ["Offset of field: ibv_recv_wr::next"][::std::mem::offset_of!(ibv_recv_wr, next) - 8usize];
-    ["Offset of field: ibv_recv_wr::sg_list"]
-        [::std::mem::offset_of!(ibv_recv_wr, sg_list) - 16usize];
-    ["Offset of field: ibv_recv_wr::num_sge"]
-        [::std::mem::offset_of!(ibv_recv_wr, num_sge) - 24usize];
+    ["Offset of field: ibv_recv_wr::sg_list"][::std::mem::offset_of!(ibv_recv_wr, sg_list) - 16usize];
+    ["Offset of field: ibv_recv_wr::num_sge"][::std::mem::offset_of!(ibv_recv_wr, num_sge) - 24usize];
 };
 impl Default for ibv_recv_wr {
     fn default() -> Self {
@@ -8404,16 +7709,13 @@ impl Default for ibv_ops_wr__bindgen_ty_1__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_ops_wr__bindgen_ty_1"]
-        [::std::mem::size_of::<ibv_ops_wr__bindgen_ty_1>() - 48usize];
-    ["Alignment of ibv_ops_wr__bindgen_ty_1"]
-        [::std::mem::align_of::<ibv_ops_wr__bindgen_ty_1>() - 8usize];
+    ["Size of ibv_ops_wr__bindgen_ty_1"][::std::mem::size_of::<ibv_ops_wr__bindgen_ty_1>() - 48usize];
+    ["Alignment of ibv_ops_wr__bindgen_ty_1"][::std::mem::align_of::<ibv_ops_wr__bindgen_ty_1>() - 8usize];
     ["Offset of field: ibv_ops_wr__bindgen_ty_1::unexpected_cnt"]
         [::std::mem::offset_of!(ibv_ops_wr__bindgen_ty_1, unexpected_cnt) - 0usize];
     ["Offset of field: ibv_ops_wr__bindgen_ty_1::handle"]
         [::std::mem::offset_of!(ibv_ops_wr__bindgen_ty_1, handle) - 4usize];
-    ["Offset of field: ibv_ops_wr__bindgen_ty_1::add"]
-        [::std::mem::offset_of!(ibv_ops_wr__bindgen_ty_1, add) - 8usize];
+    ["Offset of field: ibv_ops_wr__bindgen_ty_1::add"][::std::mem::offset_of!(ibv_ops_wr__bindgen_ty_1, add) - 8usize];
 };
 impl Default for ibv_ops_wr__bindgen_ty_1 {
     fn default() -> Self {
@@ -8455,10 +7757,8 @@ const _: () = {
     ["Size of ibv_mw_bind"][::std::mem::size_of::<ibv_mw_bind>() - 48usize];
     ["Alignment of ibv_mw_bind"][::std::mem::align_of::<ibv_mw_bind>() - 8usize];
     ["Offset of field: ibv_mw_bind::wr_id"][::std::mem::offset_of!(ibv_mw_bind, wr_id) - 0usize];
-    ["Offset of field: ibv_mw_bind::send_flags"]
-        [::std::mem::offset_of!(ibv_mw_bind, send_flags) - 8usize];
-    ["Offset of field: ibv_mw_bind::bind_info"]
-        [::std::mem::offset_of!(ibv_mw_bind, bind_info) - 16usize];
+    ["Offset of field: ibv_mw_bind::send_flags"][::std::mem::offset_of!(ibv_mw_bind, send_flags) - 8usize];
+    ["Offset of field: ibv_mw_bind::bind_info"][::std::mem::offset_of!(ibv_mw_bind, bind_info) - 16usize];
 };
 impl Default for ibv_mw_bind {
     fn default() -> Self {
@@ -8485,14 +7785,12 @@ const _: () = {
     ["Size of ibv_srq"][::std::mem::size_of::<ibv_srq>() - 128usize];
     ["Alignment of ibv_srq"][::std::mem::align_of::<ibv_srq>() - 8usize];
     ["Offset of field: ibv_srq::context"][::std::mem::offset_of!(ibv_srq, context) - 0usize];
-    ["Offset of field: ibv_srq::srq_context"]
-        [::std::mem::offset_of!(ibv_srq, srq_context) - 8usize];
+    ["Offset of field: ibv_srq::srq_context"][::std::mem::offset_of!(ibv_srq, srq_context) - 8usize];
     ["Offset of field: ibv_srq::pd"][::std::mem::offset_of!(ibv_srq, pd) - 16usize];
     ["Offset of field: ibv_srq::handle"][::std::mem::offset_of!(ibv_srq, handle) - 24usize];
     ["Offset of field: ibv_srq::mutex"][::std::mem::offset_of!(ibv_srq, mutex) - 32usize];
     ["Offset of field: ibv_srq::cond"][::std::mem::offset_of!(ibv_srq, cond) - 72usize];
-    ["Offset of field: ibv_srq::events_completed"]
-        [::std::mem::offset_of!(ibv_srq, events_completed) - 120usize];
+    ["Offset of field: ibv_srq::events_completed"][::std::mem::offset_of!(ibv_srq, events_completed) - 120usize];
 };
 impl Default for ibv_srq {
     fn default() -> Self {
@@ -8541,8 +7839,7 @@ const _: () = {
     ["Offset of field: ibv_wq::post_recv"][::std::mem::offset_of!(ibv_wq, post_recv) - 48usize];
     ["Offset of field: ibv_wq::mutex"][::std::mem::offset_of!(ibv_wq, mutex) - 56usize];
     ["Offset of field: ibv_wq::cond"][::std::mem::offset_of!(ibv_wq, cond) - 96usize];
-    ["Offset of field: ibv_wq::events_completed"]
-        [::std::mem::offset_of!(ibv_wq, events_completed) - 144usize];
+    ["Offset of field: ibv_wq::events_completed"][::std::mem::offset_of!(ibv_wq, events_completed) - 144usize];
     ["Offset of field: ibv_wq::comp_mask"][::std::mem::offset_of!(ibv_wq, comp_mask) - 148usize];
 };
 impl Default for ibv_wq {
@@ -8587,8 +7884,7 @@ const _: () = {
     ["Offset of field: ibv_qp::qp_type"][::std::mem::offset_of!(ibv_qp, qp_type) - 60usize];
     ["Offset of field: ibv_qp::mutex"][::std::mem::offset_of!(ibv_qp, mutex) - 64usize];
     ["Offset of field: ibv_qp::cond"][::std::mem::offset_of!(ibv_qp, cond) - 104usize];
-    ["Offset of field: ibv_qp::events_completed"]
-        [::std::mem::offset_of!(ibv_qp, events_completed) - 152usize];
+    ["Offset of field: ibv_qp::events_completed"][::std::mem::offset_of!(ibv_qp, events_completed) - 152usize];
 };
 impl Default for ibv_qp {
     fn default() -> Self {
@@ -8607,82 +7903,41 @@ pub struct ibv_qp_ex {
     pub wr_id: u64,
     pub wr_flags: ::std::os::raw::c_uint,
     pub wr_atomic_cmp_swp: ::std::option::Option<
-        unsafe extern "C" fn(
-            qp: *mut ibv_qp_ex,
-            rkey: u32,
-            remote_addr: u64,
-            compare: u64,
-            swap: u64,
-        ),
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64),
     >,
-    pub wr_atomic_fetch_add: ::std::option::Option<
-        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64),
-    >,
+    pub wr_atomic_fetch_add:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64)>,
     pub wr_bind_mw: ::std::option::Option<
-        unsafe extern "C" fn(
-            qp: *mut ibv_qp_ex,
-            mw: *mut ibv_mw,
-            rkey: u32,
-            bind_info: *const ibv_mw_bind_info,
-        ),
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, mw: *mut ibv_mw, rkey: u32, bind_info: *const ibv_mw_bind_info),
     >,
-    pub wr_local_inv:
-        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, invalidate_rkey: u32)>,
-    pub wr_rdma_read: ::std::option::Option<
-        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64),
-    >,
-    pub wr_rdma_write: ::std::option::Option<
-        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64),
-    >,
-    pub wr_rdma_write_imm: ::std::option::Option<
-        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm_data: __be32),
-    >,
+    pub wr_local_inv: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, invalidate_rkey: u32)>,
+    pub wr_rdma_read: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64)>,
+    pub wr_rdma_write: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64)>,
+    pub wr_rdma_write_imm:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm_data: __be32)>,
     pub wr_send: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex)>,
-    pub wr_send_imm:
-        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, imm_data: __be32)>,
-    pub wr_send_inv:
-        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, invalidate_rkey: u32)>,
+    pub wr_send_imm: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, imm_data: __be32)>,
+    pub wr_send_inv: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, invalidate_rkey: u32)>,
     pub wr_send_tso: ::std::option::Option<
-        unsafe extern "C" fn(
-            qp: *mut ibv_qp_ex,
-            hdr: *mut ::std::os::raw::c_void,
-            hdr_sz: u16,
-            mss: u16,
-        ),
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, hdr: *mut ::std::os::raw::c_void, hdr_sz: u16, mss: u16),
     >,
     pub wr_set_ud_addr: ::std::option::Option<
-        unsafe extern "C" fn(
-            qp: *mut ibv_qp_ex,
-            ah: *mut ibv_ah,
-            remote_qpn: u32,
-            remote_qkey: u32,
-        ),
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32),
     >,
-    pub wr_set_xrc_srqn:
-        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, remote_srqn: u32)>,
+    pub wr_set_xrc_srqn: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, remote_srqn: u32)>,
     pub wr_set_inline_data: ::std::option::Option<
         unsafe extern "C" fn(qp: *mut ibv_qp_ex, addr: *mut ::std::os::raw::c_void, length: usize),
     >,
-    pub wr_set_inline_data_list: ::std::option::Option<
-        unsafe extern "C" fn(qp: *mut ibv_qp_ex, num_buf: usize, buf_list: *const ibv_data_buf),
-    >,
-    pub wr_set_sge: ::std::option::Option<
-        unsafe extern "C" fn(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32),
-    >,
-    pub wr_set_sge_list: ::std::option::Option<
-        unsafe extern "C" fn(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge),
-    >,
+    pub wr_set_inline_data_list:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, num_buf: usize, buf_list: *const ibv_data_buf)>,
+    pub wr_set_sge: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32)>,
+    pub wr_set_sge_list:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge)>,
     pub wr_start: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex)>,
-    pub wr_complete:
-        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex) -> ::std::os::raw::c_int>,
+    pub wr_complete: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex) -> ::std::os::raw::c_int>,
     pub wr_abort: ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp_ex)>,
     pub wr_atomic_write: ::std::option::Option<
-        unsafe extern "C" fn(
-            qp: *mut ibv_qp_ex,
-            rkey: u32,
-            remote_addr: u64,
-            atomic_wr: *const ::std::os::raw::c_void,
-        ),
+        unsafe extern "C" fn(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, atomic_wr: *const ::std::os::raw::c_void),
     >,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -8690,52 +7945,33 @@ const _: () = {
     ["Size of ibv_qp_ex"][::std::mem::size_of::<ibv_qp_ex>() - 352usize];
     ["Alignment of ibv_qp_ex"][::std::mem::align_of::<ibv_qp_ex>() - 8usize];
     ["Offset of field: ibv_qp_ex::qp_base"][::std::mem::offset_of!(ibv_qp_ex, qp_base) - 0usize];
-    ["Offset of field: ibv_qp_ex::comp_mask"]
-        [::std::mem::offset_of!(ibv_qp_ex, comp_mask) - 160usize];
+    ["Offset of field: ibv_qp_ex::comp_mask"][::std::mem::offset_of!(ibv_qp_ex, comp_mask) - 160usize];
     ["Offset of field: ibv_qp_ex::wr_id"][::std::mem::offset_of!(ibv_qp_ex, wr_id) - 168usize];
-    ["Offset of field: ibv_qp_ex::wr_flags"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_flags) - 176usize];
-    ["Offset of field: ibv_qp_ex::wr_atomic_cmp_swp"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_atomic_cmp_swp) - 184usize];
+    ["Offset of field: ibv_qp_ex::wr_flags"][::std::mem::offset_of!(ibv_qp_ex, wr_flags) - 176usize];
+    ["Offset of field: ibv_qp_ex::wr_atomic_cmp_swp"][::std::mem::offset_of!(ibv_qp_ex, wr_atomic_cmp_swp) - 184usize];
     ["Offset of field: ibv_qp_ex::wr_atomic_fetch_add"]
         [::std::mem::offset_of!(ibv_qp_ex, wr_atomic_fetch_add) - 192usize];
-    ["Offset of field: ibv_qp_ex::wr_bind_mw"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_bind_mw) - 200usize];
-    ["Offset of field: ibv_qp_ex::wr_local_inv"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_local_inv) - 208usize];
-    ["Offset of field: ibv_qp_ex::wr_rdma_read"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_rdma_read) - 216usize];
-    ["Offset of field: ibv_qp_ex::wr_rdma_write"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_rdma_write) - 224usize];
-    ["Offset of field: ibv_qp_ex::wr_rdma_write_imm"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_rdma_write_imm) - 232usize];
+    ["Offset of field: ibv_qp_ex::wr_bind_mw"][::std::mem::offset_of!(ibv_qp_ex, wr_bind_mw) - 200usize];
+    ["Offset of field: ibv_qp_ex::wr_local_inv"][::std::mem::offset_of!(ibv_qp_ex, wr_local_inv) - 208usize];
+    ["Offset of field: ibv_qp_ex::wr_rdma_read"][::std::mem::offset_of!(ibv_qp_ex, wr_rdma_read) - 216usize];
+    ["Offset of field: ibv_qp_ex::wr_rdma_write"][::std::mem::offset_of!(ibv_qp_ex, wr_rdma_write) - 224usize];
+    ["Offset of field: ibv_qp_ex::wr_rdma_write_imm"][::std::mem::offset_of!(ibv_qp_ex, wr_rdma_write_imm) - 232usize];
     ["Offset of field: ibv_qp_ex::wr_send"][::std::mem::offset_of!(ibv_qp_ex, wr_send) - 240usize];
-    ["Offset of field: ibv_qp_ex::wr_send_imm"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_send_imm) - 248usize];
-    ["Offset of field: ibv_qp_ex::wr_send_inv"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_send_inv) - 256usize];
-    ["Offset of field: ibv_qp_ex::wr_send_tso"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_send_tso) - 264usize];
-    ["Offset of field: ibv_qp_ex::wr_set_ud_addr"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_set_ud_addr) - 272usize];
-    ["Offset of field: ibv_qp_ex::wr_set_xrc_srqn"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_set_xrc_srqn) - 280usize];
+    ["Offset of field: ibv_qp_ex::wr_send_imm"][::std::mem::offset_of!(ibv_qp_ex, wr_send_imm) - 248usize];
+    ["Offset of field: ibv_qp_ex::wr_send_inv"][::std::mem::offset_of!(ibv_qp_ex, wr_send_inv) - 256usize];
+    ["Offset of field: ibv_qp_ex::wr_send_tso"][::std::mem::offset_of!(ibv_qp_ex, wr_send_tso) - 264usize];
+    ["Offset of field: ibv_qp_ex::wr_set_ud_addr"][::std::mem::offset_of!(ibv_qp_ex, wr_set_ud_addr) - 272usize];
+    ["Offset of field: ibv_qp_ex::wr_set_xrc_srqn"][::std::mem::offset_of!(ibv_qp_ex, wr_set_xrc_srqn) - 280usize];
     ["Offset of field: ibv_qp_ex::wr_set_inline_data"]
         [::std::mem::offset_of!(ibv_qp_ex, wr_set_inline_data) - 288usize];
     ["Offset of field: ibv_qp_ex::wr_set_inline_data_list"]
         [::std::mem::offset_of!(ibv_qp_ex, wr_set_inline_data_list) - 296usize];
-    ["Offset of field: ibv_qp_ex::wr_set_sge"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_set_sge) - 304usize];
-    ["Offset of field: ibv_qp_ex::wr_set_sge_list"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_set_sge_list) - 312usize];
-    ["Offset of field: ibv_qp_ex::wr_start"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_start) - 320usize];
-    ["Offset of field: ibv_qp_ex::wr_complete"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_complete) - 328usize];
-    ["Offset of field: ibv_qp_ex::wr_abort"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_abort) - 336usize];
-    ["Offset of field: ibv_qp_ex::wr_atomic_write"]
-        [::std::mem::offset_of!(ibv_qp_ex, wr_atomic_write) - 344usize];
+    ["Offset of field: ibv_qp_ex::wr_set_sge"][::std::mem::offset_of!(ibv_qp_ex, wr_set_sge) - 304usize];
+    ["Offset of field: ibv_qp_ex::wr_set_sge_list"][::std::mem::offset_of!(ibv_qp_ex, wr_set_sge_list) - 312usize];
+    ["Offset of field: ibv_qp_ex::wr_start"][::std::mem::offset_of!(ibv_qp_ex, wr_start) - 320usize];
+    ["Offset of field: ibv_qp_ex::wr_complete"][::std::mem::offset_of!(ibv_qp_ex, wr_complete) - 328usize];
+    ["Offset of field: ibv_qp_ex::wr_abort"][::std::mem::offset_of!(ibv_qp_ex, wr_abort) - 336usize];
+    ["Offset of field: ibv_qp_ex::wr_atomic_write"][::std::mem::offset_of!(ibv_qp_ex, wr_atomic_write) - 344usize];
 };
 impl Default for ibv_qp_ex {
     fn default() -> Self {
@@ -8775,12 +8011,9 @@ pub struct ibv_comp_channel {
 const _: () = {
     ["Size of ibv_comp_channel"][::std::mem::size_of::<ibv_comp_channel>() - 16usize];
     ["Alignment of ibv_comp_channel"][::std::mem::align_of::<ibv_comp_channel>() - 8usize];
-    ["Offset of field: ibv_comp_channel::context"]
-        [::std::mem::offset_of!(ibv_comp_channel, context) - 0usize];
-    ["Offset of field: ibv_comp_channel::fd"]
-        [::std::mem::offset_of!(ibv_comp_channel, fd) - 8usize];
-    ["Offset of field: ibv_comp_channel::refcnt"]
-        [::std::mem::offset_of!(ibv_comp_channel, refcnt) - 12usize];
+    ["Offset of field: ibv_comp_channel::context"][::std::mem::offset_of!(ibv_comp_channel, context) - 0usize];
+    ["Offset of field: ibv_comp_channel::fd"][::std::mem::offset_of!(ibv_comp_channel, fd) - 8usize];
+    ["Offset of field: ibv_comp_channel::refcnt"][::std::mem::offset_of!(ibv_comp_channel, refcnt) - 12usize];
 };
 impl Default for ibv_comp_channel {
     fn default() -> Self {
@@ -8838,8 +8071,7 @@ pub struct ibv_poll_cq_attr {
 const _: () = {
     ["Size of ibv_poll_cq_attr"][::std::mem::size_of::<ibv_poll_cq_attr>() - 4usize];
     ["Alignment of ibv_poll_cq_attr"][::std::mem::align_of::<ibv_poll_cq_attr>() - 4usize];
-    ["Offset of field: ibv_poll_cq_attr::comp_mask"]
-        [::std::mem::offset_of!(ibv_poll_cq_attr, comp_mask) - 0usize];
+    ["Offset of field: ibv_poll_cq_attr::comp_mask"][::std::mem::offset_of!(ibv_poll_cq_attr, comp_mask) - 0usize];
 };
 #[repr(C)]
 #[derive(Default, Copy, Clone)]
@@ -8852,8 +8084,7 @@ const _: () = {
     ["Size of ibv_wc_tm_info"][::std::mem::size_of::<ibv_wc_tm_info>() - 16usize];
     ["Alignment of ibv_wc_tm_info"][::std::mem::align_of::<ibv_wc_tm_info>() - 8usize];
     ["Offset of field: ibv_wc_tm_info::tag"][::std::mem::offset_of!(ibv_wc_tm_info, tag) - 0usize];
-    ["Offset of field: ibv_wc_tm_info::priv_"]
-        [::std::mem::offset_of!(ibv_wc_tm_info, priv_) - 8usize];
+    ["Offset of field: ibv_wc_tm_info::priv_"][::std::mem::offset_of!(ibv_wc_tm_info, priv_) - 8usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -8871,40 +8102,26 @@ pub struct ibv_cq_ex {
     pub status: ibv_wc_status,
     pub wr_id: u64,
     pub start_poll: ::std::option::Option<
-        unsafe extern "C" fn(
-            current: *mut ibv_cq_ex,
-            attr: *mut ibv_poll_cq_attr,
-        ) -> ::std::os::raw::c_int,
+        unsafe extern "C" fn(current: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> ::std::os::raw::c_int,
     >,
-    pub next_poll: ::std::option::Option<
-        unsafe extern "C" fn(current: *mut ibv_cq_ex) -> ::std::os::raw::c_int,
-    >,
+    pub next_poll: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> ::std::os::raw::c_int>,
     pub end_poll: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex)>,
-    pub read_opcode:
-        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> ibv_wc_opcode>,
-    pub read_vendor_err:
-        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
+    pub read_opcode: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> ibv_wc_opcode>,
+    pub read_vendor_err: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
     pub read_byte_len: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
-    pub read_imm_data:
-        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> __be32>,
+    pub read_imm_data: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> __be32>,
     pub read_qp_num: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
     pub read_src_qp: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
-    pub read_wc_flags: ::std::option::Option<
-        unsafe extern "C" fn(current: *mut ibv_cq_ex) -> ::std::os::raw::c_uint,
-    >,
+    pub read_wc_flags: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> ::std::os::raw::c_uint>,
     pub read_slid: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
     pub read_sl: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u8>,
-    pub read_dlid_path_bits:
-        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u8>,
-    pub read_completion_ts:
-        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u64>,
+    pub read_dlid_path_bits: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u8>,
+    pub read_completion_ts: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u64>,
     pub read_cvlan: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u16>,
     pub read_flow_tag: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u32>,
-    pub read_tm_info: ::std::option::Option<
-        unsafe extern "C" fn(current: *mut ibv_cq_ex, tm_info: *mut ibv_wc_tm_info),
-    >,
-    pub read_completion_wallclock_ns:
-        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u64>,
+    pub read_tm_info:
+        ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex, tm_info: *mut ibv_wc_tm_info)>,
+    pub read_completion_wallclock_ns: ::std::option::Option<unsafe extern "C" fn(current: *mut ibv_cq_ex) -> u64>,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -8912,8 +8129,7 @@ const _: () = {
     ["Alignment of ibv_cq_ex"][::std::mem::align_of::<ibv_cq_ex>() - 8usize];
     ["Offset of field: ibv_cq_ex::context"][::std::mem::offset_of!(ibv_cq_ex, context) - 0usize];
     ["Offset of field: ibv_cq_ex::channel"][::std::mem::offset_of!(ibv_cq_ex, channel) - 8usize];
-    ["Offset of field: ibv_cq_ex::cq_context"]
-        [::std::mem::offset_of!(ibv_cq_ex, cq_context) - 16usize];
+    ["Offset of field: ibv_cq_ex::cq_context"][::std::mem::offset_of!(ibv_cq_ex, cq_context) - 16usize];
     ["Offset of field: ibv_cq_ex::handle"][::std::mem::offset_of!(ibv_cq_ex, handle) - 24usize];
     ["Offset of field: ibv_cq_ex::cqe"][::std::mem::offset_of!(ibv_cq_ex, cqe) - 28usize];
     ["Offset of field: ibv_cq_ex::mutex"][::std::mem::offset_of!(ibv_cq_ex, mutex) - 32usize];
@@ -8922,43 +8138,28 @@ const _: () = {
         [::std::mem::offset_of!(ibv_cq_ex, comp_events_completed) - 120usize];
     ["Offset of field: ibv_cq_ex::async_events_completed"]
         [::std::mem::offset_of!(ibv_cq_ex, async_events_completed) - 124usize];
-    ["Offset of field: ibv_cq_ex::comp_mask"]
-        [::std::mem::offset_of!(ibv_cq_ex, comp_mask) - 128usize];
+    ["Offset of field: ibv_cq_ex::comp_mask"][::std::mem::offset_of!(ibv_cq_ex, comp_mask) - 128usize];
     ["Offset of field: ibv_cq_ex::status"][::std::mem::offset_of!(ibv_cq_ex, status) - 132usize];
     ["Offset of field: ibv_cq_ex::wr_id"][::std::mem::offset_of!(ibv_cq_ex, wr_id) - 136usize];
-    ["Offset of field: ibv_cq_ex::start_poll"]
-        [::std::mem::offset_of!(ibv_cq_ex, start_poll) - 144usize];
-    ["Offset of field: ibv_cq_ex::next_poll"]
-        [::std::mem::offset_of!(ibv_cq_ex, next_poll) - 152usize];
-    ["Offset of field: ibv_cq_ex::end_poll"]
-        [::std::mem::offset_of!(ibv_cq_ex, end_poll) - 160usize];
-    ["Offset of field: ibv_cq_ex::read_opcode"]
-        [::std::mem::offset_of!(ibv_cq_ex, read_opcode) - 168usize];
-    ["Offset of field: ibv_cq_ex::read_vendor_err"]
-        [::std::mem::offset_of!(ibv_cq_ex, read_vendor_err) - 176usize];
-    ["Offset of field: ibv_cq_ex::read_byte_len"]
-        [::std::mem::offset_of!(ibv_cq_ex, read_byte_len) - 184usize];
-    ["Offset of field: ibv_cq_ex::read_imm_data"]
-        [::std::mem::offset_of!(ibv_cq_ex, read_imm_data) - 192usize];
-    ["Offset of field: ibv_cq_ex::read_qp_num"]
-        [::std::mem::offset_of!(ibv_cq_ex, read_qp_num) - 200usize];
-    ["Offset of field: ibv_cq_ex::read_src_qp"]
-        [::std::mem::offset_of!(ibv_cq_ex, read_src_qp) - 208usize];
-    ["Offset of field: ibv_cq_ex::read_wc_flags"]
-        [::std::mem::offset_of!(ibv_cq_ex, read_wc_flags) - 216usize];
-    ["Offset of field: ibv_cq_ex::read_slid"]
-        [::std::mem::offset_of!(ibv_cq_ex, read_slid) - 224usize];
+    ["Offset of field: ibv_cq_ex::start_poll"][::std::mem::offset_of!(ibv_cq_ex, start_poll) - 144usize];
+    ["Offset of field: ibv_cq_ex::next_poll"][::std::mem::offset_of!(ibv_cq_ex, next_poll) - 152usize];
+    ["Offset of field: ibv_cq_ex::end_poll"][::std::mem::offset_of!(ibv_cq_ex, end_poll) - 160usize];
+    ["Offset of field: ibv_cq_ex::read_opcode"][::std::mem::offset_of!(ibv_cq_ex, read_opcode) - 168usize];
+    ["Offset of field: ibv_cq_ex::read_vendor_err"][::std::mem::offset_of!(ibv_cq_ex, read_vendor_err) - 176usize];
+    ["Offset of field: ibv_cq_ex::read_byte_len"][::std::mem::offset_of!(ibv_cq_ex, read_byte_len) - 184usize];
+    ["Offset of field: ibv_cq_ex::read_imm_data"][::std::mem::offset_of!(ibv_cq_ex, read_imm_data) - 192usize];
+    ["Offset of field: ibv_cq_ex::read_qp_num"][::std::mem::offset_of!(ibv_cq_ex, read_qp_num) - 200usize];
+    ["Offset of field: ibv_cq_ex::read_src_qp"][::std::mem::offset_of!(ibv_cq_ex, read_src_qp) - 208usize];
+    ["Offset of field: ibv_cq_ex::read_wc_flags"][::std::mem::offset_of!(ibv_cq_ex, read_wc_flags) - 216usize];
+    ["Offset of field: ibv_cq_ex::read_slid"][::std::mem::offset_of!(ibv_cq_ex, read_slid) - 224usize];
     ["Offset of field: ibv_cq_ex::read_sl"][::std::mem::offset_of!(ibv_cq_ex, read_sl) - 232usize];
     ["Offset of field: ibv_cq_ex::read_dlid_path_bits"]
         [::std::mem::offset_of!(ibv_cq_ex, read_dlid_path_bits) - 240usize];
     ["Offset of field: ibv_cq_ex::read_completion_ts"]
         [::std::mem::offset_of!(ibv_cq_ex, read_completion_ts) - 248usize];
-    ["Offset of field: ibv_cq_ex::read_cvlan"]
-        [::std::mem::offset_of!(ibv_cq_ex, read_cvlan) - 256usize];
-    ["Offset of field: ibv_cq_ex::read_flow_tag"]
-        [::std::mem::offset_of!(ibv_cq_ex, read_flow_tag) - 264usize];
-    ["Offset of field: ibv_cq_ex::read_tm_info"]
-        [::std::mem::offset_of!(ibv_cq_ex, read_tm_info) - 272usize];
+    ["Offset of field: ibv_cq_ex::read_cvlan"][::std::mem::offset_of!(ibv_cq_ex, read_cvlan) - 256usize];
+    ["Offset of field: ibv_cq_ex::read_flow_tag"][::std::mem::offset_of!(ibv_cq_ex, read_flow_tag) - 264usize];
+    ["Offset of field: ibv_cq_ex::read_tm_info"][::std::mem::offset_of!(ibv_cq_ex, read_tm_info) - 272usize];
     ["Offset of field: ibv_cq_ex::read_completion_wallclock_ns"]
         [::std::mem::offset_of!(ibv_cq_ex, read_completion_wallclock_ns) - 280usize];
 };
@@ -9014,10 +8215,8 @@ pub struct ibv_moderate_cq {
 const _: () = {
     ["Size of ibv_moderate_cq"][::std::mem::size_of::<ibv_moderate_cq>() - 4usize];
     ["Alignment of ibv_moderate_cq"][::std::mem::align_of::<ibv_moderate_cq>() - 2usize];
-    ["Offset of field: ibv_moderate_cq::cq_count"]
-        [::std::mem::offset_of!(ibv_moderate_cq, cq_count) - 0usize];
-    ["Offset of field: ibv_moderate_cq::cq_period"]
-        [::std::mem::offset_of!(ibv_moderate_cq, cq_period) - 2usize];
+    ["Offset of field: ibv_moderate_cq::cq_count"][::std::mem::offset_of!(ibv_moderate_cq, cq_count) - 0usize];
+    ["Offset of field: ibv_moderate_cq::cq_period"][::std::mem::offset_of!(ibv_moderate_cq, cq_period) - 2usize];
 };
 #[repr(C)]
 #[derive(Default, Copy, Clone)]
@@ -9029,10 +8228,8 @@ pub struct ibv_modify_cq_attr {
 const _: () = {
     ["Size of ibv_modify_cq_attr"][::std::mem::size_of::<ibv_modify_cq_attr>() - 8usize];
     ["Alignment of ibv_modify_cq_attr"][::std::mem::align_of::<ibv_modify_cq_attr>() - 4usize];
-    ["Offset of field: ibv_modify_cq_attr::attr_mask"]
-        [::std::mem::offset_of!(ibv_modify_cq_attr, attr_mask) - 0usize];
-    ["Offset of field: ibv_modify_cq_attr::moderate"]
-        [::std::mem::offset_of!(ibv_modify_cq_attr, moderate) - 4usize];
+    ["Offset of field: ibv_modify_cq_attr::attr_mask"][::std::mem::offset_of!(ibv_modify_cq_attr, attr_mask) - 0usize];
+    ["Offset of field: ibv_modify_cq_attr::moderate"][::std::mem::offset_of!(ibv_modify_cq_attr, moderate) - 4usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -9132,14 +8329,11 @@ pub struct ibv_flow_eth_filter {
 const _: () = {
     ["Size of ibv_flow_eth_filter"][::std::mem::size_of::<ibv_flow_eth_filter>() - 16usize];
     ["Alignment of ibv_flow_eth_filter"][::std::mem::align_of::<ibv_flow_eth_filter>() - 2usize];
-    ["Offset of field: ibv_flow_eth_filter::dst_mac"]
-        [::std::mem::offset_of!(ibv_flow_eth_filter, dst_mac) - 0usize];
-    ["Offset of field: ibv_flow_eth_filter::src_mac"]
-        [::std::mem::offset_of!(ibv_flow_eth_filter, src_mac) - 6usize];
+    ["Offset of field: ibv_flow_eth_filter::dst_mac"][::std::mem::offset_of!(ibv_flow_eth_filter, dst_mac) - 0usize];
+    ["Offset of field: ibv_flow_eth_filter::src_mac"][::std::mem::offset_of!(ibv_flow_eth_filter, src_mac) - 6usize];
     ["Offset of field: ibv_flow_eth_filter::ether_type"]
         [::std::mem::offset_of!(ibv_flow_eth_filter, ether_type) - 12usize];
-    ["Offset of field: ibv_flow_eth_filter::vlan_tag"]
-        [::std::mem::offset_of!(ibv_flow_eth_filter, vlan_tag) - 14usize];
+    ["Offset of field: ibv_flow_eth_filter::vlan_tag"][::std::mem::offset_of!(ibv_flow_eth_filter, vlan_tag) - 14usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -9153,14 +8347,10 @@ pub struct ibv_flow_spec_eth {
 const _: () = {
     ["Size of ibv_flow_spec_eth"][::std::mem::size_of::<ibv_flow_spec_eth>() - 40usize];
     ["Alignment of ibv_flow_spec_eth"][::std::mem::align_of::<ibv_flow_spec_eth>() - 4usize];
-    ["Offset of field: ibv_flow_spec_eth::type_"]
-        [::std::mem::offset_of!(ibv_flow_spec_eth, type_) - 0usize];
-    ["Offset of field: ibv_flow_spec_eth::size"]
-        [::std::mem::offset_of!(ibv_flow_spec_eth, size) - 4usize];
-    ["Offset of field: ibv_flow_spec_eth::val"]
-        [::std::mem::offset_of!(ibv_flow_spec_eth, val) - 6usize];
-    ["Offset of field: ibv_flow_spec_eth::mask"]
-        [::std::mem::offset_of!(ibv_flow_spec_eth, mask) - 22usize];
+    ["Offset of field: ibv_flow_spec_eth::type_"][::std::mem::offset_of!(ibv_flow_spec_eth, type_) - 0usize];
+    ["Offset of field: ibv_flow_spec_eth::size"][::std::mem::offset_of!(ibv_flow_spec_eth, size) - 4usize];
+    ["Offset of field: ibv_flow_spec_eth::val"][::std::mem::offset_of!(ibv_flow_spec_eth, val) - 6usize];
+    ["Offset of field: ibv_flow_spec_eth::mask"][::std::mem::offset_of!(ibv_flow_spec_eth, mask) - 22usize];
 };
 impl Default for ibv_flow_spec_eth {
     fn default() -> Self {
@@ -9181,10 +8371,8 @@ pub struct ibv_flow_ipv4_filter {
 const _: () = {
     ["Size of ibv_flow_ipv4_filter"][::std::mem::size_of::<ibv_flow_ipv4_filter>() - 8usize];
     ["Alignment of ibv_flow_ipv4_filter"][::std::mem::align_of::<ibv_flow_ipv4_filter>() - 4usize];
-    ["Offset of field: ibv_flow_ipv4_filter::src_ip"]
-        [::std::mem::offset_of!(ibv_flow_ipv4_filter, src_ip) - 0usize];
-    ["Offset of field: ibv_flow_ipv4_filter::dst_ip"]
-        [::std::mem::offset_of!(ibv_flow_ipv4_filter, dst_ip) - 4usize];
+    ["Offset of field: ibv_flow_ipv4_filter::src_ip"][::std::mem::offset_of!(ibv_flow_ipv4_filter, src_ip) - 0usize];
+    ["Offset of field: ibv_flow_ipv4_filter::dst_ip"][::std::mem::offset_of!(ibv_flow_ipv4_filter, dst_ip) - 4usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -9198,14 +8386,10 @@ pub struct ibv_flow_spec_ipv4 {
 const _: () = {
     ["Size of ibv_flow_spec_ipv4"][::std::mem::size_of::<ibv_flow_spec_ipv4>() - 24usize];
     ["Alignment of ibv_flow_spec_ipv4"][::std::mem::align_of::<ibv_flow_spec_ipv4>() - 4usize];
-    ["Offset of field: ibv_flow_spec_ipv4::type_"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv4, type_) - 0usize];
-    ["Offset of field: ibv_flow_spec_ipv4::size"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv4, size) - 4usize];
-    ["Offset of field: ibv_flow_spec_ipv4::val"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv4, val) - 8usize];
-    ["Offset of field: ibv_flow_spec_ipv4::mask"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv4, mask) - 16usize];
+    ["Offset of field: ibv_flow_spec_ipv4::type_"][::std::mem::offset_of!(ibv_flow_spec_ipv4, type_) - 0usize];
+    ["Offset of field: ibv_flow_spec_ipv4::size"][::std::mem::offset_of!(ibv_flow_spec_ipv4, size) - 4usize];
+    ["Offset of field: ibv_flow_spec_ipv4::val"][::std::mem::offset_of!(ibv_flow_spec_ipv4, val) - 8usize];
+    ["Offset of field: ibv_flow_spec_ipv4::mask"][::std::mem::offset_of!(ibv_flow_spec_ipv4, mask) - 16usize];
 };
 impl Default for ibv_flow_spec_ipv4 {
     fn default() -> Self {
@@ -9228,20 +8412,16 @@ pub struct ibv_flow_ipv4_ext_filter {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_flow_ipv4_ext_filter"]
-        [::std::mem::size_of::<ibv_flow_ipv4_ext_filter>() - 12usize];
-    ["Alignment of ibv_flow_ipv4_ext_filter"]
-        [::std::mem::align_of::<ibv_flow_ipv4_ext_filter>() - 4usize];
+    ["Size of ibv_flow_ipv4_ext_filter"][::std::mem::size_of::<ibv_flow_ipv4_ext_filter>() - 12usize];
+    ["Alignment of ibv_flow_ipv4_ext_filter"][::std::mem::align_of::<ibv_flow_ipv4_ext_filter>() - 4usize];
     ["Offset of field: ibv_flow_ipv4_ext_filter::src_ip"]
         [::std::mem::offset_of!(ibv_flow_ipv4_ext_filter, src_ip) - 0usize];
     ["Offset of field: ibv_flow_ipv4_ext_filter::dst_ip"]
         [::std::mem::offset_of!(ibv_flow_ipv4_ext_filter, dst_ip) - 4usize];
     ["Offset of field: ibv_flow_ipv4_ext_filter::proto"]
         [::std::mem::offset_of!(ibv_flow_ipv4_ext_filter, proto) - 8usize];
-    ["Offset of field: ibv_flow_ipv4_ext_filter::tos"]
-        [::std::mem::offset_of!(ibv_flow_ipv4_ext_filter, tos) - 9usize];
-    ["Offset of field: ibv_flow_ipv4_ext_filter::ttl"]
-        [::std::mem::offset_of!(ibv_flow_ipv4_ext_filter, ttl) - 10usize];
+    ["Offset of field: ibv_flow_ipv4_ext_filter::tos"][::std::mem::offset_of!(ibv_flow_ipv4_ext_filter, tos) - 9usize];
+    ["Offset of field: ibv_flow_ipv4_ext_filter::ttl"][::std::mem::offset_of!(ibv_flow_ipv4_ext_filter, ttl) - 10usize];
     ["Offset of field: ibv_flow_ipv4_ext_filter::flags"]
         [::std::mem::offset_of!(ibv_flow_ipv4_ext_filter, flags) - 11usize];
 };
@@ -9256,16 +8436,11 @@ pub struct ibv_flow_spec_ipv4_ext {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_ipv4_ext"][::std::mem::size_of::<ibv_flow_spec_ipv4_ext>() - 32usize];
-    ["Alignment of ibv_flow_spec_ipv4_ext"]
-        [::std::mem::align_of::<ibv_flow_spec_ipv4_ext>() - 4usize];
-    ["Offset of field: ibv_flow_spec_ipv4_ext::type_"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv4_ext, type_) - 0usize];
-    ["Offset of field: ibv_flow_spec_ipv4_ext::size"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv4_ext, size) - 4usize];
-    ["Offset of field: ibv_flow_spec_ipv4_ext::val"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv4_ext, val) - 8usize];
-    ["Offset of field: ibv_flow_spec_ipv4_ext::mask"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv4_ext, mask) - 20usize];
+    ["Alignment of ibv_flow_spec_ipv4_ext"][::std::mem::align_of::<ibv_flow_spec_ipv4_ext>() - 4usize];
+    ["Offset of field: ibv_flow_spec_ipv4_ext::type_"][::std::mem::offset_of!(ibv_flow_spec_ipv4_ext, type_) - 0usize];
+    ["Offset of field: ibv_flow_spec_ipv4_ext::size"][::std::mem::offset_of!(ibv_flow_spec_ipv4_ext, size) - 4usize];
+    ["Offset of field: ibv_flow_spec_ipv4_ext::val"][::std::mem::offset_of!(ibv_flow_spec_ipv4_ext, val) - 8usize];
+    ["Offset of field: ibv_flow_spec_ipv4_ext::mask"][::std::mem::offset_of!(ibv_flow_spec_ipv4_ext, mask) - 20usize];
 };
 impl Default for ibv_flow_spec_ipv4_ext {
     fn default() -> Self {
@@ -9290,10 +8465,8 @@ pub struct ibv_flow_ipv6_filter {
 const _: () = {
     ["Size of ibv_flow_ipv6_filter"][::std::mem::size_of::<ibv_flow_ipv6_filter>() - 40usize];
     ["Alignment of ibv_flow_ipv6_filter"][::std::mem::align_of::<ibv_flow_ipv6_filter>() - 4usize];
-    ["Offset of field: ibv_flow_ipv6_filter::src_ip"]
-        [::std::mem::offset_of!(ibv_flow_ipv6_filter, src_ip) - 0usize];
-    ["Offset of field: ibv_flow_ipv6_filter::dst_ip"]
-        [::std::mem::offset_of!(ibv_flow_ipv6_filter, dst_ip) - 16usize];
+    ["Offset of field: ibv_flow_ipv6_filter::src_ip"][::std::mem::offset_of!(ibv_flow_ipv6_filter, src_ip) - 0usize];
+    ["Offset of field: ibv_flow_ipv6_filter::dst_ip"][::std::mem::offset_of!(ibv_flow_ipv6_filter, dst_ip) - 16usize];
     ["Offset of field: ibv_flow_ipv6_filter::flow_label"]
         [::std::mem::offset_of!(ibv_flow_ipv6_filter, flow_label) - 32usize];
     ["Offset of field: ibv_flow_ipv6_filter::next_hdr"]
@@ -9315,14 +8488,10 @@ pub struct ibv_flow_spec_ipv6 {
 const _: () = {
     ["Size of ibv_flow_spec_ipv6"][::std::mem::size_of::<ibv_flow_spec_ipv6>() - 88usize];
     ["Alignment of ibv_flow_spec_ipv6"][::std::mem::align_of::<ibv_flow_spec_ipv6>() - 4usize];
-    ["Offset of field: ibv_flow_spec_ipv6::type_"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv6, type_) - 0usize];
-    ["Offset of field: ibv_flow_spec_ipv6::size"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv6, size) - 4usize];
-    ["Offset of field: ibv_flow_spec_ipv6::val"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv6, val) - 8usize];
-    ["Offset of field: ibv_flow_spec_ipv6::mask"]
-        [::std::mem::offset_of!(ibv_flow_spec_ipv6, mask) - 48usize];
+    ["Offset of field: ibv_flow_spec_ipv6::type_"][::std::mem::offset_of!(ibv_flow_spec_ipv6, type_) - 0usize];
+    ["Offset of field: ibv_flow_spec_ipv6::size"][::std::mem::offset_of!(ibv_flow_spec_ipv6, size) - 4usize];
+    ["Offset of field: ibv_flow_spec_ipv6::val"][::std::mem::offset_of!(ibv_flow_spec_ipv6, val) - 8usize];
+    ["Offset of field: ibv_flow_spec_ipv6::mask"][::std::mem::offset_of!(ibv_flow_spec_ipv6, mask) - 48usize];
 };
 impl Default for ibv_flow_spec_ipv6 {
     fn default() -> Self {
@@ -9343,10 +8512,8 @@ pub struct ibv_flow_esp_filter {
 const _: () = {
     ["Size of ibv_flow_esp_filter"][::std::mem::size_of::<ibv_flow_esp_filter>() - 8usize];
     ["Alignment of ibv_flow_esp_filter"][::std::mem::align_of::<ibv_flow_esp_filter>() - 4usize];
-    ["Offset of field: ibv_flow_esp_filter::spi"]
-        [::std::mem::offset_of!(ibv_flow_esp_filter, spi) - 0usize];
-    ["Offset of field: ibv_flow_esp_filter::seq"]
-        [::std::mem::offset_of!(ibv_flow_esp_filter, seq) - 4usize];
+    ["Offset of field: ibv_flow_esp_filter::spi"][::std::mem::offset_of!(ibv_flow_esp_filter, spi) - 0usize];
+    ["Offset of field: ibv_flow_esp_filter::seq"][::std::mem::offset_of!(ibv_flow_esp_filter, seq) - 4usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -9360,14 +8527,10 @@ pub struct ibv_flow_spec_esp {
 const _: () = {
     ["Size of ibv_flow_spec_esp"][::std::mem::size_of::<ibv_flow_spec_esp>() - 24usize];
     ["Alignment of ibv_flow_spec_esp"][::std::mem::align_of::<ibv_flow_spec_esp>() - 4usize];
-    ["Offset of field: ibv_flow_spec_esp::type_"]
-        [::std::mem::offset_of!(ibv_flow_spec_esp, type_) - 0usize];
-    ["Offset of field: ibv_flow_spec_esp::size"]
-        [::std::mem::offset_of!(ibv_flow_spec_esp, size) - 4usize];
-    ["Offset of field: ibv_flow_spec_esp::val"]
-        [::std::mem::offset_of!(ibv_flow_spec_esp, val) - 8usize];
-    ["Offset of field: ibv_flow_spec_esp::mask"]
-        [::std::mem::offset_of!(ibv_flow_spec_esp, mask) - 16usize];
+    ["Offset of field: ibv_flow_spec_esp::type_"][::std::mem::offset_of!(ibv_flow_spec_esp, type_) - 0usize];
+    ["Offset of field: ibv_flow_spec_esp::size"][::std::mem::offset_of!(ibv_flow_spec_esp, size) - 4usize];
+    ["Offset of field: ibv_flow_spec_esp::val"][::std::mem::offset_of!(ibv_flow_spec_esp, val) - 8usize];
+    ["Offset of field: ibv_flow_spec_esp::mask"][::std::mem::offset_of!(ibv_flow_spec_esp, mask) - 16usize];
 };
 impl Default for ibv_flow_spec_esp {
     fn default() -> Self {
@@ -9387,8 +8550,7 @@ pub struct ibv_flow_tcp_udp_filter {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_tcp_udp_filter"][::std::mem::size_of::<ibv_flow_tcp_udp_filter>() - 4usize];
-    ["Alignment of ibv_flow_tcp_udp_filter"]
-        [::std::mem::align_of::<ibv_flow_tcp_udp_filter>() - 2usize];
+    ["Alignment of ibv_flow_tcp_udp_filter"][::std::mem::align_of::<ibv_flow_tcp_udp_filter>() - 2usize];
     ["Offset of field: ibv_flow_tcp_udp_filter::dst_port"]
         [::std::mem::offset_of!(ibv_flow_tcp_udp_filter, dst_port) - 0usize];
     ["Offset of field: ibv_flow_tcp_udp_filter::src_port"]
@@ -9405,16 +8567,11 @@ pub struct ibv_flow_spec_tcp_udp {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_spec_tcp_udp"][::std::mem::size_of::<ibv_flow_spec_tcp_udp>() - 16usize];
-    ["Alignment of ibv_flow_spec_tcp_udp"]
-        [::std::mem::align_of::<ibv_flow_spec_tcp_udp>() - 4usize];
-    ["Offset of field: ibv_flow_spec_tcp_udp::type_"]
-        [::std::mem::offset_of!(ibv_flow_spec_tcp_udp, type_) - 0usize];
-    ["Offset of field: ibv_flow_spec_tcp_udp::size"]
-        [::std::mem::offset_of!(ibv_flow_spec_tcp_udp, size) - 4usize];
-    ["Offset of field: ibv_flow_spec_tcp_udp::val"]
-        [::std::mem::offset_of!(ibv_flow_spec_tcp_udp, val) - 6usize];
-    ["Offset of field: ibv_flow_spec_tcp_udp::mask"]
-        [::std::mem::offset_of!(ibv_flow_spec_tcp_udp, mask) - 10usize];
+    ["Alignment of ibv_flow_spec_tcp_udp"][::std::mem::align_of::<ibv_flow_spec_tcp_udp>() - 4usize];
+    ["Offset of field: ibv_flow_spec_tcp_udp::type_"][::std::mem::offset_of!(ibv_flow_spec_tcp_udp, type_) - 0usize];
+    ["Offset of field: ibv_flow_spec_tcp_udp::size"][::std::mem::offset_of!(ibv_flow_spec_tcp_udp, size) - 4usize];
+    ["Offset of field: ibv_flow_spec_tcp_udp::val"][::std::mem::offset_of!(ibv_flow_spec_tcp_udp, val) - 6usize];
+    ["Offset of field: ibv_flow_spec_tcp_udp::mask"][::std::mem::offset_of!(ibv_flow_spec_tcp_udp, mask) - 10usize];
 };
 impl Default for ibv_flow_spec_tcp_udp {
     fn default() -> Self {
@@ -9438,10 +8595,8 @@ const _: () = {
     ["Alignment of ibv_flow_gre_filter"][::std::mem::align_of::<ibv_flow_gre_filter>() - 4usize];
     ["Offset of field: ibv_flow_gre_filter::c_ks_res0_ver"]
         [::std::mem::offset_of!(ibv_flow_gre_filter, c_ks_res0_ver) - 0usize];
-    ["Offset of field: ibv_flow_gre_filter::protocol"]
-        [::std::mem::offset_of!(ibv_flow_gre_filter, protocol) - 2usize];
-    ["Offset of field: ibv_flow_gre_filter::key"]
-        [::std::mem::offset_of!(ibv_flow_gre_filter, key) - 4usize];
+    ["Offset of field: ibv_flow_gre_filter::protocol"][::std::mem::offset_of!(ibv_flow_gre_filter, protocol) - 2usize];
+    ["Offset of field: ibv_flow_gre_filter::key"][::std::mem::offset_of!(ibv_flow_gre_filter, key) - 4usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -9455,14 +8610,10 @@ pub struct ibv_flow_spec_gre {
 const _: () = {
     ["Size of ibv_flow_spec_gre"][::std::mem::size_of::<ibv_flow_spec_gre>() - 24usize];
     ["Alignment of ibv_flow_spec_gre"][::std::mem::align_of::<ibv_flow_spec_gre>() - 4usize];
-    ["Offset of field: ibv_flow_spec_gre::type_"]
-        [::std::mem::offset_of!(ibv_flow_spec_gre, type_) - 0usize];
-    ["Offset of field: ibv_flow_spec_gre::size"]
-        [::std::mem::offset_of!(ibv_flow_spec_gre, size) - 4usize];
-    ["Offset of field: ibv_flow_spec_gre::val"]
-        [::std::mem::offset_of!(ibv_flow_spec_gre, val) - 8usize];
-    ["Offset of field: ibv_flow_spec_gre::mask"]
-        [::std::mem::offset_of!(ibv_flow_spec_gre, mask) - 16usize];
+    ["Offset of field: ibv_flow_spec_gre::type_"][::std::mem::offset_of!(ibv_flow_spec_gre, type_) - 0usize];
+    ["Offset of field: ibv_flow_spec_gre::size"][::std::mem::offset_of!(ibv_flow_spec_gre, size) - 4usize];
+    ["Offset of field: ibv_flow_spec_gre::val"][::std::mem::offset_of!(ibv_flow_spec_gre, val) - 8usize];
+    ["Offset of field: ibv_flow_spec_gre::mask"][::std::mem::offset_of!(ibv_flow_spec_gre, mask) - 16usize];
 };
 impl Default for ibv_flow_spec_gre {
     fn default() -> Self {
@@ -9482,8 +8633,7 @@ pub struct ibv_flow_mpls_filter {
 const _: () = {
     ["Size of ibv_flow_mpls_filter"][::std::mem::size_of::<ibv_flow_mpls_filter>() - 4usize];
     ["Alignment of ibv_flow_mpls_filter"][::std::mem::align_of::<ibv_flow_mpls_filter>() - 4usize];
-    ["Offset of field: ibv_flow_mpls_filter::label"]
-        [::std::mem::offset_of!(ibv_flow_mpls_filter, label) - 0usize];
+    ["Offset of field: ibv_flow_mpls_filter::label"][::std::mem::offset_of!(ibv_flow_mpls_filter, label) - 0usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -9497,14 +8647,10 @@ pub struct ibv_flow_spec_mpls {
 const _: () = {
     ["Size of ibv_flow_spec_mpls"][::std::mem::size_of::<ibv_flow_spec_mpls>() - 16usize];
     ["Alignment of ibv_flow_spec_mpls"][::std::mem::align_of::<ibv_flow_spec_mpls>() - 4usize];
-    ["Offset of field: ibv_flow_spec_mpls::type_"]
-        [::std::mem::offset_of!(ibv_flow_spec_mpls, type_) - 0usize];
-    ["Offset of field: ibv_flow_spec_mpls::size"]
-        [::std::mem::offset_of!(ibv_flow_spec_mpls, size) - 4usize];
-    ["Offset of field: ibv_flow_spec_mpls::val"]
-        [::std::mem::offset_of!(ibv_flow_spec_mpls, val) - 8usize];
-    ["Offset of field: ibv_flow_spec_mpls::mask"]
-        [::std::mem::offset_of!(ibv_flow_spec_mpls, mask) - 12usize];
+    ["Offset of field: ibv_flow_spec_mpls::type_"][::std::mem::offset_of!(ibv_flow_spec_mpls, type_) - 0usize];
+    ["Offset of field: ibv_flow_spec_mpls::size"][::std::mem::offset_of!(ibv_flow_spec_mpls, size) - 4usize];
+    ["Offset of field: ibv_flow_spec_mpls::val"][::std::mem::offset_of!(ibv_flow_spec_mpls, val) - 8usize];
+    ["Offset of field: ibv_flow_spec_mpls::mask"][::std::mem::offset_of!(ibv_flow_spec_mpls, mask) - 12usize];
 };
 impl Default for ibv_flow_spec_mpls {
     fn default() -> Self {
@@ -9523,8 +8669,7 @@ pub struct ibv_flow_tunnel_filter {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_flow_tunnel_filter"][::std::mem::size_of::<ibv_flow_tunnel_filter>() - 4usize];
-    ["Alignment of ibv_flow_tunnel_filter"]
-        [::std::mem::align_of::<ibv_flow_tunnel_filter>() - 4usize];
+    ["Alignment of ibv_flow_tunnel_filter"][::std::mem::align_of::<ibv_flow_tunnel_filter>() - 4usize];
     ["Offset of field: ibv_flow_tunnel_filter::tunnel_id"]
         [::std::mem::offset_of!(ibv_flow_tunnel_filter, tunnel_id) - 0usize];
 };
@@ -9540,14 +8685,10 @@ pub struct ibv_flow_spec_tunnel {
 const _: () = {
     ["Size of ibv_flow_spec_tunnel"][::std::mem::size_of::<ibv_flow_spec_tunnel>() - 16usize];
     ["Alignment of ibv_flow_spec_tunnel"][::std::mem::align_of::<ibv_flow_spec_tunnel>() - 4usize];
-    ["Offset of field: ibv_flow_spec_tunnel::type_"]
-        [::std::mem::offset_of!(ibv_flow_spec_tunnel, type_) - 0usize];
-    ["Offset of field: ibv_flow_spec_tunnel::size"]
-        [::std::mem::offset_of!(ibv_flow_spec_tunnel, size) - 4usize];
-    ["Offset of field: ibv_flow_spec_tunnel::val"]
-        [::std::mem::offset_of!(ibv_flow_spec_tunnel, val) - 8usize];
-    ["Offset of field: ibv_flow_spec_tunnel::mask"]
-        [::std::mem::offset_of!(ibv_flow_spec_tunnel, mask) - 12usize];
+    ["Offset of field: ibv_flow_spec_tunnel::type_"][::std::mem::offset_of!(ibv_flow_spec_tunnel, type_) - 0usize];
+    ["Offset of field: ibv_flow_spec_tunnel::size"][::std::mem::offset_of!(ibv_flow_spec_tunnel, size) - 4usize];
+    ["Offset of field: ibv_flow_spec_tunnel::val"][::std::mem::offset_of!(ibv_flow_spec_tunnel, val) - 8usize];
+    ["Offset of field: ibv_flow_spec_tunnel::mask"][::std::mem::offset_of!(ibv_flow_spec_tunnel, mask) - 12usize];
 };
 impl Default for ibv_flow_spec_tunnel {
     fn default() -> Self {
@@ -9567,10 +8708,8 @@ pub struct ibv_flow_spec_action_tag {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_flow_spec_action_tag"]
-        [::std::mem::size_of::<ibv_flow_spec_action_tag>() - 12usize];
-    ["Alignment of ibv_flow_spec_action_tag"]
-        [::std::mem::align_of::<ibv_flow_spec_action_tag>() - 4usize];
+    ["Size of ibv_flow_spec_action_tag"][::std::mem::size_of::<ibv_flow_spec_action_tag>() - 12usize];
+    ["Alignment of ibv_flow_spec_action_tag"][::std::mem::align_of::<ibv_flow_spec_action_tag>() - 4usize];
     ["Offset of field: ibv_flow_spec_action_tag::type_"]
         [::std::mem::offset_of!(ibv_flow_spec_action_tag, type_) - 0usize];
     ["Offset of field: ibv_flow_spec_action_tag::size"]
@@ -9595,10 +8734,8 @@ pub struct ibv_flow_spec_action_drop {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_flow_spec_action_drop"]
-        [::std::mem::size_of::<ibv_flow_spec_action_drop>() - 8usize];
-    ["Alignment of ibv_flow_spec_action_drop"]
-        [::std::mem::align_of::<ibv_flow_spec_action_drop>() - 4usize];
+    ["Size of ibv_flow_spec_action_drop"][::std::mem::size_of::<ibv_flow_spec_action_drop>() - 8usize];
+    ["Alignment of ibv_flow_spec_action_drop"][::std::mem::align_of::<ibv_flow_spec_action_drop>() - 4usize];
     ["Offset of field: ibv_flow_spec_action_drop::type_"]
         [::std::mem::offset_of!(ibv_flow_spec_action_drop, type_) - 0usize];
     ["Offset of field: ibv_flow_spec_action_drop::size"]
@@ -9622,10 +8759,8 @@ pub struct ibv_flow_spec_action_handle {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_flow_spec_action_handle"]
-        [::std::mem::size_of::<ibv_flow_spec_action_handle>() - 16usize];
-    ["Alignment of ibv_flow_spec_action_handle"]
-        [::std::mem::align_of::<ibv_flow_spec_action_handle>() - 8usize];
+    ["Size of ibv_flow_spec_action_handle"][::std::mem::size_of::<ibv_flow_spec_action_handle>() - 16usize];
+    ["Alignment of ibv_flow_spec_action_handle"][::std::mem::align_of::<ibv_flow_spec_action_handle>() - 8usize];
     ["Offset of field: ibv_flow_spec_action_handle::type_"]
         [::std::mem::offset_of!(ibv_flow_spec_action_handle, type_) - 0usize];
     ["Offset of field: ibv_flow_spec_action_handle::size"]
@@ -9651,10 +8786,8 @@ pub struct ibv_flow_spec_counter_action {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_flow_spec_counter_action"]
-        [::std::mem::size_of::<ibv_flow_spec_counter_action>() - 16usize];
-    ["Alignment of ibv_flow_spec_counter_action"]
-        [::std::mem::align_of::<ibv_flow_spec_counter_action>() - 8usize];
+    ["Size of ibv_flow_spec_counter_action"][::std::mem::size_of::<ibv_flow_spec_counter_action>() - 16usize];
+    ["Alignment of ibv_flow_spec_counter_action"][::std::mem::align_of::<ibv_flow_spec_counter_action>() - 8usize];
     ["Offset of field: ibv_flow_spec_counter_action::type_"]
         [::std::mem::offset_of!(ibv_flow_spec_counter_action, type_) - 0usize];
     ["Offset of field: ibv_flow_spec_counter_action::size"]
@@ -9722,10 +8855,8 @@ impl Default for ibv_flow_spec__bindgen_ty_1__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_flow_spec__bindgen_ty_1"]
-        [::std::mem::size_of::<ibv_flow_spec__bindgen_ty_1>() - 88usize];
-    ["Alignment of ibv_flow_spec__bindgen_ty_1"]
-        [::std::mem::align_of::<ibv_flow_spec__bindgen_ty_1>() - 8usize];
+    ["Size of ibv_flow_spec__bindgen_ty_1"][::std::mem::size_of::<ibv_flow_spec__bindgen_ty_1>() - 88usize];
+    ["Alignment of ibv_flow_spec__bindgen_ty_1"][::std::mem::align_of::<ibv_flow_spec__bindgen_ty_1>() - 8usize];
     ["Offset of field: ibv_flow_spec__bindgen_ty_1::hdr"]
         [::std::mem::offset_of!(ibv_flow_spec__bindgen_ty_1, hdr) - 0usize];
     ["Offset of field: ibv_flow_spec__bindgen_ty_1::eth"]
@@ -9793,18 +8924,13 @@ pub struct ibv_flow_attr {
 const _: () = {
     ["Size of ibv_flow_attr"][::std::mem::size_of::<ibv_flow_attr>() - 20usize];
     ["Alignment of ibv_flow_attr"][::std::mem::align_of::<ibv_flow_attr>() - 4usize];
-    ["Offset of field: ibv_flow_attr::comp_mask"]
-        [::std::mem::offset_of!(ibv_flow_attr, comp_mask) - 0usize];
-    ["Offset of field: ibv_flow_attr::type_"]
-        [::std::mem::offset_of!(ibv_flow_attr, type_) - 4usize];
+    ["Offset of field: ibv_flow_attr::comp_mask"][::std::mem::offset_of!(ibv_flow_attr, comp_mask) - 0usize];
+    ["Offset of field: ibv_flow_attr::type_"][::std::mem::offset_of!(ibv_flow_attr, type_) - 4usize];
     ["Offset of field: ibv_flow_attr::size"][::std::mem::offset_of!(ibv_flow_attr, size) - 8usize];
-    ["Offset of field: ibv_flow_attr::priority"]
-        [::std::mem::offset_of!(ibv_flow_attr, priority) - 10usize];
-    ["Offset of field: ibv_flow_attr::num_of_specs"]
-        [::std::mem::offset_of!(ibv_flow_attr, num_of_specs) - 12usize];
+    ["Offset of field: ibv_flow_attr::priority"][::std::mem::offset_of!(ibv_flow_attr, priority) - 10usize];
+    ["Offset of field: ibv_flow_attr::num_of_specs"][::std::mem::offset_of!(ibv_flow_attr, num_of_specs) - 12usize];
     ["Offset of field: ibv_flow_attr::port"][::std::mem::offset_of!(ibv_flow_attr, port) - 13usize];
-    ["Offset of field: ibv_flow_attr::flags"]
-        [::std::mem::offset_of!(ibv_flow_attr, flags) - 16usize];
+    ["Offset of field: ibv_flow_attr::flags"][::std::mem::offset_of!(ibv_flow_attr, flags) - 16usize];
 };
 impl Default for ibv_flow_attr {
     fn default() -> Self {
@@ -9848,8 +8974,7 @@ pub struct ibv_flow_action {
 const _: () = {
     ["Size of ibv_flow_action"][::std::mem::size_of::<ibv_flow_action>() - 8usize];
     ["Alignment of ibv_flow_action"][::std::mem::align_of::<ibv_flow_action>() - 8usize];
-    ["Offset of field: ibv_flow_action::context"]
-        [::std::mem::offset_of!(ibv_flow_action, context) - 0usize];
+    ["Offset of field: ibv_flow_action::context"][::std::mem::offset_of!(ibv_flow_action, context) - 0usize];
 };
 impl Default for ibv_flow_action {
     fn default() -> Self {
@@ -9908,10 +9033,8 @@ pub struct ibv_flow_action_esp_attr {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_flow_action_esp_attr"]
-        [::std::mem::size_of::<ibv_flow_action_esp_attr>() - 56usize];
-    ["Alignment of ibv_flow_action_esp_attr"]
-        [::std::mem::align_of::<ibv_flow_action_esp_attr>() - 8usize];
+    ["Size of ibv_flow_action_esp_attr"][::std::mem::size_of::<ibv_flow_action_esp_attr>() - 56usize];
+    ["Alignment of ibv_flow_action_esp_attr"][::std::mem::align_of::<ibv_flow_action_esp_attr>() - 8usize];
     ["Offset of field: ibv_flow_action_esp_attr::esp_attr"]
         [::std::mem::offset_of!(ibv_flow_action_esp_attr, esp_attr) - 0usize];
     ["Offset of field: ibv_flow_action_esp_attr::keymat_proto"]
@@ -9930,8 +9053,7 @@ const _: () = {
         [::std::mem::offset_of!(ibv_flow_action_esp_attr, esp_encap) - 40usize];
     ["Offset of field: ibv_flow_action_esp_attr::comp_mask"]
         [::std::mem::offset_of!(ibv_flow_action_esp_attr, comp_mask) - 48usize];
-    ["Offset of field: ibv_flow_action_esp_attr::esn"]
-        [::std::mem::offset_of!(ibv_flow_action_esp_attr, esn) - 52usize];
+    ["Offset of field: ibv_flow_action_esp_attr::esn"][::std::mem::offset_of!(ibv_flow_action_esp_attr, esn) - 52usize];
 };
 impl Default for ibv_flow_action_esp_attr {
     fn default() -> Self {
@@ -9946,10 +9068,7 @@ impl Default for ibv_flow_action_esp_attr {
 #[derive(Default, Copy, Clone)]
 pub struct _ibv_device_ops {
     pub _dummy1: ::std::option::Option<
-        unsafe extern "C" fn(
-            device: *mut ibv_device,
-            cmd_fd: ::std::os::raw::c_int,
-        ) -> *mut ibv_context,
+        unsafe extern "C" fn(device: *mut ibv_device, cmd_fd: ::std::os::raw::c_int) -> *mut ibv_context,
     >,
     pub _dummy2: ::std::option::Option<unsafe extern "C" fn(context: *mut ibv_context)>,
 }
@@ -9957,10 +9076,8 @@ pub struct _ibv_device_ops {
 const _: () = {
     ["Size of _ibv_device_ops"][::std::mem::size_of::<_ibv_device_ops>() - 16usize];
     ["Alignment of _ibv_device_ops"][::std::mem::align_of::<_ibv_device_ops>() - 8usize];
-    ["Offset of field: _ibv_device_ops::_dummy1"]
-        [::std::mem::offset_of!(_ibv_device_ops, _dummy1) - 0usize];
-    ["Offset of field: _ibv_device_ops::_dummy2"]
-        [::std::mem::offset_of!(_ibv_device_ops, _dummy2) - 8usize];
+    ["Offset of field: _ibv_device_ops::_dummy1"][::std::mem::offset_of!(_ibv_device_ops, _dummy1) - 0usize];
+    ["Offset of field: _ibv_device_ops::_dummy2"][::std::mem::offset_of!(_ibv_device_ops, _dummy2) - 8usize];
 };
 pub const IBV_SYSFS_NAME_MAX: _bindgen_ty_17 = _bindgen_ty_17(64);
 pub const IBV_SYSFS_PATH_MAX: _bindgen_ty_17 = _bindgen_ty_17(256);
@@ -9983,17 +9100,12 @@ const _: () = {
     ["Size of ibv_device"][::std::mem::size_of::<ibv_device>() - 664usize];
     ["Alignment of ibv_device"][::std::mem::align_of::<ibv_device>() - 8usize];
     ["Offset of field: ibv_device::_ops"][::std::mem::offset_of!(ibv_device, _ops) - 0usize];
-    ["Offset of field: ibv_device::node_type"]
-        [::std::mem::offset_of!(ibv_device, node_type) - 16usize];
-    ["Offset of field: ibv_device::transport_type"]
-        [::std::mem::offset_of!(ibv_device, transport_type) - 20usize];
+    ["Offset of field: ibv_device::node_type"][::std::mem::offset_of!(ibv_device, node_type) - 16usize];
+    ["Offset of field: ibv_device::transport_type"][::std::mem::offset_of!(ibv_device, transport_type) - 20usize];
     ["Offset of field: ibv_device::name"][::std::mem::offset_of!(ibv_device, name) - 24usize];
-    ["Offset of field: ibv_device::dev_name"]
-        [::std::mem::offset_of!(ibv_device, dev_name) - 88usize];
-    ["Offset of field: ibv_device::dev_path"]
-        [::std::mem::offset_of!(ibv_device, dev_path) - 152usize];
-    ["Offset of field: ibv_device::ibdev_path"]
-        [::std::mem::offset_of!(ibv_device, ibdev_path) - 408usize];
+    ["Offset of field: ibv_device::dev_name"][::std::mem::offset_of!(ibv_device, dev_name) - 88usize];
+    ["Offset of field: ibv_device::dev_path"][::std::mem::offset_of!(ibv_device, dev_path) - 152usize];
+    ["Offset of field: ibv_device::ibdev_path"][::std::mem::offset_of!(ibv_device, ibdev_path) - 408usize];
 };
 impl Default for ibv_device {
     fn default() -> Self {
@@ -10013,10 +9125,7 @@ pub struct _compat_ibv_port_attr {
 #[derive(Default, Copy, Clone)]
 pub struct ibv_context_ops {
     pub _compat_query_device: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            device_attr: *mut ibv_device_attr,
-        ) -> ::std::os::raw::c_int,
+        unsafe extern "C" fn(context: *mut ibv_context, device_attr: *mut ibv_device_attr) -> ::std::os::raw::c_int,
     >,
     pub _compat_query_port: ::std::option::Option<
         unsafe extern "C" fn(
@@ -10025,30 +9134,17 @@ pub struct ibv_context_ops {
             port_attr: *mut _compat_ibv_port_attr,
         ) -> ::std::os::raw::c_int,
     >,
-    pub _compat_alloc_pd:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_dealloc_pd:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_reg_mr:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_rereg_mr:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_dereg_mr:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub alloc_mw: ::std::option::Option<
-        unsafe extern "C" fn(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw,
-    >,
+    pub _compat_alloc_pd: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_dealloc_pd: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_reg_mr: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_rereg_mr: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_dereg_mr: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub alloc_mw: ::std::option::Option<unsafe extern "C" fn(pd: *mut ibv_pd, type_: ibv_mw_type) -> *mut ibv_mw>,
     pub bind_mw: ::std::option::Option<
-        unsafe extern "C" fn(
-            qp: *mut ibv_qp,
-            mw: *mut ibv_mw,
-            mw_bind: *mut ibv_mw_bind,
-        ) -> ::std::os::raw::c_int,
+        unsafe extern "C" fn(qp: *mut ibv_qp, mw: *mut ibv_mw, mw_bind: *mut ibv_mw_bind) -> ::std::os::raw::c_int,
     >,
-    pub dealloc_mw:
-        ::std::option::Option<unsafe extern "C" fn(mw: *mut ibv_mw) -> ::std::os::raw::c_int>,
-    pub _compat_create_cq:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub dealloc_mw: ::std::option::Option<unsafe extern "C" fn(mw: *mut ibv_mw) -> ::std::os::raw::c_int>,
+    pub _compat_create_cq: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
     pub poll_cq: ::std::option::Option<
         unsafe extern "C" fn(
             cq: *mut ibv_cq,
@@ -10057,25 +9153,15 @@ pub struct ibv_context_ops {
         ) -> ::std::os::raw::c_int,
     >,
     pub req_notify_cq: ::std::option::Option<
-        unsafe extern "C" fn(
-            cq: *mut ibv_cq,
-            solicited_only: ::std::os::raw::c_int,
-        ) -> ::std::os::raw::c_int,
+        unsafe extern "C" fn(cq: *mut ibv_cq, solicited_only: ::std::os::raw::c_int) -> ::std::os::raw::c_int,
     >,
-    pub _compat_cq_event:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_resize_cq:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_destroy_cq:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_create_srq:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_modify_srq:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_query_srq:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_destroy_srq:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_cq_event: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_resize_cq: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_destroy_cq: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_create_srq: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_modify_srq: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_query_srq: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_destroy_srq: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
     pub post_srq_recv: ::std::option::Option<
         unsafe extern "C" fn(
             srq: *mut ibv_srq,
@@ -10083,14 +9169,10 @@ pub struct ibv_context_ops {
             bad_recv_wr: *mut *mut ibv_recv_wr,
         ) -> ::std::os::raw::c_int,
     >,
-    pub _compat_create_qp:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_query_qp:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_modify_qp:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_destroy_qp:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_create_qp: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_query_qp: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_modify_qp: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_destroy_qp: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
     pub post_send: ::std::option::Option<
         unsafe extern "C" fn(
             qp: *mut ibv_qp,
@@ -10105,16 +9187,11 @@ pub struct ibv_context_ops {
             bad_wr: *mut *mut ibv_recv_wr,
         ) -> ::std::os::raw::c_int,
     >,
-    pub _compat_create_ah:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_destroy_ah:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_attach_mcast:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_detach_mcast:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
-    pub _compat_async_event:
-        ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_create_ah: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_destroy_ah: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_attach_mcast: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_detach_mcast: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
+    pub _compat_async_event: ::std::option::Option<unsafe extern "C" fn() -> *mut ::std::os::raw::c_void>,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -10134,16 +9211,12 @@ const _: () = {
         [::std::mem::offset_of!(ibv_context_ops, _compat_rereg_mr) - 40usize];
     ["Offset of field: ibv_context_ops::_compat_dereg_mr"]
         [::std::mem::offset_of!(ibv_context_ops, _compat_dereg_mr) - 48usize];
-    ["Offset of field: ibv_context_ops::alloc_mw"]
-        [::std::mem::offset_of!(ibv_context_ops, alloc_mw) - 56usize];
-    ["Offset of field: ibv_context_ops::bind_mw"]
-        [::std::mem::offset_of!(ibv_context_ops, bind_mw) - 64usize];
-    ["Offset of field: ibv_context_ops::dealloc_mw"]
-        [::std::mem::offset_of!(ibv_context_ops, dealloc_mw) - 72usize];
+    ["Offset of field: ibv_context_ops::alloc_mw"][::std::mem::offset_of!(ibv_context_ops, alloc_mw) - 56usize];
+    ["Offset of field: ibv_context_ops::bind_mw"][::std::mem::offset_of!(ibv_context_ops, bind_mw) - 64usize];
+    ["Offset of field: ibv_context_ops::dealloc_mw"][::std::mem::offset_of!(ibv_context_ops, dealloc_mw) - 72usize];
     ["Offset of field: ibv_context_ops::_compat_create_cq"]
         [::std::mem::offset_of!(ibv_context_ops, _compat_create_cq) - 80usize];
-    ["Offset of field: ibv_context_ops::poll_cq"]
-        [::std::mem::offset_of!(ibv_context_ops, poll_cq) - 88usize];
+    ["Offset of field: ibv_context_ops::poll_cq"][::std::mem::offset_of!(ibv_context_ops, poll_cq) - 88usize];
     ["Offset of field: ibv_context_ops::req_notify_cq"]
         [::std::mem::offset_of!(ibv_context_ops, req_notify_cq) - 96usize];
     ["Offset of field: ibv_context_ops::_compat_cq_event"]
@@ -10170,10 +9243,8 @@ const _: () = {
         [::std::mem::offset_of!(ibv_context_ops, _compat_modify_qp) - 184usize];
     ["Offset of field: ibv_context_ops::_compat_destroy_qp"]
         [::std::mem::offset_of!(ibv_context_ops, _compat_destroy_qp) - 192usize];
-    ["Offset of field: ibv_context_ops::post_send"]
-        [::std::mem::offset_of!(ibv_context_ops, post_send) - 200usize];
-    ["Offset of field: ibv_context_ops::post_recv"]
-        [::std::mem::offset_of!(ibv_context_ops, post_recv) - 208usize];
+    ["Offset of field: ibv_context_ops::post_send"][::std::mem::offset_of!(ibv_context_ops, post_send) - 200usize];
+    ["Offset of field: ibv_context_ops::post_recv"][::std::mem::offset_of!(ibv_context_ops, post_recv) - 208usize];
     ["Offset of field: ibv_context_ops::_compat_create_ah"]
         [::std::mem::offset_of!(ibv_context_ops, _compat_create_ah) - 216usize];
     ["Offset of field: ibv_context_ops::_compat_destroy_ah"]
@@ -10202,15 +9273,12 @@ const _: () = {
     ["Alignment of ibv_context"][::std::mem::align_of::<ibv_context>() - 8usize];
     ["Offset of field: ibv_context::device"][::std::mem::offset_of!(ibv_context, device) - 0usize];
     ["Offset of field: ibv_context::ops"][::std::mem::offset_of!(ibv_context, ops) - 8usize];
-    ["Offset of field: ibv_context::cmd_fd"]
-        [::std::mem::offset_of!(ibv_context, cmd_fd) - 264usize];
-    ["Offset of field: ibv_context::async_fd"]
-        [::std::mem::offset_of!(ibv_context, async_fd) - 268usize];
+    ["Offset of field: ibv_context::cmd_fd"][::std::mem::offset_of!(ibv_context, cmd_fd) - 264usize];
+    ["Offset of field: ibv_context::async_fd"][::std::mem::offset_of!(ibv_context, async_fd) - 268usize];
     ["Offset of field: ibv_context::num_comp_vectors"]
         [::std::mem::offset_of!(ibv_context, num_comp_vectors) - 272usize];
     ["Offset of field: ibv_context::mutex"][::std::mem::offset_of!(ibv_context, mutex) - 280usize];
-    ["Offset of field: ibv_context::abi_compat"]
-        [::std::mem::offset_of!(ibv_context, abi_compat) - 320usize];
+    ["Offset of field: ibv_context::abi_compat"][::std::mem::offset_of!(ibv_context, abi_compat) - 320usize];
 };
 impl Default for ibv_context {
     fn default() -> Self {
@@ -10255,10 +9323,8 @@ impl ::std::ops::BitAndAssign for ibv_cq_init_attr_mask {
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
 pub struct ibv_cq_init_attr_mask(pub ::std::os::raw::c_uint);
 impl ibv_create_cq_attr_flags {
-    pub const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: ibv_create_cq_attr_flags =
-        ibv_create_cq_attr_flags(1);
-    pub const IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: ibv_create_cq_attr_flags =
-        ibv_create_cq_attr_flags(2);
+    pub const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: ibv_create_cq_attr_flags = ibv_create_cq_attr_flags(1);
+    pub const IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: ibv_create_cq_attr_flags = ibv_create_cq_attr_flags(2);
 }
 impl ::std::ops::BitOr<ibv_create_cq_attr_flags> for ibv_create_cq_attr_flags {
     type Output = Self;
@@ -10305,20 +9371,16 @@ pub struct ibv_cq_init_attr_ex {
 const _: () = {
     ["Size of ibv_cq_init_attr_ex"][::std::mem::size_of::<ibv_cq_init_attr_ex>() - 56usize];
     ["Alignment of ibv_cq_init_attr_ex"][::std::mem::align_of::<ibv_cq_init_attr_ex>() - 8usize];
-    ["Offset of field: ibv_cq_init_attr_ex::cqe"]
-        [::std::mem::offset_of!(ibv_cq_init_attr_ex, cqe) - 0usize];
+    ["Offset of field: ibv_cq_init_attr_ex::cqe"][::std::mem::offset_of!(ibv_cq_init_attr_ex, cqe) - 0usize];
     ["Offset of field: ibv_cq_init_attr_ex::cq_context"]
         [::std::mem::offset_of!(ibv_cq_init_attr_ex, cq_context) - 8usize];
-    ["Offset of field: ibv_cq_init_attr_ex::channel"]
-        [::std::mem::offset_of!(ibv_cq_init_attr_ex, channel) - 16usize];
+    ["Offset of field: ibv_cq_init_attr_ex::channel"][::std::mem::offset_of!(ibv_cq_init_attr_ex, channel) - 16usize];
     ["Offset of field: ibv_cq_init_attr_ex::comp_vector"]
         [::std::mem::offset_of!(ibv_cq_init_attr_ex, comp_vector) - 24usize];
-    ["Offset of field: ibv_cq_init_attr_ex::wc_flags"]
-        [::std::mem::offset_of!(ibv_cq_init_attr_ex, wc_flags) - 32usize];
+    ["Offset of field: ibv_cq_init_attr_ex::wc_flags"][::std::mem::offset_of!(ibv_cq_init_attr_ex, wc_flags) - 32usize];
     ["Offset of field: ibv_cq_init_attr_ex::comp_mask"]
         [::std::mem::offset_of!(ibv_cq_init_attr_ex, comp_mask) - 40usize];
-    ["Offset of field: ibv_cq_init_attr_ex::flags"]
-        [::std::mem::offset_of!(ibv_cq_init_attr_ex, flags) - 44usize];
+    ["Offset of field: ibv_cq_init_attr_ex::flags"][::std::mem::offset_of!(ibv_cq_init_attr_ex, flags) - 44usize];
     ["Offset of field: ibv_cq_init_attr_ex::parent_domain"]
         [::std::mem::offset_of!(ibv_cq_init_attr_ex, parent_domain) - 48usize];
 };
@@ -10393,10 +9455,8 @@ pub struct ibv_parent_domain_init_attr {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of ibv_parent_domain_init_attr"]
-        [::std::mem::size_of::<ibv_parent_domain_init_attr>() - 48usize];
-    ["Alignment of ibv_parent_domain_init_attr"]
-        [::std::mem::align_of::<ibv_parent_domain_init_attr>() - 8usize];
+    ["Size of ibv_parent_domain_init_attr"][::std::mem::size_of::<ibv_parent_domain_init_attr>() - 48usize];
+    ["Alignment of ibv_parent_domain_init_attr"][::std::mem::align_of::<ibv_parent_domain_init_attr>() - 8usize];
     ["Offset of field: ibv_parent_domain_init_attr::pd"]
         [::std::mem::offset_of!(ibv_parent_domain_init_attr, pd) - 0usize];
     ["Offset of field: ibv_parent_domain_init_attr::td"]
@@ -10427,8 +9487,7 @@ pub struct ibv_counters_init_attr {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_counters_init_attr"][::std::mem::size_of::<ibv_counters_init_attr>() - 4usize];
-    ["Alignment of ibv_counters_init_attr"]
-        [::std::mem::align_of::<ibv_counters_init_attr>() - 4usize];
+    ["Alignment of ibv_counters_init_attr"][::std::mem::align_of::<ibv_counters_init_attr>() - 4usize];
     ["Offset of field: ibv_counters_init_attr::comp_mask"]
         [::std::mem::offset_of!(ibv_counters_init_attr, comp_mask) - 0usize];
 };
@@ -10441,8 +9500,7 @@ pub struct ibv_counters {
 const _: () = {
     ["Size of ibv_counters"][::std::mem::size_of::<ibv_counters>() - 8usize];
     ["Alignment of ibv_counters"][::std::mem::align_of::<ibv_counters>() - 8usize];
-    ["Offset of field: ibv_counters::context"]
-        [::std::mem::offset_of!(ibv_counters, context) - 0usize];
+    ["Offset of field: ibv_counters::context"][::std::mem::offset_of!(ibv_counters, context) - 0usize];
 };
 impl Default for ibv_counters {
     fn default() -> Self {
@@ -10470,8 +9528,7 @@ pub struct ibv_counter_attach_attr {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of ibv_counter_attach_attr"][::std::mem::size_of::<ibv_counter_attach_attr>() - 12usize];
-    ["Alignment of ibv_counter_attach_attr"]
-        [::std::mem::align_of::<ibv_counter_attach_attr>() - 4usize];
+    ["Alignment of ibv_counter_attach_attr"][::std::mem::align_of::<ibv_counter_attach_attr>() - 4usize];
     ["Offset of field: ibv_counter_attach_attr::counter_desc"]
         [::std::mem::offset_of!(ibv_counter_attach_attr, counter_desc) - 0usize];
     ["Offset of field: ibv_counter_attach_attr::index"]
@@ -10489,8 +9546,7 @@ impl Default for ibv_counter_attach_attr {
     }
 }
 impl ibv_read_counters_flags {
-    pub const IBV_READ_COUNTERS_ATTR_PREFER_CACHED: ibv_read_counters_flags =
-        ibv_read_counters_flags(1);
+    pub const IBV_READ_COUNTERS_ATTR_PREFER_CACHED: ibv_read_counters_flags = ibv_read_counters_flags(1);
 }
 impl ::std::ops::BitOr<ibv_read_counters_flags> for ibv_read_counters_flags {
     type Output = Self;
@@ -10564,10 +9620,8 @@ pub struct ibv_values_ex {
 const _: () = {
     ["Size of ibv_values_ex"][::std::mem::size_of::<ibv_values_ex>() - 24usize];
     ["Alignment of ibv_values_ex"][::std::mem::align_of::<ibv_values_ex>() - 8usize];
-    ["Offset of field: ibv_values_ex::comp_mask"]
-        [::std::mem::offset_of!(ibv_values_ex, comp_mask) - 0usize];
-    ["Offset of field: ibv_values_ex::raw_clock"]
-        [::std::mem::offset_of!(ibv_values_ex, raw_clock) - 8usize];
+    ["Offset of field: ibv_values_ex::comp_mask"][::std::mem::offset_of!(ibv_values_ex, comp_mask) - 0usize];
+    ["Offset of field: ibv_values_ex::raw_clock"][::std::mem::offset_of!(ibv_values_ex, raw_clock) - 8usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -10606,14 +9660,10 @@ pub struct verbs_context {
         ) -> ::std::os::raw::c_int,
     >,
     pub create_counters: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            init_attr: *mut ibv_counters_init_attr,
-        ) -> *mut ibv_counters,
+        unsafe extern "C" fn(context: *mut ibv_context, init_attr: *mut ibv_counters_init_attr) -> *mut ibv_counters,
     >,
-    pub destroy_counters: ::std::option::Option<
-        unsafe extern "C" fn(counters: *mut ibv_counters) -> ::std::os::raw::c_int,
-    >,
+    pub destroy_counters:
+        ::std::option::Option<unsafe extern "C" fn(counters: *mut ibv_counters) -> ::std::os::raw::c_int>,
     pub reg_dm_mr: ::std::option::Option<
         unsafe extern "C" fn(
             pd: *mut ibv_pd,
@@ -10624,53 +9674,32 @@ pub struct verbs_context {
         ) -> *mut ibv_mr,
     >,
     pub alloc_dm: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            attr: *mut ibv_alloc_dm_attr,
-        ) -> *mut ibv_dm,
+        unsafe extern "C" fn(context: *mut ibv_context, attr: *mut ibv_alloc_dm_attr) -> *mut ibv_dm,
     >,
-    pub free_dm:
-        ::std::option::Option<unsafe extern "C" fn(dm: *mut ibv_dm) -> ::std::os::raw::c_int>,
+    pub free_dm: ::std::option::Option<unsafe extern "C" fn(dm: *mut ibv_dm) -> ::std::os::raw::c_int>,
     pub modify_flow_action_esp: ::std::option::Option<
         unsafe extern "C" fn(
             action: *mut ibv_flow_action,
             attr: *mut ibv_flow_action_esp_attr,
         ) -> ::std::os::raw::c_int,
     >,
-    pub destroy_flow_action: ::std::option::Option<
-        unsafe extern "C" fn(action: *mut ibv_flow_action) -> ::std::os::raw::c_int,
-    >,
+    pub destroy_flow_action:
+        ::std::option::Option<unsafe extern "C" fn(action: *mut ibv_flow_action) -> ::std::os::raw::c_int>,
     pub create_flow_action_esp: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            attr: *mut ibv_flow_action_esp_attr,
-        ) -> *mut ibv_flow_action,
+        unsafe extern "C" fn(context: *mut ibv_context, attr: *mut ibv_flow_action_esp_attr) -> *mut ibv_flow_action,
     >,
     pub modify_qp_rate_limit: ::std::option::Option<
-        unsafe extern "C" fn(
-            qp: *mut ibv_qp,
-            attr: *mut ibv_qp_rate_limit_attr,
-        ) -> ::std::os::raw::c_int,
+        unsafe extern "C" fn(qp: *mut ibv_qp, attr: *mut ibv_qp_rate_limit_attr) -> ::std::os::raw::c_int,
     >,
     pub alloc_parent_domain: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            attr: *mut ibv_parent_domain_init_attr,
-        ) -> *mut ibv_pd,
+        unsafe extern "C" fn(context: *mut ibv_context, attr: *mut ibv_parent_domain_init_attr) -> *mut ibv_pd,
     >,
-    pub dealloc_td:
-        ::std::option::Option<unsafe extern "C" fn(td: *mut ibv_td) -> ::std::os::raw::c_int>,
+    pub dealloc_td: ::std::option::Option<unsafe extern "C" fn(td: *mut ibv_td) -> ::std::os::raw::c_int>,
     pub alloc_td: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            init_attr: *mut ibv_td_init_attr,
-        ) -> *mut ibv_td,
+        unsafe extern "C" fn(context: *mut ibv_context, init_attr: *mut ibv_td_init_attr) -> *mut ibv_td,
     >,
     pub modify_cq: ::std::option::Option<
-        unsafe extern "C" fn(
-            cq: *mut ibv_cq,
-            attr: *mut ibv_modify_cq_attr,
-        ) -> ::std::os::raw::c_int,
+        unsafe extern "C" fn(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_attr) -> ::std::os::raw::c_int,
     >,
     pub post_srq_ops: ::std::option::Option<
         unsafe extern "C" fn(
@@ -10679,37 +9708,26 @@ pub struct verbs_context {
             bad_op: *mut *mut ibv_ops_wr,
         ) -> ::std::os::raw::c_int,
     >,
-    pub destroy_rwq_ind_table: ::std::option::Option<
-        unsafe extern "C" fn(rwq_ind_table: *mut ibv_rwq_ind_table) -> ::std::os::raw::c_int,
-    >,
+    pub destroy_rwq_ind_table:
+        ::std::option::Option<unsafe extern "C" fn(rwq_ind_table: *mut ibv_rwq_ind_table) -> ::std::os::raw::c_int>,
     pub create_rwq_ind_table: ::std::option::Option<
         unsafe extern "C" fn(
             context: *mut ibv_context,
             init_attr: *mut ibv_rwq_ind_table_init_attr,
         ) -> *mut ibv_rwq_ind_table,
     >,
-    pub destroy_wq:
-        ::std::option::Option<unsafe extern "C" fn(wq: *mut ibv_wq) -> ::std::os::raw::c_int>,
+    pub destroy_wq: ::std::option::Option<unsafe extern "C" fn(wq: *mut ibv_wq) -> ::std::os::raw::c_int>,
     pub modify_wq: ::std::option::Option<
         unsafe extern "C" fn(wq: *mut ibv_wq, wq_attr: *mut ibv_wq_attr) -> ::std::os::raw::c_int,
     >,
     pub create_wq: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            wq_init_attr: *mut ibv_wq_init_attr,
-        ) -> *mut ibv_wq,
+        unsafe extern "C" fn(context: *mut ibv_context, wq_init_attr: *mut ibv_wq_init_attr) -> *mut ibv_wq,
     >,
     pub query_rt_values: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            values: *mut ibv_values_ex,
-        ) -> ::std::os::raw::c_int,
+        unsafe extern "C" fn(context: *mut ibv_context, values: *mut ibv_values_ex) -> ::std::os::raw::c_int,
     >,
     pub create_cq_ex: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            init_attr: *mut ibv_cq_init_attr_ex,
-        ) -> *mut ibv_cq_ex,
+        unsafe extern "C" fn(context: *mut ibv_context, init_attr: *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex,
     >,
     pub priv_: *mut verbs_ex_private,
     pub query_device_ex: ::std::option::Option<
@@ -10720,39 +9738,26 @@ pub struct verbs_context {
             attr_size: usize,
         ) -> ::std::os::raw::c_int,
     >,
-    pub ibv_destroy_flow:
-        ::std::option::Option<unsafe extern "C" fn(flow: *mut ibv_flow) -> ::std::os::raw::c_int>,
+    pub ibv_destroy_flow: ::std::option::Option<unsafe extern "C" fn(flow: *mut ibv_flow) -> ::std::os::raw::c_int>,
     pub ABI_placeholder2: ::std::option::Option<unsafe extern "C" fn()>,
-    pub ibv_create_flow: ::std::option::Option<
-        unsafe extern "C" fn(qp: *mut ibv_qp, flow_attr: *mut ibv_flow_attr) -> *mut ibv_flow,
-    >,
+    pub ibv_create_flow:
+        ::std::option::Option<unsafe extern "C" fn(qp: *mut ibv_qp, flow_attr: *mut ibv_flow_attr) -> *mut ibv_flow>,
     pub ABI_placeholder1: ::std::option::Option<unsafe extern "C" fn()>,
     pub open_qp: ::std::option::Option<
         unsafe extern "C" fn(context: *mut ibv_context, attr: *mut ibv_qp_open_attr) -> *mut ibv_qp,
     >,
     pub create_qp_ex: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            qp_init_attr_ex: *mut ibv_qp_init_attr_ex,
-        ) -> *mut ibv_qp,
+        unsafe extern "C" fn(context: *mut ibv_context, qp_init_attr_ex: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp,
     >,
-    pub get_srq_num: ::std::option::Option<
-        unsafe extern "C" fn(srq: *mut ibv_srq, srq_num: *mut u32) -> ::std::os::raw::c_int,
-    >,
+    pub get_srq_num:
+        ::std::option::Option<unsafe extern "C" fn(srq: *mut ibv_srq, srq_num: *mut u32) -> ::std::os::raw::c_int>,
     pub create_srq_ex: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            srq_init_attr_ex: *mut ibv_srq_init_attr_ex,
-        ) -> *mut ibv_srq,
+        unsafe extern "C" fn(context: *mut ibv_context, srq_init_attr_ex: *mut ibv_srq_init_attr_ex) -> *mut ibv_srq,
     >,
     pub open_xrcd: ::std::option::Option<
-        unsafe extern "C" fn(
-            context: *mut ibv_context,
-            xrcd_init_attr: *mut ibv_xrcd_init_attr,
-        ) -> *mut ibv_xrcd,
+        unsafe extern "C" fn(context: *mut ibv_context, xrcd_init_attr: *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd,
     >,
-    pub close_xrcd:
-        ::std::option::Option<unsafe extern "C" fn(xrcd: *mut ibv_xrcd) -> ::std::os::raw::c_int>,
+    pub close_xrcd: ::std::option::Option<unsafe extern "C" fn(xrcd: *mut ibv_xrcd) -> ::std::os::raw::c_int>,
     pub _ABI_placeholder3: u64,
     pub sz: usize,
     pub context: ibv_context,
@@ -10761,26 +9766,19 @@ pub struct verbs_context {
 const _: () = {
     ["Size of verbs_context"][::std::mem::size_of::<verbs_context>() - 648usize];
     ["Alignment of verbs_context"][::std::mem::align_of::<verbs_context>() - 8usize];
-    ["Offset of field: verbs_context::query_port"]
-        [::std::mem::offset_of!(verbs_context, query_port) - 0usize];
-    ["Offset of field: verbs_context::advise_mr"]
-        [::std::mem::offset_of!(verbs_context, advise_mr) - 8usize];
-    ["Offset of field: verbs_context::alloc_null_mr"]
-        [::std::mem::offset_of!(verbs_context, alloc_null_mr) - 16usize];
-    ["Offset of field: verbs_context::read_counters"]
-        [::std::mem::offset_of!(verbs_context, read_counters) - 24usize];
+    ["Offset of field: verbs_context::query_port"][::std::mem::offset_of!(verbs_context, query_port) - 0usize];
+    ["Offset of field: verbs_context::advise_mr"][::std::mem::offset_of!(verbs_context, advise_mr) - 8usize];
+    ["Offset of field: verbs_context::alloc_null_mr"][::std::mem::offset_of!(verbs_context, alloc_null_mr) - 16usize];
+    ["Offset of field: verbs_context::read_counters"][::std::mem::offset_of!(verbs_context, read_counters) - 24usize];
     ["Offset of field: verbs_context::attach_counters_point_flow"]
         [::std::mem::offset_of!(verbs_context, attach_counters_point_flow) - 32usize];
     ["Offset of field: verbs_context::create_counters"]
         [::std::mem::offset_of!(verbs_context, create_counters) - 40usize];
     ["Offset of field: verbs_context::destroy_counters"]
         [::std::mem::offset_of!(verbs_context, destroy_counters) - 48usize];
-    ["Offset of field: verbs_context::reg_dm_mr"]
-        [::std::mem::offset_of!(verbs_context, reg_dm_mr) - 56usize];
-    ["Offset of field: verbs_context::alloc_dm"]
-        [::std::mem::offset_of!(verbs_context, alloc_dm) - 64usize];
-    ["Offset of field: verbs_context::free_dm"]
-        [::std::mem::offset_of!(verbs_context, free_dm) - 72usize];
+    ["Offset of field: verbs_context::reg_dm_mr"][::std::mem::offset_of!(verbs_context, reg_dm_mr) - 56usize];
+    ["Offset of field: verbs_context::alloc_dm"][::std::mem::offset_of!(verbs_context, alloc_dm) - 64usize];
+    ["Offset of field: verbs_context::free_dm"][::std::mem::offset_of!(verbs_context, free_dm) - 72usize];
     ["Offset of field: verbs_context::modify_flow_action_esp"]
         [::std::mem::offset_of!(verbs_context, modify_flow_action_esp) - 80usize];
     ["Offset of field: verbs_context::destroy_flow_action"]
@@ -10791,30 +9789,21 @@ const _: () = {
         [::std::mem::offset_of!(verbs_context, modify_qp_rate_limit) - 104usize];
     ["Offset of field: verbs_context::alloc_parent_domain"]
         [::std::mem::offset_of!(verbs_context, alloc_parent_domain) - 112usize];
-    ["Offset of field: verbs_context::dealloc_td"]
-        [::std::mem::offset_of!(verbs_context, dealloc_td) - 120usize];
-    ["Offset of field: verbs_context::alloc_td"]
-        [::std::mem::offset_of!(verbs_context, alloc_td) - 128usize];
-    ["Offset of field: verbs_context::modify_cq"]
-        [::std::mem::offset_of!(verbs_context, modify_cq) - 136usize];
-    ["Offset of field: verbs_context::post_srq_ops"]
-        [::std::mem::offset_of!(verbs_context, post_srq_ops) - 144usize];
+    ["Offset of field: verbs_context::dealloc_td"][::std::mem::offset_of!(verbs_context, dealloc_td) - 120usize];
+    ["Offset of field: verbs_context::alloc_td"][::std::mem::offset_of!(verbs_context, alloc_td) - 128usize];
+    ["Offset of field: verbs_context::modify_cq"][::std::mem::offset_of!(verbs_context, modify_cq) - 136usize];
+    ["Offset of field: verbs_context::post_srq_ops"][::std::mem::offset_of!(verbs_context, post_srq_ops) - 144usize];
     ["Offset of field: verbs_context::destroy_rwq_ind_table"]
         [::std::mem::offset_of!(verbs_context, destroy_rwq_ind_table) - 152usize];
     ["Offset of field: verbs_context::create_rwq_ind_table"]
         [::std::mem::offset_of!(verbs_context, create_rwq_ind_table) - 160usize];
-    ["Offset of field: verbs_context::destroy_wq"]
-        [::std::mem::offset_of!(verbs_context, destroy_wq) - 168usize];
-    ["Offset of field: verbs_context::modify_wq"]
-        [::std::mem::offset_of!(verbs_context, modify_wq) - 176usize];
-    ["Offset of field: verbs_context::create_wq"]
-        [::std::mem::offset_of!(verbs_context, create_wq) - 184usize];
+    ["Offset of field: verbs_context::destroy_wq"][::std::mem::offset_of!(verbs_context, destroy_wq) - 168usize];
+    ["Offset of field: verbs_context::modify_wq"][::std::mem::offset_of!(verbs_context, modify_wq) - 176usize];
+    ["Offset of field: verbs_context::create_wq"][::std::mem::offset_of!(verbs_context, create_wq) - 184usize];
     ["Offset of field: verbs_context::query_rt_values"]
         [::std::mem::offset_of!(verbs_context, query_rt_values) - 192usize];
-    ["Offset of field: verbs_context::create_cq_ex"]
-        [::std::mem::offset_of!(verbs_context, create_cq_ex) - 200usize];
-    ["Offset of field: verbs_context::priv_"]
-        [::std::mem::offset_of!(verbs_context, priv_) - 208usize];
+    ["Offset of field: verbs_context::create_cq_ex"][::std::mem::offset_of!(verbs_context, create_cq_ex) - 200usize];
+    ["Offset of field: verbs_context::priv_"][::std::mem::offset_of!(verbs_context, priv_) - 208usize];
     ["Offset of field: verbs_context::query_device_ex"]
         [::std::mem::offset_of!(verbs_context, query_device_ex) - 216usize];
     ["Offset of field: verbs_context::ibv_destroy_flow"]
@@ -10825,23 +9814,16 @@ const _: () = {
         [::std::mem::offset_of!(verbs_context, ibv_create_flow) - 240usize];
     ["Offset of field: verbs_context::ABI_placeholder1"]
         [::std::mem::offset_of!(verbs_context, ABI_placeholder1) - 248usize];
-    ["Offset of field: verbs_context::open_qp"]
-        [::std::mem::offset_of!(verbs_context, open_qp) - 256usize];
-    ["Offset of field: verbs_context::create_qp_ex"]
-        [::std::mem::offset_of!(verbs_context, create_qp_ex) - 264usize];
-    ["Offset of field: verbs_context::get_srq_num"]
-        [::std::mem::offset_of!(verbs_context, get_srq_num) - 272usize];
-    ["Offset of field: verbs_context::create_srq_ex"]
-        [::std::mem::offset_of!(verbs_context, create_srq_ex) - 280usize];
-    ["Offset of field: verbs_context::open_xrcd"]
-        [::std::mem::offset_of!(verbs_context, open_xrcd) - 288usize];
-    ["Offset of field: verbs_context::close_xrcd"]
-        [::std::mem::offset_of!(verbs_context, close_xrcd) - 296usize];
+    ["Offset of field: verbs_context::open_qp"][::std::mem::offset_of!(verbs_context, open_qp) - 256usize];
+    ["Offset of field: verbs_context::create_qp_ex"][::std::mem::offset_of!(verbs_context, create_qp_ex) - 264usize];
+    ["Offset of field: verbs_context::get_srq_num"][::std::mem::offset_of!(verbs_context, get_srq_num) - 272usize];
+    ["Offset of field: verbs_context::create_srq_ex"][::std::mem::offset_of!(verbs_context, create_srq_ex) - 280usize];
+    ["Offset of field: verbs_context::open_xrcd"][::std::mem::offset_of!(verbs_context, open_xrcd) - 288usize];
+    ["Offset of field: verbs_context::close_xrcd"][::std::mem::offset_of!(verbs_context, close_xrcd) - 296usize];
     ["Offset of field: verbs_context::_ABI_placeholder3"]
         [::std::mem::offset_of!(verbs_context, _ABI_placeholder3) - 304usize];
     ["Offset of field: verbs_context::sz"][::std::mem::offset_of!(verbs_context, sz) - 312usize];
-    ["Offset of field: verbs_context::context"]
-        [::std::mem::offset_of!(verbs_context, context) - 320usize];
+    ["Offset of field: verbs_context::context"][::std::mem::offset_of!(verbs_context, context) - 320usize];
 };
 impl Default for verbs_context {
     fn default() -> Self {
@@ -10895,19 +9877,13 @@ unsafe extern "C" {
     pub fn ibv_unimport_dm(dm: *mut ibv_dm);
 }
 unsafe extern "C" {
-    pub fn ibv_get_async_event(
-        context: *mut ibv_context,
-        event: *mut ibv_async_event,
-    ) -> ::std::os::raw::c_int;
+    pub fn ibv_get_async_event(context: *mut ibv_context, event: *mut ibv_async_event) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn ibv_ack_async_event(event: *mut ibv_async_event);
 }
 unsafe extern "C" {
-    pub fn ibv_query_device(
-        context: *mut ibv_context,
-        device_attr: *mut ibv_device_attr,
-    ) -> ::std::os::raw::c_int;
+    pub fn ibv_query_device(context: *mut ibv_context, device_attr: *mut ibv_device_attr) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn ibv_query_gid(
@@ -10945,11 +9921,7 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn ibv_get_pkey_index(
-        context: *mut ibv_context,
-        port_num: u8,
-        pkey: __be16,
-    ) -> ::std::os::raw::c_int;
+    pub fn ibv_get_pkey_index(context: *mut ibv_context, port_num: u8, pkey: __be16) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd;
@@ -10998,8 +9970,7 @@ impl ibv_rereg_mr_err_code {
     pub const IBV_REREG_MR_ERR_DONT_FORK_NEW: ibv_rereg_mr_err_code = ibv_rereg_mr_err_code(-2);
     pub const IBV_REREG_MR_ERR_DO_FORK_OLD: ibv_rereg_mr_err_code = ibv_rereg_mr_err_code(-3);
     pub const IBV_REREG_MR_ERR_CMD: ibv_rereg_mr_err_code = ibv_rereg_mr_err_code(-4);
-    pub const IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW: ibv_rereg_mr_err_code =
-        ibv_rereg_mr_err_code(-5);
+    pub const IBV_REREG_MR_ERR_CMD_AND_DO_FORK_NEW: ibv_rereg_mr_err_code = ibv_rereg_mr_err_code(-5);
 }
 #[repr(transparent)]
 #[derive(Copy, Clone, Hash, PartialEq, Eq)]
@@ -11075,11 +10046,7 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn ibv_query_qp_data_in_order(
-        qp: *mut ibv_qp,
-        op: ibv_wr_opcode,
-        flags: u32,
-    ) -> ::std::os::raw::c_int;
+    pub fn ibv_query_qp_data_in_order(qp: *mut ibv_qp, op: ibv_wr_opcode, flags: u32) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn ibv_query_qp(
@@ -11105,29 +10072,16 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn ibv_create_ah_from_wc(
-        pd: *mut ibv_pd,
-        wc: *mut ibv_wc,
-        grh: *mut ibv_grh,
-        port_num: u8,
-    ) -> *mut ibv_ah;
+    pub fn ibv_create_ah_from_wc(pd: *mut ibv_pd, wc: *mut ibv_wc, grh: *mut ibv_grh, port_num: u8) -> *mut ibv_ah;
 }
 unsafe extern "C" {
     pub fn ibv_destroy_ah(ah: *mut ibv_ah) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn ibv_attach_mcast(
-        qp: *mut ibv_qp,
-        gid: *const ibv_gid,
-        lid: u16,
-    ) -> ::std::os::raw::c_int;
+    pub fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn ibv_detach_mcast(
-        qp: *mut ibv_qp,
-        gid: *const ibv_gid,
-        lid: u16,
-    ) -> ::std::os::raw::c_int;
+    pub fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn ibv_fork_init() -> ::std::os::raw::c_int;
@@ -11184,12 +10138,10 @@ pub struct sockaddr_storage {
 const _: () = {
     ["Size of sockaddr_storage"][::std::mem::size_of::<sockaddr_storage>() - 128usize];
     ["Alignment of sockaddr_storage"][::std::mem::align_of::<sockaddr_storage>() - 8usize];
-    ["Offset of field: sockaddr_storage::ss_family"]
-        [::std::mem::offset_of!(sockaddr_storage, ss_family) - 0usize];
+    ["Offset of field: sockaddr_storage::ss_family"][::std::mem::offset_of!(sockaddr_storage, ss_family) - 0usize];
     ["Offset of field: sockaddr_storage::__ss_padding"]
         [::std::mem::offset_of!(sockaddr_storage, __ss_padding) - 2usize];
-    ["Offset of field: sockaddr_storage::__ss_align"]
-        [::std::mem::offset_of!(sockaddr_storage, __ss_align) - 120usize];
+    ["Offset of field: sockaddr_storage::__ss_align"][::std::mem::offset_of!(sockaddr_storage, __ss_align) - 120usize];
 };
 impl Default for sockaddr_storage {
     fn default() -> Self {
@@ -11228,8 +10180,7 @@ pub union in6_addr__bindgen_ty_1 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of in6_addr__bindgen_ty_1"][::std::mem::size_of::<in6_addr__bindgen_ty_1>() - 16usize];
-    ["Alignment of in6_addr__bindgen_ty_1"]
-        [::std::mem::align_of::<in6_addr__bindgen_ty_1>() - 4usize];
+    ["Alignment of in6_addr__bindgen_ty_1"][::std::mem::align_of::<in6_addr__bindgen_ty_1>() - 4usize];
     ["Offset of field: in6_addr__bindgen_ty_1::__u6_addr8"]
         [::std::mem::offset_of!(in6_addr__bindgen_ty_1, __u6_addr8) - 0usize];
     ["Offset of field: in6_addr__bindgen_ty_1::__u6_addr16"]
@@ -11273,14 +10224,10 @@ pub struct sockaddr_in {
 const _: () = {
     ["Size of sockaddr_in"][::std::mem::size_of::<sockaddr_in>() - 16usize];
     ["Alignment of sockaddr_in"][::std::mem::align_of::<sockaddr_in>() - 4usize];
-    ["Offset of field: sockaddr_in::sin_family"]
-        [::std::mem::offset_of!(sockaddr_in, sin_family) - 0usize];
-    ["Offset of field: sockaddr_in::sin_port"]
-        [::std::mem::offset_of!(sockaddr_in, sin_port) - 2usize];
-    ["Offset of field: sockaddr_in::sin_addr"]
-        [::std::mem::offset_of!(sockaddr_in, sin_addr) - 4usize];
-    ["Offset of field: sockaddr_in::sin_zero"]
-        [::std::mem::offset_of!(sockaddr_in, sin_zero) - 8usize];
+    ["Offset of field: sockaddr_in::sin_family"][::std::mem::offset_of!(sockaddr_in, sin_family) - 0usize];
+    ["Offset of field: sockaddr_in::sin_port"][::std::mem::offset_of!(sockaddr_in, sin_port) - 2usize];
+    ["Offset of field: sockaddr_in::sin_addr"][::std::mem::offset_of!(sockaddr_in, sin_addr) - 4usize];
+    ["Offset of field: sockaddr_in::sin_zero"][::std::mem::offset_of!(sockaddr_in, sin_zero) - 8usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -11295,16 +10242,11 @@ pub struct sockaddr_in6 {
 const _: () = {
     ["Size of sockaddr_in6"][::std::mem::size_of::<sockaddr_in6>() - 28usize];
     ["Alignment of sockaddr_in6"][::std::mem::align_of::<sockaddr_in6>() - 4usize];
-    ["Offset of field: sockaddr_in6::sin6_family"]
-        [::std::mem::offset_of!(sockaddr_in6, sin6_family) - 0usize];
-    ["Offset of field: sockaddr_in6::sin6_port"]
-        [::std::mem::offset_of!(sockaddr_in6, sin6_port) - 2usize];
-    ["Offset of field: sockaddr_in6::sin6_flowinfo"]
-        [::std::mem::offset_of!(sockaddr_in6, sin6_flowinfo) - 4usize];
-    ["Offset of field: sockaddr_in6::sin6_addr"]
-        [::std::mem::offset_of!(sockaddr_in6, sin6_addr) - 8usize];
-    ["Offset of field: sockaddr_in6::sin6_scope_id"]
-        [::std::mem::offset_of!(sockaddr_in6, sin6_scope_id) - 24usize];
+    ["Offset of field: sockaddr_in6::sin6_family"][::std::mem::offset_of!(sockaddr_in6, sin6_family) - 0usize];
+    ["Offset of field: sockaddr_in6::sin6_port"][::std::mem::offset_of!(sockaddr_in6, sin6_port) - 2usize];
+    ["Offset of field: sockaddr_in6::sin6_flowinfo"][::std::mem::offset_of!(sockaddr_in6, sin6_flowinfo) - 4usize];
+    ["Offset of field: sockaddr_in6::sin6_addr"][::std::mem::offset_of!(sockaddr_in6, sin6_addr) - 8usize];
+    ["Offset of field: sockaddr_in6::sin6_scope_id"][::std::mem::offset_of!(sockaddr_in6, sin6_scope_id) - 24usize];
 };
 impl Default for sockaddr_in6 {
     fn default() -> Self {
@@ -11342,43 +10284,29 @@ pub struct ibv_sa_path_rec {
 const _: () = {
     ["Size of ibv_sa_path_rec"][::std::mem::size_of::<ibv_sa_path_rec>() - 64usize];
     ["Alignment of ibv_sa_path_rec"][::std::mem::align_of::<ibv_sa_path_rec>() - 8usize];
-    ["Offset of field: ibv_sa_path_rec::dgid"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, dgid) - 0usize];
-    ["Offset of field: ibv_sa_path_rec::sgid"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, sgid) - 16usize];
-    ["Offset of field: ibv_sa_path_rec::dlid"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, dlid) - 32usize];
-    ["Offset of field: ibv_sa_path_rec::slid"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, slid) - 34usize];
-    ["Offset of field: ibv_sa_path_rec::raw_traffic"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, raw_traffic) - 36usize];
-    ["Offset of field: ibv_sa_path_rec::flow_label"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, flow_label) - 40usize];
-    ["Offset of field: ibv_sa_path_rec::hop_limit"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, hop_limit) - 44usize];
+    ["Offset of field: ibv_sa_path_rec::dgid"][::std::mem::offset_of!(ibv_sa_path_rec, dgid) - 0usize];
+    ["Offset of field: ibv_sa_path_rec::sgid"][::std::mem::offset_of!(ibv_sa_path_rec, sgid) - 16usize];
+    ["Offset of field: ibv_sa_path_rec::dlid"][::std::mem::offset_of!(ibv_sa_path_rec, dlid) - 32usize];
+    ["Offset of field: ibv_sa_path_rec::slid"][::std::mem::offset_of!(ibv_sa_path_rec, slid) - 34usize];
+    ["Offset of field: ibv_sa_path_rec::raw_traffic"][::std::mem::offset_of!(ibv_sa_path_rec, raw_traffic) - 36usize];
+    ["Offset of field: ibv_sa_path_rec::flow_label"][::std::mem::offset_of!(ibv_sa_path_rec, flow_label) - 40usize];
+    ["Offset of field: ibv_sa_path_rec::hop_limit"][::std::mem::offset_of!(ibv_sa_path_rec, hop_limit) - 44usize];
     ["Offset of field: ibv_sa_path_rec::traffic_class"]
         [::std::mem::offset_of!(ibv_sa_path_rec, traffic_class) - 45usize];
-    ["Offset of field: ibv_sa_path_rec::reversible"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, reversible) - 48usize];
-    ["Offset of field: ibv_sa_path_rec::numb_path"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, numb_path) - 52usize];
-    ["Offset of field: ibv_sa_path_rec::pkey"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, pkey) - 54usize];
+    ["Offset of field: ibv_sa_path_rec::reversible"][::std::mem::offset_of!(ibv_sa_path_rec, reversible) - 48usize];
+    ["Offset of field: ibv_sa_path_rec::numb_path"][::std::mem::offset_of!(ibv_sa_path_rec, numb_path) - 52usize];
+    ["Offset of field: ibv_sa_path_rec::pkey"][::std::mem::offset_of!(ibv_sa_path_rec, pkey) - 54usize];
     ["Offset of field: ibv_sa_path_rec::sl"][::std::mem::offset_of!(ibv_sa_path_rec, sl) - 56usize];
-    ["Offset of field: ibv_sa_path_rec::mtu_selector"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, mtu_selector) - 57usize];
-    ["Offset of field: ibv_sa_path_rec::mtu"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, mtu) - 58usize];
+    ["Offset of field: ibv_sa_path_rec::mtu_selector"][::std::mem::offset_of!(ibv_sa_path_rec, mtu_selector) - 57usize];
+    ["Offset of field: ibv_sa_path_rec::mtu"][::std::mem::offset_of!(ibv_sa_path_rec, mtu) - 58usize];
     ["Offset of field: ibv_sa_path_rec::rate_selector"]
         [::std::mem::offset_of!(ibv_sa_path_rec, rate_selector) - 59usize];
-    ["Offset of field: ibv_sa_path_rec::rate"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, rate) - 60usize];
+    ["Offset of field: ibv_sa_path_rec::rate"][::std::mem::offset_of!(ibv_sa_path_rec, rate) - 60usize];
     ["Offset of field: ibv_sa_path_rec::packet_life_time_selector"]
         [::std::mem::offset_of!(ibv_sa_path_rec, packet_life_time_selector) - 61usize];
     ["Offset of field: ibv_sa_path_rec::packet_life_time"]
         [::std::mem::offset_of!(ibv_sa_path_rec, packet_life_time) - 62usize];
-    ["Offset of field: ibv_sa_path_rec::preference"]
-        [::std::mem::offset_of!(ibv_sa_path_rec, preference) - 63usize];
+    ["Offset of field: ibv_sa_path_rec::preference"][::std::mem::offset_of!(ibv_sa_path_rec, preference) - 63usize];
 };
 impl Default for ibv_sa_path_rec {
     fn default() -> Self {
@@ -11415,38 +10343,29 @@ pub struct ibv_sa_mcmember_rec {
 const _: () = {
     ["Size of ibv_sa_mcmember_rec"][::std::mem::size_of::<ibv_sa_mcmember_rec>() - 64usize];
     ["Alignment of ibv_sa_mcmember_rec"][::std::mem::align_of::<ibv_sa_mcmember_rec>() - 8usize];
-    ["Offset of field: ibv_sa_mcmember_rec::mgid"]
-        [::std::mem::offset_of!(ibv_sa_mcmember_rec, mgid) - 0usize];
-    ["Offset of field: ibv_sa_mcmember_rec::port_gid"]
-        [::std::mem::offset_of!(ibv_sa_mcmember_rec, port_gid) - 16usize];
-    ["Offset of field: ibv_sa_mcmember_rec::qkey"]
-        [::std::mem::offset_of!(ibv_sa_mcmember_rec, qkey) - 32usize];
-    ["Offset of field: ibv_sa_mcmember_rec::mlid"]
-        [::std::mem::offset_of!(ibv_sa_mcmember_rec, mlid) - 36usize];
+    ["Offset of field: ibv_sa_mcmember_rec::mgid"][::std::mem::offset_of!(ibv_sa_mcmember_rec, mgid) - 0usize];
+    ["Offset of field: ibv_sa_mcmember_rec::port_gid"][::std::mem::offset_of!(ibv_sa_mcmember_rec, port_gid) - 16usize];
+    ["Offset of field: ibv_sa_mcmember_rec::qkey"][::std::mem::offset_of!(ibv_sa_mcmember_rec, qkey) - 32usize];
+    ["Offset of field: ibv_sa_mcmember_rec::mlid"][::std::mem::offset_of!(ibv_sa_mcmember_rec, mlid) - 36usize];
     ["Offset of field: ibv_sa_mcmember_rec::mtu_selector"]
         [::std::mem::offset_of!(ibv_sa_mcmember_rec, mtu_selector) - 38usize];
-    ["Offset of field: ibv_sa_mcmember_rec::mtu"]
-        [::std::mem::offset_of!(ibv_sa_mcmember_rec, mtu) - 39usize];
+    ["Offset of field: ibv_sa_mcmember_rec::mtu"][::std::mem::offset_of!(ibv_sa_mcmember_rec, mtu) - 39usize];
     ["Offset of field: ibv_sa_mcmember_rec::traffic_class"]
         [::std::mem::offset_of!(ibv_sa_mcmember_rec, traffic_class) - 40usize];
-    ["Offset of field: ibv_sa_mcmember_rec::pkey"]
-        [::std::mem::offset_of!(ibv_sa_mcmember_rec, pkey) - 42usize];
+    ["Offset of field: ibv_sa_mcmember_rec::pkey"][::std::mem::offset_of!(ibv_sa_mcmember_rec, pkey) - 42usize];
     ["Offset of field: ibv_sa_mcmember_rec::rate_selector"]
         [::std::mem::offset_of!(ibv_sa_mcmember_rec, rate_selector) - 44usize];
-    ["Offset of field: ibv_sa_mcmember_rec::rate"]
-        [::std::mem::offset_of!(ibv_sa_mcmember_rec, rate) - 45usize];
+    ["Offset of field: ibv_sa_mcmember_rec::rate"][::std::mem::offset_of!(ibv_sa_mcmember_rec, rate) - 45usize];
     ["Offset of field: ibv_sa_mcmember_rec::packet_life_time_selector"]
         [::std::mem::offset_of!(ibv_sa_mcmember_rec, packet_life_time_selector) - 46usize];
     ["Offset of field: ibv_sa_mcmember_rec::packet_life_time"]
         [::std::mem::offset_of!(ibv_sa_mcmember_rec, packet_life_time) - 47usize];
-    ["Offset of field: ibv_sa_mcmember_rec::sl"]
-        [::std::mem::offset_of!(ibv_sa_mcmember_rec, sl) - 48usize];
+    ["Offset of field: ibv_sa_mcmember_rec::sl"][::std::mem::offset_of!(ibv_sa_mcmember_rec, sl) - 48usize];
     ["Offset of field: ibv_sa_mcmember_rec::flow_label"]
         [::std::mem::offset_of!(ibv_sa_mcmember_rec, flow_label) - 52usize];
     ["Offset of field: ibv_sa_mcmember_rec::hop_limit"]
         [::std::mem::offset_of!(ibv_sa_mcmember_rec, hop_limit) - 56usize];
-    ["Offset of field: ibv_sa_mcmember_rec::scope"]
-        [::std::mem::offset_of!(ibv_sa_mcmember_rec, scope) - 57usize];
+    ["Offset of field: ibv_sa_mcmember_rec::scope"][::std::mem::offset_of!(ibv_sa_mcmember_rec, scope) - 57usize];
     ["Offset of field: ibv_sa_mcmember_rec::join_state"]
         [::std::mem::offset_of!(ibv_sa_mcmember_rec, join_state) - 58usize];
     ["Offset of field: ibv_sa_mcmember_rec::proxy_join"]
@@ -11479,26 +10398,16 @@ pub struct ibv_sa_service_rec {
 const _: () = {
     ["Size of ibv_sa_service_rec"][::std::mem::size_of::<ibv_sa_service_rec>() - 176usize];
     ["Alignment of ibv_sa_service_rec"][::std::mem::align_of::<ibv_sa_service_rec>() - 8usize];
-    ["Offset of field: ibv_sa_service_rec::id"]
-        [::std::mem::offset_of!(ibv_sa_service_rec, id) - 0usize];
-    ["Offset of field: ibv_sa_service_rec::gid"]
-        [::std::mem::offset_of!(ibv_sa_service_rec, gid) - 8usize];
-    ["Offset of field: ibv_sa_service_rec::pkey"]
-        [::std::mem::offset_of!(ibv_sa_service_rec, pkey) - 24usize];
-    ["Offset of field: ibv_sa_service_rec::lease"]
-        [::std::mem::offset_of!(ibv_sa_service_rec, lease) - 28usize];
-    ["Offset of field: ibv_sa_service_rec::key"]
-        [::std::mem::offset_of!(ibv_sa_service_rec, key) - 32usize];
-    ["Offset of field: ibv_sa_service_rec::name"]
-        [::std::mem::offset_of!(ibv_sa_service_rec, name) - 48usize];
-    ["Offset of field: ibv_sa_service_rec::data8"]
-        [::std::mem::offset_of!(ibv_sa_service_rec, data8) - 112usize];
-    ["Offset of field: ibv_sa_service_rec::data16"]
-        [::std::mem::offset_of!(ibv_sa_service_rec, data16) - 128usize];
-    ["Offset of field: ibv_sa_service_rec::data32"]
-        [::std::mem::offset_of!(ibv_sa_service_rec, data32) - 144usize];
-    ["Offset of field: ibv_sa_service_rec::data64"]
-        [::std::mem::offset_of!(ibv_sa_service_rec, data64) - 160usize];
+    ["Offset of field: ibv_sa_service_rec::id"][::std::mem::offset_of!(ibv_sa_service_rec, id) - 0usize];
+    ["Offset of field: ibv_sa_service_rec::gid"][::std::mem::offset_of!(ibv_sa_service_rec, gid) - 8usize];
+    ["Offset of field: ibv_sa_service_rec::pkey"][::std::mem::offset_of!(ibv_sa_service_rec, pkey) - 24usize];
+    ["Offset of field: ibv_sa_service_rec::lease"][::std::mem::offset_of!(ibv_sa_service_rec, lease) - 28usize];
+    ["Offset of field: ibv_sa_service_rec::key"][::std::mem::offset_of!(ibv_sa_service_rec, key) - 32usize];
+    ["Offset of field: ibv_sa_service_rec::name"][::std::mem::offset_of!(ibv_sa_service_rec, name) - 48usize];
+    ["Offset of field: ibv_sa_service_rec::data8"][::std::mem::offset_of!(ibv_sa_service_rec, data8) - 112usize];
+    ["Offset of field: ibv_sa_service_rec::data16"][::std::mem::offset_of!(ibv_sa_service_rec, data16) - 128usize];
+    ["Offset of field: ibv_sa_service_rec::data32"][::std::mem::offset_of!(ibv_sa_service_rec, data32) - 144usize];
+    ["Offset of field: ibv_sa_service_rec::data64"][::std::mem::offset_of!(ibv_sa_service_rec, data64) - 160usize];
 };
 impl Default for ibv_sa_service_rec {
     fn default() -> Self {
@@ -11532,36 +10441,24 @@ pub struct ibv_path_record {
 const _: () = {
     ["Size of ibv_path_record"][::std::mem::size_of::<ibv_path_record>() - 64usize];
     ["Alignment of ibv_path_record"][::std::mem::align_of::<ibv_path_record>() - 8usize];
-    ["Offset of field: ibv_path_record::service_id"]
-        [::std::mem::offset_of!(ibv_path_record, service_id) - 0usize];
-    ["Offset of field: ibv_path_record::dgid"]
-        [::std::mem::offset_of!(ibv_path_record, dgid) - 8usize];
-    ["Offset of field: ibv_path_record::sgid"]
-        [::std::mem::offset_of!(ibv_path_record, sgid) - 24usize];
-    ["Offset of field: ibv_path_record::dlid"]
-        [::std::mem::offset_of!(ibv_path_record, dlid) - 40usize];
-    ["Offset of field: ibv_path_record::slid"]
-        [::std::mem::offset_of!(ibv_path_record, slid) - 42usize];
+    ["Offset of field: ibv_path_record::service_id"][::std::mem::offset_of!(ibv_path_record, service_id) - 0usize];
+    ["Offset of field: ibv_path_record::dgid"][::std::mem::offset_of!(ibv_path_record, dgid) - 8usize];
+    ["Offset of field: ibv_path_record::sgid"][::std::mem::offset_of!(ibv_path_record, sgid) - 24usize];
+    ["Offset of field: ibv_path_record::dlid"][::std::mem::offset_of!(ibv_path_record, dlid) - 40usize];
+    ["Offset of field: ibv_path_record::slid"][::std::mem::offset_of!(ibv_path_record, slid) - 42usize];
     ["Offset of field: ibv_path_record::flowlabel_hoplimit"]
         [::std::mem::offset_of!(ibv_path_record, flowlabel_hoplimit) - 44usize];
-    ["Offset of field: ibv_path_record::tclass"]
-        [::std::mem::offset_of!(ibv_path_record, tclass) - 48usize];
+    ["Offset of field: ibv_path_record::tclass"][::std::mem::offset_of!(ibv_path_record, tclass) - 48usize];
     ["Offset of field: ibv_path_record::reversible_numpath"]
         [::std::mem::offset_of!(ibv_path_record, reversible_numpath) - 49usize];
-    ["Offset of field: ibv_path_record::pkey"]
-        [::std::mem::offset_of!(ibv_path_record, pkey) - 50usize];
-    ["Offset of field: ibv_path_record::qosclass_sl"]
-        [::std::mem::offset_of!(ibv_path_record, qosclass_sl) - 52usize];
-    ["Offset of field: ibv_path_record::mtu"]
-        [::std::mem::offset_of!(ibv_path_record, mtu) - 54usize];
-    ["Offset of field: ibv_path_record::rate"]
-        [::std::mem::offset_of!(ibv_path_record, rate) - 55usize];
+    ["Offset of field: ibv_path_record::pkey"][::std::mem::offset_of!(ibv_path_record, pkey) - 50usize];
+    ["Offset of field: ibv_path_record::qosclass_sl"][::std::mem::offset_of!(ibv_path_record, qosclass_sl) - 52usize];
+    ["Offset of field: ibv_path_record::mtu"][::std::mem::offset_of!(ibv_path_record, mtu) - 54usize];
+    ["Offset of field: ibv_path_record::rate"][::std::mem::offset_of!(ibv_path_record, rate) - 55usize];
     ["Offset of field: ibv_path_record::packetlifetime"]
         [::std::mem::offset_of!(ibv_path_record, packetlifetime) - 56usize];
-    ["Offset of field: ibv_path_record::preference"]
-        [::std::mem::offset_of!(ibv_path_record, preference) - 57usize];
-    ["Offset of field: ibv_path_record::reserved"]
-        [::std::mem::offset_of!(ibv_path_record, reserved) - 58usize];
+    ["Offset of field: ibv_path_record::preference"][::std::mem::offset_of!(ibv_path_record, preference) - 57usize];
+    ["Offset of field: ibv_path_record::reserved"][::std::mem::offset_of!(ibv_path_record, reserved) - 58usize];
 };
 impl Default for ibv_path_record {
     fn default() -> Self {
@@ -11583,10 +10480,8 @@ pub struct ibv_path_data {
 const _: () = {
     ["Size of ibv_path_data"][::std::mem::size_of::<ibv_path_data>() - 72usize];
     ["Alignment of ibv_path_data"][::std::mem::align_of::<ibv_path_data>() - 8usize];
-    ["Offset of field: ibv_path_data::flags"]
-        [::std::mem::offset_of!(ibv_path_data, flags) - 0usize];
-    ["Offset of field: ibv_path_data::reserved"]
-        [::std::mem::offset_of!(ibv_path_data, reserved) - 4usize];
+    ["Offset of field: ibv_path_data::flags"][::std::mem::offset_of!(ibv_path_data, flags) - 0usize];
+    ["Offset of field: ibv_path_data::reserved"][::std::mem::offset_of!(ibv_path_data, reserved) - 4usize];
     ["Offset of field: ibv_path_data::path"][::std::mem::offset_of!(ibv_path_data, path) - 8usize];
 };
 impl Default for ibv_path_data {
@@ -11669,10 +10564,8 @@ pub union rdma_addr__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of rdma_addr__bindgen_ty_1"]
-        [::std::mem::size_of::<rdma_addr__bindgen_ty_1>() - 128usize];
-    ["Alignment of rdma_addr__bindgen_ty_1"]
-        [::std::mem::align_of::<rdma_addr__bindgen_ty_1>() - 8usize];
+    ["Size of rdma_addr__bindgen_ty_1"][::std::mem::size_of::<rdma_addr__bindgen_ty_1>() - 128usize];
+    ["Alignment of rdma_addr__bindgen_ty_1"][::std::mem::align_of::<rdma_addr__bindgen_ty_1>() - 8usize];
     ["Offset of field: rdma_addr__bindgen_ty_1::src_addr"]
         [::std::mem::offset_of!(rdma_addr__bindgen_ty_1, src_addr) - 0usize];
     ["Offset of field: rdma_addr__bindgen_ty_1::src_sin"]
@@ -11701,10 +10594,8 @@ pub union rdma_addr__bindgen_ty_2 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of rdma_addr__bindgen_ty_2"]
-        [::std::mem::size_of::<rdma_addr__bindgen_ty_2>() - 128usize];
-    ["Alignment of rdma_addr__bindgen_ty_2"]
-        [::std::mem::align_of::<rdma_addr__bindgen_ty_2>() - 8usize];
+    ["Size of rdma_addr__bindgen_ty_2"][::std::mem::size_of::<rdma_addr__bindgen_ty_2>() - 128usize];
+    ["Alignment of rdma_addr__bindgen_ty_2"][::std::mem::align_of::<rdma_addr__bindgen_ty_2>() - 8usize];
     ["Offset of field: rdma_addr__bindgen_ty_2::dst_addr"]
         [::std::mem::offset_of!(rdma_addr__bindgen_ty_2, dst_addr) - 0usize];
     ["Offset of field: rdma_addr__bindgen_ty_2::dst_sin"]
@@ -11731,8 +10622,7 @@ pub union rdma_addr__bindgen_ty_3 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of rdma_addr__bindgen_ty_3"][::std::mem::size_of::<rdma_addr__bindgen_ty_3>() - 40usize];
-    ["Alignment of rdma_addr__bindgen_ty_3"]
-        [::std::mem::align_of::<rdma_addr__bindgen_ty_3>() - 8usize];
+    ["Alignment of rdma_addr__bindgen_ty_3"][::std::mem::align_of::<rdma_addr__bindgen_ty_3>() - 8usize];
     ["Offset of field: rdma_addr__bindgen_ty_3::ibaddr"]
         [::std::mem::offset_of!(rdma_addr__bindgen_ty_3, ibaddr) - 0usize];
 };
@@ -11772,10 +10662,8 @@ const _: () = {
     ["Size of rdma_route"][::std::mem::size_of::<rdma_route>() - 312usize];
     ["Alignment of rdma_route"][::std::mem::align_of::<rdma_route>() - 8usize];
     ["Offset of field: rdma_route::addr"][::std::mem::offset_of!(rdma_route, addr) - 0usize];
-    ["Offset of field: rdma_route::path_rec"]
-        [::std::mem::offset_of!(rdma_route, path_rec) - 296usize];
-    ["Offset of field: rdma_route::num_paths"]
-        [::std::mem::offset_of!(rdma_route, num_paths) - 304usize];
+    ["Offset of field: rdma_route::path_rec"][::std::mem::offset_of!(rdma_route, path_rec) - 296usize];
+    ["Offset of field: rdma_route::num_paths"][::std::mem::offset_of!(rdma_route, num_paths) - 304usize];
 };
 impl Default for rdma_route {
     fn default() -> Self {
@@ -11795,8 +10683,7 @@ pub struct rdma_event_channel {
 const _: () = {
     ["Size of rdma_event_channel"][::std::mem::size_of::<rdma_event_channel>() - 4usize];
     ["Alignment of rdma_event_channel"][::std::mem::align_of::<rdma_event_channel>() - 4usize];
-    ["Offset of field: rdma_event_channel::fd"]
-        [::std::mem::offset_of!(rdma_event_channel, fd) - 0usize];
+    ["Offset of field: rdma_event_channel::fd"][::std::mem::offset_of!(rdma_event_channel, fd) - 0usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -11827,21 +10714,15 @@ const _: () = {
     ["Offset of field: rdma_cm_id::qp"][::std::mem::offset_of!(rdma_cm_id, qp) - 24usize];
     ["Offset of field: rdma_cm_id::route"][::std::mem::offset_of!(rdma_cm_id, route) - 32usize];
     ["Offset of field: rdma_cm_id::ps"][::std::mem::offset_of!(rdma_cm_id, ps) - 344usize];
-    ["Offset of field: rdma_cm_id::port_num"]
-        [::std::mem::offset_of!(rdma_cm_id, port_num) - 348usize];
+    ["Offset of field: rdma_cm_id::port_num"][::std::mem::offset_of!(rdma_cm_id, port_num) - 348usize];
     ["Offset of field: rdma_cm_id::event"][::std::mem::offset_of!(rdma_cm_id, event) - 352usize];
-    ["Offset of field: rdma_cm_id::send_cq_channel"]
-        [::std::mem::offset_of!(rdma_cm_id, send_cq_channel) - 360usize];
-    ["Offset of field: rdma_cm_id::send_cq"]
-        [::std::mem::offset_of!(rdma_cm_id, send_cq) - 368usize];
-    ["Offset of field: rdma_cm_id::recv_cq_channel"]
-        [::std::mem::offset_of!(rdma_cm_id, recv_cq_channel) - 376usize];
-    ["Offset of field: rdma_cm_id::recv_cq"]
-        [::std::mem::offset_of!(rdma_cm_id, recv_cq) - 384usize];
+    ["Offset of field: rdma_cm_id::send_cq_channel"][::std::mem::offset_of!(rdma_cm_id, send_cq_channel) - 360usize];
+    ["Offset of field: rdma_cm_id::send_cq"][::std::mem::offset_of!(rdma_cm_id, send_cq) - 368usize];
+    ["Offset of field: rdma_cm_id::recv_cq_channel"][::std::mem::offset_of!(rdma_cm_id, recv_cq_channel) - 376usize];
+    ["Offset of field: rdma_cm_id::recv_cq"][::std::mem::offset_of!(rdma_cm_id, recv_cq) - 384usize];
     ["Offset of field: rdma_cm_id::srq"][::std::mem::offset_of!(rdma_cm_id, srq) - 392usize];
     ["Offset of field: rdma_cm_id::pd"][::std::mem::offset_of!(rdma_cm_id, pd) - 400usize];
-    ["Offset of field: rdma_cm_id::qp_type"]
-        [::std::mem::offset_of!(rdma_cm_id, qp_type) - 408usize];
+    ["Offset of field: rdma_cm_id::qp_type"][::std::mem::offset_of!(rdma_cm_id, qp_type) - 408usize];
 };
 impl Default for rdma_cm_id {
     fn default() -> Self {
@@ -11874,24 +10755,19 @@ pub struct rdma_conn_param {
 const _: () = {
     ["Size of rdma_conn_param"][::std::mem::size_of::<rdma_conn_param>() - 24usize];
     ["Alignment of rdma_conn_param"][::std::mem::align_of::<rdma_conn_param>() - 8usize];
-    ["Offset of field: rdma_conn_param::private_data"]
-        [::std::mem::offset_of!(rdma_conn_param, private_data) - 0usize];
+    ["Offset of field: rdma_conn_param::private_data"][::std::mem::offset_of!(rdma_conn_param, private_data) - 0usize];
     ["Offset of field: rdma_conn_param::private_data_len"]
         [::std::mem::offset_of!(rdma_conn_param, private_data_len) - 8usize];
     ["Offset of field: rdma_conn_param::responder_resources"]
         [::std::mem::offset_of!(rdma_conn_param, responder_resources) - 9usize];
     ["Offset of field: rdma_conn_param::initiator_depth"]
         [::std::mem::offset_of!(rdma_conn_param, initiator_depth) - 10usize];
-    ["Offset of field: rdma_conn_param::flow_control"]
-        [::std::mem::offset_of!(rdma_conn_param, flow_control) - 11usize];
-    ["Offset of field: rdma_conn_param::retry_count"]
-        [::std::mem::offset_of!(rdma_conn_param, retry_count) - 12usize];
+    ["Offset of field: rdma_conn_param::flow_control"][::std::mem::offset_of!(rdma_conn_param, flow_control) - 11usize];
+    ["Offset of field: rdma_conn_param::retry_count"][::std::mem::offset_of!(rdma_conn_param, retry_count) - 12usize];
     ["Offset of field: rdma_conn_param::rnr_retry_count"]
         [::std::mem::offset_of!(rdma_conn_param, rnr_retry_count) - 13usize];
-    ["Offset of field: rdma_conn_param::srq"]
-        [::std::mem::offset_of!(rdma_conn_param, srq) - 14usize];
-    ["Offset of field: rdma_conn_param::qp_num"]
-        [::std::mem::offset_of!(rdma_conn_param, qp_num) - 16usize];
+    ["Offset of field: rdma_conn_param::srq"][::std::mem::offset_of!(rdma_conn_param, srq) - 14usize];
+    ["Offset of field: rdma_conn_param::qp_num"][::std::mem::offset_of!(rdma_conn_param, qp_num) - 16usize];
 };
 impl Default for rdma_conn_param {
     fn default() -> Self {
@@ -11915,14 +10791,11 @@ pub struct rdma_ud_param {
 const _: () = {
     ["Size of rdma_ud_param"][::std::mem::size_of::<rdma_ud_param>() - 56usize];
     ["Alignment of rdma_ud_param"][::std::mem::align_of::<rdma_ud_param>() - 8usize];
-    ["Offset of field: rdma_ud_param::private_data"]
-        [::std::mem::offset_of!(rdma_ud_param, private_data) - 0usize];
+    ["Offset of field: rdma_ud_param::private_data"][::std::mem::offset_of!(rdma_ud_param, private_data) - 0usize];
     ["Offset of field: rdma_ud_param::private_data_len"]
         [::std::mem::offset_of!(rdma_ud_param, private_data_len) - 8usize];
-    ["Offset of field: rdma_ud_param::ah_attr"]
-        [::std::mem::offset_of!(rdma_ud_param, ah_attr) - 16usize];
-    ["Offset of field: rdma_ud_param::qp_num"]
-        [::std::mem::offset_of!(rdma_ud_param, qp_num) - 48usize];
+    ["Offset of field: rdma_ud_param::ah_attr"][::std::mem::offset_of!(rdma_ud_param, ah_attr) - 16usize];
+    ["Offset of field: rdma_ud_param::qp_num"][::std::mem::offset_of!(rdma_ud_param, qp_num) - 48usize];
     ["Offset of field: rdma_ud_param::qkey"][::std::mem::offset_of!(rdma_ud_param, qkey) - 52usize];
 };
 impl Default for rdma_ud_param {
@@ -11951,10 +10824,8 @@ pub union rdma_cm_event__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of rdma_cm_event__bindgen_ty_1"]
-        [::std::mem::size_of::<rdma_cm_event__bindgen_ty_1>() - 56usize];
-    ["Alignment of rdma_cm_event__bindgen_ty_1"]
-        [::std::mem::align_of::<rdma_cm_event__bindgen_ty_1>() - 8usize];
+    ["Size of rdma_cm_event__bindgen_ty_1"][::std::mem::size_of::<rdma_cm_event__bindgen_ty_1>() - 56usize];
+    ["Alignment of rdma_cm_event__bindgen_ty_1"][::std::mem::align_of::<rdma_cm_event__bindgen_ty_1>() - 8usize];
     ["Offset of field: rdma_cm_event__bindgen_ty_1::conn"]
         [::std::mem::offset_of!(rdma_cm_event__bindgen_ty_1, conn) - 0usize];
     ["Offset of field: rdma_cm_event__bindgen_ty_1::ud"]
@@ -11974,14 +10845,10 @@ const _: () = {
     ["Size of rdma_cm_event"][::std::mem::size_of::<rdma_cm_event>() - 80usize];
     ["Alignment of rdma_cm_event"][::std::mem::align_of::<rdma_cm_event>() - 8usize];
     ["Offset of field: rdma_cm_event::id"][::std::mem::offset_of!(rdma_cm_event, id) - 0usize];
-    ["Offset of field: rdma_cm_event::listen_id"]
-        [::std::mem::offset_of!(rdma_cm_event, listen_id) - 8usize];
-    ["Offset of field: rdma_cm_event::event"]
-        [::std::mem::offset_of!(rdma_cm_event, event) - 16usize];
-    ["Offset of field: rdma_cm_event::status"]
-        [::std::mem::offset_of!(rdma_cm_event, status) - 20usize];
-    ["Offset of field: rdma_cm_event::param"]
-        [::std::mem::offset_of!(rdma_cm_event, param) - 24usize];
+    ["Offset of field: rdma_cm_event::listen_id"][::std::mem::offset_of!(rdma_cm_event, listen_id) - 8usize];
+    ["Offset of field: rdma_cm_event::event"][::std::mem::offset_of!(rdma_cm_event, event) - 16usize];
+    ["Offset of field: rdma_cm_event::status"][::std::mem::offset_of!(rdma_cm_event, status) - 20usize];
+    ["Offset of field: rdma_cm_event::param"][::std::mem::offset_of!(rdma_cm_event, param) - 24usize];
 };
 impl Default for rdma_cm_event {
     fn default() -> Self {
@@ -12015,36 +10882,23 @@ pub struct rdma_addrinfo {
 const _: () = {
     ["Size of rdma_addrinfo"][::std::mem::size_of::<rdma_addrinfo>() - 96usize];
     ["Alignment of rdma_addrinfo"][::std::mem::align_of::<rdma_addrinfo>() - 8usize];
-    ["Offset of field: rdma_addrinfo::ai_flags"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_flags) - 0usize];
-    ["Offset of field: rdma_addrinfo::ai_family"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_family) - 4usize];
-    ["Offset of field: rdma_addrinfo::ai_qp_type"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_qp_type) - 8usize];
-    ["Offset of field: rdma_addrinfo::ai_port_space"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_port_space) - 12usize];
-    ["Offset of field: rdma_addrinfo::ai_src_len"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_src_len) - 16usize];
-    ["Offset of field: rdma_addrinfo::ai_dst_len"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_dst_len) - 20usize];
-    ["Offset of field: rdma_addrinfo::ai_src_addr"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_src_addr) - 24usize];
-    ["Offset of field: rdma_addrinfo::ai_dst_addr"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_dst_addr) - 32usize];
+    ["Offset of field: rdma_addrinfo::ai_flags"][::std::mem::offset_of!(rdma_addrinfo, ai_flags) - 0usize];
+    ["Offset of field: rdma_addrinfo::ai_family"][::std::mem::offset_of!(rdma_addrinfo, ai_family) - 4usize];
+    ["Offset of field: rdma_addrinfo::ai_qp_type"][::std::mem::offset_of!(rdma_addrinfo, ai_qp_type) - 8usize];
+    ["Offset of field: rdma_addrinfo::ai_port_space"][::std::mem::offset_of!(rdma_addrinfo, ai_port_space) - 12usize];
+    ["Offset of field: rdma_addrinfo::ai_src_len"][::std::mem::offset_of!(rdma_addrinfo, ai_src_len) - 16usize];
+    ["Offset of field: rdma_addrinfo::ai_dst_len"][::std::mem::offset_of!(rdma_addrinfo, ai_dst_len) - 20usize];
+    ["Offset of field: rdma_addrinfo::ai_src_addr"][::std::mem::offset_of!(rdma_addrinfo, ai_src_addr) - 24usize];
+    ["Offset of field: rdma_addrinfo::ai_dst_addr"][::std::mem::offset_of!(rdma_addrinfo, ai_dst_addr) - 32usize];
     ["Offset of field: rdma_addrinfo::ai_src_canonname"]
         [::std::mem::offset_of!(rdma_addrinfo, ai_src_canonname) - 40usize];
     ["Offset of field: rdma_addrinfo::ai_dst_canonname"]
         [::std::mem::offset_of!(rdma_addrinfo, ai_dst_canonname) - 48usize];
-    ["Offset of field: rdma_addrinfo::ai_route_len"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_route_len) - 56usize];
-    ["Offset of field: rdma_addrinfo::ai_route"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_route) - 64usize];
-    ["Offset of field: rdma_addrinfo::ai_connect_len"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_connect_len) - 72usize];
-    ["Offset of field: rdma_addrinfo::ai_connect"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_connect) - 80usize];
-    ["Offset of field: rdma_addrinfo::ai_next"]
-        [::std::mem::offset_of!(rdma_addrinfo, ai_next) - 88usize];
+    ["Offset of field: rdma_addrinfo::ai_route_len"][::std::mem::offset_of!(rdma_addrinfo, ai_route_len) - 56usize];
+    ["Offset of field: rdma_addrinfo::ai_route"][::std::mem::offset_of!(rdma_addrinfo, ai_route) - 64usize];
+    ["Offset of field: rdma_addrinfo::ai_connect_len"][::std::mem::offset_of!(rdma_addrinfo, ai_connect_len) - 72usize];
+    ["Offset of field: rdma_addrinfo::ai_connect"][::std::mem::offset_of!(rdma_addrinfo, ai_connect) - 80usize];
+    ["Offset of field: rdma_addrinfo::ai_next"][::std::mem::offset_of!(rdma_addrinfo, ai_next) - 88usize];
 };
 impl Default for rdma_addrinfo {
     fn default() -> Self {
@@ -12056,12 +10910,9 @@ impl Default for rdma_addrinfo {
     }
 }
 impl rdma_cm_join_mc_attr_mask {
-    pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: rdma_cm_join_mc_attr_mask =
-        rdma_cm_join_mc_attr_mask(1);
-    pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: rdma_cm_join_mc_attr_mask =
-        rdma_cm_join_mc_attr_mask(2);
-    pub const RDMA_CM_JOIN_MC_ATTR_RESERVED: rdma_cm_join_mc_attr_mask =
-        rdma_cm_join_mc_attr_mask(4);
+    pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: rdma_cm_join_mc_attr_mask = rdma_cm_join_mc_attr_mask(1);
+    pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: rdma_cm_join_mc_attr_mask = rdma_cm_join_mc_attr_mask(2);
+    pub const RDMA_CM_JOIN_MC_ATTR_RESERVED: rdma_cm_join_mc_attr_mask = rdma_cm_join_mc_attr_mask(4);
 }
 impl ::std::ops::BitOr<rdma_cm_join_mc_attr_mask> for rdma_cm_join_mc_attr_mask {
     type Output = Self;
@@ -12094,8 +10945,7 @@ impl ::std::ops::BitAndAssign for rdma_cm_join_mc_attr_mask {
 pub struct rdma_cm_join_mc_attr_mask(pub ::std::os::raw::c_uint);
 impl rdma_cm_mc_join_flags {
     pub const RDMA_MC_JOIN_FLAG_FULLMEMBER: rdma_cm_mc_join_flags = rdma_cm_mc_join_flags(0);
-    pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: rdma_cm_mc_join_flags =
-        rdma_cm_mc_join_flags(1);
+    pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: rdma_cm_mc_join_flags = rdma_cm_mc_join_flags(1);
     pub const RDMA_MC_JOIN_FLAG_RESERVED: rdma_cm_mc_join_flags = rdma_cm_mc_join_flags(2);
 }
 impl ::std::ops::BitOr<rdma_cm_mc_join_flags> for rdma_cm_mc_join_flags {
@@ -12137,14 +10987,12 @@ pub struct rdma_cm_join_mc_attr_ex {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of rdma_cm_join_mc_attr_ex"][::std::mem::size_of::<rdma_cm_join_mc_attr_ex>() - 16usize];
-    ["Alignment of rdma_cm_join_mc_attr_ex"]
-        [::std::mem::align_of::<rdma_cm_join_mc_attr_ex>() - 8usize];
+    ["Alignment of rdma_cm_join_mc_attr_ex"][::std::mem::align_of::<rdma_cm_join_mc_attr_ex>() - 8usize];
     ["Offset of field: rdma_cm_join_mc_attr_ex::comp_mask"]
         [::std::mem::offset_of!(rdma_cm_join_mc_attr_ex, comp_mask) - 0usize];
     ["Offset of field: rdma_cm_join_mc_attr_ex::join_flags"]
         [::std::mem::offset_of!(rdma_cm_join_mc_attr_ex, join_flags) - 4usize];
-    ["Offset of field: rdma_cm_join_mc_attr_ex::addr"]
-        [::std::mem::offset_of!(rdma_cm_join_mc_attr_ex, addr) - 8usize];
+    ["Offset of field: rdma_cm_join_mc_attr_ex::addr"][::std::mem::offset_of!(rdma_cm_join_mc_attr_ex, addr) - 8usize];
 };
 impl Default for rdma_cm_join_mc_attr_ex {
     fn default() -> Self {
@@ -12195,10 +11043,7 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn rdma_resolve_route(
-        id: *mut rdma_cm_id,
-        timeout_ms: ::std::os::raw::c_int,
-    ) -> ::std::os::raw::c_int;
+    pub fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn rdma_create_qp(
@@ -12208,40 +11053,25 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn rdma_create_qp_ex(
-        id: *mut rdma_cm_id,
-        qp_init_attr: *mut ibv_qp_init_attr_ex,
-    ) -> ::std::os::raw::c_int;
+    pub fn rdma_create_qp_ex(id: *mut rdma_cm_id, qp_init_attr: *mut ibv_qp_init_attr_ex) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn rdma_destroy_qp(id: *mut rdma_cm_id);
 }
 unsafe extern "C" {
-    pub fn rdma_connect(
-        id: *mut rdma_cm_id,
-        conn_param: *mut rdma_conn_param,
-    ) -> ::std::os::raw::c_int;
+    pub fn rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn rdma_establish(id: *mut rdma_cm_id) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn rdma_listen(
-        id: *mut rdma_cm_id,
-        backlog: ::std::os::raw::c_int,
-    ) -> ::std::os::raw::c_int;
+    pub fn rdma_listen(id: *mut rdma_cm_id, backlog: ::std::os::raw::c_int) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn rdma_get_request(
-        listen: *mut rdma_cm_id,
-        id: *mut *mut rdma_cm_id,
-    ) -> ::std::os::raw::c_int;
+    pub fn rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn rdma_accept(
-        id: *mut rdma_cm_id,
-        conn_param: *mut rdma_conn_param,
-    ) -> ::std::os::raw::c_int;
+    pub fn rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn rdma_reject(
@@ -12281,10 +11111,8 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn rdma_get_cm_event(
-        channel: *mut rdma_event_channel,
-        event: *mut *mut rdma_cm_event,
-    ) -> ::std::os::raw::c_int;
+    pub fn rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event)
+    -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> ::std::os::raw::c_int;
@@ -12330,10 +11158,7 @@ unsafe extern "C" {
     ) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn rdma_migrate_id(
-        id: *mut rdma_cm_id,
-        channel: *mut rdma_event_channel,
-    ) -> ::std::os::raw::c_int;
+    pub fn rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn rdma_getaddrinfo(
@@ -12360,17 +11185,11 @@ unsafe extern "C" {
     pub fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn rdma_create_srq(
-        id: *mut rdma_cm_id,
-        pd: *mut ibv_pd,
-        attr: *mut ibv_srq_init_attr,
-    ) -> ::std::os::raw::c_int;
+    pub fn rdma_create_srq(id: *mut rdma_cm_id, pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr)
+    -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
-    pub fn rdma_create_srq_ex(
-        id: *mut rdma_cm_id,
-        attr: *mut ibv_srq_init_attr_ex,
-    ) -> ::std::os::raw::c_int;
+    pub fn rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut ibv_srq_init_attr_ex) -> ::std::os::raw::c_int;
 }
 unsafe extern "C" {
     pub fn rdma_destroy_srq(id: *mut rdma_cm_id);

@@ -21,6 +21,7 @@
 pub use rdma_sys as ffi;
 
 pub mod ah;
+pub mod buf;
 pub mod context;
 pub mod cq;
 pub mod device;
@@ -31,8 +32,10 @@ pub mod mr;
 pub mod pd;
 pub mod port;
 pub mod qp;
+pub mod queue;
 pub mod srq;
 pub mod wc;
+pub mod wr;
 
 pub use ah::{AddressHandle, AhAttr, Remote};
 pub use context::Context;

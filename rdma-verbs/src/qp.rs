@@ -23,7 +23,8 @@
 use std::ffi::c_int;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use crate::ah::{AhAttr, Remote};
 use crate::context::Context;
@@ -212,10 +213,10 @@ pub struct QueuePair {
 
 pub(crate) struct QpInner {
     // First: the QP is destroyed before the parents below are released.
-    raw: Owned<ffi::ibv_qp>,
+    pub(crate) raw: Owned<ffi::ibv_qp>,
     qp_ex: Option<NonNull<ffi::ibv_qp_ex>>,
     qp_type: QpType,
-    caps: QpCaps,
+    pub(crate) caps: QpCaps,
     send_ops: SendOps,
     sq_sig_all: bool,
     max_qp_rd_atom: u8,
@@ -225,6 +226,13 @@ pub(crate) struct QpInner {
     _send_cq: Arc<CqInner>,
     _recv_cq: Arc<CqInner>,
     srq: Option<Arc<SrqInner>>,
+    /// Buffers of requests still posted when their queue was dropped: freed after the
+    /// QP (the field above) is destroyed, when the device can no longer touch them.
+    pub(crate) graveyard: Mutex<Vec<Box<dyn Send>>>,
+    /// Set while a [`SendQueue`](crate::queue::SendQueue) owns the send side.
+    pub(crate) send_claimed: AtomicBool,
+    /// Set while a [`RecvQueue`](crate::queue::RecvQueue) owns the receive side.
+    pub(crate) recv_claimed: AtomicBool,
 }
 
 // SAFETY: libibverbs verbs on a QP are thread-safe: providers lock the send queue and the
@@ -453,6 +461,9 @@ impl<'a> QueuePairBuilder<'a> {
                 _send_cq: Arc::clone(&self.send_cq.inner),
                 _recv_cq: Arc::clone(&self.recv_cq.inner),
                 srq: self.srq.map(|s| Arc::clone(&s.inner)),
+                graveyard: Mutex::new(Vec::new()),
+                send_claimed: AtomicBool::new(false),
+                recv_claimed: AtomicBool::new(false),
             }),
         })
     }

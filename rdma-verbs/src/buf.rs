@@ -1,0 +1,145 @@
+//! Chunks: disjoint, owned pieces of one memory region, the currency of the safe data
+//! path.
+//!
+//! [`MemoryRegion::into_chunks`] moves a region behind a reference count and cuts it into
+//! [`Chunk`]s that do not overlap and are not `Clone`. The region itself is never
+//! reachable again, so a chunk is the only way to its bytes: holding a `Chunk<Local>` is
+//! exclusive access, and it derefs to `[u8]`. Posting a chunk moves it into the queue
+//! (see [`crate::queue`]); while the device works on it the program holds no reference
+//! to it, and it comes back with its completion. The region is deregistered, and its
+//! buffer freed, when the last chunk is dropped.
+//!
+//! A chunk the device only reads (a SEND or RDMA WRITE source) can be posted many times
+//! at once as an `Arc<Chunk>`: shared, so nobody can write it while any post holds it.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut, Range};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::mr::{AccessMode, Local, MemoryRegion, RegisterableBuffer, RemoteMr};
+
+/// Something that keeps a memory region registered and its buffer allocated.
+trait KeepAlive: Send + Sync {}
+impl<T: Send + Sync> KeepAlive for T {}
+
+/// An owned, exclusive piece of a registered memory region.
+pub struct Chunk<A: AccessMode = Local> {
+    ptr: NonNull<u8>,
+    len: usize,
+    lkey: u32,
+    rkey: u32,
+    _region: Arc<dyn KeepAlive>,
+    _mode: PhantomData<A>,
+}
+
+// SAFETY: a chunk is exclusive access to bytes nobody else can reach (the region is
+// hidden behind the Arc and chunks do not overlap); the Arc keeps them alive from any
+// thread.
+unsafe impl<A: AccessMode> Send for Chunk<A> {}
+// SAFETY: &Chunk gives only shared access to the bytes (Deref), like &[u8].
+unsafe impl<A: AccessMode> Sync for Chunk<A> {}
+
+impl<B, A> MemoryRegion<B, A>
+where
+    B: RegisterableBuffer + Send + Sync + 'static,
+    B::Parts: Send + Sync,
+    A: AccessMode,
+{
+    /// Cuts the region into chunks of `chunk_len` bytes (the last one may be shorter).
+    /// The region is kept registered until the last chunk is dropped.
+    pub fn into_chunks(self, chunk_len: usize) -> Result<Vec<Chunk<A>>> {
+        if chunk_len == 0 {
+            return Err(Error::invalid("into_chunks", "chunk length 0"));
+        }
+        let (base, len, lkey, rkey) = (self.as_ptr(), self.len(), self.lkey(), self.rkey());
+        let region: Arc<dyn KeepAlive> = Arc::new(self);
+        let mut chunks = Vec::with_capacity(len.div_ceil(chunk_len));
+        let mut off = 0;
+        while off < len {
+            let n = chunk_len.min(len - off);
+            chunks.push(Chunk {
+                // SAFETY: off < len, so base + off is inside the region, hence non-null.
+                ptr: unsafe { NonNull::new_unchecked(base.add(off)) },
+                len: n,
+                lkey,
+                rkey,
+                _region: Arc::clone(&region),
+                _mode: PhantomData,
+            });
+            off += n;
+        }
+        Ok(chunks)
+    }
+}
+
+impl<A: AccessMode> Chunk<A> {
+    /// Length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length chunk (never made by `into_chunks`).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The address the device knows these bytes by.
+    #[inline]
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// The region's local key.
+    #[inline]
+    pub fn lkey(&self) -> u32 {
+        self.lkey
+    }
+
+    /// What a peer needs to reach this chunk, when the region grants remote access.
+    pub fn remote(&self) -> RemoteMr {
+        RemoteMr { addr: self.addr(), len: self.len as u64, rkey: self.rkey }
+    }
+
+    /// A scatter/gather entry for `range` of this chunk, bounds checked.
+    #[inline]
+    pub fn sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
+        if range.start > range.end || range.end > self.len {
+            return Err(Error::invalid("ibv_post_send", format!("range {range:?} is outside a {}-byte chunk", self.len)));
+        }
+        let length = u32::try_from(range.end - range.start)
+            .map_err(|_| Error::invalid("ibv_post_send", "an SGE is at most 4 GiB - 1"))?;
+        Ok(ffi::ibv_sge { addr: self.addr() + range.start as u64, length, lkey: self.lkey })
+    }
+}
+
+impl Deref for Chunk<Local> {
+    type Target = [u8];
+
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the bytes are registered and alive (the Arc), no peer may write a Local
+        // region, and the device touches them only while the chunk is posted, when the
+        // queue owns it and no reference to it exists.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for Chunk<Local> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for Deref, and &mut self is the only access to these bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<A: AccessMode> fmt::Debug for Chunk<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chunk").field("addr", &format_args!("{:#x}", self.addr())).field("len", &self.len).finish()
+    }
+}

@@ -9,6 +9,7 @@
 
 mod basics;
 mod cq;
+mod datapath;
 mod events;
 mod mr;
 mod qp;

@@ -14,6 +14,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut, Range};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -110,7 +111,10 @@ impl<A: AccessMode> Chunk<A> {
     #[inline]
     pub fn sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
         if range.start > range.end || range.end > self.len {
-            return Err(Error::invalid("ibv_post_send", format!("range {range:?} is outside a {}-byte chunk", self.len)));
+            return Err(Error::invalid(
+                "ibv_post_send",
+                format!("range {range:?} is outside a {}-byte chunk", self.len),
+            ));
         }
         let length = u32::try_from(range.end - range.start)
             .map_err(|_| Error::invalid("ibv_post_send", "an SGE is at most 4 GiB - 1"))?;
@@ -143,3 +147,114 @@ impl<A: AccessMode> fmt::Debug for Chunk<A> {
         f.debug_struct("Chunk").field("addr", &format_args!("{:#x}", self.addr())).field("len", &self.len).finish()
     }
 }
+
+/// Most scatter/gather entries one safe work request carries.
+pub const MAX_SGE: usize = 8;
+
+/// One contiguous piece of registered memory: a chunk, owned or shared.
+pub trait Segment {
+    /// Length in bytes.
+    fn seg_len(&self) -> usize;
+    /// The SGE for `range` of the piece, bounds checked.
+    fn seg_sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge>;
+}
+
+impl<A: AccessMode> Segment for Chunk<A> {
+    #[inline]
+    fn seg_len(&self) -> usize {
+        self.len
+    }
+    #[inline]
+    fn seg_sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
+        self.sge(range)
+    }
+}
+
+impl<A: AccessMode> Segment for Arc<Chunk<A>> {
+    #[inline]
+    fn seg_len(&self) -> usize {
+        self.len
+    }
+    #[inline]
+    fn seg_sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
+        self.sge(range)
+    }
+}
+
+/// A buffer the device may read: the source of a SEND or an RDMA WRITE. An array of
+/// segments is one logical buffer, their bytes in order, and becomes an SGE list: a
+/// message can span chunks of different memory regions.
+pub trait SendBuf: Send + 'static {
+    /// Total length in bytes.
+    fn total_len(&self) -> usize;
+    /// Writes the SGEs for `range` of the buffer into `out` and returns how many (0 for
+    /// an empty range).
+    fn sges(&self, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize>;
+}
+
+/// A buffer only the queue that posted it can reach: the device may write it (receive,
+/// RDMA READ and atomic targets). Shared `Arc<Chunk>`s are not.
+pub trait ExclusiveBuf: SendBuf {}
+
+fn out_of_range(range: &Range<usize>, len: usize) -> Error {
+    Error::invalid("ibv_post_send", format!("range {range:?} is outside a {len}-byte buffer"))
+}
+
+fn single<S: Segment>(s: &S, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
+    if range.is_empty() {
+        return if range.start <= s.seg_len() { Ok(0) } else { Err(out_of_range(&range, s.seg_len())) };
+    }
+    out[0].write(s.seg_sge(range)?);
+    Ok(1)
+}
+
+impl<A: AccessMode> SendBuf for Chunk<A> {
+    #[inline]
+    fn total_len(&self) -> usize {
+        self.len
+    }
+    #[inline]
+    fn sges(&self, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
+        single(self, range, out)
+    }
+}
+impl<A: AccessMode> ExclusiveBuf for Chunk<A> {}
+
+impl<A: AccessMode> SendBuf for Arc<Chunk<A>> {
+    #[inline]
+    fn total_len(&self) -> usize {
+        self.len
+    }
+    #[inline]
+    fn sges(&self, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
+        single(self, range, out)
+    }
+}
+
+impl<S: Segment + Send + 'static, const N: usize> SendBuf for [S; N] {
+    fn total_len(&self) -> usize {
+        self.iter().map(Segment::seg_len).sum()
+    }
+
+    fn sges(&self, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
+        let total = self.total_len();
+        if range.start > range.end || range.end > total {
+            return Err(out_of_range(&range, total));
+        }
+        let (mut n, mut base) = (0, 0);
+        for seg in self {
+            let len = seg.seg_len();
+            let (lo, hi) = (range.start.max(base), range.end.min(base + len));
+            if lo < hi {
+                if n == MAX_SGE {
+                    return Err(Error::invalid("ibv_post_send", format!("more than {MAX_SGE} SGEs in one request")));
+                }
+                out[n].write(seg.seg_sge(lo - base..hi - base)?);
+                n += 1;
+            }
+            base += len;
+        }
+        Ok(n)
+    }
+}
+impl<A: AccessMode, const N: usize> ExclusiveBuf for [Chunk<A>; N] {}

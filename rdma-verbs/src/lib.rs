@@ -38,6 +38,7 @@ pub mod wc;
 pub mod wr;
 
 pub use ah::{AddressHandle, AhAttr, Remote};
+pub use buf::{Chunk, ExclusiveBuf, SendBuf};
 pub use context::Context;
 pub use cq::{CompletionQueue, CqBuilder};
 pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
@@ -47,5 +48,7 @@ pub use mr::{AccessFlags, AccessMode, AlignedBuf, Local, MemoryRegion, Registera
 pub use pd::ProtectionDomain;
 pub use port::{Gid, GidEntry, GidType, LinkLayer, Mtu, PhysState, PortAttr, PortState};
 pub use qp::{InitAttr, QpAccess, QpCaps, QpState, QpType, QueuePair, RemoteQpInfo, RtrAttr, RtsAttr, SendOps};
+pub use queue::{RecvQueue, SendQueue, SrqQueue};
 pub use srq::SharedReceiveQueue;
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use wr::{Done, PostError, SendWr};

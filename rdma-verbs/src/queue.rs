@@ -29,166 +29,34 @@
 //! Polling is [`CompletionQueue::poll`](crate::CompletionQueue::poll) (`&mut self`: one
 //! poller). Waiting through a completion channel is on the CQ as well.
 
+//! Shared receive queues get a [`SrqQueue`]: receives complete out of order there (any
+//! QP may take the next one), so it keeps its buffers in a slot table with a free list.
+
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ops::Range;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::ah::AddressHandle;
-use crate::buf::Chunk;
+use crate::buf::MAX_SGE;
+pub use crate::buf::{ExclusiveBuf, SendBuf};
 use crate::error::{Error, Plane, Result};
 use crate::ffi;
-use crate::mr::{AccessMode, RemoteMr};
-use crate::qp::{QpInner, QueuePair};
+use crate::mr::RemoteMr;
+use crate::qp::QueuePair;
+use crate::srq::SharedReceiveQueue;
 use crate::wc::{WcStatus, WorkCompletion};
+use crate::wr::Op;
+pub use crate::wr::{Done, SendWr};
 
 const RECV_TAG: u64 = 1 << 63;
 const SEQ_MASK: u64 = RECV_TAG - 1;
-/// Most work requests one provider call posts for [`SendQueue::post_batch`].
+/// Most work requests one provider call posts in a batch.
 pub const MAX_BATCH: usize = 64;
 
-/// A buffer the device may read: the source of a SEND or an RDMA WRITE.
-pub trait SendBuf: Send + 'static {
-    /// The SGE for `range` of the buffer.
-    fn sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge>;
-}
-
-/// A buffer only the posting queue can reach while posted: the device may write it.
-pub trait ExclusiveBuf: SendBuf {}
-
-impl<A: AccessMode> SendBuf for Chunk<A> {
-    #[inline]
-    fn sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
-        Chunk::sge(self, range)
-    }
-}
-impl<A: AccessMode> ExclusiveBuf for Chunk<A> {}
-
-impl<A: AccessMode> SendBuf for Arc<Chunk<A>> {
-    #[inline]
-    fn sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
-        Chunk::sge(self, range)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
-    Send,
-    Write,
-    Read,
-    CompSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
-}
-
-/// A send-side work request: what to do, with which buffer.
-pub struct SendWr<T> {
-    op: Op,
-    buf: T,
-    range: Range<usize>,
-    remote: Option<RemoteMr>,
-    imm: Option<u32>,
-    flags: ffi::ibv_send_flags,
-    ud: Option<(AddressHandle, u32, u32)>,
-    id: u64,
-}
-
-impl<T: SendBuf> SendWr<T> {
-    fn new(op: Op, buf: T, range: Range<usize>, remote: Option<RemoteMr>) -> Self {
-        SendWr { op, buf, range, remote, imm: None, flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED, ud: None, id: 0 }
-    }
-
-    /// SEND `range` of `buf` to the peer's next receive.
-    pub fn send(buf: T, range: Range<usize>) -> Self {
-        Self::new(Op::Send, buf, range, None)
-    }
-
-    /// RDMA WRITE `range` of `buf` to the start of `remote`.
-    pub fn write(buf: T, range: Range<usize>, remote: RemoteMr) -> Self {
-        Self::new(Op::Write, buf, range, Some(remote))
-    }
-
-    /// A UD SEND to `remote_qpn` through `ah`, with the receiver's Q_Key.
-    pub fn send_ud(buf: T, range: Range<usize>, ah: &AddressHandle, remote_qpn: u32, qkey: u32) -> Self {
-        let mut wr = Self::new(Op::Send, buf, range, None);
-        wr.ud = Some((ah.clone(), remote_qpn, qkey));
-        wr
-    }
-
-    /// Adds immediate data (SEND with immediate, RDMA WRITE with immediate).
-    pub fn imm(mut self, imm: u32) -> Self {
-        self.imm = Some(imm);
-        self
-    }
-
-    /// Whether this request makes a completion (default: yes). Unsignaled requests are
-    /// released by the next signaled completion after them.
-    pub fn signaled(mut self, yes: bool) -> Self {
-        self.set(ffi::ibv_send_flags::IBV_SEND_SIGNALED, yes);
-        self
-    }
-
-    /// Waits for earlier RDMA READs and atomics to finish before this one starts.
-    pub fn fence(mut self) -> Self {
-        self.set(ffi::ibv_send_flags::IBV_SEND_FENCE, true);
-        self
-    }
-
-    /// Asks the receiver's CQ to raise a solicited event.
-    pub fn solicited(mut self) -> Self {
-        self.set(ffi::ibv_send_flags::IBV_SEND_SOLICITED, true);
-        self
-    }
-
-    /// Copies the data into the work request at post time (checked against the QP's
-    /// max inline data before posting).
-    pub fn inline(mut self) -> Self {
-        self.set(ffi::ibv_send_flags::IBV_SEND_INLINE, true);
-        self
-    }
-
-    /// The caller's identifier, handed back with the completion.
-    pub fn id(mut self, id: u64) -> Self {
-        self.id = id;
-        self
-    }
-
-    fn set(&mut self, flag: ffi::ibv_send_flags, on: bool) {
-        self.flags = if on { ffi::ibv_send_flags(self.flags.0 | flag.0) } else { ffi::ibv_send_flags(self.flags.0 & !flag.0) };
-    }
-}
-
-impl<T: ExclusiveBuf> SendWr<T> {
-    /// RDMA READ the start of `remote` into `range` of `buf`.
-    pub fn read(buf: T, range: Range<usize>, remote: RemoteMr) -> Self {
-        Self::new(Op::Read, buf, range, Some(remote))
-    }
-
-    /// Atomic compare-and-swap on the 8 bytes at `remote.addr`; the old value lands in
-    /// the first 8 bytes of `buf` at `offset`.
-    pub fn compare_swap(buf: T, offset: usize, remote: RemoteMr, compare: u64, swap: u64) -> Self {
-        Self::new(Op::CompSwap { compare, swap }, buf, offset..offset + 8, Some(remote))
-    }
-
-    /// Atomic fetch-and-add on the 8 bytes at `remote.addr`; the old value lands in `buf`
-    /// at `offset`.
-    pub fn fetch_add(buf: T, offset: usize, remote: RemoteMr, add: u64) -> Self {
-        Self::new(Op::FetchAdd { add }, buf, offset..offset + 8, Some(remote))
-    }
-}
-
-/// A finished work request, with the buffer it lent.
-#[derive(Debug)]
-pub struct Done<T> {
-    /// The caller's identifier ([`SendWr::id`], [`RecvQueue::post`]).
-    pub id: u64,
-    /// The buffer, back with its owner.
-    pub buf: T,
-    /// How it ended. Unsignaled requests released by a later success report success.
-    pub status: WcStatus,
-    /// Bytes received (receives), or as the completion says.
-    pub byte_len: u32,
-}
+type Sges = [MaybeUninit<ffi::ibv_sge>; MAX_SGE];
+const NO_SGES: Sges = [const { MaybeUninit::uninit() }; MAX_SGE];
 
 struct Slot<T> {
     buf: MaybeUninit<T>,
@@ -197,7 +65,7 @@ struct Slot<T> {
     ah: Option<AddressHandle>,
 }
 
-/// A ring of slots indexed by sequence number.
+/// A ring of slots indexed by sequence number: queues whose requests complete in order.
 struct Ring<T> {
     slots: Box<[Slot<T>]>,
     head: u64,
@@ -213,6 +81,11 @@ impl<T> Ring<T> {
     #[inline]
     fn free(&self) -> usize {
         self.slots.len() - (self.head - self.tail) as usize
+    }
+
+    #[inline]
+    fn outstanding(&self) -> u64 {
+        self.head - self.tail
     }
 
     #[inline]
@@ -234,11 +107,27 @@ impl<T> Ring<T> {
         (unsafe { slot.buf.assume_init_read() }, slot.id)
     }
 
-    #[inline]
-    fn outstanding(&self) -> u64 {
-        self.head - self.tail
+    /// Everything still posted, for the graveyard.
+    fn take_all(&mut self) -> Vec<(T, u64)> {
+        let mut all = Vec::with_capacity(self.outstanding() as usize);
+        while self.outstanding() > 0 {
+            all.push(self.pop());
+        }
+        all
     }
+}
 
+/// Hands what a dropped queue still has posted to its QP or SRQ, which frees it right
+/// after the C object is destroyed, when the device can no longer touch it.
+fn bury<T: Send + 'static>(graveyard: &Mutex<Vec<Box<dyn Send>>>, bufs: Vec<T>) {
+    if bufs.is_empty() {
+        return;
+    }
+    match graveyard.lock() {
+        Ok(mut g) => g.push(Box::new(bufs)),
+        // A panic while holding the lock: keep the buffers forever rather than free them early.
+        Err(_) => std::mem::forget(bufs),
+    }
 }
 
 fn seq_of(wc: &WorkCompletion, recv: bool) -> Option<u64> {
@@ -246,68 +135,130 @@ fn seq_of(wc: &WorkCompletion, recv: bool) -> Option<u64> {
     ((id & RECV_TAG != 0) == recv).then_some(id & SEQ_MASK)
 }
 
-/// Releases what a dropped queue still has posted without freeing it under the device:
-/// the buffers go to the QP's graveyard, freed right after the QP is destroyed.
-fn release<T: Send + 'static>(qp: &mut Option<Arc<QpInner>>, ring: &mut Ring<T>, unclaim: impl Fn(&QpInner)) {
-    let Some(inner) = qp.take() else { return };
-    unclaim(&inner);
-    if ring.outstanding() > 0 {
-        let mut bufs = Vec::with_capacity(ring.outstanding() as usize);
-        while ring.outstanding() > 0 {
-            bufs.push(ring.pop());
-        }
-        match inner.graveyard.lock() {
-            Ok(mut g) => g.push(Box::new(bufs)),
-            // A panic while holding the lock: keep the buffers forever rather than free them early.
-            Err(_) => std::mem::forget(bufs),
-        }
+/// Claims one side of a QP or SRQ; the guard gives it back.
+struct Claim<O: ClaimOwner> {
+    owner: Arc<O>,
+    flag: fn(&O) -> &AtomicBool,
+}
+
+trait ClaimOwner: Send + Sync + 'static {
+    fn graveyard(&self) -> &Mutex<Vec<Box<dyn Send>>>;
+}
+
+impl ClaimOwner for crate::qp::QpInner {
+    fn graveyard(&self) -> &Mutex<Vec<Box<dyn Send>>> {
+        &self.graveyard
     }
 }
 
+impl ClaimOwner for crate::srq::SrqInner {
+    fn graveyard(&self) -> &Mutex<Vec<Box<dyn Send>>> {
+        &self.graveyard
+    }
+}
+
+impl<O: ClaimOwner> Claim<O> {
+    fn take(owner: &Arc<O>, flag: fn(&O) -> &AtomicBool, what: &'static str) -> Result<Self> {
+        if flag(owner).swap(true, Ordering::AcqRel) {
+            return Err(Error::invalid("claim", format!("{what} already has an owner")));
+        }
+        Ok(Claim { owner: Arc::clone(owner), flag })
+    }
+}
+
+impl<O: ClaimOwner> Drop for Claim<O> {
+    fn drop(&mut self) {
+        (self.flag)(&self.owner).store(false, Ordering::Release);
+    }
+}
+
+/// Builds the C receive work request for `range` of `buf` into `wr`, its SGEs into `sges`.
+#[inline]
+fn fill_recv<T: ExclusiveBuf>(
+    buf: &T,
+    range: Range<usize>,
+    wr_id: u64,
+    max_sge: u32,
+    sges: &mut Sges,
+) -> Result<ffi::ibv_recv_wr> {
+    let n = buf.sges(range, sges)?;
+    if n as u32 > max_sge {
+        return Err(Error::invalid("ibv_post_recv", format!("{n} SGEs, but the queue takes {max_sge} (max_recv_sge)")));
+    }
+    Ok(ffi::ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: sges.as_mut_ptr().cast(), num_sge: n as i32 })
+}
+
+/// Posts a chain of C receive requests through `post` and returns how many went in.
+#[inline]
+fn post_recv_chain(
+    verb: &'static str,
+    raws: &mut [MaybeUninit<ffi::ibv_recv_wr>],
+    post: impl FnOnce(*mut ffi::ibv_recv_wr, &mut *mut ffi::ibv_recv_wr) -> i32,
+) -> (usize, Option<Error>) {
+    let n = raws.len();
+    if n == 0 {
+        return (0, None);
+    }
+    for i in 0..n {
+        let next = if i + 1 < n { raws[i + 1].as_mut_ptr() } else { std::ptr::null_mut() };
+        // SAFETY: the caller initialized raws[..n].
+        unsafe { raws[i].assume_init_mut() }.next = next;
+    }
+    let mut bad = std::ptr::null_mut();
+    let rc = post(raws[0].as_mut_ptr(), &mut bad);
+    if rc == 0 {
+        return (n, None);
+    }
+    let posted = (0..n).find(|&i| raws[i].as_mut_ptr() == bad).unwrap_or(0);
+    (posted, Some(Error::verb(verb, Plane::Data, rc.abs())))
+}
+
+// ---- send side ------------------------------------------------------------------
+
 /// The send side of a QP, owning what it has posted. See the [module docs](self).
 pub struct SendQueue<T: Send + 'static> {
-    qp: Option<Arc<QpInner>>,
+    // Declared first: dropped (claim released) after the ring is buried.
+    ring: Ring<T>,
     raw: *mut ffi::ibv_qp,
     qp_num: u32,
     max_inline: u32,
-    ring: Ring<T>,
+    max_sge: u32,
+    claim: Claim<crate::qp::QpInner>,
 }
 
 // SAFETY: the queue owns its buffers (T: Send) and posts through the thread-safe
-// ibv_post_send; the raw pointer is the QP that `qp` keeps alive.
+// ibv_post_send; the raw pointer is the QP that `claim` keeps alive.
 unsafe impl<T: Send + 'static> Send for SendQueue<T> {}
 
 impl QueuePair {
     /// Takes the send side. Fails if a [`SendQueue`] of this QP already exists.
     pub fn send_queue<T: SendBuf>(&self) -> Result<SendQueue<T>> {
-        if self.inner.send_claimed.swap(true, Ordering::AcqRel) {
-            return Err(Error::invalid("send_queue", "this QP's send side already has an owner"));
-        }
+        let claim = Claim::take(&self.inner, |q| &q.send_claimed, "this QP's send side")?;
         let caps = self.inner.caps;
         Ok(SendQueue {
-            qp: Some(Arc::clone(&self.inner)),
+            ring: Ring::new(caps.max_send_wr),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
             max_inline: caps.max_inline_data,
-            ring: Ring::new(caps.max_send_wr),
+            max_sge: caps.max_send_sge,
+            claim,
         })
     }
 
     /// Takes the receive side. Fails if a [`RecvQueue`] of this QP already exists, or if
-    /// the QP takes its receives from an SRQ.
+    /// the QP takes its receives from an SRQ (use [`SharedReceiveQueue::queue`]).
     pub fn recv_queue<T: ExclusiveBuf>(&self) -> Result<RecvQueue<T>> {
         if self.has_srq() {
             return Err(Error::invalid("recv_queue", "this QP receives through its SRQ"));
         }
-        if self.inner.recv_claimed.swap(true, Ordering::AcqRel) {
-            return Err(Error::invalid("recv_queue", "this QP's receive side already has an owner"));
-        }
+        let claim = Claim::take(&self.inner, |q| &q.recv_claimed, "this QP's receive side")?;
         let caps = self.inner.caps;
         Ok(RecvQueue {
-            qp: Some(Arc::clone(&self.inner)),
+            ring: Ring::new(caps.max_recv_wr),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
-            ring: Ring::new(caps.max_recv_wr),
+            max_sge: caps.max_recv_sge,
+            claim,
         })
     }
 }
@@ -318,21 +269,34 @@ impl<T: SendBuf> SendQueue<T> {
         self.ring.outstanding() as usize
     }
 
-    /// Builds one C work request from `wr`, its SGE into `sge` (the caller points
-    /// `sg_list` at it). No allocation, no call.
+    /// The QP number, to route completions of a shared CQ.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// Builds one C work request from `wr`, its SGEs into `sges` (pointed at by
+    /// `sg_list`: they must not move before the post). No allocation, no call.
     #[inline]
-    fn fill(&self, wr: &SendWr<T>, seq: u64, sge: &mut ffi::ibv_sge) -> Result<ffi::ibv_send_wr> {
-        *sge = wr.buf.sge(wr.range.clone())?;
-        if wr.flags.0 & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0 && sge.length > self.max_inline {
+    fn fill(&self, wr: &SendWr<T>, seq: u64, sges: &mut Sges) -> Result<ffi::ibv_send_wr> {
+        let n = wr.buf.sges(wr.range.clone(), sges)?;
+        if n as u32 > self.max_sge {
             return Err(Error::invalid(
                 "ibv_post_send",
-                format!("{} bytes inline, but the QP allows {} (max_inline_data)", sge.length, self.max_inline),
+                format!("{n} SGEs, but the QP takes {} (max_send_sge)", self.max_sge),
+            ));
+        }
+        let len = wr.range.end - wr.range.start;
+        if wr.flags.0 & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0 && len > self.max_inline as usize {
+            return Err(Error::invalid(
+                "ibv_post_send",
+                format!("{len} bytes inline, but the QP allows {} (max_inline_data)", self.max_inline),
             ));
         }
         // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
         let mut out: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
         out.wr_id = seq;
-        out.num_sge = i32::from(sge.length > 0 || wr.op != Op::Send);
+        out.sg_list = sges.as_mut_ptr().cast();
+        out.num_sge = n as i32;
         out.send_flags = wr.flags.0;
         use ffi::ibv_wr_opcode as O;
         out.opcode = match (wr.op, wr.imm) {
@@ -348,36 +312,23 @@ impl<T: SendBuf> SendQueue<T> {
             out.__bindgen_anon_1.imm_data = imm.to_be();
         }
         if let Some(remote) = wr.remote {
-            if u64::from(sge.length) > remote.len {
+            if len as u64 > remote.len {
                 return Err(Error::invalid(
                     "ibv_post_send",
-                    format!("{} bytes do not fit the remote region of {} bytes", sge.length, remote.len),
+                    format!("{len} bytes do not fit the remote region of {} bytes", remote.len),
                 ));
             }
-            match wr.op {
-                Op::CompSwap { compare, swap } => {
-                    check_atomic(&remote)?;
-                    out.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                        remote_addr: remote.addr,
-                        compare_add: compare,
-                        swap,
-                        rkey: remote.rkey,
-                    };
-                }
-                Op::FetchAdd { add } => {
-                    check_atomic(&remote)?;
-                    out.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                        remote_addr: remote.addr,
-                        compare_add: add,
-                        swap: 0,
-                        rkey: remote.rkey,
-                    };
-                }
-                _ => out.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: remote.addr, rkey: remote.rkey },
-            }
+            out.wr = match wr.op {
+                Op::CompSwap { compare, swap } => atomic(&remote, compare, swap)?,
+                Op::FetchAdd { add } => atomic(&remote, add, 0)?,
+                _ => ffi::ibv_send_wr__bindgen_ty_2 {
+                    rdma: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: remote.addr, rkey: remote.rkey },
+                },
+            };
         }
         if let Some((ah, qpn, qkey)) = &wr.ud {
-            out.wr.ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 { ah: ah.as_raw(), remote_qpn: *qpn, remote_qkey: *qkey };
+            out.wr.ud =
+                ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 { ah: ah.as_raw(), remote_qpn: *qpn, remote_qkey: *qkey };
         }
         Ok(out)
     }
@@ -390,15 +341,14 @@ impl<T: SendBuf> SendQueue<T> {
         if self.ring.free() == 0 {
             return Err((queue_full("ibv_post_send", self.ring.slots.len()), wr));
         }
-        let mut sge = ffi::ibv_sge { addr: 0, length: 0, lkey: 0 };
-        let mut raw = match self.fill(&wr, self.ring.head, &mut sge) {
+        let mut sges = NO_SGES;
+        let mut raw = match self.fill(&wr, self.ring.head, &mut sges) {
             Ok(raw) => raw,
             Err(e) => return Err((e, wr)),
         };
-        raw.sg_list = &mut sge;
         let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is alive (self.qp); the SGE names bytes of `wr.buf`, which the
-        // ring keeps until the completion; a UD address handle is kept with it.
+        // SAFETY: the QP is alive (claim); the SGEs name bytes of `wr.buf`, which the ring
+        // keeps until the completion; a UD address handle is kept with it.
         let rc = unsafe { ffi::ibv_post_send(self.raw, &mut raw, &mut bad) };
         if rc != 0 {
             return Err((Error::verb("ibv_post_send", Plane::Data, rc.abs()), wr));
@@ -410,61 +360,60 @@ impl<T: SendBuf> SendQueue<T> {
 
     /// Posts up to [`MAX_BATCH`] work requests with one provider call (one doorbell),
     /// built on the stack. Returns how many were posted; on refusal, the error and the
-    /// work requests that were not posted.
+    /// work requests that were not posted (the error path allocates, the fast path not).
     pub fn post_batch<I>(&mut self, wrs: I) -> Result<usize, (Error, Vec<SendWr<T>>)>
     where
         I: IntoIterator<Item = SendWr<T>>,
     {
         let mut pending: [MaybeUninit<SendWr<T>>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
-        let mut sges = [ffi::ibv_sge { addr: 0, length: 0, lkey: 0 }; MAX_BATCH];
+        let mut sges = [NO_SGES; MAX_BATCH];
         let mut raws: [MaybeUninit<ffi::ibv_send_wr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
-        let mut n = 0;
-        let mut rest = Vec::new();
-        let mut failure = None;
+        let room = MAX_BATCH.min(self.ring.free());
+        let (mut n, mut rest, mut failure) = (0, Vec::new(), None);
         for wr in wrs {
-            if failure.is_some() || n == MAX_BATCH.min(self.ring.free()) {
-                if failure.is_none() {
-                    failure = Some(if n == MAX_BATCH {
-                        Error::invalid("ibv_post_send", format!("a batch holds at most {MAX_BATCH} work requests"))
-                    } else {
-                        queue_full("ibv_post_send", self.ring.slots.len())
-                    });
-                }
+            if failure.is_none() && n == room {
+                failure = Some(if room == MAX_BATCH {
+                    Error::invalid("ibv_post_send", format!("a batch holds at most {MAX_BATCH} work requests"))
+                } else {
+                    queue_full("ibv_post_send", self.ring.slots.len())
+                });
+            }
+            if failure.is_some() {
                 rest.push(wr);
                 continue;
             }
             match self.fill(&wr, self.ring.head + n as u64, &mut sges[n]) {
-                Ok(raw) => raws[n].write(raw),
+                Ok(raw) => {
+                    raws[n].write(raw);
+                    pending[n].write(wr);
+                    n += 1;
+                }
                 Err(e) => {
                     failure = Some(e);
                     rest.push(wr);
-                    continue;
-                }
-            };
-            pending[n].write(wr);
-            n += 1;
-        }
-        if n > 0 {
-            for i in 0..n {
-                // SAFETY: raws[..n] and sges[..n] were filled above and do not move until
-                // the call returns; chain each to the next.
-                unsafe {
-                    let next = if i + 1 < n { raws[i + 1].as_mut_ptr() } else { std::ptr::null_mut() };
-                    let r = raws[i].assume_init_mut();
-                    r.sg_list = &mut sges[i];
-                    r.next = next;
                 }
             }
+        }
+        let mut posted = 0;
+        if n > 0 {
+            for i in 0..n {
+                let next = if i + 1 < n { raws[i + 1].as_mut_ptr() } else { std::ptr::null_mut() };
+                // SAFETY: raws[..n] were written above.
+                unsafe { raws[i].assume_init_mut() }.next = next;
+            }
             let mut bad = std::ptr::null_mut();
-            // SAFETY: a valid chain of n work requests whose buffers the ring keeps.
+            // SAFETY: a valid chain of n work requests; their SGEs (in `sges`, which does
+            // not move) name bytes of buffers the ring keeps until completion.
             let rc = unsafe { ffi::ibv_post_send(self.raw, raws[0].as_mut_ptr(), &mut bad) };
-            let posted = if rc == 0 {
+            posted = if rc == 0 {
                 n
             } else {
+                // The provider's error outranks a later validation failure: nothing from
+                // `bad` on went in.
                 failure = Some(Error::verb("ibv_post_send", Plane::Data, rc.abs()));
-                // Everything from `bad` on was not posted.
                 (0..n).find(|&i| raws[i].as_mut_ptr() == bad).unwrap_or(0)
             };
+            let mut unposted = Vec::new();
             for (i, slot) in pending.iter_mut().enumerate().take(n) {
                 // SAFETY: pending[..n] were written above and are read out once each.
                 let wr = unsafe { slot.assume_init_read() };
@@ -472,16 +421,15 @@ impl<T: SendBuf> SendQueue<T> {
                     let ah = wr.ud.map(|(ah, _, _)| ah);
                     self.ring.push(wr.buf, wr.id, ah);
                 } else {
-                    rest.insert(i - posted, wr);
+                    unposted.push(wr);
                 }
             }
-            if failure.is_none() {
-                return Ok(posted);
-            }
+            unposted.append(&mut rest);
+            rest = unposted;
         }
         match failure {
             Some(e) => Err((e, rest)),
-            None => Ok(0),
+            None => Ok(posted),
         }
     }
 
@@ -505,24 +453,45 @@ impl<T: SendBuf> SendQueue<T> {
     }
 }
 
+fn atomic(remote: &RemoteMr, compare_add: u64, swap: u64) -> Result<ffi::ibv_send_wr__bindgen_ty_2> {
+    if remote.addr % 8 != 0 || remote.len < 8 {
+        return Err(Error::invalid("ibv_post_send", "an atomic needs an 8-byte aligned remote address with 8 bytes"));
+    }
+    Ok(ffi::ibv_send_wr__bindgen_ty_2 {
+        atomic: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+            remote_addr: remote.addr,
+            compare_add,
+            swap,
+            rkey: remote.rkey,
+        },
+    })
+}
+
 impl<T: Send + 'static> Drop for SendQueue<T> {
     fn drop(&mut self) {
-        release(&mut self.qp, &mut self.ring, |qp| qp.send_claimed.store(false, Ordering::Release));
+        let bufs: Vec<T> = self.ring.take_all().into_iter().map(|(b, _)| b).collect();
+        bury(self.claim.owner.graveyard(), bufs);
     }
 }
 
 impl<T: Send + 'static> fmt::Debug for SendQueue<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SendQueue").field("qp_num", &self.qp_num).field("outstanding", &self.ring.outstanding()).finish()
+        f.debug_struct("SendQueue")
+            .field("qp_num", &self.qp_num)
+            .field("outstanding", &self.ring.outstanding())
+            .finish()
     }
 }
 
+// ---- receive side ---------------------------------------------------------------
+
 /// The receive side of a QP, owning the buffers it has posted. See the [module docs](self).
 pub struct RecvQueue<T: Send + 'static> {
-    qp: Option<Arc<QpInner>>,
+    ring: Ring<T>,
     raw: *mut ffi::ibv_qp,
     qp_num: u32,
-    ring: Ring<T>,
+    max_sge: u32,
+    claim: Claim<crate::qp::QpInner>,
 }
 
 // SAFETY: as for SendQueue, with the thread-safe ibv_post_recv.
@@ -534,6 +503,11 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         self.ring.outstanding() as usize
     }
 
+    /// The QP number, to route completions of a shared CQ.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
     /// Posts a receive into `range` of `buf` (one provider call, no allocation, no
     /// syscall). On refusal the buffer comes back in the error.
     #[inline]
@@ -541,25 +515,73 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         if self.ring.free() == 0 {
             return Err((queue_full("ibv_post_recv", self.ring.slots.len()), buf));
         }
-        let mut sge = match buf.sge(range) {
-            Ok(s) => s,
+        let mut sges = NO_SGES;
+        let mut wr = match fill_recv(&buf, range, RECV_TAG | self.ring.head, self.max_sge, &mut sges) {
+            Ok(wr) => wr,
             Err(e) => return Err((e, buf)),
         };
-        let mut wr = ffi::ibv_recv_wr {
-            wr_id: RECV_TAG | self.ring.head,
-            next: std::ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: i32::from(sge.length > 0),
-        };
         let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is alive (self.qp); the SGE names bytes of `buf`, which the ring
-        // owns until the completion, and nobody else can reach (ExclusiveBuf).
+        // SAFETY: the QP is alive (claim); the SGEs name bytes of `buf`, which the ring
+        // owns until the completion and nobody else can reach (ExclusiveBuf).
         let rc = unsafe { ffi::ibv_post_recv(self.raw, &mut wr, &mut bad) };
         if rc != 0 {
             return Err((Error::verb("ibv_post_recv", Plane::Data, rc.abs()), buf));
         }
         self.ring.push(buf, id, None);
         Ok(())
+    }
+
+    /// Posts up to [`MAX_BATCH`] receives `(buffer, range, id)` with one provider call.
+    /// Returns how many were posted; on refusal, the error and the unposted buffers.
+    pub fn post_batch<I>(&mut self, recvs: I) -> Result<usize, (Error, Vec<T>)>
+    where
+        I: IntoIterator<Item = (T, Range<usize>, u64)>,
+    {
+        let mut pending: [MaybeUninit<(T, u64)>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
+        let mut sges = [NO_SGES; MAX_BATCH];
+        let mut raws: [MaybeUninit<ffi::ibv_recv_wr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
+        let room = MAX_BATCH.min(self.ring.free());
+        let (mut n, mut rest, mut failure) = (0, Vec::new(), None);
+        for (buf, range, id) in recvs {
+            if failure.is_none() && n == room {
+                failure = Some(queue_full("ibv_post_recv", self.ring.slots.len()));
+            }
+            if failure.is_some() {
+                rest.push(buf);
+                continue;
+            }
+            match fill_recv(&buf, range, RECV_TAG | (self.ring.head + n as u64), self.max_sge, &mut sges[n]) {
+                Ok(wr) => {
+                    raws[n].write(wr);
+                    pending[n].write((buf, id));
+                    n += 1;
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    rest.push(buf);
+                }
+            }
+        }
+        let raw = self.raw;
+        // SAFETY: the QP is alive; a valid chain whose buffers the ring keeps.
+        let (posted, err) =
+            post_recv_chain("ibv_post_recv", &mut raws[..n], |wr, bad| unsafe { ffi::ibv_post_recv(raw, wr, bad) });
+        failure = err.or(failure);
+        let mut unposted = Vec::new();
+        for (i, slot) in pending.iter_mut().enumerate().take(n) {
+            // SAFETY: pending[..n] were written above and are read out once each.
+            let (buf, id) = unsafe { slot.assume_init_read() };
+            if i < posted {
+                self.ring.push(buf, id, None);
+            } else {
+                unposted.push(buf);
+            }
+        }
+        unposted.append(&mut rest);
+        match failure {
+            Some(e) => Err((e, unposted)),
+            None => Ok(posted),
+        }
     }
 
     /// Takes a completion of this receive queue and returns the finished receive with
@@ -577,21 +599,119 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 
 impl<T: Send + 'static> Drop for RecvQueue<T> {
     fn drop(&mut self) {
-        release(&mut self.qp, &mut self.ring, |qp| qp.recv_claimed.store(false, Ordering::Release));
+        let bufs: Vec<T> = self.ring.take_all().into_iter().map(|(b, _)| b).collect();
+        bury(self.claim.owner.graveyard(), bufs);
     }
 }
 
 impl<T: Send + 'static> fmt::Debug for RecvQueue<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RecvQueue").field("qp_num", &self.qp_num).field("outstanding", &self.ring.outstanding()).finish()
+        f.debug_struct("RecvQueue")
+            .field("qp_num", &self.qp_num)
+            .field("outstanding", &self.ring.outstanding())
+            .finish()
     }
 }
 
-fn check_atomic(remote: &RemoteMr) -> Result<()> {
-    if remote.addr % 8 != 0 || remote.len < 8 {
-        return Err(Error::invalid("ibv_post_send", "an atomic needs an 8-byte aligned remote address with 8 bytes"));
+// ---- shared receive queue -------------------------------------------------------
+
+/// The posting side of an SRQ, owning the buffers it has posted. Receives complete out of
+/// order (any of the SRQ's QPs takes the next one), so each has a slot whose index and
+/// generation make up its `wr_id`: a stale or forged completion is refused.
+pub struct SrqQueue<T: Send + 'static> {
+    slots: Box<[SrqSlot<T>]>,
+    free: Box<[u32]>,
+    nfree: usize,
+    raw: *mut ffi::ibv_srq,
+    max_sge: u32,
+    claim: Claim<crate::srq::SrqInner>,
+}
+
+struct SrqSlot<T> {
+    buf: Option<(T, u64)>,
+    generation: u32,
+}
+
+// SAFETY: as for RecvQueue, with the thread-safe ibv_post_srq_recv.
+unsafe impl<T: Send + 'static> Send for SrqQueue<T> {}
+
+impl SharedReceiveQueue {
+    /// Takes the posting side. Fails if a [`SrqQueue`] of this SRQ already exists.
+    pub fn queue<T: ExclusiveBuf>(&self) -> Result<SrqQueue<T>> {
+        let claim = Claim::take(&self.inner, |s| &s.claimed, "this SRQ")?;
+        let n = self.inner.granted.max_wr.max(1);
+        Ok(SrqQueue {
+            slots: (0..n).map(|_| SrqSlot { buf: None, generation: 0 }).collect(),
+            free: (0..n).rev().collect(),
+            nfree: n as usize,
+            raw: self.as_raw(),
+            max_sge: self.inner.granted.max_sge,
+            claim,
+        })
     }
-    Ok(())
+}
+
+impl<T: ExclusiveBuf> SrqQueue<T> {
+    /// Receives posted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.slots.len() - self.nfree
+    }
+
+    /// Posts a receive into `range` of `buf`. On refusal the buffer comes back.
+    #[inline]
+    pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), (Error, T)> {
+        if self.nfree == 0 {
+            return Err((queue_full("ibv_post_srq_recv", self.slots.len()), buf));
+        }
+        let index = self.free[self.nfree - 1];
+        let slot = &mut self.slots[index as usize];
+        let wr_id = RECV_TAG | (u64::from(slot.generation) << 32) | u64::from(index);
+        let mut sges = NO_SGES;
+        let mut wr = match fill_recv(&buf, range, wr_id, self.max_sge, &mut sges) {
+            Ok(wr) => wr,
+            Err(e) => return Err((e, buf)),
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the SRQ is alive (claim); the SGEs name bytes of `buf`, which the slot
+        // owns until the completion and nobody else can reach (ExclusiveBuf).
+        let rc = unsafe { ffi::ibv_post_srq_recv(self.raw, &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err((Error::verb("ibv_post_srq_recv", Plane::Data, rc.abs()), buf));
+        }
+        slot.buf = Some((buf, id));
+        self.nfree -= 1;
+        Ok(())
+    }
+
+    /// Takes a receive completion of any QP attached to this SRQ and returns the
+    /// finished receive with its buffer.
+    #[inline]
+    pub fn complete(&mut self, wc: &WorkCompletion) -> Result<Done<T>> {
+        let id = wc.wr_id();
+        let (index, generation) = ((id & 0xffff_ffff) as usize, ((id & SEQ_MASK) >> 32) as u32);
+        let slot = match self.slots.get_mut(index) {
+            Some(s) if id & RECV_TAG != 0 && s.generation == generation && s.buf.is_some() => s,
+            _ => return Err(not_ours("shared receive", wc)),
+        };
+        let (buf, user_id) = slot.buf.take().expect("checked above");
+        slot.generation = slot.generation.wrapping_add(1) & 0x7fff_ffff;
+        self.free[self.nfree] = index as u32;
+        self.nfree += 1;
+        Ok(Done { id: user_id, buf, status: wc.status(), byte_len: wc.byte_len() })
+    }
+}
+
+impl<T: Send + 'static> Drop for SrqQueue<T> {
+    fn drop(&mut self) {
+        let bufs: Vec<T> = self.slots.iter_mut().filter_map(|s| s.buf.take()).map(|(b, _)| b).collect();
+        bury(self.claim.owner.graveyard(), bufs);
+    }
+}
+
+impl<T: Send + 'static> fmt::Debug for SrqQueue<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SrqQueue").field("outstanding", &(self.slots.len() - self.nfree)).finish()
+    }
 }
 
 fn queue_full(verb: &'static str, depth: usize) -> Error {

@@ -1,7 +1,8 @@
 //! Shared receive queues (`struct ibv_srq`): one pool of receive buffers for many QPs.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Plane, Result};
 use crate::ffi;
@@ -29,7 +30,12 @@ pub struct SharedReceiveQueue {
 
 pub(crate) struct SrqInner {
     raw: Owned<ffi::ibv_srq>,
-    granted: SrqAttr,
+    /// Buffers of receives still posted when their queue was dropped: freed after the
+    /// SRQ (the field above) is destroyed.
+    pub(crate) graveyard: Mutex<Vec<Box<dyn Send>>>,
+    /// Set while a [`SrqQueue`](crate::queue::SrqQueue) owns the posting side.
+    pub(crate) claimed: AtomicBool,
+    pub(crate) granted: SrqAttr,
     pd: ProtectionDomain,
 }
 
@@ -76,7 +82,15 @@ impl SharedReceiveQueue {
         let raw = unsafe { Owned::new(raw, VERB)? };
         // The provider wrote back what it granted.
         let granted = SrqAttr { max_wr: init.attr.max_wr, max_sge: init.attr.max_sge, srq_limit: 0 };
-        Ok(SharedReceiveQueue { inner: Arc::new(SrqInner { raw, granted, pd: pd.clone() }) })
+        Ok(SharedReceiveQueue {
+            inner: Arc::new(SrqInner {
+                raw,
+                graveyard: Mutex::new(Vec::new()),
+                claimed: AtomicBool::new(false),
+                granted,
+                pd: pd.clone(),
+            }),
+        })
     }
 
     /// The sizes the provider granted at creation (at least those asked for).

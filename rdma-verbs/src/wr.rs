@@ -1,14 +1,21 @@
-//! The raw data path: posting C work requests with no checks of ours.
+//! Work requests: the typed [`SendWr`] of the safe data path ([`crate::queue`]), and the
+//! raw data path, posting C work requests with no checks of ours.
 //!
 //! These are for experts who manage buffer lifetimes themselves: each is one call to the
 //! provider's function pointer (the ported `static inline` of `verbs.h`), so they cost
 //! exactly what the C call costs. A chain of work requests linked through `next` is one
 //! provider call: on rxe one doorbell `write()`, on mlx5 one MMIO doorbell.
 
+use std::ops::Range;
+
+use crate::ah::AddressHandle;
+use crate::buf::{ExclusiveBuf, SendBuf};
 use crate::error::{Error, Plane, Result};
 use crate::ffi;
+use crate::mr::RemoteMr;
 use crate::qp::QueuePair;
 use crate::srq::SharedReceiveQueue;
+use crate::wc::WcStatus;
 
 /// A post that the provider refused: the error, and which work request of the chain it
 /// stopped at (the ones before it were posted; it and the ones after it were not).
@@ -92,4 +99,123 @@ impl SharedReceiveQueue {
         let rc = unsafe { ffi::ibv_post_srq_recv(self.as_raw(), wr, &mut bad) };
         check("ibv_post_srq_recv", rc, bad)
     }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    Send,
+    Write,
+    Read,
+    CompSwap { compare: u64, swap: u64 },
+    FetchAdd { add: u64 },
+}
+
+/// A send-side work request: what to do, with which buffer.
+pub struct SendWr<T> {
+    pub(crate) op: Op,
+    pub(crate) buf: T,
+    pub(crate) range: Range<usize>,
+    pub(crate) remote: Option<RemoteMr>,
+    pub(crate) imm: Option<u32>,
+    pub(crate) flags: ffi::ibv_send_flags,
+    pub(crate) ud: Option<(AddressHandle, u32, u32)>,
+    pub(crate) id: u64,
+}
+
+impl<T: SendBuf> SendWr<T> {
+    fn new(op: Op, buf: T, range: Range<usize>, remote: Option<RemoteMr>) -> Self {
+        SendWr { op, buf, range, remote, imm: None, flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED, ud: None, id: 0 }
+    }
+
+    /// SEND `range` of `buf` to the peer's next receive.
+    pub fn send(buf: T, range: Range<usize>) -> Self {
+        Self::new(Op::Send, buf, range, None)
+    }
+
+    /// RDMA WRITE `range` of `buf` to the start of `remote`.
+    pub fn write(buf: T, range: Range<usize>, remote: RemoteMr) -> Self {
+        Self::new(Op::Write, buf, range, Some(remote))
+    }
+
+    /// A UD SEND to `remote_qpn` through `ah`, with the receiver's Q_Key.
+    pub fn send_ud(buf: T, range: Range<usize>, ah: &AddressHandle, remote_qpn: u32, qkey: u32) -> Self {
+        let mut wr = Self::new(Op::Send, buf, range, None);
+        wr.ud = Some((ah.clone(), remote_qpn, qkey));
+        wr
+    }
+
+    /// Adds immediate data (SEND with immediate, RDMA WRITE with immediate).
+    pub fn imm(mut self, imm: u32) -> Self {
+        self.imm = Some(imm);
+        self
+    }
+
+    /// Whether this request makes a completion (default: yes). Unsignaled requests are
+    /// released by the next signaled completion after them.
+    pub fn signaled(mut self, yes: bool) -> Self {
+        self.set(ffi::ibv_send_flags::IBV_SEND_SIGNALED, yes);
+        self
+    }
+
+    /// Waits for earlier RDMA READs and atomics to finish before this one starts.
+    pub fn fence(mut self) -> Self {
+        self.set(ffi::ibv_send_flags::IBV_SEND_FENCE, true);
+        self
+    }
+
+    /// Asks the receiver's CQ to raise a solicited event.
+    pub fn solicited(mut self) -> Self {
+        self.set(ffi::ibv_send_flags::IBV_SEND_SOLICITED, true);
+        self
+    }
+
+    /// Copies the data into the work request at post time (checked against the QP's
+    /// max inline data before posting).
+    pub fn inline(mut self) -> Self {
+        self.set(ffi::ibv_send_flags::IBV_SEND_INLINE, true);
+        self
+    }
+
+    /// The caller's identifier, handed back with the completion.
+    pub fn id(mut self, id: u64) -> Self {
+        self.id = id;
+        self
+    }
+
+    fn set(&mut self, flag: ffi::ibv_send_flags, on: bool) {
+        self.flags =
+            if on { ffi::ibv_send_flags(self.flags.0 | flag.0) } else { ffi::ibv_send_flags(self.flags.0 & !flag.0) };
+    }
+}
+
+impl<T: ExclusiveBuf> SendWr<T> {
+    /// RDMA READ the start of `remote` into `range` of `buf`.
+    pub fn read(buf: T, range: Range<usize>, remote: RemoteMr) -> Self {
+        Self::new(Op::Read, buf, range, Some(remote))
+    }
+
+    /// Atomic compare-and-swap on the 8 bytes at `remote.addr`; the old value lands in
+    /// the first 8 bytes of `buf` at `offset`.
+    pub fn compare_swap(buf: T, offset: usize, remote: RemoteMr, compare: u64, swap: u64) -> Self {
+        Self::new(Op::CompSwap { compare, swap }, buf, offset..offset + 8, Some(remote))
+    }
+
+    /// Atomic fetch-and-add on the 8 bytes at `remote.addr`; the old value lands in `buf`
+    /// at `offset`.
+    pub fn fetch_add(buf: T, offset: usize, remote: RemoteMr, add: u64) -> Self {
+        Self::new(Op::FetchAdd { add }, buf, offset..offset + 8, Some(remote))
+    }
+}
+
+/// A finished work request, with the buffer it lent.
+#[derive(Debug)]
+pub struct Done<T> {
+    /// The caller's identifier ([`SendWr::id`], [`RecvQueue::post`]).
+    pub id: u64,
+    /// The buffer, back with its owner.
+    pub buf: T,
+    /// How it ended. Unsignaled requests released by a later success report success.
+    pub status: WcStatus,
+    /// Bytes received (receives), or as the completion says.
+    pub byte_len: u32,
 }

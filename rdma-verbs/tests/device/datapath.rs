@@ -105,7 +105,10 @@ fn rdma_write_read_and_atomics_move_the_right_bytes() {
     let target = pd
         .register_remote_writable(
             AlignedBuf::new(8192).unwrap(),
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC,
+            AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
         )
         .unwrap();
     let remote = target.remote();
@@ -149,16 +152,18 @@ fn a_batch_of_unsignaled_writes_is_released_by_its_one_signaled_completion() {
     let _leaks = LeakCheck::new();
     let (pd, mut a, _b) = rc_pair::<Arc<Chunk>>(QpAccess::REMOTE_WRITE);
     let target = pd
-        .register_remote_writable(AlignedBuf::new(32 * 64).unwrap(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .register_remote_writable(
+            AlignedBuf::new(32 * 64).unwrap(),
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )
         .unwrap();
     let mut src = chunks(&pd, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
     src.copy_from_slice(&pattern(9, 64));
     let src = Arc::new(src);
     let remote = target.remote();
     // 32 writes of the same shared source, one provider call, only the last signaled.
-    let wrs = (0..32u64).map(|i| {
-        SendWr::write(Arc::clone(&src), 0..64, remote.slice(i * 64..).unwrap()).id(i).signaled(i == 31)
-    });
+    let wrs = (0..32u64)
+        .map(|i| SendWr::write(Arc::clone(&src), 0..64, remote.slice(i * 64..).unwrap()).id(i).signaled(i == 31));
     assert_eq!(a.sq.post_batch(wrs).map_err(|(e, _)| e).unwrap(), 32);
     assert_eq!(a.sq.outstanding(), 32);
     let done = send_done(&mut a);

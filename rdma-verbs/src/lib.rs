@@ -22,6 +22,7 @@ pub use rdma_sys as ffi;
 
 pub mod ah;
 pub mod buf;
+pub mod compat;
 pub mod context;
 pub mod cq;
 pub mod device;

@@ -214,10 +214,10 @@ pub struct QueuePair {
 pub(crate) struct QpInner {
     // First: the QP is destroyed before the parents below are released.
     pub(crate) raw: Owned<ffi::ibv_qp>,
-    qp_ex: Option<NonNull<ffi::ibv_qp_ex>>,
+    pub(crate) qp_ex: Option<NonNull<ffi::ibv_qp_ex>>,
     qp_type: QpType,
     pub(crate) caps: QpCaps,
-    send_ops: SendOps,
+    pub(crate) send_ops: SendOps,
     sq_sig_all: bool,
     max_qp_rd_atom: u8,
     max_qp_init_rd_atom: u8,

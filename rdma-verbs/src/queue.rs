@@ -35,16 +35,18 @@
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ops::Range;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::ah::AddressHandle;
 use crate::buf::MAX_SGE;
 pub use crate::buf::{ExclusiveBuf, SendBuf};
+use crate::compat;
 use crate::error::{Error, Plane, Result};
 use crate::ffi;
 use crate::mr::RemoteMr;
-use crate::qp::QueuePair;
+use crate::qp::{QueuePair, SendOps};
 use crate::srq::SharedReceiveQueue;
 use crate::wc::{WcStatus, WorkCompletion};
 use crate::wr::Op;
@@ -223,6 +225,9 @@ pub struct SendQueue<T: Send + 'static> {
     qp_num: u32,
     max_inline: u32,
     max_sge: u32,
+    /// The extended QP, when it was built with send ops: then `ibv_wr_*` posts what
+    /// those ops cover and [`compat::quirks`] allows, and `ibv_post_send` the rest.
+    ext: Option<(NonNull<ffi::ibv_qp_ex>, SendOps)>,
     claim: Claim<crate::qp::QpInner>,
 }
 
@@ -241,6 +246,7 @@ impl QueuePair {
             qp_num: self.qp_num(),
             max_inline: caps.max_inline_data,
             max_sge: caps.max_send_sge,
+            ext: self.inner.qp_ex.map(|q| (q, self.inner.send_ops)),
             claim,
         })
     }
@@ -274,10 +280,15 @@ impl<T: SendBuf> SendQueue<T> {
         self.qp_num
     }
 
-    /// Builds one C work request from `wr`, its SGEs into `sges` (pointed at by
-    /// `sg_list`: they must not move before the post). No allocation, no call.
+    /// True when this QP was built with extended send ops, so posts go through the
+    /// `ibv_wr_*` API where the loaded rdma-core handles them ([`compat::quirks`]).
+    pub fn uses_extended_api(&self) -> bool {
+        self.ext.is_some()
+    }
+
+    /// Checks `wr` and writes its SGEs into `sges`; returns how many. No allocation.
     #[inline]
-    fn fill(&self, wr: &SendWr<T>, seq: u64, sges: &mut Sges) -> Result<ffi::ibv_send_wr> {
+    fn check(&self, wr: &SendWr<T>, sges: &mut Sges) -> Result<usize> {
         let n = wr.buf.sges(wr.range.clone(), sges)?;
         if n as u32 > self.max_sge {
             return Err(Error::invalid(
@@ -286,12 +297,43 @@ impl<T: SendBuf> SendQueue<T> {
             ));
         }
         let len = wr.range.end - wr.range.start;
-        if wr.flags.0 & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0 && len > self.max_inline as usize {
+        if wr.is_inline() && len > self.max_inline as usize {
             return Err(Error::invalid(
                 "ibv_post_send",
                 format!("{len} bytes inline, but the QP allows {} (max_inline_data)", self.max_inline),
             ));
         }
+        if let Some(remote) = wr.remote {
+            if len as u64 > remote.len {
+                return Err(Error::invalid(
+                    "ibv_post_send",
+                    format!("{len} bytes do not fit the remote region of {} bytes", remote.len),
+                ));
+            }
+            if matches!(wr.op, Op::CompSwap { .. } | Op::FetchAdd { .. }) && (remote.addr % 8 != 0 || remote.len < 8) {
+                return Err(Error::invalid(
+                    "ibv_post_send",
+                    "an atomic needs an 8-byte aligned remote address with 8 bytes",
+                ));
+            }
+        }
+        Ok(n)
+    }
+
+    /// Whether the extended API takes this request (checked `n` SGEs).
+    #[inline]
+    fn ext_takes(&self, wr: &SendWr<T>, n: usize) -> bool {
+        let Some((_, ops)) = self.ext else { return false };
+        let q = compat::quirks();
+        n >= 1
+            && ops.contains(wr.send_op())
+            && (n == 1 || if wr.is_inline() { q.wr_inline_list } else { q.wr_sge_list })
+    }
+
+    /// The C work request for a checked `wr` whose `n` SGEs are in `sges` (which must not
+    /// move before the post). No allocation, no call.
+    #[inline]
+    fn classic(wr: &SendWr<T>, seq: u64, sges: &mut Sges, n: usize) -> ffi::ibv_send_wr {
         // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
         let mut out: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
         out.wr_id = seq;
@@ -311,18 +353,12 @@ impl<T: SendBuf> SendQueue<T> {
         if let Some(imm) = wr.imm {
             out.__bindgen_anon_1.imm_data = imm.to_be();
         }
-        if let Some(remote) = wr.remote {
-            if len as u64 > remote.len {
-                return Err(Error::invalid(
-                    "ibv_post_send",
-                    format!("{len} bytes do not fit the remote region of {} bytes", remote.len),
-                ));
-            }
+        if let Some(r) = wr.remote {
             out.wr = match wr.op {
-                Op::CompSwap { compare, swap } => atomic(&remote, compare, swap)?,
-                Op::FetchAdd { add } => atomic(&remote, add, 0)?,
+                Op::CompSwap { compare, swap } => atomic(&r, compare, swap),
+                Op::FetchAdd { add } => atomic(&r, add, 0),
                 _ => ffi::ibv_send_wr__bindgen_ty_2 {
-                    rdma: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: remote.addr, rkey: remote.rkey },
+                    rdma: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey },
                 },
             };
         }
@@ -330,7 +366,49 @@ impl<T: SendBuf> SendQueue<T> {
             out.wr.ud =
                 ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 { ah: ah.as_raw(), remote_qpn: *qpn, remote_qkey: *qkey };
         }
-        Ok(out)
+        out
+    }
+
+    /// Adds a checked `wr` to the open `ibv_wr_start` batch of `qpx`.
+    ///
+    /// # Safety
+    /// `qpx` is this queue's extended QP, inside `ibv_wr_start`; `ext_takes(wr, n)` holds.
+    #[inline]
+    unsafe fn extended(qpx: *mut ffi::ibv_qp_ex, wr: &SendWr<T>, seq: u64, sges: &Sges, n: usize) {
+        // SAFETY: the caller's contract; `sges[..n]` were written by check().
+        unsafe {
+            (*qpx).wr_id = seq;
+            // rxe (rdma-core 44) wants IBV_SEND_INLINE here as well as set_inline_data.
+            (*qpx).wr_flags = wr.flags.0;
+            let r = wr.remote.unwrap_or(RemoteMr { addr: 0, len: 0, rkey: 0 });
+            match (wr.op, wr.imm) {
+                (Op::Send, None) => ffi::ibv_wr_send(qpx),
+                (Op::Send, Some(imm)) => ffi::ibv_wr_send_imm(qpx, imm.to_be()),
+                (Op::Write, None) => ffi::ibv_wr_rdma_write(qpx, r.rkey, r.addr),
+                (Op::Write, Some(imm)) => ffi::ibv_wr_rdma_write_imm(qpx, r.rkey, r.addr, imm.to_be()),
+                (Op::Read, _) => ffi::ibv_wr_rdma_read(qpx, r.rkey, r.addr),
+                (Op::CompSwap { compare, swap }, _) => ffi::ibv_wr_atomic_cmp_swp(qpx, r.rkey, r.addr, compare, swap),
+                (Op::FetchAdd { add }, _) => ffi::ibv_wr_atomic_fetch_add(qpx, r.rkey, r.addr, add),
+            }
+            if let Some((ah, qpn, qkey)) = &wr.ud {
+                ffi::ibv_wr_set_ud_addr(qpx, ah.as_raw(), *qpn, *qkey);
+            }
+            let sge = sges[0].assume_init();
+            if wr.is_inline() && n == 1 {
+                ffi::ibv_wr_set_inline_data(qpx, sge.addr as *mut std::ffi::c_void, sge.length as usize);
+            } else if n == 1 {
+                ffi::ibv_wr_set_sge(qpx, sge.lkey, sge.addr, sge.length);
+            } else if wr.is_inline() {
+                let mut bufs = [ffi::ibv_data_buf { addr: std::ptr::null_mut(), length: 0 }; MAX_SGE];
+                for (b, s) in bufs.iter_mut().zip(&sges[..n]) {
+                    let s = s.assume_init();
+                    *b = ffi::ibv_data_buf { addr: s.addr as *mut std::ffi::c_void, length: s.length as usize };
+                }
+                ffi::ibv_wr_set_inline_data_list(qpx, n, bufs.as_ptr());
+            } else {
+                ffi::ibv_wr_set_sge_list(qpx, n, sges.as_ptr().cast());
+            }
+        }
     }
 
     /// Posts one work request: one provider call, no allocation. On refusal the work
@@ -342,14 +420,31 @@ impl<T: SendBuf> SendQueue<T> {
             return Err((queue_full("ibv_post_send", self.ring.slots.len()), wr));
         }
         let mut sges = NO_SGES;
-        let mut raw = match self.fill(&wr, self.ring.head, &mut sges) {
-            Ok(raw) => raw,
+        let n = match self.check(&wr, &mut sges) {
+            Ok(n) => n,
             Err(e) => return Err((e, wr)),
         };
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is alive (claim); the SGEs name bytes of `wr.buf`, which the ring
-        // keeps until the completion; a UD address handle is kept with it.
-        let rc = unsafe { ffi::ibv_post_send(self.raw, &mut raw, &mut bad) };
+        let seq = self.ring.head;
+        let rc = match self.ext {
+            Some((qpx, _)) if self.ext_takes(&wr, n) => {
+                let qpx = qpx.as_ptr();
+                // SAFETY: this queue is the QP's only poster (&mut self, claimed), so the
+                // batch is ours; the SGEs name bytes of `wr.buf`, which the ring keeps
+                // until the completion.
+                unsafe {
+                    ffi::ibv_wr_start(qpx);
+                    Self::extended(qpx, &wr, seq, &sges, n);
+                    ffi::ibv_wr_complete(qpx)
+                }
+            }
+            _ => {
+                let mut raw = Self::classic(&wr, seq, &mut sges, n);
+                let mut bad = std::ptr::null_mut();
+                // SAFETY: the QP is alive (claim); the SGEs name bytes of `wr.buf`, which
+                // the ring keeps until the completion; a UD address handle is kept with it.
+                unsafe { ffi::ibv_post_send(self.raw, &mut raw, &mut bad) }
+            }
+        };
         if rc != 0 {
             return Err((Error::verb("ibv_post_send", Plane::Data, rc.abs()), wr));
         }
@@ -367,9 +462,10 @@ impl<T: SendBuf> SendQueue<T> {
     {
         let mut pending: [MaybeUninit<SendWr<T>>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
         let mut sges = [NO_SGES; MAX_BATCH];
-        let mut raws: [MaybeUninit<ffi::ibv_send_wr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
+        let mut counts = [0usize; MAX_BATCH];
         let room = MAX_BATCH.min(self.ring.free());
         let (mut n, mut rest, mut failure) = (0, Vec::new(), None);
+        let mut all_ext = self.ext.is_some();
         for wr in wrs {
             if failure.is_none() && n == room {
                 failure = Some(if room == MAX_BATCH {
@@ -382,9 +478,10 @@ impl<T: SendBuf> SendQueue<T> {
                 rest.push(wr);
                 continue;
             }
-            match self.fill(&wr, self.ring.head + n as u64, &mut sges[n]) {
-                Ok(raw) => {
-                    raws[n].write(raw);
+            match self.check(&wr, &mut sges[n]) {
+                Ok(k) => {
+                    all_ext &= self.ext_takes(&wr, k);
+                    counts[n] = k;
                     pending[n].write(wr);
                     n += 1;
                 }
@@ -394,8 +491,34 @@ impl<T: SendBuf> SendQueue<T> {
                 }
             }
         }
-        let mut posted = 0;
-        if n > 0 {
+        let posted = if n == 0 {
+            0
+        } else if let (true, Some((qpx, _))) = (all_ext, self.ext) {
+            let qpx = qpx.as_ptr();
+            // SAFETY: this queue is the QP's only poster (&mut self, claimed), so the batch
+            // is ours; pending[..n] were written above; their SGEs name bytes of buffers
+            // the ring keeps until completion.
+            let rc = unsafe {
+                ffi::ibv_wr_start(qpx);
+                for i in 0..n {
+                    Self::extended(qpx, pending[i].assume_init_ref(), self.ring.head + i as u64, &sges[i], counts[i]);
+                }
+                ffi::ibv_wr_complete(qpx)
+            };
+            if rc == 0 {
+                n
+            } else {
+                // A failed ibv_wr_complete posts nothing of the batch.
+                failure = Some(Error::verb("ibv_post_send", Plane::Data, rc.abs()));
+                0
+            }
+        } else {
+            let mut raws: [MaybeUninit<ffi::ibv_send_wr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
+            for i in 0..n {
+                // SAFETY: pending[..n] were written above.
+                let wr = unsafe { pending[i].assume_init_ref() };
+                raws[i].write(Self::classic(wr, self.ring.head + i as u64, &mut sges[i], counts[i]));
+            }
             for i in 0..n {
                 let next = if i + 1 < n { raws[i + 1].as_mut_ptr() } else { std::ptr::null_mut() };
                 // SAFETY: raws[..n] were written above.
@@ -405,30 +528,29 @@ impl<T: SendBuf> SendQueue<T> {
             // SAFETY: a valid chain of n work requests; their SGEs (in `sges`, which does
             // not move) name bytes of buffers the ring keeps until completion.
             let rc = unsafe { ffi::ibv_post_send(self.raw, raws[0].as_mut_ptr(), &mut bad) };
-            posted = if rc == 0 {
+            if rc == 0 {
                 n
             } else {
                 // The provider's error outranks a later validation failure: nothing from
                 // `bad` on went in.
                 failure = Some(Error::verb("ibv_post_send", Plane::Data, rc.abs()));
                 (0..n).find(|&i| raws[i].as_mut_ptr() == bad).unwrap_or(0)
-            };
-            let mut unposted = Vec::new();
-            for (i, slot) in pending.iter_mut().enumerate().take(n) {
-                // SAFETY: pending[..n] were written above and are read out once each.
-                let wr = unsafe { slot.assume_init_read() };
-                if i < posted {
-                    let ah = wr.ud.map(|(ah, _, _)| ah);
-                    self.ring.push(wr.buf, wr.id, ah);
-                } else {
-                    unposted.push(wr);
-                }
             }
-            unposted.append(&mut rest);
-            rest = unposted;
+        };
+        let mut unposted = Vec::new();
+        for (i, slot) in pending.iter_mut().enumerate().take(n) {
+            // SAFETY: pending[..n] were written above and are read out once each.
+            let wr = unsafe { slot.assume_init_read() };
+            if i < posted {
+                let ah = wr.ud.map(|(ah, _, _)| ah);
+                self.ring.push(wr.buf, wr.id, ah);
+            } else {
+                unposted.push(wr);
+            }
         }
+        unposted.append(&mut rest);
         match failure {
-            Some(e) => Err((e, rest)),
+            Some(e) => Err((e, unposted)),
             None => Ok(posted),
         }
     }
@@ -453,18 +575,15 @@ impl<T: SendBuf> SendQueue<T> {
     }
 }
 
-fn atomic(remote: &RemoteMr, compare_add: u64, swap: u64) -> Result<ffi::ibv_send_wr__bindgen_ty_2> {
-    if remote.addr % 8 != 0 || remote.len < 8 {
-        return Err(Error::invalid("ibv_post_send", "an atomic needs an 8-byte aligned remote address with 8 bytes"));
-    }
-    Ok(ffi::ibv_send_wr__bindgen_ty_2 {
+fn atomic(remote: &RemoteMr, compare_add: u64, swap: u64) -> ffi::ibv_send_wr__bindgen_ty_2 {
+    ffi::ibv_send_wr__bindgen_ty_2 {
         atomic: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
             remote_addr: remote.addr,
             compare_add,
             swap,
             rkey: remote.rkey,
         },
-    })
+    }
 }
 
 impl<T: Send + 'static> Drop for SendQueue<T> {

@@ -13,7 +13,7 @@ use crate::buf::{ExclusiveBuf, SendBuf};
 use crate::error::{Error, Plane, Result};
 use crate::ffi;
 use crate::mr::RemoteMr;
-use crate::qp::QueuePair;
+use crate::qp::{QueuePair, SendOps};
 use crate::srq::SharedReceiveQueue;
 use crate::wc::WcStatus;
 
@@ -180,6 +180,23 @@ impl<T: SendBuf> SendWr<T> {
     pub fn id(mut self, id: u64) -> Self {
         self.id = id;
         self
+    }
+
+    pub(crate) fn is_inline(&self) -> bool {
+        self.flags.0 & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0
+    }
+
+    /// The extended-API operation this request needs.
+    pub(crate) fn send_op(&self) -> SendOps {
+        match (self.op, self.imm) {
+            (Op::Send, None) => SendOps::SEND,
+            (Op::Send, Some(_)) => SendOps::SEND_WITH_IMM,
+            (Op::Write, None) => SendOps::RDMA_WRITE,
+            (Op::Write, Some(_)) => SendOps::RDMA_WRITE_WITH_IMM,
+            (Op::Read, _) => SendOps::RDMA_READ,
+            (Op::CompSwap { .. }, _) => SendOps::ATOMIC_CMP_AND_SWP,
+            (Op::FetchAdd { .. }, _) => SendOps::ATOMIC_FETCH_AND_ADD,
+        }
     }
 
     fn set(&mut self, flag: ffi::ibv_send_flags, on: bool) {

@@ -7,9 +7,11 @@
 //! back where they started. Tests run one at a time (`--test-threads=1`), so the counts
 //! are this process's own.
 
+mod alloc;
 mod basics;
 mod cq;
 mod datapath;
+mod datapath_ext;
 mod events;
 mod mr;
 mod qp;

@@ -1,0 +1,154 @@
+//! The same safe queues on QPs built with extended send ops: posts go through the
+//! `ibv_wr_*` API (one `ibv_wr_start`/`ibv_wr_complete` per post or batch) where the
+//! loaded rdma-core handles it, and through `ibv_post_send` where it does not.
+
+use std::time::{Duration, Instant};
+
+use rdma_verbs::compat::quirks;
+use rdma_verbs::{
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Done, InitAttr, ProtectionDomain, QpAccess, QpType, QueuePair,
+    RecvQueue, SendBuf, SendOps, SendQueue, SendWr, WcStatus, WorkCompletion,
+};
+
+use crate::{open, LeakCheck};
+
+struct Side<T: SendBuf> {
+    cq: CompletionQueue,
+    sq: SendQueue<T>,
+    rq: RecvQueue<Chunk>,
+    _qp: QueuePair,
+}
+
+fn ext_pair<T: SendBuf>() -> (ProtectionDomain, Side<T>, Side<T>) {
+    let ctx = open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let ops = SendOps::SEND
+        | SendOps::SEND_WITH_IMM
+        | SendOps::RDMA_WRITE
+        | SendOps::RDMA_WRITE_WITH_IMM
+        | SendOps::RDMA_READ
+        | SendOps::ATOMIC_CMP_AND_SWP
+        | SendOps::ATOMIC_FETCH_AND_ADD;
+    let make = || {
+        let cq = CompletionQueue::new(&ctx, 256).unwrap();
+        let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
+            .max_send_wr(64)
+            .max_recv_wr(64)
+            .max_send_sge(2)
+            .max_recv_sge(2)
+            .max_inline_data(64)
+            .extended_send_ops(ops)
+            .build()
+            .unwrap();
+        assert!(qp.as_raw_ex().is_some());
+        (cq, qp)
+    };
+    let (cq_a, a) = make();
+    let (cq_b, b) = make();
+    let access = QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ | QpAccess::REMOTE_ATOMIC;
+    let init = InitAttr { access, ..InitAttr::default() };
+    let (ia, ib) = (a.local_info(1, 0x31).unwrap(), b.local_info(1, 0x32).unwrap());
+    a.connect(&init, ia.psn, &ib).unwrap();
+    b.connect(&init, ib.psn, &ia).unwrap();
+    let side = |cq, qp: QueuePair| {
+        let sq: SendQueue<T> = qp.send_queue().unwrap();
+        assert!(sq.uses_extended_api());
+        Side { sq, rq: qp.recv_queue().unwrap(), cq, _qp: qp }
+    };
+    (pd, side(cq_a, a), side(cq_b, b))
+}
+
+fn poll_one(cq: &mut CompletionQueue) -> WorkCompletion {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut wc = [WorkCompletion::default(); 1];
+    loop {
+        if let Some(w) = cq.poll(&mut wc).unwrap().first() {
+            return *w;
+        }
+        assert!(Instant::now() < deadline, "no completion within 10 s");
+    }
+}
+
+fn sent<T: SendBuf>(side: &mut Side<T>) -> Vec<Done<T>> {
+    let wc = poll_one(&mut side.cq);
+    let mut out = Vec::new();
+    side.sq.complete(&wc, |d| out.push(d)).unwrap();
+    out
+}
+
+fn chunks(pd: &ProtectionDomain, n: usize, len: usize) -> Vec<Chunk> {
+    pd.register(AlignedBuf::new(n * len).unwrap(), AccessFlags::LOCAL_WRITE).unwrap().into_chunks(len).unwrap()
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn extended_qp_sends_inline_data_with_immediate_intact() {
+    let _leaks = LeakCheck::new();
+    eprintln!("rdma-core quirks: {:?}", quirks());
+    let (pd, mut a, mut b) = ext_pair::<Chunk>();
+    let mut c = chunks(&pd, 4, 1024);
+    let (mut s1, dst) = (c.remove(0), c.remove(0));
+    s1[..48].copy_from_slice(&[0x5a; 48]);
+    // Inline SEND with immediate (ibv_wr_send_imm + ibv_wr_set_inline_data).
+    b.rq.post(dst, 0..1024, 1).map_err(|(e, _)| e).unwrap();
+    a.sq.post(SendWr::send(s1, 0..48).inline().imm(77)).map_err(|(e, _)| e).unwrap();
+    let s1 = sent(&mut a).pop().unwrap().buf;
+    let wc = poll_one(&mut b.cq);
+    let got = b.rq.complete(&wc).unwrap();
+    assert_eq!((got.status, got.byte_len, wc.imm_data()), (WcStatus::Success, 48, Some(77)));
+    assert!(got.buf[..48].iter().all(|&x| x == 0x5a));
+
+    drop((s1, got));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn extended_qp_sends_a_message_spanning_chunks_of_two_regions() {
+    let _leaks = LeakCheck::new();
+    let (pd, mut a, mut b) = ext_pair::<[Chunk; 2]>();
+    // An SGE list: the classic path before rdma-core 64, ibv_wr_set_sge_list after.
+    let (mut x, mut y) = (chunks(&pd, 1, 1024).pop().unwrap(), chunks(&pd, 1, 1024).pop().unwrap());
+    x.fill(1);
+    y.fill(2);
+    b.rq.post(chunks(&pd, 1, 1024).pop().unwrap(), 0..1024, 2).map_err(|(e, _)| e).unwrap();
+    a.sq.post(SendWr::send([x, y], 1000..1030)).map_err(|(e, _)| e).unwrap();
+    let back = sent(&mut a).pop().unwrap();
+    assert_eq!(back.status, WcStatus::Success);
+    let got = b.rq.complete(&poll_one(&mut b.cq)).unwrap();
+    assert_eq!(got.byte_len, 30);
+    assert_eq!(&got.buf[..30], &[[1u8; 24].as_slice(), &[2u8; 6]].concat()[..]);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn extended_qp_writes_reads_and_atomics_in_one_batch() {
+    let _leaks = LeakCheck::new();
+    let (pd, mut a, _b) = ext_pair::<Chunk>();
+    let target = pd
+        .register_remote_writable(
+            AlignedBuf::new(4096).unwrap(),
+            AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+        )
+        .unwrap();
+    let remote = target.remote();
+    let mut c = chunks(&pd, 3, 512);
+    let (mut src, rd, atom) = (c.remove(0), c.remove(0), c.remove(0));
+    src.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+    // WRITE, then (fenced) READ of the same bytes, then FETCH_ADD: one ibv_wr batch.
+    let wrs = [
+        SendWr::write(src, 0..512, remote).signaled(false),
+        SendWr::read(rd, 0..512, remote).fence().signaled(false),
+        SendWr::fetch_add(atom, 0, remote.slice(1024..).unwrap(), 3).fence(),
+    ];
+    assert_eq!(a.sq.post_batch(wrs).map_err(|(e, _)| e).unwrap(), 3);
+    let done = sent(&mut a);
+    assert_eq!(done.len(), 3);
+    assert!(done.iter().all(|d| d.status == WcStatus::Success), "{done:?}");
+    let expect: Vec<u8> = (0..512).map(|i| i as u8).collect();
+    assert_eq!(&done[1].buf[..], &expect[..], "READ returned what WRITE put there");
+    assert_eq!(u64::from_ne_bytes(done[2].buf[..8].try_into().unwrap()), 0);
+    assert_eq!(target.atomic_u64(1024).unwrap().load(std::sync::atomic::Ordering::SeqCst), 3);
+}

@@ -1,0 +1,260 @@
+//! rdma-doctor: a layered diagnosis of the RDMA software stack and a version baseline
+//! for every node.
+//!
+//! [`diagnose`] collects, for the chosen devices, what an operator gathers by hand with
+//! `ibv_devinfo -v`, `rdma link`, `lsmod`, `modinfo` and `dmesg`: the kernel release,
+//! the libibverbs / librdmacm / rdma-core versions (each with the place it was read),
+//! the provider library in use, the kernel driver and its version, firmware, hardware
+//! and vendor ids, node GUID; per port the state, physical state, MTU, speed, width and
+//! rate, link layer, netdev and GID table; the RDMA kernel modules, the
+//! `/dev/infiniband` nodes and whether this user can open them, the memlock limit, and
+//! the RDMA lines of the kernel log where it is readable.
+//!
+//! Then it checks the stack top down ([`verdict::Layer`]) and stops at the first layer
+//! that fails, naming the evidence and the usual fix, down to a loopback RC test of the
+//! data plane ([`loopback`]). Known-bad firmware and driver combinations
+//! ([`known_bad`]) become warnings that cite their source; a saved report
+//! ([`Options::compare`]) turns into a list of drifted fields ([`compare`]).
+//!
+//! It never changes the system: no module is loaded, no link touched, no firmware
+//! written. Fixes are printed as advice. The JSON form is documented and versioned in
+//! `docs/doctor-json.md`; `examples/doctor.rs` is the command.
+//!
+//! ```no_run
+//! let report = rdma_verbs::diag::diagnose(&rdma_verbs::diag::Options::default()).unwrap();
+//! print!("{}", rdma_verbs::diag::render(&report));
+//! std::process::exit(report.exit_code);
+//! ```
+
+mod collect;
+pub mod compare;
+mod device;
+mod kmsg;
+pub mod known_bad;
+pub mod loopback;
+pub mod report;
+mod text;
+pub mod verdict;
+mod versions;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use compare::{compare_nodes, drift, NodeDifference};
+pub use loopback::LoopbackReport;
+pub use report::{Report, Status, EXIT_USAGE, FORMAT_VERSION};
+pub use text::render;
+pub use verdict::{check_memlock, Layer, LayerReport, Outcome};
+
+use report::{Baseline, Finding, Memlock, Observations, Severity};
+use verdict::Expectations;
+
+/// What to examine and how.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Only this device (default: the first one libibverbs lists).
+    pub device: Option<String>,
+    /// Every device (overrides `device`).
+    pub all: bool,
+    /// Only this port (default: every port).
+    pub port: Option<u8>,
+    /// Run the loopback test of the control and data planes (default true).
+    pub loopback: bool,
+    /// The longest wait for one completion of the loopback test (default 5 s).
+    pub timeout: Duration,
+    /// Locked memory a program must be able to register (default 1 MiB: the loopback
+    /// test's regions and queues, with room).
+    pub memlock_need: u64,
+    /// Check this limit instead of the process's own (a what-if, and for tests).
+    pub memlock: Option<Memlock>,
+    /// Known-bad lists to add to the built-in one.
+    pub known_bad_files: Vec<PathBuf>,
+    /// A saved report to compare with: its `baseline` section is the reference, and its
+    /// port rates are the rates expected.
+    pub compare: Option<serde_json::Value>,
+    /// Field patterns not to compare (`devices.*.fw_ver`, `**.source`).
+    pub ignore: Vec<String>,
+    /// The rate every checked port should run at, Gb/s.
+    pub expected_rate: Option<f64>,
+    /// How many RDMA lines of the kernel log to keep (default 30).
+    pub kernel_log_lines: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            device: None,
+            all: false,
+            port: None,
+            loopback: true,
+            timeout: Duration::from_secs(5),
+            memlock_need: 1 << 20,
+            memlock: None,
+            known_bad_files: Vec::new(),
+            compare: None,
+            ignore: Vec::new(),
+            expected_rate: None,
+            kernel_log_lines: 30,
+        }
+    }
+}
+
+/// Collects, checks and compares. `Err` only for bad input: a known-bad file or a saved
+/// report that cannot be read (the doctor's usage error); everything wrong with the
+/// system itself is in the report.
+pub fn diagnose(opts: &Options) -> Result<Report, String> {
+    let known_bad = known_bad::load(&opts.known_bad_files)?;
+    let reference = opts.compare.as_ref().map(compare::baseline_of).transpose()?;
+
+    let (host, kernel) = collect::host_and_kernel();
+    let sysfs_devices = device::sysfs_devices();
+    let verbs_devices = crate::device::devices().map(|l| l.names()).unwrap_or_default();
+    let selected = select(opts, &sysfs_devices, &verbs_devices);
+
+    let mut devices = BTreeMap::new();
+    let mut contexts = BTreeMap::new();
+    for name in &selected {
+        if sysfs_devices.contains(name) || verbs_devices.contains(name) {
+            let (facts, ctx) = device::collect(name);
+            devices.insert(name.clone(), facts);
+            if let Some(ctx) = ctx {
+                contexts.insert(name.clone(), ctx);
+            }
+        }
+    }
+    let baseline = Baseline {
+        kernel,
+        libraries: versions::libraries(),
+        packages: versions::packages(),
+        modules: collect::modules(),
+        dev_nodes: collect::dev_nodes(),
+        memlock: opts.memlock.unwrap_or_else(collect::memlock),
+        devices,
+    };
+    let observations = Observations { kernel_log: kmsg::read(opts.kernel_log_lines), verbs_devices, sysfs_devices };
+
+    let want = expectations(opts, &selected, &baseline, reference);
+    let mut run = |name: &str, port: u8| match contexts.get(name) {
+        Some(ctx) => loopback::run(ctx, port, opts.timeout),
+        None => LoopbackReport { setup_error: Some(format!("{name} is not open")), ..LoopbackReport::default() },
+    };
+    let (layers, _runs) = verdict::evaluate(&baseline, &observations, &want, &mut run);
+    drop(contexts);
+
+    let mut findings = Vec::new();
+    for (name, d) in &baseline.devices {
+        findings.extend(known_bad::check(&known_bad, name, d));
+    }
+    findings.extend(notes(&baseline, &observations));
+
+    let drift = match reference {
+        Some(saved) => {
+            let now = serde_json::to_value(&baseline).map_err(|e| e.to_string())?;
+            let mut ignore: Vec<String> = compare::SELF_IGNORE.iter().map(|s| s.to_string()).collect();
+            ignore.extend(opts.ignore.iter().cloned());
+            compare::drift(saved, &now, &ignore)
+        }
+        None => Vec::new(),
+    };
+
+    let mut report = Report {
+        format: report::FORMAT.into(),
+        format_version: FORMAT_VERSION,
+        tool: format!("rdma-verbs {}", env!("CARGO_PKG_VERSION")),
+        host,
+        baseline,
+        observations,
+        layers,
+        findings,
+        drift,
+        status: Status::Healthy,
+        exit_code: 0,
+    };
+    report.settle_status();
+    Ok(report)
+}
+
+/// The devices to examine: `-d NAME` (even if absent: then the device layer says so),
+/// every device with `all`, else the first one libibverbs (or the kernel) lists.
+fn select(opts: &Options, sysfs: &[String], verbs: &[String]) -> Vec<String> {
+    if opts.all {
+        let mut all: Vec<String> = sysfs.to_vec();
+        all.extend(verbs.iter().filter(|v| !sysfs.contains(v)).cloned());
+        return all;
+    }
+    match &opts.device {
+        Some(d) => vec![d.clone()],
+        None => verbs.first().or(sysfs.first()).cloned().into_iter().collect(),
+    }
+}
+
+fn expectations(
+    opts: &Options,
+    selected: &[String],
+    now: &Baseline,
+    reference: Option<&serde_json::Value>,
+) -> Expectations {
+    let mut want = Expectations {
+        devices: selected.to_vec(),
+        port: opts.port,
+        memlock_need: opts.memlock_need,
+        loopback: opts.loopback,
+        ..Expectations::default()
+    };
+    let saved: Option<Baseline> = reference.and_then(|r| serde_json::from_value(r.clone()).ok());
+    for (name, d) in &now.devices {
+        for port in d.ports.keys() {
+            let from_saved = saved
+                .as_ref()
+                .and_then(|s| s.devices.get(name))
+                .and_then(|sd| sd.ports.get(port))
+                .map(|p| p.rate_gbps)
+                .filter(|r| *r > 0.0);
+            if let Some(rate) = opts.expected_rate.or(from_saved) {
+                want.expected_rate.insert((name.clone(), port.clone()), rate);
+            }
+        }
+    }
+    if let Some(s) = &saved {
+        for (name, d) in &s.devices {
+            if let Some(p) = &d.parent_netdev {
+                want.known_parents.insert(name.clone(), p.clone());
+            }
+        }
+    }
+    want
+}
+
+/// Notes worth a line that do not change the verdict.
+fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
+    let note = |what: String, advice: Option<&str>| Finding {
+        severity: Severity::Note,
+        scope: "host".into(),
+        what,
+        advice: advice.map(Into::into),
+        source: None,
+    };
+    let mut out = Vec::new();
+    if !b.modules.contains_key("rdma_ucm") && !b.dev_nodes.contains_key("/dev/infiniband/rdma_cm") {
+        out.push(note(
+            "rdma_ucm is not loaded: programs that use librdmacm (rdma_cm) cannot connect".into(),
+            Some("modprobe rdma_ucm"),
+        ));
+    }
+    if !b.memlock.cap_ipc_lock && b.memlock.soft_bytes.is_some_and(|l| l < 64 << 20) {
+        out.push(note(
+            format!(
+                "memlock limit {}: enough for small programs; large registrations need more",
+                verdict::human(b.memlock.soft_bytes.unwrap_or(0))
+            ),
+            Some("memlock unlimited for RDMA users (/etc/security/limits.d, LimitMEMLOCK=infinity)"),
+        ));
+    }
+    if !seen.sysfs_devices.is_empty() {
+        for e in &seen.kernel_log.errors {
+            out.push(note(format!("kernel log: {} [{}]", e.line, e.meaning), None));
+        }
+    }
+    out
+}

@@ -1,0 +1,189 @@
+//! Host-wide facts: kernel, modules, device nodes, the memlock limit. Everything here
+//! only reads (files, `uname`, `getrlimit`); nothing is loaded, created or changed.
+
+use std::collections::BTreeMap;
+use std::ffi::CStr;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
+
+use super::report::{DevNode, HostInfo, KernelInfo, Memlock, ModuleInfo};
+
+/// The modules the RDMA stack is made of: the core, the user-space interfaces, the
+/// connection managers, and the device drivers (RDMA part and, for NICs, the Ethernet
+/// part it sits on).
+pub const RDMA_MODULES: &[&str] = &[
+    "ib_core",
+    "ib_uverbs",
+    "ib_umad",
+    "ib_cm",
+    "iw_cm",
+    "rdma_cm",
+    "rdma_ucm",
+    "ib_ipoib",
+    "rdma_rxe",
+    "siw",
+    "mlx4_core",
+    "mlx4_ib",
+    "mlx4_en",
+    "mlx5_core",
+    "mlx5_ib",
+    "bnxt_en",
+    "bnxt_re",
+    "irdma",
+    "efa",
+    "qedr",
+    "hns_roce_hw_v2",
+    "erdma",
+    "mana_ib",
+    "vmw_pvrdma",
+    "hfi1",
+    "ocrdma",
+    "cxgb4",
+    "iw_cxgb4",
+];
+
+/// Modules that make an RDMA device appear: at least one of them must be loaded.
+pub const DEVICE_DRIVERS: &[&str] = &[
+    "rdma_rxe",
+    "siw",
+    "mlx4_ib",
+    "mlx5_ib",
+    "bnxt_re",
+    "irdma",
+    "efa",
+    "qedr",
+    "hns_roce_hw_v2",
+    "erdma",
+    "mana_ib",
+    "vmw_pvrdma",
+    "hfi1",
+    "ocrdma",
+    "iw_cxgb4",
+];
+
+/// `uname` and who we are.
+pub(crate) fn host_and_kernel() -> (HostInfo, KernelInfo) {
+    // SAFETY: utsname is plain data; all-zero is a valid value.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is a valid out-pointer.
+    let ok = unsafe { libc::uname(&mut u) } == 0;
+    let field = |f: &[libc::c_char]| -> String {
+        if !ok {
+            return String::new();
+        }
+        // SAFETY: uname NUL-terminates every field within its array.
+        unsafe { CStr::from_ptr(f.as_ptr()) }.to_string_lossy().into_owned()
+    };
+    let time_unix =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    (
+        HostInfo { hostname: field(&u.nodename), time_unix, euid },
+        KernelInfo { release: field(&u.release), version: field(&u.version), machine: field(&u.machine) },
+    )
+}
+
+/// RDMA modules from `/proc/modules`, plus the core ones built into the kernel
+/// (present under `/sys/module` without being a loadable module).
+pub(crate) fn modules() -> BTreeMap<String, ModuleInfo> {
+    let text = std::fs::read_to_string("/proc/modules").unwrap_or_default();
+    let mut out = parse_proc_modules(&text);
+    for name in RDMA_MODULES {
+        let dir = Path::new("/sys/module").join(name);
+        if let Some(m) = out.get_mut(*name) {
+            m.version = read_trimmed(&dir.join("version"));
+        } else if dir.is_dir() && !dir.join("initstate").exists() {
+            // Built-in modules have a /sys/module entry (for parameters) but no initstate.
+            out.insert((*name).to_owned(), ModuleInfo { state: "builtin".into(), version: None });
+        }
+    }
+    out
+}
+
+/// The RDMA lines of `/proc/modules` (`name size refcount users state address`).
+pub(crate) fn parse_proc_modules(text: &str) -> BTreeMap<String, ModuleInfo> {
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let name = *f.first()?;
+            RDMA_MODULES
+                .contains(&name)
+                .then(|| (name.to_owned(), ModuleInfo { state: f.get(4).unwrap_or(&"?").to_string(), version: None }))
+        })
+        .collect()
+}
+
+/// Every character device under `/dev/infiniband`, and whether this process can open it.
+pub(crate) fn dev_nodes() -> BTreeMap<String, DevNode> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir("/dev/infiniband") else { return out };
+    for e in entries.flatten() {
+        let path = e.path();
+        let Ok(meta) = std::fs::metadata(&path) else { continue };
+        if !meta.file_type().is_char_device() {
+            continue;
+        }
+        // Opening a uverbs or rdma_cm node allocates nothing until a command is written.
+        let opened = std::fs::OpenOptions::new().read(true).write(true).open(&path);
+        out.insert(
+            path.display().to_string(),
+            DevNode {
+                mode: format!("{:04o}", meta.permissions().mode() & 0o7777),
+                can_open: opened.is_ok(),
+                error: opened.err().map(|e| e.to_string()),
+            },
+        );
+    }
+    out
+}
+
+/// `RLIMIT_MEMLOCK` and CAP_IPC_LOCK of this process.
+pub(crate) fn memlock() -> Memlock {
+    // SAFETY: rlimit is plain data; all-zero is a valid value.
+    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: `r` is a valid out-pointer.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } == 0;
+    let limit = |v: libc::rlim_t| if !ok || v == libc::RLIM_INFINITY { None } else { Some(v) };
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    Memlock { soft_bytes: limit(r.rlim_cur), hard_bytes: limit(r.rlim_max), cap_ipc_lock: cap_ipc_lock(&status) }
+}
+
+/// CAP_IPC_LOCK (bit 14) in the `CapEff` line of `/proc/self/status`.
+pub(crate) fn cap_ipc_lock(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << 14) != 0)
+}
+
+/// A sysfs file's contents without the trailing newline; `None` when absent or empty.
+pub(crate) fn read_trimmed(path: &Path) -> Option<String> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let s = s.trim();
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_modules_keeps_the_rdma_ones_with_their_state() {
+        let text = "rdma_rxe 135168 0 - Live 0xffffffffc0997000\n\
+                    ib_uverbs 172032 1 rdma_rxe, Live 0xffffffffc096c000\n\
+                    udp_tunnel 28672 1 rdma_rxe, Live 0xffffffffc08f1000\n\
+                    mlx5_core 2000000 1 mlx5_ib, Loading 0x0\n";
+        let m = parse_proc_modules(text);
+        assert_eq!(m.keys().collect::<Vec<_>>(), ["ib_uverbs", "mlx5_core", "rdma_rxe"]);
+        assert_eq!(m["mlx5_core"].state, "Loading");
+    }
+
+    #[test]
+    fn cap_ipc_lock_is_bit_14_of_cap_eff() {
+        assert!(cap_ipc_lock("Name:\tx\nCapEff:\t000001ffffffffff\n"));
+        assert!(!cap_ipc_lock("CapEff:\t0000000000000000\n"));
+        assert!(cap_ipc_lock("CapEff:\t0000000000004000\n"));
+    }
+}

@@ -1,0 +1,252 @@
+//! Per-device facts: sysfs first (what the kernel enumerated), then what libibverbs
+//! reports once the device is open, and the netdev under each RoCE port.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::collect::read_trimmed;
+use super::report::{DeviceFacts, GidFacts, NetdevFacts, PortFacts, VersionFact};
+use super::versions;
+use crate::context::Context;
+use crate::port::{LinkLayer, PhysState, PortState};
+
+/// Where the kernel lists RDMA devices.
+pub const SYSFS_IB: &str = "/sys/class/infiniband";
+
+/// Device names in `/sys/class/infiniband`, sorted.
+pub(crate) fn sysfs_devices() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(SYSFS_IB)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Collects the facts of device `name`; the open context comes back for the data-plane
+/// test when libibverbs could open it.
+pub(crate) fn collect(name: &str) -> (DeviceFacts, Option<Context>) {
+    let dir = Path::new(SYSFS_IB).join(name);
+    let attr = |f: &str| read_trimmed(&dir.join(f));
+    let mut d = DeviceFacts {
+        fw_ver: attr("fw_ver").unwrap_or_default(),
+        node_guid: attr("node_guid").unwrap_or_default(),
+        sys_image_guid: attr("sys_image_guid").unwrap_or_default(),
+        node_type: attr("node_type").map(|t| after_colon(&t)).unwrap_or_default(),
+        hca_type: attr("hca_type"),
+        board_id: attr("board_id"),
+        parent_netdev: attr("parent"),
+        uverbs: uverbs_of(name),
+        ..DeviceFacts::default()
+    };
+    let ctx = match Context::open(Some(name)) {
+        Ok(ctx) => Some(ctx),
+        Err(e) => {
+            d.open_error = Some(e.to_string());
+            None
+        }
+    };
+    if let Some(ctx) = &ctx {
+        d.provider = versions::provider(ctx.as_raw());
+        match ctx.query_device() {
+            Ok(a) => {
+                if !a.fw_ver.is_empty() {
+                    d.fw_ver = a.fw_ver.clone();
+                }
+                d.hw_ver = Some(a.hw_ver);
+                d.vendor_id = Some(format!("{:#06x}", a.vendor_id));
+                d.vendor_part_id = Some(a.vendor_part_id);
+                for port in 1..=a.phys_port_cnt {
+                    if let Some(p) = verbs_port(ctx, port) {
+                        d.ports.insert(port.to_string(), p);
+                    }
+                }
+            }
+            Err(e) => d.open_error = Some(e.to_string()),
+        }
+    }
+    if d.ports.is_empty() {
+        d.ports = sysfs_ports(&dir);
+    }
+    let (driver, source) = kernel_driver(&dir, &d);
+    let version = driver.as_deref().and_then(|m| read_trimmed(&Path::new("/sys/module").join(m).join("version")));
+    let source = match (&driver, &version) {
+        (Some(m), Some(_)) => format!("{source}; version from /sys/module/{m}/version"),
+        (Some(m), None) => format!("{source}; /sys/module/{m} has no version: an in-tree module, see kernel.release"),
+        (None, _) => source,
+    };
+    d.kernel_driver = VersionFact { version, source };
+    d.kernel_driver_name = driver;
+    (d, ctx)
+}
+
+/// The bound kernel driver: the `device/driver` link for hardware; for soft devices
+/// (which sit on a netdev and have no `device`), the module of the provider's kind.
+fn kernel_driver(dir: &Path, d: &DeviceFacts) -> (Option<String>, String) {
+    let link = dir.join("device/driver");
+    if let Ok(target) = std::fs::read_link(&link) {
+        let name = target.file_name().map(|n| n.to_string_lossy().into_owned());
+        return (name, format!("{} -> {}", link.display(), target.display()));
+    }
+    let soft = match d.provider.as_ref().map(|p| p.name.as_str()) {
+        Some("rxe") => Some("rdma_rxe"),
+        Some("siw") => Some("siw"),
+        _ => None,
+    };
+    match (soft, &d.parent_netdev) {
+        (Some(m), Some(parent)) => (
+            Some(m.to_owned()),
+            format!("soft device on netdev {parent} ({}/parent) served by the {m} module", dir.display()),
+        ),
+        (Some(m), None) => (Some(m.to_owned()), format!("soft device served by the {m} module")),
+        _ => (None, format!("{} does not exist and the provider is not a known soft device", link.display())),
+    }
+}
+
+/// `uverbsN` whose `ibdev` is `name`.
+fn uverbs_of(name: &str) -> Option<String> {
+    let entries = std::fs::read_dir("/sys/class/infiniband_verbs").ok()?;
+    entries.flatten().find_map(|e| {
+        let ibdev = read_trimmed(&e.path().join("ibdev"))?;
+        (ibdev == name).then(|| e.file_name().to_string_lossy().into_owned())
+    })
+}
+
+fn verbs_port(ctx: &Context, port: u8) -> Option<PortFacts> {
+    let a = ctx.query_port(port).ok()?;
+    let table = ctx.gid_table(port).unwrap_or_default();
+    let gids: BTreeMap<String, GidFacts> = table
+        .iter()
+        .filter(|g| !g.gid.is_zero())
+        .map(|g| {
+            let facts = GidFacts { gid: g.gid.to_string(), gid_type: g.gid_type.to_string(), netdev: g.netdev.clone() };
+            (g.index.to_string(), facts)
+        })
+        .collect();
+    let netdev_name = table.iter().find_map(|g| g.netdev.clone()).or_else(|| {
+        let dir = Path::new(SYSFS_IB).join(ctx.name()).join(format!("ports/{port}/gid_attrs/ndevs/0"));
+        read_trimmed(&dir)
+    });
+    Some(PortFacts {
+        state: state_name(a.state),
+        phys_state: phys_name(a.phys_state),
+        link_layer: link_layer_name(a.link_layer),
+        active_mtu: a.active_mtu.bytes(),
+        max_mtu: a.max_mtu.bytes(),
+        width: width_name(a.active_width),
+        speed: speed_name(a.active_speed),
+        rate_gbps: a.rate_gbps(),
+        lid: a.lid,
+        netdev: netdev_name.map(|n| netdev(&n)),
+        gids,
+    })
+}
+
+/// Ports as sysfs shows them, for a device libibverbs cannot open.
+fn sysfs_ports(dir: &Path) -> BTreeMap<String, PortFacts> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir.join("ports")) else { return out };
+    for e in entries.flatten() {
+        let p = e.path();
+        let get = |f: &str| read_trimmed(&p.join(f)).unwrap_or_default();
+        // "2.5 Gb/sec (1X SDR)"
+        let rate_text = get("rate");
+        let rate_gbps = rate_text.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        let inner = rate_text.split_once('(').map(|(_, r)| r.trim_end_matches(')').to_owned()).unwrap_or_default();
+        let (width, speed) = inner.split_once(' ').map(|(w, s)| (w.to_owned(), s.to_owned())).unwrap_or_default();
+        let netdev = read_trimmed(&p.join("gid_attrs/ndevs/0")).map(|n| netdev(&n));
+        out.insert(
+            e.file_name().to_string_lossy().into_owned(),
+            PortFacts {
+                state: after_colon(&get("state")),
+                phys_state: after_colon(&get("phys_state")),
+                link_layer: get("link_layer"),
+                width,
+                speed,
+                rate_gbps,
+                netdev,
+                ..PortFacts::default()
+            },
+        );
+    }
+    out
+}
+
+/// `/sys/class/net/NAME`: operstate, MTU and the administrative up flag.
+pub(crate) fn netdev(name: &str) -> NetdevFacts {
+    let dir = PathBuf::from("/sys/class/net").join(name);
+    let flags = read_trimmed(&dir.join("flags"))
+        .and_then(|f| u32::from_str_radix(f.trim_start_matches("0x"), 16).ok())
+        .unwrap_or(0);
+    NetdevFacts {
+        name: name.to_owned(),
+        operstate: read_trimmed(&dir.join("operstate")).unwrap_or_else(|| "absent".into()),
+        mtu: read_trimmed(&dir.join("mtu")).and_then(|m| m.parse().ok()),
+        admin_up: flags & libc::IFF_UP as u32 != 0,
+    }
+}
+
+/// `ACTIVE` from `4: ACTIVE`.
+fn after_colon(s: &str) -> String {
+    s.split_once(": ").map_or(s, |(_, r)| r).trim().to_owned()
+}
+
+/// Port state as sysfs and `ibstat` name it.
+pub fn state_name(s: PortState) -> String {
+    match s {
+        PortState::Nop => "NOP".into(),
+        PortState::Down => "DOWN".into(),
+        PortState::Init => "INIT".into(),
+        PortState::Armed => "ARMED".into(),
+        PortState::Active => "ACTIVE".into(),
+        PortState::ActiveDefer => "ACTIVE_DEFER".into(),
+        PortState::Unknown(v) => format!("unknown({v})"),
+    }
+}
+
+/// Physical state as sysfs names it.
+pub fn phys_name(s: PhysState) -> String {
+    match s {
+        PhysState::Sleep => "Sleep".into(),
+        PhysState::Polling => "Polling".into(),
+        PhysState::Disabled => "Disabled".into(),
+        PhysState::PortConfigurationTraining => "PortConfigurationTraining".into(),
+        PhysState::LinkUp => "LinkUp".into(),
+        PhysState::LinkErrorRecovery => "LinkErrorRecovery".into(),
+        PhysState::PhyTest => "Phy Test".into(),
+        PhysState::Unknown(v) => format!("unknown({v})"),
+    }
+}
+
+fn link_layer_name(l: LinkLayer) -> String {
+    match l {
+        LinkLayer::Ethernet => "Ethernet".into(),
+        // Unspecified is what old kernels report for InfiniBand.
+        LinkLayer::InfiniBand | LinkLayer::Unspecified => "InfiniBand".into(),
+        LinkLayer::Unknown(v) => format!("unknown({v})"),
+    }
+}
+
+fn width_name(code: u8) -> String {
+    match code {
+        1 => "1X".into(),
+        2 => "4X".into(),
+        4 => "8X".into(),
+        8 => "12X".into(),
+        16 => "2X".into(),
+        other => format!("unknown({other})"),
+    }
+}
+
+fn speed_name(code: u8) -> String {
+    match code {
+        1 => "SDR".into(),
+        2 => "DDR".into(),
+        4 => "QDR".into(),
+        8 => "FDR10".into(),
+        16 => "FDR".into(),
+        32 => "EDR".into(),
+        64 => "HDR".into(),
+        128 => "NDR".into(),
+        other => format!("unknown({other})"),
+    }
+}

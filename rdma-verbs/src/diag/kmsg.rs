@@ -1,0 +1,158 @@
+//! The RDMA lines of the kernel log, read from `/dev/kmsg` without blocking. Where the
+//! log is not readable (dmesg_restrict without CAP_SYSLOG) that is recorded, not failed.
+
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+
+use super::report::{KernelLog, LogError};
+
+/// Words that mark a kernel log line as RDMA's (matched lowercase).
+const KEYWORDS: &[&str] = &[
+    "infiniband",
+    "rdma",
+    "rxe",
+    "siw",
+    "mlx4",
+    "mlx5",
+    "ib_core",
+    "ib_uverbs",
+    "ib_cm",
+    "iw_cm",
+    "roce",
+    "uverbs",
+    "bnxt_re",
+    "irdma",
+    "efa",
+    "qedr",
+    "hns_roce",
+    "erdma",
+    "mana_ib",
+    "pvrdma",
+    "hfi1",
+];
+
+/// Reads the whole kernel ring buffer and keeps the last `keep` RDMA lines.
+pub(crate) fn read(keep: usize) -> KernelLog {
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open("/dev/kmsg");
+    let mut file = match file {
+        Ok(f) => f,
+        Err(e) => return KernelLog { error: Some(format!("/dev/kmsg: {e}")), ..KernelLog::default() },
+    };
+    let mut records = Vec::new();
+    // One read returns one record; records are at most a few KiB.
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => records.push(String::from_utf8_lossy(&buf[..n]).into_owned()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            // EPIPE: the record was overwritten while we read; the next read goes on.
+            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+            Err(e) => {
+                return KernelLog { error: Some(format!("reading /dev/kmsg: {e}")), ..KernelLog::default() };
+            }
+        }
+    }
+    filter(records.iter().map(String::as_str), keep)
+}
+
+/// Keeps the RDMA records (`prio,seq,usec,flags;text`), as `[seconds] text`, and the
+/// ones that report an errno.
+pub(crate) fn filter<'a>(records: impl Iterator<Item = &'a str>, keep: usize) -> KernelLog {
+    let mut lines = Vec::new();
+    let mut errors = Vec::new();
+    for rec in records {
+        let first = rec.lines().next().unwrap_or("");
+        let (meta, text) = first.split_once(';').unwrap_or(("", first));
+        let lower = text.to_ascii_lowercase();
+        // Whole words that start with a keyword: `mlx5_core`, `rxe0`, but not `default`.
+        let mut words = lower.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+        if !words.any(|w| KEYWORDS.iter().any(|k| w.starts_with(k))) {
+            continue;
+        }
+        let usec: u64 = meta.split(',').nth(2).and_then(|u| u.parse().ok()).unwrap_or(0);
+        let line = format!("[{:>5}.{:06}] {text}", usec / 1_000_000, usec % 1_000_000);
+        if let Some(errno) = reported_errno(&lower) {
+            errors.push(LogError { line: line.clone(), errno, meaning: errno_meaning(errno) });
+        }
+        lines.push(line);
+    }
+    let skip = lines.len().saturating_sub(keep);
+    let skip_err = errors.len().saturating_sub(keep);
+    KernelLog { readable: true, error: None, lines: lines.split_off(skip), errors: errors.split_off(skip_err) }
+}
+
+/// The errno in a failure line: `failed with error -16`, `err -110`, `ret = -12`, `(-5)`.
+fn reported_errno(lower: &str) -> Option<i32> {
+    if !(lower.contains("fail") || lower.contains("err") || lower.contains("unable")) {
+        return None;
+    }
+    let bytes = lower.as_bytes();
+    for (i, _) in lower.match_indices('-') {
+        let before = if i == 0 { b' ' } else { bytes[i - 1] };
+        if !matches!(before, b' ' | b'(' | b'=' | b':' | b',') {
+            continue;
+        }
+        let digits: String = lower[i + 1..].chars().take_while(char::is_ascii_digit).collect();
+        let after = lower[i + 1 + digits.len()..].chars().next();
+        if digits.is_empty() || after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '.') {
+            continue;
+        }
+        match digits.parse::<i32>() {
+            Ok(n) if (1..=133).contains(&n) => return Some(n),
+            _ => continue,
+        }
+    }
+    None
+}
+
+/// The errno's name and what it usually means when a driver reports it.
+pub(crate) fn errno_meaning(errno: i32) -> String {
+    let (name, usual) = match errno {
+        libc::EBUSY => (
+            "EBUSY",
+            "PCIe resources taken (another driver bound, BAR or MSI-X allocation), or a firmware the driver rejects",
+        ),
+        libc::ETIMEDOUT => {
+            ("ETIMEDOUT", "the firmware did not answer the driver (stuck firmware, needs a reset or a power cycle)")
+        }
+        libc::ENOMEM => ("ENOMEM", "the driver could not allocate memory or device resources"),
+        libc::ENOENT => ("ENOENT", "a firmware file or an object the driver expected is missing"),
+        libc::ENODEV => ("ENODEV", "the device went away or is not supported by this driver"),
+        libc::EINVAL => ("EINVAL", "the driver and the firmware disagree on a parameter (version mismatch)"),
+        libc::EIO => ("EIO", "a hardware or PCIe error"),
+        libc::EOPNOTSUPP => ("EOPNOTSUPP", "the firmware lacks a capability this driver needs"),
+        libc::EPERM | libc::EACCES => ("EPERM/EACCES", "the operation is not permitted (secure boot, lockdown)"),
+        libc::EAGAIN => ("EAGAIN", "the device was not ready; the driver may retry"),
+        _ => {
+            let text = std::io::Error::from_raw_os_error(errno).to_string();
+            return format!("errno {errno}: {text}");
+        }
+    };
+    format!("{name} ({errno}): {usual}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rdma_lines_and_probe_errors_are_kept() {
+        let records = [
+            "6,100,34245517,-;rdma_rxe: loaded",
+            "6,101,35000000,-;e1000: eth0 link up",
+            "3,102,36000000,-;mlx5_core 0000:03:00.0: probe_one:1620:(pid 1): mlx5_init_one failed with error code -16",
+            "3,103,37000000,-;mlx5_core: probe of 0000:03:00.1 failed with error -110",
+            "6,104,37100000,-;infiniband rxe0: set active\n SUBSYSTEM=infiniband",
+            "6,105,37200000,-;mlx5_core 0000:03:00.0: firmware version: 16.24.1000",
+            "6,106,37300000,-;ACPI: Added _OSI(Processor Device), default domain",
+        ];
+        let log = filter(records.iter().copied(), 10);
+        assert_eq!(log.lines.len(), 5, "{:#?}", log.lines);
+        assert!(log.lines[0].starts_with("[   34.245517] rdma_rxe: loaded"), "{}", log.lines[0]);
+        let errnos: Vec<i32> = log.errors.iter().map(|e| e.errno).collect();
+        assert_eq!(errnos, [16, 110], "{:#?}", log.errors);
+        assert!(log.errors[0].meaning.starts_with("EBUSY (16)"), "{}", log.errors[0].meaning);
+        assert_eq!(filter(records.iter().copied(), 2).lines.len(), 2);
+    }
+}

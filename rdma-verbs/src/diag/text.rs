@@ -1,0 +1,182 @@
+//! The readable report.
+
+use std::fmt::Write as _;
+
+use super::report::{Report, Severity, Status};
+use super::verdict::{human, Outcome};
+
+/// Renders `r` for a person: versions, devices and ports, the kernel log, the verdict,
+/// findings, drift and the result.
+pub fn render(r: &Report) -> String {
+    let mut s = String::new();
+    let b = &r.baseline;
+    let lib = |n: &str| b.libraries.get(n).and_then(|l| l.version.clone()).unwrap_or_else(|| "?".into());
+    let _ = writeln!(
+        s,
+        "rdma-doctor on {} (kernel {}, rdma-core {}) by {}",
+        r.host.hostname,
+        b.kernel.release,
+        lib("rdma-core"),
+        r.tool
+    );
+    s += "\nVersions\n";
+    let _ = writeln!(s, "  {:<16} {} ({} {})", "kernel", b.kernel.release, b.kernel.machine, b.kernel.version);
+    for (name, v) in &b.libraries {
+        let _ = writeln!(s, "  {:<16} {:<12} from {}", name, v.version.as_deref().unwrap_or("unknown"), v.source);
+    }
+    let pkgs: Vec<String> = b.packages.versions.iter().map(|(n, v)| format!("{n} {v}")).collect();
+    let manager = b.packages.manager.as_deref().unwrap_or("no package database");
+    let _ = writeln!(
+        s,
+        "  {:<16} {}",
+        format!("packages ({manager})"),
+        if pkgs.is_empty() { "none found".into() } else { pkgs.join(", ") }
+    );
+    let mods: Vec<String> = b
+        .modules
+        .iter()
+        .map(|(n, m)| match &m.version {
+            Some(v) => format!("{n} {} v{v}", m.state),
+            None => format!("{n} {}", m.state),
+        })
+        .collect();
+    let _ = writeln!(s, "  {:<16} {}", "modules", if mods.is_empty() { "none".into() } else { mods.join(", ") });
+    let lim = |v: Option<u64>| v.map_or_else(|| "unlimited".to_owned(), human);
+    let _ = writeln!(
+        s,
+        "  {:<16} soft {}, hard {}{}",
+        "memlock",
+        lim(b.memlock.soft_bytes),
+        lim(b.memlock.hard_bytes),
+        if b.memlock.cap_ipc_lock { ", CAP_IPC_LOCK" } else { "" }
+    );
+    for (path, n) in &b.dev_nodes {
+        let _ = writeln!(
+            s,
+            "  {:<16} {path} mode {} {}",
+            "device node",
+            n.mode,
+            if n.can_open { "opens" } else { "does not open" }
+        );
+    }
+
+    for (name, d) in &b.devices {
+        let _ = writeln!(s, "\nDevice {name}");
+        let driver = d.kernel_driver_name.as_deref().unwrap_or("unknown");
+        let version = d.kernel_driver.version.as_deref().unwrap_or("in-tree");
+        let _ = writeln!(s, "  {:<14} {driver} {version} ({})", "kernel driver", d.kernel_driver.source);
+        match &d.provider {
+            Some(p) => {
+                let version = p.version.as_deref().map(|v| format!(" {v}")).unwrap_or_default();
+                let _ = writeln!(s, "  {:<14} {}{version} ({})", "provider", p.name, p.library);
+            }
+            None => {
+                let _ = writeln!(s, "  {:<14} {}", "provider", d.open_error.as_deref().unwrap_or("not identified"));
+            }
+        }
+        let fw = if d.fw_ver.is_empty() { "none reported" } else { d.fw_ver.as_str() };
+        let _ = writeln!(
+            s,
+            "  {:<14} {fw}, hw_ver {}, vendor {} part {}{}{}",
+            "firmware",
+            d.hw_ver.map_or("?".into(), |v| format!("{v:#x}")),
+            d.vendor_id.as_deref().unwrap_or("?"),
+            d.vendor_part_id.map_or("?".into(), |v| v.to_string()),
+            d.hca_type.as_deref().map(|t| format!(", {t}")).unwrap_or_default(),
+            d.board_id.as_deref().map(|t| format!(", board {t}")).unwrap_or_default(),
+        );
+        let _ =
+            writeln!(s, "  {:<14} {} (system image {}), {}", "node GUID", d.node_guid, d.sys_image_guid, d.node_type);
+        if let Some(u) = &d.uverbs {
+            let _ = writeln!(s, "  {:<14} /dev/infiniband/{u}", "uverbs");
+        }
+        if let Some(p) = &d.parent_netdev {
+            let _ = writeln!(s, "  {:<14} {p}", "on netdev");
+        }
+        for (n, p) in &d.ports {
+            let _ = writeln!(
+                s,
+                "  port {n:<9} {} {} {}, {} {} = {} Gb/s, MTU {} (max {}), LID {}",
+                p.state, p.phys_state, p.link_layer, p.width, p.speed, p.rate_gbps, p.active_mtu, p.max_mtu, p.lid
+            );
+            if let Some(nd) = &p.netdev {
+                let _ = writeln!(
+                    s,
+                    "  {:<14} {} operstate {}{}, MTU {}",
+                    "  netdev",
+                    nd.name,
+                    nd.operstate,
+                    if nd.admin_up { "" } else { " (admin down)" },
+                    nd.mtu.map_or("?".into(), |m| m.to_string())
+                );
+            }
+            for (i, g) in &p.gids {
+                let _ = writeln!(s, "    GID {i:<9} {:<40} {}", g.gid, g.gid_type);
+            }
+        }
+    }
+
+    let log = &r.observations.kernel_log;
+    s += "\nKernel log (RDMA lines)\n";
+    match &log.error {
+        Some(e) => {
+            let _ = writeln!(s, "  not readable: {e} (not a failure)");
+        }
+        None if log.lines.is_empty() => s += "  none\n",
+        None => log.lines.iter().for_each(|l| {
+            let _ = writeln!(s, "  {l}");
+        }),
+    }
+
+    s += "\nVerdict (top down; the first FAIL is the diagnosis)\n";
+    let width = r.layers.iter().map(|l| l.scope.len()).max().unwrap_or(0);
+    for l in &r.layers {
+        let mark = match l.outcome {
+            Outcome::Pass => "PASS",
+            Outcome::Fail => "FAIL",
+            Outcome::Skipped => "skip",
+        };
+        let _ = writeln!(s, "  {mark}  {:<width$} {:<14} {}", l.scope, l.layer.name(), l.summary);
+        if l.outcome == Outcome::Fail {
+            l.evidence.iter().for_each(|e| {
+                let _ = writeln!(s, "          evidence: {e}");
+            });
+            l.fix.iter().for_each(|f| {
+                let _ = writeln!(s, "          fix (advice, not run): {f}");
+            });
+        }
+    }
+
+    if !r.findings.is_empty() {
+        s += "\nFindings\n";
+        for f in &r.findings {
+            let sev = if f.severity == Severity::Warning { "warning" } else { "note" };
+            let _ = writeln!(s, "  {sev} [{}] {}", f.scope, f.what);
+            if let Some(a) = &f.advice {
+                let _ = writeln!(s, "          advice (not run): {a}");
+            }
+            if let Some(src) = &f.source {
+                let _ = writeln!(s, "          source: {src}");
+            }
+        }
+    }
+
+    if !r.drift.is_empty() {
+        s += "\nDrift from the saved baseline\n";
+        for d in &r.drift {
+            let show =
+                |v: &Option<serde_json::Value>| v.as_ref().map_or_else(|| "(absent)".to_owned(), |v| v.to_string());
+            let _ = writeln!(s, "  {}: {} -> {}", d.field, show(&d.expected), show(&d.found));
+        }
+    }
+
+    let first_fail = r.layers.iter().find(|l| l.outcome == Outcome::Fail);
+    let why = match (r.status, first_fail) {
+        (Status::LayerFailed, Some(l)) => format!("the {} layer failed on {}", l.layer.name(), l.scope),
+        (Status::Drift, _) => format!("{} field(s) drifted from the baseline", r.drift.len()),
+        (Status::Warnings, _) => "every layer passed, with warnings".into(),
+        _ => "every layer passed".into(),
+    };
+    let _ = writeln!(s, "\nResult: {why} (exit {})", r.exit_code);
+    s
+}

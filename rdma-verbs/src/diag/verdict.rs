@@ -1,0 +1,696 @@
+//! The layered verdict. Layers are checked top down, as a request travels: kernel
+//! modules, the device the kernel enumerated, its device node, the user-space provider,
+//! the port, the link, the GID, the memlock limit, then the control plane (creating and
+//! connecting objects: kernel path) and the data plane (posting and completions:
+//! provider and hardware). The first layer that fails is the diagnosis; the ones below
+//! it are not checked.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::collect::DEVICE_DRIVERS;
+use super::loopback::LoopbackReport;
+use super::report::{Baseline, DeviceFacts, Memlock, Observations, PortFacts};
+
+/// A layer of the RDMA stack, top down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    /// ib_core, ib_uverbs and a device driver are loaded and nothing failed to probe.
+    KernelModules,
+    /// The kernel enumerated the device (`/sys/class/infiniband`).
+    Device,
+    /// `/dev/infiniband/uverbsN` exists and this user can open it.
+    DeviceNodes,
+    /// libibverbs lists the device and its provider opens it.
+    Provider,
+    /// The port is ACTIVE.
+    Port,
+    /// The physical link is up at the rate expected.
+    Link,
+    /// A RoCE port has a RoCE v2 GID with an IPv4 address.
+    Gid,
+    /// The locked-memory limit allows registration.
+    Memlock,
+    /// PD, CQs, QPs and regions can be created and two RC QPs connected.
+    ControlPlane,
+    /// RDMA WRITE, READ, SEND and atomics complete with the data intact.
+    DataPlane,
+}
+
+impl Layer {
+    /// The per-device layers, in order.
+    pub const DEVICE_LAYERS: [Layer; 9] = [
+        Layer::Device,
+        Layer::DeviceNodes,
+        Layer::Provider,
+        Layer::Port,
+        Layer::Link,
+        Layer::Gid,
+        Layer::Memlock,
+        Layer::ControlPlane,
+        Layer::DataPlane,
+    ];
+
+    /// The name used in text and JSON (`kernel_modules`, `data_plane`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Layer::KernelModules => "kernel_modules",
+            Layer::Device => "device",
+            Layer::DeviceNodes => "device_nodes",
+            Layer::Provider => "provider",
+            Layer::Port => "port",
+            Layer::Link => "link",
+            Layer::Gid => "gid",
+            Layer::Memlock => "memlock",
+            Layer::ControlPlane => "control_plane",
+            Layer::DataPlane => "data_plane",
+        }
+    }
+}
+
+/// How a layer came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Checked and fine.
+    Pass,
+    /// Checked and broken: the diagnosis.
+    Fail,
+    /// Not checked (a layer above failed, or the check was turned off).
+    Skipped,
+}
+
+/// One layer's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerReport {
+    /// `host` or the device name.
+    pub scope: String,
+    /// The layer.
+    pub layer: Layer,
+    /// Pass, fail or skipped.
+    pub outcome: Outcome,
+    /// One line.
+    pub summary: String,
+    /// What was seen.
+    pub evidence: Vec<String>,
+    /// The usual fix, as commands and steps for a person to run (the doctor runs none).
+    pub fix: Vec<String>,
+}
+
+impl LayerReport {
+    fn pass(scope: &str, layer: Layer, summary: impl Into<String>, evidence: Vec<String>) -> Self {
+        LayerReport {
+            scope: scope.into(),
+            layer,
+            outcome: Outcome::Pass,
+            summary: summary.into(),
+            evidence,
+            fix: vec![],
+        }
+    }
+
+    fn fail(scope: &str, layer: Layer, summary: impl Into<String>, evidence: Vec<String>, fix: Vec<String>) -> Self {
+        LayerReport { scope: scope.into(), layer, outcome: Outcome::Fail, summary: summary.into(), evidence, fix }
+    }
+
+    fn skipped(scope: &str, layer: Layer, why: impl Into<String>) -> Self {
+        LayerReport {
+            scope: scope.into(),
+            layer,
+            outcome: Outcome::Skipped,
+            summary: why.into(),
+            evidence: vec![],
+            fix: vec![],
+        }
+    }
+}
+
+/// What the verdict looks at besides the collected facts.
+#[derive(Debug, Clone, Default)]
+pub struct Expectations {
+    /// Devices to check, in order; a name the kernel does not list fails the device layer.
+    pub devices: Vec<String>,
+    /// Only this port (default: every port).
+    pub port: Option<u8>,
+    /// Bytes of locked memory a program must be able to register.
+    pub memlock_need: u64,
+    /// The rate each checked port should run at, Gb/s (from the command line or a
+    /// saved baseline): a lower active rate is a degraded link.
+    pub expected_rate: BTreeMap<(String, String), f64>,
+    /// Run the loopback test (control and data plane).
+    pub loopback: bool,
+    /// The netdev each soft device sat on in a saved baseline (for the exact re-create
+    /// command when it is gone).
+    pub known_parents: BTreeMap<String, String>,
+}
+
+/// Checks every layer, top down. `loopback(device, port)` runs the data-plane test; it is
+/// called only for devices whose layers above all passed.
+pub fn evaluate(
+    facts: &Baseline,
+    seen: &Observations,
+    want: &Expectations,
+    loopback: &mut dyn FnMut(&str, u8) -> LoopbackReport,
+) -> (Vec<LayerReport>, BTreeMap<String, LoopbackReport>) {
+    let mut out = vec![modules(facts, seen)];
+    let mut runs = BTreeMap::new();
+    let host_ok = out[0].outcome == Outcome::Pass;
+    let devices: Vec<String> =
+        if want.devices.is_empty() { vec!["(first device)".to_owned()] } else { want.devices.clone() };
+    for name in &devices {
+        let mut failed: Option<Layer> = if host_ok { None } else { Some(Layer::KernelModules) };
+        for layer in Layer::DEVICE_LAYERS {
+            if let Some(above) = failed {
+                out.push(LayerReport::skipped(name, layer, format!("not checked: the {} layer failed", above.name())));
+                continue;
+            }
+            let r = match facts.devices.get(name) {
+                None => device_missing(name, seen, facts, want),
+                Some(d) => check(layer, name, d, facts, want, &mut runs, loopback),
+            };
+            if r.outcome == Outcome::Fail {
+                failed = Some(layer);
+            }
+            out.push(r);
+        }
+    }
+    (out, runs)
+}
+
+fn check(
+    layer: Layer,
+    name: &str,
+    d: &DeviceFacts,
+    facts: &Baseline,
+    want: &Expectations,
+    runs: &mut BTreeMap<String, LoopbackReport>,
+    loopback: &mut dyn FnMut(&str, u8) -> LoopbackReport,
+) -> LayerReport {
+    let ports: Vec<(&String, &PortFacts)> =
+        d.ports.iter().filter(|(n, _)| want.port.is_none_or(|p| **n == p.to_string())).collect();
+    match layer {
+        Layer::Device => {
+            let driver = d.kernel_driver_name.as_deref().unwrap_or("unknown driver");
+            let fw = if d.fw_ver.is_empty() { String::new() } else { format!(", firmware {}", d.fw_ver) };
+            LayerReport::pass(name, layer, format!("enumerated by the kernel ({driver}{fw})"), vec![])
+        }
+        Layer::DeviceNodes => device_nodes(name, d, facts),
+        Layer::Provider => provider(name, d, facts),
+        Layer::Port => port_state(name, &ports),
+        Layer::Link => link(name, &ports, want),
+        Layer::Gid => gid(name, &ports),
+        Layer::Memlock => check_memlock(name, &facts.memlock, want.memlock_need),
+        Layer::ControlPlane | Layer::DataPlane => {
+            if !want.loopback {
+                return LayerReport::skipped(name, layer, "not run (loopback test turned off)");
+            }
+            let port = ports.first().and_then(|(n, _)| n.parse().ok()).unwrap_or(1);
+            let run = runs.entry(name.to_owned()).or_insert_with(|| loopback(name, port));
+            planes(layer, name, port, run)
+        }
+        Layer::KernelModules => unreachable!("a host layer"),
+    }
+}
+
+fn modules(facts: &Baseline, seen: &Observations) -> LayerReport {
+    const SCOPE: &str = "host";
+    let m = &facts.modules;
+    let mut evidence: Vec<String> = m.iter().map(|(n, i)| format!("{n}: {}", i.state)).collect();
+    let missing: Vec<&str> = ["ib_core", "ib_uverbs"].into_iter().filter(|n| !m.contains_key(*n)).collect();
+    if !missing.is_empty() {
+        return LayerReport::fail(
+            SCOPE,
+            Layer::KernelModules,
+            format!("RDMA core module(s) not loaded: {}", missing.join(", ")),
+            evidence,
+            vec!["modprobe ib_uverbs   # loads ib_core too".into()],
+        );
+    }
+    let stuck: Vec<String> = m
+        .iter()
+        .filter(|(_, i)| i.state != "Live" && i.state != "builtin")
+        .map(|(n, i)| format!("{n} ({})", i.state))
+        .collect();
+    if !stuck.is_empty() {
+        evidence.extend(seen.kernel_log.errors.iter().map(|e| format!("{} [{}]", e.line, e.meaning)));
+        return LayerReport::fail(
+            SCOPE,
+            Layer::KernelModules,
+            format!("module(s) not live: {}", stuck.join(", ")),
+            evidence,
+            vec!["look at the driver's messages: dmesg | grep -iE 'mlx|rdma|infiniband'".into()],
+        );
+    }
+    let drivers: Vec<&str> = DEVICE_DRIVERS.iter().copied().filter(|d| m.contains_key(*d)).collect();
+    if seen.sysfs_devices.is_empty() {
+        if drivers.is_empty() {
+            return LayerReport::fail(
+                SCOPE,
+                Layer::KernelModules,
+                "no RDMA device driver module is loaded",
+                evidence,
+                vec![
+                    "modprobe mlx5_ib   # NVIDIA ConnectX-4 and later (or the module of your vendor: bnxt_re, irdma, efa, ...)".into(),
+                    "SoftRoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IFACE".into(),
+                ],
+            );
+        }
+        let probe: Vec<String> = seen.kernel_log.errors.iter().map(|e| format!("{} [{}]", e.line, e.meaning)).collect();
+        if !probe.is_empty() {
+            evidence.extend(probe);
+            return LayerReport::fail(
+                SCOPE,
+                Layer::KernelModules,
+                format!("{} loaded but the kernel log reports driver errors and no device appeared", drivers.join(", ")),
+                evidence,
+                vec![
+                    "EBUSY (-16): another driver holds the PCI function, or the firmware is rejected: check `lspci -k`, update the firmware (mlxup / flint)".into(),
+                    "ETIMEDOUT (-110): the firmware does not answer: a cold reboot (power cycle) of the host".into(),
+                ],
+            );
+        }
+    }
+    LayerReport::pass(
+        SCOPE,
+        Layer::KernelModules,
+        format!("ib_core, ib_uverbs and {} loaded", list_or(&drivers, "no device driver")),
+        evidence,
+    )
+}
+
+fn device_missing(name: &str, seen: &Observations, facts: &Baseline, want: &Expectations) -> LayerReport {
+    let present = list_or(&seen.sysfs_devices.iter().map(String::as_str).collect::<Vec<_>>(), "none");
+    let mut evidence = vec![format!("/sys/class/infiniband lists: {present}")];
+    evidence.extend(seen.kernel_log.errors.iter().map(|e| format!("{} [{}]", e.line, e.meaning)));
+    let drivers: Vec<&str> = DEVICE_DRIVERS.iter().copied().filter(|d| facts.modules.contains_key(*d)).collect();
+    evidence.push(format!("device driver modules loaded: {}", list_or(&drivers, "none")));
+    let mut fix = Vec::new();
+    match want.known_parents.get(name) {
+        Some(netdev) => fix.push(format!("rdma link add {name} type rxe netdev {netdev}   # as in the saved baseline")),
+        None if drivers.contains(&"rdma_rxe") || name.starts_with("rxe") => {
+            fix.push(format!("rdma link add {name} type rxe netdev IFACE   # SoftRoCE devices are links on a netdev"));
+        }
+        None => {}
+    }
+    fix.push(
+        "hardware: check the PCI function and its driver: lspci -nnk | grep -iA3 -E 'mellanox|infiniband|ethernet'"
+            .into(),
+    );
+    fix.push("then the driver's messages: dmesg | grep -iE 'mlx5|rdma|infiniband'".into());
+    let what = if name == "(first device)" {
+        "no RDMA device is enumerated".to_owned()
+    } else {
+        format!("{name} is not enumerated by the kernel")
+    };
+    LayerReport::fail(name, Layer::Device, what, evidence, fix)
+}
+
+fn device_nodes(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
+    let Some(uverbs) = &d.uverbs else {
+        return LayerReport::fail(
+            name,
+            Layer::DeviceNodes,
+            "the device has no uverbs interface (ib_uverbs did not bind it)",
+            vec!["no /sys/class/infiniband_verbs/uverbs*/ibdev names it".into()],
+            vec!["modprobe ib_uverbs".into()],
+        );
+    };
+    let path = format!("/dev/infiniband/{uverbs}");
+    let mut evidence: Vec<String> = facts
+        .dev_nodes
+        .iter()
+        .map(|(p, n)| format!("{p} mode {} {}", n.mode, if n.can_open { "opens" } else { "does not open" }))
+        .collect();
+    match facts.dev_nodes.get(&path) {
+        None => LayerReport::fail(
+            name,
+            Layer::DeviceNodes,
+            format!("{path} is missing"),
+            evidence,
+            vec![
+                "udev creates it from the rdma-core rules: udevadm trigger --subsystem-match=infiniband_verbs".into(),
+                "in a container: pass the device in (--device /dev/infiniband/...)".into(),
+            ],
+        ),
+        Some(n) if !n.can_open => {
+            evidence.push(format!("open {path}: {}", n.error.as_deref().unwrap_or("failed")));
+            LayerReport::fail(
+                name,
+                Layer::DeviceNodes,
+                format!("{path} exists but this user cannot open it"),
+                evidence,
+                vec![
+                    "add the user to the group that owns it (ls -l /dev/infiniband; often `rdma`): usermod -aG rdma USER".into(),
+                    "or a udev rule: KERNEL==\"uverbs*\", MODE=\"0666\"".into(),
+                ],
+            )
+        }
+        Some(_) => LayerReport::pass(name, Layer::DeviceNodes, format!("{path} opens"), evidence),
+    }
+}
+
+fn provider(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
+    let verbs = facts.libraries.get("libibverbs").and_then(|l| l.version.clone()).unwrap_or_else(|| "unknown".into());
+    let mut evidence = vec![format!("libibverbs {verbs}")];
+    if let Some(e) = &d.open_error {
+        evidence.push(e.clone());
+        let driver = d.kernel_driver_name.as_deref().unwrap_or("its kernel driver");
+        return LayerReport::fail(
+            name,
+            Layer::Provider,
+            format!("libibverbs cannot open the device (no user-space provider for {driver}, or it refused)"),
+            evidence,
+            vec![
+                "install the providers: apt-get install ibverbs-providers (Debian, Ubuntu) / dnf install libibverbs (RHEL, Fedora)".into(),
+                "see which provider libibverbs tries: IBV_SHOW_WARNINGS=1 ibv_devices; config files are in /etc/libibverbs.d/".into(),
+            ],
+        );
+    }
+    match &d.provider {
+        Some(p) => {
+            evidence.push(format!("provider {} in {}", p.name, p.library));
+            LayerReport::pass(name, Layer::Provider, format!("opened through provider {}", p.name), evidence)
+        }
+        None => LayerReport::pass(name, Layer::Provider, "opened (provider library not identified)", evidence),
+    }
+}
+
+fn port_state(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
+    if ports.is_empty() {
+        return LayerReport::fail(
+            name,
+            Layer::Port,
+            "no port to check",
+            vec![],
+            vec!["ibv_devinfo -d DEVICE lists the ports".into()],
+        );
+    }
+    let mut evidence = Vec::new();
+    for (n, p) in ports {
+        let netdev = p.netdev.as_ref().map(|nd| {
+            format!(
+                ", netdev {} operstate {}{}",
+                nd.name,
+                nd.operstate,
+                if nd.admin_up { "" } else { " (administratively down)" }
+            )
+        });
+        evidence.push(format!(
+            "port {n}: state {}, phys_state {}{}",
+            p.state,
+            p.phys_state,
+            netdev.unwrap_or_default()
+        ));
+    }
+    let Some((n, p)) = ports.iter().find(|(_, p)| p.state != "ACTIVE") else {
+        return LayerReport::pass(name, Layer::Port, "every port checked is ACTIVE", evidence);
+    };
+    let mut fix = Vec::new();
+    if p.link_layer == "Ethernet" {
+        if let Some(nd) = &p.netdev {
+            fix.push(format!("ip link set {} up", nd.name));
+            fix.push(format!("then check the cable and the switch port: ethtool {}", nd.name));
+        }
+    } else if p.state == "INIT" || p.state == "ARMED" {
+        fix.push(
+            "the port waits for a subnet manager: start one (systemctl start opensm) or enable the switch's SM".into(),
+        );
+    } else {
+        fix.push("check the cable and the switch port: ibstat, ibportstate".into());
+    }
+    LayerReport::fail(
+        name,
+        Layer::Port,
+        format!("port {n} is {} (phys_state {})", p.state, p.phys_state),
+        evidence,
+        fix,
+    )
+}
+
+fn link(name: &str, ports: &[(&String, &PortFacts)], want: &Expectations) -> LayerReport {
+    let mut evidence = Vec::new();
+    for (n, p) in ports {
+        let rate = format!("{} {} = {} Gb/s", p.width, p.speed, p.rate_gbps);
+        evidence.push(format!("port {n}: phys_state {}, {rate}", p.phys_state));
+        if p.phys_state != "LinkUp" {
+            return LayerReport::fail(
+                name,
+                Layer::Link,
+                format!("port {n} is {} but its physical state is {}, not LinkUp", p.state, p.phys_state),
+                evidence,
+                vec!["check the cable, the transceiver and the switch port (mlxlink -d <PCI address>, ethtool NETDEV)"
+                    .into()],
+            );
+        }
+        if let Some(expected) = want.expected_rate.get(&(name.to_owned(), (*n).clone())) {
+            if p.rate_gbps + 0.01 < *expected {
+                evidence.push(format!("expected {expected} Gb/s"));
+                return LayerReport::fail(
+                    name,
+                    Layer::Link,
+                    format!(
+                        "port {n} runs at {} Gb/s, below the expected {expected} Gb/s: a degraded link",
+                        p.rate_gbps
+                    ),
+                    evidence,
+                    vec![
+                        "reseat or replace the cable or transceiver; check the switch port's speed and errors".into(),
+                        "mlxlink -d <PCI address> (NVIDIA) or ethtool NETDEV shows the negotiated and supported speeds"
+                            .into(),
+                    ],
+                );
+            }
+        }
+    }
+    LayerReport::pass(name, Layer::Link, "physical link up at the expected rate", evidence)
+}
+
+fn gid(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
+    let mut evidence = Vec::new();
+    for (n, p) in ports {
+        if p.link_layer != "Ethernet" {
+            evidence.push(format!("port {n}: {}, addressed by LID {}", p.link_layer, p.lid));
+            continue;
+        }
+        let v2 = |g: &&super::report::GidFacts| g.gid_type == "RoCE v2";
+        let v4 = p.gids.iter().find(|(_, g)| v2(g) && g.gid.starts_with("::ffff:"));
+        let v6 = p.gids.iter().find(|(_, g)| v2(g) && !g.gid.starts_with("fe80:") && !g.gid.starts_with("::ffff:"));
+        match (v4, v6) {
+            (Some((i, g)), _) => evidence.push(format!("port {n}: RoCE v2 GID index {i} {}", g.gid)),
+            (None, Some((i, g))) => {
+                evidence.push(format!("port {n}: no IPv4 RoCE v2 GID; IPv6 RoCE v2 GID index {i} {}", g.gid))
+            }
+            (None, None) => {
+                let netdev = p.netdev.as_ref().map_or("the netdev", |nd| nd.name.as_str());
+                evidence.extend(p.gids.iter().map(|(i, g)| format!("port {n}: GID {i} {} {}", g.gid, g.gid_type)));
+                return LayerReport::fail(
+                    name,
+                    Layer::Gid,
+                    format!("port {n}: no RoCE v2 GID with an IPv4 address ({netdev} has no IPv4 address)"),
+                    evidence,
+                    vec![format!("ip addr add ADDRESS/PREFIX dev {netdev}   # the GID appears with the address")],
+                );
+            }
+        }
+    }
+    LayerReport::pass(name, Layer::Gid, "addressable", evidence)
+}
+
+/// The memlock layer for a given limit: fails when registering `need` bytes would fail.
+pub fn check_memlock(scope: &str, m: &Memlock, need: u64) -> LayerReport {
+    let fmt = |v: Option<u64>| v.map_or_else(|| "unlimited".to_owned(), human);
+    let evidence = vec![
+        format!("RLIMIT_MEMLOCK soft {}, hard {}", fmt(m.soft_bytes), fmt(m.hard_bytes)),
+        format!("CAP_IPC_LOCK: {}", if m.cap_ipc_lock { "yes" } else { "no" }),
+    ];
+    if m.cap_ipc_lock {
+        return LayerReport::pass(scope, Layer::Memlock, "CAP_IPC_LOCK: registration is not limited", evidence);
+    }
+    match m.soft_bytes {
+        Some(limit) if limit < need => LayerReport::fail(
+            scope,
+            Layer::Memlock,
+            format!("memlock limit {} is below the {} registration needs: ibv_reg_mr fails with ENOMEM", human(limit), human(need)),
+            evidence,
+            vec![
+                "raise it for the shell: ulimit -l unlimited (up to the hard limit)".into(),
+                "for logins: /etc/security/limits.d/rdma.conf with `* soft memlock unlimited` and `* hard memlock unlimited`".into(),
+                "for systemd services: LimitMEMLOCK=infinity; for containers: --ulimit memlock=-1".into(),
+            ],
+        ),
+        _ => LayerReport::pass(scope, Layer::Memlock, format!("memlock limit {} allows registration", fmt(m.soft_bytes)), evidence),
+    }
+}
+
+fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport) -> LayerReport {
+    let mut evidence: Vec<String> =
+        run.ops.iter().map(|o| format!("{}: {} ({})", o.op, if o.ok { "ok" } else { "FAILED" }, o.detail)).collect();
+    evidence.push(format!("loopback on port {port} took {} ms", run.elapsed_ms));
+    if layer == Layer::ControlPlane {
+        return match &run.setup_error {
+            Some(e) => LayerReport::fail(
+                name,
+                layer,
+                "creating or connecting the loopback QPs failed (kernel path)",
+                vec![e.clone()],
+                vec![
+                    "the kernel driver refused: dmesg | grep -iE 'rdma|infiniband|mlx5|rxe'".into(),
+                    format!("a second opinion: ibv_rc_pingpong -d {name} -g GID_INDEX (server) and the same with 127.0.0.1 (client)"),
+                ],
+            ),
+            None => LayerReport::pass(name, layer, "PD, CQs, regions and two RC QPs created and connected", vec![]),
+        };
+    }
+    if run.passed() {
+        let ops: Vec<&str> = run.ops.iter().map(|o| o.op.as_str()).collect();
+        return LayerReport::pass(name, layer, format!("loopback {} verified", ops.join(", ")), evidence);
+    }
+    let failed =
+        run.ops.iter().find(|o| !o.ok).map_or("nothing ran".to_owned(), |o| format!("{} failed: {}", o.op, o.detail));
+    LayerReport::fail(
+        name,
+        layer,
+        format!("control plane fine, data plane broken: {failed}"),
+        evidence,
+        vec![
+            "posting and completions run in the provider and the device: check that the provider (rdma-core) and the kernel driver are of one generation, and the firmware against the known-bad list".into(),
+            format!("reproduce with a reference tool: ibv_rc_pingpong -d {name} -g GID_INDEX, ib_write_bw -d {name}"),
+        ],
+    )
+}
+
+fn list_or(items: &[&str], none: &str) -> String {
+    if items.is_empty() {
+        none.to_owned()
+    } else {
+        items.join(", ")
+    }
+}
+
+/// `8 MiB`, `64 KiB`, `100 B`.
+pub fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memlock_check_fails_below_the_need_unless_the_limit_is_lifted() {
+        let tiny = Memlock { soft_bytes: Some(64 << 10), hard_bytes: Some(64 << 10), cap_ipc_lock: false };
+        let r = check_memlock("mlx5_0", &tiny, 1 << 20);
+        assert_eq!((r.layer, r.outcome), (Layer::Memlock, Outcome::Fail));
+        assert!(r.summary.contains("64 KiB") && r.summary.contains("ENOMEM"), "{r:?}");
+        assert!(r.fix.iter().any(|f| f.contains("ulimit -l")), "{r:?}");
+        assert!(r.fix.iter().any(|f| f.contains("LimitMEMLOCK")), "{r:?}");
+
+        let lifted = Memlock { cap_ipc_lock: true, ..tiny };
+        assert_eq!(check_memlock("mlx5_0", &lifted, 1 << 20).outcome, Outcome::Pass);
+        let unlimited = Memlock { soft_bytes: None, hard_bytes: None, cap_ipc_lock: false };
+        assert_eq!(check_memlock("mlx5_0", &unlimited, 1 << 20).outcome, Outcome::Pass);
+        let enough = Memlock { soft_bytes: Some(8 << 20), ..tiny };
+        assert_eq!(check_memlock("mlx5_0", &enough, 1 << 20).outcome, Outcome::Pass);
+    }
+
+    /// The first failing layer of the fixture node after `edit`, with its report.
+    fn first_failure(edit: impl FnOnce(&mut Baseline, &mut Expectations)) -> Option<LayerReport> {
+        let report: crate::diag::Report = serde_json::from_str(include_str!("testdata/node-a.json")).unwrap();
+        let mut facts = report.baseline;
+        let mut want = Expectations {
+            devices: vec!["mlx5_0".into()],
+            memlock_need: 1 << 20,
+            loopback: false,
+            ..Expectations::default()
+        };
+        edit(&mut facts, &mut want);
+        let seen = Observations {
+            sysfs_devices: facts.devices.keys().cloned().collect(),
+            verbs_devices: facts.devices.keys().cloned().collect(),
+            ..Observations::default()
+        };
+        let (layers, _) = evaluate(&facts, &seen, &want, &mut |_, _| unreachable!("loopback is off"));
+        assert_eq!(layers.len(), 1 + Layer::DEVICE_LAYERS.len());
+        let first = layers.iter().position(|l| l.outcome == Outcome::Fail)?;
+        assert!(layers[first + 1..].iter().all(|l| l.outcome == Outcome::Skipped), "{layers:#?}");
+        Some(layers[first].clone())
+    }
+
+    fn port(b: &mut Baseline) -> &mut PortFacts {
+        b.devices.get_mut("mlx5_0").unwrap().ports.get_mut("1").unwrap()
+    }
+
+    #[test]
+    fn each_broken_layer_is_named_with_its_fix_and_the_ones_below_are_skipped() {
+        assert_eq!(first_failure(|_, _| {}), None, "the fixture node is healthy");
+
+        let f = first_failure(|b, _| {
+            b.modules.remove("ib_uverbs");
+        })
+        .unwrap();
+        assert_eq!(f.layer, Layer::KernelModules);
+        assert!(f.fix[0].starts_with("modprobe ib_uverbs"), "{f:?}");
+
+        let f = first_failure(|_, w| w.devices = vec!["mlx5_1".into()]).unwrap();
+        assert_eq!((f.layer, f.scope.as_str()), (Layer::Device, "mlx5_1"), "{f:?}");
+
+        let f = first_failure(|b, _| b.dev_nodes.get_mut("/dev/infiniband/uverbs0").unwrap().can_open = false).unwrap();
+        assert_eq!(f.layer, Layer::DeviceNodes);
+        assert!(f.fix.iter().any(|x| x.contains("usermod -aG rdma")), "{f:?}");
+
+        let f = first_failure(|b, _| {
+            b.devices.get_mut("mlx5_0").unwrap().open_error = Some("ibv_open_device failed: ENOSYS".into())
+        })
+        .unwrap();
+        assert_eq!(f.layer, Layer::Provider);
+        assert!(f.fix.iter().any(|x| x.contains("ibverbs-providers")), "{f:?}");
+
+        let f = first_failure(|b, _| {
+            let p = port(b);
+            p.state = "DOWN".into();
+            p.phys_state = "Disabled".into();
+            p.netdev.as_mut().unwrap().admin_up = false;
+        })
+        .unwrap();
+        assert_eq!(f.layer, Layer::Port);
+        assert_eq!(f.fix[0], "ip link set ens1f0np0 up");
+
+        let f = first_failure(|b, _| port(b).phys_state = "LinkErrorRecovery".into()).unwrap();
+        assert_eq!(f.layer, Layer::Link);
+        assert!(f.summary.contains("not LinkUp"), "{f:?}");
+
+        // ACTIVE and LinkUp, but at 100 of the 200 Gb/s the saved baseline had.
+        let f = first_failure(|b, w| {
+            port(b).rate_gbps = 100.0;
+            w.expected_rate.insert(("mlx5_0".into(), "1".into()), 200.0);
+        })
+        .unwrap();
+        assert_eq!(f.layer, Layer::Link);
+        assert!(f.summary.contains("degraded"), "{f:?}");
+
+        let f = first_failure(|b, _| port(b).gids.retain(|_, g| !g.gid.starts_with("::ffff:"))).unwrap();
+        assert_eq!(f.layer, Layer::Gid);
+        assert!(f.summary.contains("ens1f0np0 has no IPv4 address"), "{f:?}");
+        assert!(f.fix[0].starts_with("ip addr add ADDRESS/PREFIX dev ens1f0np0"), "{f:?}");
+
+        let f = first_failure(|b, _| {
+            b.memlock = Memlock { soft_bytes: Some(64 << 10), hard_bytes: Some(64 << 10), cap_ipc_lock: false }
+        })
+        .unwrap();
+        assert_eq!(f.layer, Layer::Memlock);
+    }
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(human(64 << 10), "64 KiB");
+        assert_eq!(human(8 << 20), "8 MiB");
+        assert_eq!(human(1000), "1000 B");
+    }
+}

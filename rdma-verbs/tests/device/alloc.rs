@@ -1,0 +1,378 @@
+//! Zero heap allocations on the data path, counted rather than claimed.
+//!
+//! The device test binary runs on a counting global allocator: a thin wrapper over
+//! `std::alloc::System` that bumps a thread-local counter, so each test counts only what
+//! its own thread allocates and the other tests pay one increment per allocation. The
+//! tests here warm an RC loopback pair up, then run a steady loop of post_recv, post_send
+//! (SEND and RDMA WRITE), poll_cq and complete/re-post, through the safe API and through
+//! the raw one, and require that the thread made no allocation and no free during the
+//! measured loop. Every round checks the bytes that arrived.
+//!
+//! What the provider itself does in C (`malloc` inside libibverbs) is not seen here: the
+//! global allocator only sees Rust's allocations. rxe's post and poll work in queues
+//! mapped at creation and do not allocate.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+use std::thread::LocalKey;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::buf::Chunk;
+use rdma_verbs::queue::{SendBuf, SendWr};
+use rdma_verbs::{
+    ffi, AccessFlags, AlignedBuf, CompletionQueue, MemoryRegion, ProtectionDomain, QpAccess, RemoteWritable,
+    WorkCompletion,
+};
+
+use crate::datapath::{chunks, rc_pair, Side};
+use crate::LeakCheck;
+
+// ---- the counting allocator ----------------------------------------------------------
+
+thread_local! {
+    // Const-initialized and without a destructor: reading them never allocates, so the
+    // allocator can use them.
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    static FREES: Cell<u64> = const { Cell::new(0) };
+}
+
+fn bump(counter: &'static LocalKey<Cell<u64>>) {
+    // try_with: a thread being torn down may still free memory after its locals are gone.
+    let _ = counter.try_with(|n| n.set(n.get() + 1));
+}
+
+/// `System`, counting per thread every allocation (alloc, alloc_zeroed, realloc) and free.
+struct Counting;
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged; the
+// counting touches only a thread-local integer and never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        bump(&ALLOCS);
+        // SAFETY: forwarded as is; the caller upholds GlobalAlloc::alloc's contract.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        bump(&ALLOCS);
+        // SAFETY: as in alloc.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        bump(&ALLOCS);
+        // SAFETY: `ptr` came from this allocator, which is System's; contract forwarded.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        bump(&FREES);
+        // SAFETY: as in realloc.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// How many allocations and frees this thread has made so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct HeapOps {
+    allocs: u64,
+    frees: u64,
+}
+
+impl HeapOps {
+    fn now() -> Self {
+        HeapOps { allocs: ALLOCS.with(Cell::get), frees: FREES.with(Cell::get) }
+    }
+
+    fn since(self, before: HeapOps) -> HeapOps {
+        HeapOps { allocs: self.allocs - before.allocs, frees: self.frees - before.frees }
+    }
+}
+
+// ---- the steady loop --------------------------------------------------------------
+
+const WARMUP: u64 = 20;
+const ROUNDS: u64 = 200;
+/// Bytes per message.
+const LEN: usize = 256;
+
+/// Data-path calls made in a loop: provider posts, CQ polls (empty ones included) and
+/// completions taken.
+#[derive(Default, Debug)]
+struct Ops {
+    posts: u64,
+    polls: u64,
+    completions: u64,
+}
+
+impl Ops {
+    fn total(&self) -> u64 {
+        self.posts + self.polls + self.completions
+    }
+}
+
+/// Runs `round` WARMUP times, then ROUNDS times counting this thread's heap operations,
+/// prints the counts per operation and asserts there were none.
+fn assert_steady_state_allocates_nothing(label: &str, mut round: impl FnMut(u64, &mut Ops)) {
+    for r in 0..WARMUP {
+        round(r, &mut Ops::default());
+    }
+    let mut ops = Ops::default();
+    let before = HeapOps::now();
+    for r in WARMUP..WARMUP + ROUNDS {
+        round(r, &mut ops);
+    }
+    let heap = HeapOps::now().since(before);
+    let per_op = |n: u64| n as f64 / ops.total() as f64;
+    eprintln!(
+        "{label}: {ROUNDS} rounds, {} posts, {} polls, {} completions: {} allocations ({:.3}/op), {} frees ({:.3}/op)",
+        ops.posts,
+        ops.polls,
+        ops.completions,
+        heap.allocs,
+        per_op(heap.allocs),
+        heap.frees,
+        per_op(heap.frees),
+    );
+    assert!(ops.posts >= 2 * ROUNDS && ops.completions >= 3 * ROUNDS, "{label}: the loop did not run: {ops:?}");
+    assert_eq!(heap, HeapOps { allocs: 0, frees: 0 }, "{label}: the steady-state data path touched the heap");
+}
+
+/// Polls both CQs until `a` has delivered `want_a` completions and `b` `want_b`, handing
+/// each to its handler. Bounded: a lost completion fails the test.
+fn drain(
+    (a, want_a): (&mut CompletionQueue, u64),
+    (b, want_b): (&mut CompletionQueue, u64),
+    ops: &mut Ops,
+    mut on_a: impl FnMut(&WorkCompletion) -> u64,
+    mut on_b: impl FnMut(&WorkCompletion) -> u64,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut wcs = [WorkCompletion::default(); 4];
+    let (mut got_a, mut got_b) = (0, 0);
+    while got_a < want_a || got_b < want_b {
+        for wc in a.poll(&mut wcs).unwrap().iter() {
+            assert!(wc.is_success(), "completion failed: {wc:?}");
+            got_a += on_a(wc);
+        }
+        for wc in b.poll(&mut wcs).unwrap().iter() {
+            assert!(wc.is_success(), "completion failed: {wc:?}");
+            got_b += on_b(wc);
+        }
+        ops.polls += 2;
+        assert!(Instant::now() < deadline, "no completion within 10 s ({got_a}/{want_a}, {got_b}/{want_b})");
+    }
+    ops.completions += got_a + got_b;
+}
+
+/// The byte every position of round `r`'s SEND (`which` 0) or WRITE (1) carries.
+fn fill_byte(r: u64, which: usize) -> u8 {
+    (r as u8).wrapping_mul(2).wrapping_add(which as u8 + 1)
+}
+
+/// The WRITE's target on B, remote-writable.
+fn write_target(pd: &ProtectionDomain) -> MemoryRegion<AlignedBuf, RemoteWritable> {
+    pd.register_remote_writable(AlignedBuf::new(LEN).unwrap(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap()
+}
+
+fn assert_written(target: &MemoryRegion<AlignedBuf, RemoteWritable>, byte: u8) {
+    let mut got = [0u8; LEN];
+    target.read_at(0, &mut got).unwrap();
+    assert!(got.iter().all(|&x| x == byte), "RDMA WRITE target holds {:?}, not {byte}", &got[..8]);
+}
+
+// ---- the safe API -----------------------------------------------------------------
+
+/// A send source kept between rounds in an `Option`: an owned chunk is lent to the post
+/// and comes back with its completion; a shared one is cloned for the post, and the
+/// clone dropped when it comes back.
+trait Source: SendBuf + Sized {
+    fn lend(slot: &mut Option<Self>) -> Self;
+    fn take_back(slot: &mut Option<Self>, buf: Self);
+    /// Writes `byte` everywhere; the source must be back from every post.
+    fn fill(slot: &mut Option<Self>, byte: u8);
+}
+
+impl Source for Chunk {
+    fn lend(slot: &mut Option<Self>) -> Self {
+        slot.take().expect("the chunk came back with its completion")
+    }
+    fn take_back(slot: &mut Option<Self>, buf: Self) {
+        assert!(slot.replace(buf).is_none());
+    }
+    fn fill(slot: &mut Option<Self>, byte: u8) {
+        slot.as_mut().unwrap().fill(byte);
+    }
+}
+
+impl Source for Arc<Chunk> {
+    fn lend(slot: &mut Option<Self>) -> Self {
+        Arc::clone(slot.as_ref().unwrap())
+    }
+    fn take_back(_: &mut Option<Self>, buf: Self) {
+        drop(buf);
+    }
+    fn fill(slot: &mut Option<Self>, byte: u8) {
+        Arc::get_mut(slot.as_mut().unwrap()).expect("every clone came back").fill(byte);
+    }
+}
+
+/// One round on the safe API: a receive on B, a SEND and an RDMA WRITE from A (two posts
+/// or one batch), every completion taken, every buffer back, every byte checked.
+fn safe_round<T: Source>(
+    (a, b): (&mut Side<T>, &mut Side<T>),
+    srcs: &mut [Option<T>; 2],
+    rbuf: &mut Option<Chunk>,
+    target: &MemoryRegion<AlignedBuf, RemoteWritable>,
+    (r, batch): (u64, bool),
+    ops: &mut Ops,
+) {
+    T::fill(&mut srcs[0], fill_byte(r, 0));
+    T::fill(&mut srcs[1], fill_byte(r, 1));
+    b.rq.post(rbuf.take().unwrap(), 0..LEN, r).map_err(|(e, _)| e).unwrap();
+    let send = SendWr::send(T::lend(&mut srcs[0]), 0..LEN).id(0);
+    let write = SendWr::write(T::lend(&mut srcs[1]), 0..LEN, target.remote()).id(1);
+    if batch {
+        assert_eq!(a.sq.post_batch([send, write]).map_err(|(e, _)| e).unwrap(), 2);
+        ops.posts += 2;
+    } else {
+        a.sq.post(send).map_err(|(e, _)| e).unwrap();
+        a.sq.post(write).map_err(|(e, _)| e).unwrap();
+        ops.posts += 3;
+    }
+    let (sq, rq) = (&mut a.sq, &mut b.rq);
+    drain(
+        (&mut a.cq, 2),
+        (&mut b.cq, 1),
+        ops,
+        |wc| {
+            let done = |d: rdma_verbs::queue::Done<T>| T::take_back(&mut srcs[d.id as usize], d.buf);
+            sq.complete(wc, done).unwrap() as u64
+        },
+        |wc| {
+            let d = rq.complete(wc).unwrap();
+            assert_eq!((d.id, d.byte_len as usize), (r, LEN));
+            let want = fill_byte(r, 0);
+            assert!(d.buf.iter().all(|&x| x == want), "round {r}: received {:?}, not {want}", &d.buf[..8]);
+            *rbuf = Some(d.buf);
+            1
+        },
+    );
+    assert_written(target, fill_byte(r, 1));
+}
+
+fn safe_api_steady_state<T: Source>(label: &str, wrap: impl Fn(Chunk) -> T) {
+    let (pd, mut a, mut b) = rc_pair::<T>(QpAccess::REMOTE_WRITE);
+    let target = write_target(&pd);
+    let mut bufs = chunks(&pd, 3, LEN, AccessFlags::LOCAL_WRITE);
+    let mut rbuf = bufs.pop();
+    let mut srcs = [bufs.pop().map(&wrap), bufs.pop().map(&wrap)];
+    for batch in [false, true] {
+        let label = format!("{label}, {}", if batch { "post_batch" } else { "post" });
+        assert_steady_state_allocates_nothing(&label, |r, ops| {
+            safe_round((&mut a, &mut b), &mut srcs, &mut rbuf, &target, (r, batch), ops)
+        });
+    }
+    assert_eq!(a.sq.outstanding() + b.rq.outstanding(), 0);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn safe_api_post_post_batch_and_poll_allocate_nothing_in_steady_state() {
+    let _leaks = LeakCheck::new();
+    safe_api_steady_state::<Chunk>("safe API, owned Chunk", |c| c);
+    safe_api_steady_state::<Arc<Chunk>>("safe API, shared Arc<Chunk>", Arc::new);
+}
+
+// ---- the raw API ------------------------------------------------------------------
+
+/// One round on the raw API: the same traffic as [`safe_round`], with work requests built
+/// on the stack, posted with `post_recv_raw`/`post_send_raw` (two posts or one chain) and
+/// completions matched by `wr_id`.
+fn raw_round(
+    (a, b): (&mut Side<Chunk>, &mut Side<Chunk>),
+    srcs: &mut [MemoryRegion<AlignedBuf>; 2],
+    rbuf: &MemoryRegion<AlignedBuf>,
+    target: &MemoryRegion<AlignedBuf, RemoteWritable>,
+    (r, chain): (u64, bool),
+    ops: &mut Ops,
+) {
+    for (which, src) in srcs.iter_mut().enumerate() {
+        src.as_mut_slice().fill(fill_byte(r, which));
+    }
+    let mut rsge = rbuf.sge(0..LEN).unwrap();
+    let mut rwr = ffi::ibv_recv_wr { wr_id: r, next: std::ptr::null_mut(), sg_list: &mut rsge, num_sge: 1 };
+    // SAFETY: the SGE names rbuf's bytes, registered in B's PD; rbuf outlives the round and
+    // the test reads it only after the receive's completion below.
+    unsafe { b.qp.post_recv_raw(&mut rwr) }.map_err(|e| e.error).unwrap();
+
+    let mut sges = [srcs[0].sge(0..LEN).unwrap(), srcs[1].sge(0..LEN).unwrap()];
+    // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
+    let mut wrs: [ffi::ibv_send_wr; 2] = unsafe { std::mem::zeroed() };
+    let remote = target.remote();
+    for (i, (wr, sge)) in wrs.iter_mut().zip(sges.iter_mut()).enumerate() {
+        wr.wr_id = i as u64;
+        wr.sg_list = sge;
+        wr.num_sge = 1;
+        wr.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    }
+    wrs[0].opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+    wrs[1].opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+    wrs[1].wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: remote.addr, rkey: remote.rkey };
+    let base = wrs.as_mut_ptr();
+    // SAFETY: `base` points at two initialized work requests on this stack frame whose SGEs
+    // name bytes of `srcs`, registered in A's PD and not touched again before both
+    // completions below; the WRITE's target is registered remote-writable on B.
+    unsafe {
+        if chain {
+            (*base).next = base.add(1);
+            a.qp.post_send_raw(base).map_err(|e| e.error).unwrap();
+            ops.posts += 2;
+        } else {
+            a.qp.post_send_raw(base).map_err(|e| e.error).unwrap();
+            a.qp.post_send_raw(base.add(1)).map_err(|e| e.error).unwrap();
+            ops.posts += 3;
+        }
+    }
+    let mut sent = [false; 2];
+    drain(
+        (&mut a.cq, 2),
+        (&mut b.cq, 1),
+        ops,
+        |wc| {
+            assert!(wc.wr_id() < 2 && !sent[wc.wr_id() as usize], "unexpected send completion {wc:?}");
+            sent[wc.wr_id() as usize] = true;
+            1
+        },
+        |wc| {
+            assert_eq!((wc.wr_id(), wc.byte_len() as usize), (r, LEN));
+            1
+        },
+    );
+    let want = fill_byte(r, 0);
+    assert!(rbuf.as_slice().iter().all(|&x| x == want), "round {r}: received {:?}, not {want}", &rbuf.as_slice()[..8]);
+    assert_written(target, fill_byte(r, 1));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn raw_api_post_chain_and_poll_allocate_nothing_in_steady_state() {
+    let _leaks = LeakCheck::new();
+    // The safe queues rc_pair claims stay idle: the raw posts pick their own wr_ids.
+    let (pd, mut a, mut b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let target = write_target(&pd);
+    let local = || pd.register(AlignedBuf::new(LEN).unwrap(), AccessFlags::LOCAL_WRITE).unwrap();
+    let mut srcs = [local(), local()];
+    let rbuf = local();
+    for chain in [false, true] {
+        let label = if chain { "raw API, one chain per post_send_raw" } else { "raw API, one WR per post_send_raw" };
+        assert_steady_state_allocates_nothing(label, |r, ops| {
+            raw_round((&mut a, &mut b), &mut srcs, &rbuf, &target, (r, chain), ops)
+        });
+    }
+}

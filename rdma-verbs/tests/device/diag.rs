@@ -1,0 +1,319 @@
+//! rdma-doctor (`rdma_verbs::diag`) on the test bed: the healthy device passes every
+//! layer with the loopback data test run; breaking one layer at a time (netdev down,
+//! rxe link deleted, a tiny memlock limit) makes the verdict name that layer; a saved
+//! report edited in one field drifts in exactly that field. Every change to the system
+//! is undone by a guard, and the guard's restore is checked.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::diag::report::Memlock;
+use rdma_verbs::diag::{self, Layer, LayerReport, Options, Outcome, Report, Status};
+use rdma_verbs::{Context, PortState};
+
+use crate::{device_name, open, LeakCheck};
+
+/// rxe reacts at once; emulation and the GID work around it can be slow.
+const WAIT: Duration = Duration::from_secs(15);
+
+fn options() -> Options {
+    Options { device: Some(device_name()), ..Options::default() }
+}
+
+fn run(opts: &Options) -> Report {
+    let report = diag::diagnose(opts).unwrap_or_else(|e| panic!("diagnose: {e}"));
+    eprintln!("{}", diag::render(&report));
+    report
+}
+
+/// The first failing layer, or a panic that shows the verdict.
+#[track_caller]
+fn first_failure(r: &Report) -> &LayerReport {
+    r.layers.iter().find(|l| l.outcome == Outcome::Fail).unwrap_or_else(|| panic!("no layer failed: {:#?}", r.layers))
+}
+
+/// Layers after the first failure were not checked.
+#[track_caller]
+fn rest_skipped(r: &Report, failed: Layer) {
+    let scope = &first_failure(r).scope;
+    for l in r.layers.iter().filter(|l| &l.scope == scope && l.layer > failed) {
+        assert_eq!(l.outcome, Outcome::Skipped, "{l:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn healthy_device_passes_every_layer_and_the_loopback_verifies_write_read_send_and_atomics() {
+    let _leaks = LeakCheck::new();
+    let name = device_name();
+    let r = run(&options());
+
+    let layers: Vec<(Layer, Outcome)> = r.layers.iter().map(|l| (l.layer, l.outcome)).collect();
+    assert_eq!(layers.len(), 1 + Layer::DEVICE_LAYERS.len(), "{layers:?}");
+    for l in &r.layers {
+        assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
+    }
+    let data = r.layers.iter().find(|l| l.layer == Layer::DataPlane).unwrap();
+    assert!(data.summary.contains("RDMA_WRITE, RDMA_READ, SEND, FETCH_ADD, CMP_SWAP"), "{data:?}");
+    assert!(data.evidence.iter().all(|e| !e.contains("skipped")), "rxe has atomics: {data:?}");
+    assert_eq!((r.status, r.exit_code), (Status::Healthy, 0), "{:#?}", r.findings);
+    assert!(r.drift.is_empty());
+
+    // The baseline names what the test bed is made of.
+    let b = &r.baseline;
+    let d = &b.devices[&name];
+    assert!(!b.kernel.release.is_empty());
+    assert_eq!(b.libraries["libibverbs"].version.as_deref().map(|v| v.starts_with("1.")), Some(true), "{b:#?}");
+    assert!(b.modules.contains_key("ib_core") && b.modules.contains_key("ib_uverbs"), "{:?}", b.modules);
+    let uverbs = d.uverbs.as_ref().expect("a uverbs node");
+    assert!(b.dev_nodes[&format!("/dev/infiniband/{uverbs}")].can_open);
+    let provider = d.provider.as_ref().expect("the provider library is identified");
+    assert!(Path::new(&provider.library).exists(), "{provider:?}");
+    if d.kernel_driver_name.as_deref() == Some("rdma_rxe") {
+        assert_eq!(provider.name, "rxe");
+        assert!(provider.library.contains("librxe"), "{provider:?}");
+        assert!(d.parent_netdev.is_some(), "rxe names its netdev: {d:#?}");
+    }
+    let port = &d.ports["1"];
+    assert_eq!((port.state.as_str(), port.phys_state.as_str()), ("ACTIVE", "LinkUp"), "{port:#?}");
+    if let Ok(ip) = std::env::var("RDMA_IP") {
+        if !ip.is_empty() {
+            let gid = port.gids.values().find(|g| g.gid == format!("::ffff:{ip}")).expect("the IPv4 GID is listed");
+            assert_eq!(gid.gid_type, "RoCE v2");
+        }
+    }
+
+    // The JSON form reads back into the same report.
+    let back: Report = serde_json::from_str(&r.to_json()).unwrap();
+    assert_eq!(back, r);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn saved_report_edited_in_one_field_drifts_in_exactly_that_field() {
+    let _leaks = LeakCheck::new();
+    let name = device_name();
+    let mut opts = options();
+    opts.loopback = false;
+    let saved = run(&opts);
+    let mut json: serde_json::Value = serde_json::from_str(&saved.to_json()).unwrap();
+    let fw = json.pointer_mut(&format!("/baseline/devices/{name}/fw_ver")).expect("fw_ver in the report");
+    *fw = serde_json::Value::String("99.99.9999".into());
+
+    opts.compare = Some(json);
+    let r = run(&opts);
+    let fields: Vec<&str> = r.drift.iter().map(|d| d.field.as_str()).collect();
+    assert_eq!(fields, [format!("devices.{name}.fw_ver")], "{:#?}", r.drift);
+    assert_eq!(r.drift[0].expected, Some(serde_json::json!("99.99.9999")));
+    assert_eq!((r.status, r.exit_code), (Status::Drift, 3));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn memlock_limit_below_the_need_fails_the_memlock_layer_with_the_ulimit_hint() {
+    let _leaks = LeakCheck::new();
+    let mut opts = options();
+    opts.memlock = Some(Memlock { soft_bytes: Some(64 << 10), hard_bytes: Some(64 << 10), cap_ipc_lock: false });
+    let r = run(&opts);
+    let f = first_failure(&r);
+    assert_eq!((f.layer, f.scope.as_str()), (Layer::Memlock, device_name().as_str()), "{f:#?}");
+    assert!(f.summary.contains("64 KiB") && f.summary.contains("1 MiB"), "{f:?}");
+    assert!(f.fix.iter().any(|x| x.contains("ulimit -l")), "{f:?}");
+    rest_skipped(&r, Layer::Memlock);
+    assert_eq!(r.exit_code, 1);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn a_user_known_bad_entry_for_this_driver_is_a_warning_citing_its_source_with_exit_4() {
+    let _leaks = LeakCheck::new();
+    let mut opts = options();
+    opts.loopback = false;
+    let driver = run(&opts).baseline.devices[&device_name()].kernel_driver_name.clone().expect("a known driver");
+    let path = std::env::temp_dir().join(format!("doctor-known-bad-{}.json", std::process::id()));
+    let list = serde_json::json!({
+        "format": "rdma-doctor-known-bad",
+        "format_version": 1,
+        "entries": [{
+            "id": "site-test", "device": "the test bed", "kernel_driver": driver,
+            "problem": "flagged by this test", "advice": "nothing to do", "source": "tests/device/diag.rs"
+        }]
+    });
+    std::fs::write(&path, list.to_string()).unwrap();
+    opts.known_bad_files.push(path.clone());
+    let r = run(&opts);
+    std::fs::remove_file(&path).unwrap();
+
+    assert!(r.layers.iter().all(|l| l.outcome != Outcome::Fail), "{:#?}", r.layers);
+    let warnings: Vec<_> = r.findings.iter().filter(|f| f.severity == diag::report::Severity::Warning).collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(warnings[0].what.contains("known-bad [site-test]"), "{:?}", warnings[0]);
+    assert_eq!(warnings[0].source.as_deref(), Some("tests/device/diag.rs"));
+    assert_eq!((r.status, r.exit_code), (Status::Warnings, 4));
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RoCE, run as root): run scripts/test"]
+fn netdev_down_under_the_device_fails_the_port_layer_and_names_the_netdev() {
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    let gid = ctx.default_gid(1).unwrap();
+    let netdev = gid.netdev.clone().expect("a RoCE device: the default GID names its netdev");
+    let guard = LinkUp { ctx: ctx.clone(), netdev: netdev.clone(), gid_index: gid.index, gid: gid.gid.to_string() };
+
+    ip(&["link", "set", &netdev, "down"]);
+    wait_until("the port leaves ACTIVE", || ctx.query_port(1).is_ok_and(|p| p.state != PortState::Active));
+    let r = run(&options());
+    let f = first_failure(&r);
+    assert_eq!(f.layer, Layer::Port, "{f:#?}");
+    assert!(f.summary.contains("port 1 is DOWN"), "{f:?}");
+    assert!(f.evidence.iter().any(|e| e.contains(&netdev) && e.contains("administratively down")), "{f:?}");
+    assert!(f.fix.iter().any(|x| x == &format!("ip link set {netdev} up")), "{f:?}");
+    rest_skipped(&r, Layer::Port);
+
+    guard.restore().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(run(&options()).exit_code, 0, "healthy again after the netdev came back");
+}
+
+#[test]
+#[ignore = "needs an rxe device (run as root): run scripts/test"]
+fn deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before() {
+    let _leaks = LeakCheck::new();
+    let name = device_name();
+    let parent = std::fs::read_to_string(format!("/sys/class/infiniband/{name}/parent")).unwrap_or_else(|e| {
+        panic!("{name} is not an rxe device (no sysfs parent: {e}); this test deletes an rxe link")
+    });
+    let netdev = parent.trim().to_owned();
+    let (gid_index, gid) = {
+        let ctx = open();
+        let g = ctx.default_gid(1).unwrap();
+        (g.index, g.gid.to_string())
+    }; // every context closed: rxe's unregistration waits for open ones
+
+    let mut opts = options();
+    opts.loopback = false;
+    let saved: serde_json::Value = serde_json::from_str(&run(&opts).to_json()).unwrap();
+    let guard = RxeLink { name: name.clone(), netdev: netdev.clone(), gid_index, gid };
+
+    let out = Command::new("rdma").args(["link", "delete", &name]).output().expect("run `rdma` (iproute2)");
+    assert!(out.status.success(), "rdma link delete {name}: {}", String::from_utf8_lossy(&out.stderr));
+    wait_until("the device leaves sysfs", || !Path::new("/sys/class/infiniband").join(&name).exists());
+
+    let r = run(&opts);
+    let f = first_failure(&r);
+    assert_eq!((f.layer, f.scope.as_str()), (Layer::Device, name.as_str()), "{f:#?}");
+    assert!(f.summary.contains("not enumerated"), "{f:?}");
+    assert!(f.fix.iter().any(|x| x.contains("rdma link add")), "{f:?}");
+    rest_skipped(&r, Layer::Device);
+    // With the saved report, the fix is the exact command, and the device's fields drift.
+    opts.compare = Some(saved);
+    let r = run(&opts);
+    let f = first_failure(&r);
+    let exact = format!("rdma link add {name} type rxe netdev {netdev}");
+    assert!(f.fix.iter().any(|x| x.starts_with(&exact)), "{f:?}");
+    assert!(r.drift.iter().any(|d| d.field == format!("devices.{name}.fw_ver") && d.found.is_none()), "{:#?}", r.drift);
+
+    guard.restore().unwrap_or_else(|e| panic!("{e}"));
+    opts.compare = None;
+    opts.loopback = true;
+    assert_eq!(run(&opts).exit_code, 0, "healthy again after the re-creation");
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run `ip` (iproute2)");
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+#[track_caller]
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !ok() {
+        assert!(Instant::now() < deadline, "waited {WAIT:?} for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether `name`'s port 1 is ACTIVE with the default GID at `index` being `gid`.
+fn ready(ctx: &Context, index: u32, gid: &str) -> Result<(), String> {
+    let port = ctx.query_port(1).map_err(|e| e.to_string())?;
+    let now = ctx.default_gid(1).map_err(|e| e.to_string())?;
+    if port.state == PortState::Active && now.index == index && now.gid.to_string() == gid {
+        Ok(())
+    } else {
+        Err(format!("port {:?}, default GID {} {}; want ACTIVE, {index} {gid}", port.state, now.index, now.gid))
+    }
+}
+
+fn poll_ready(mut check: impl FnMut() -> Result<(), String>) -> Result<(), String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match check() {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() > deadline => return Err(format!("not restored after {WAIT:?}: {e}")),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// Brings the netdev back up and waits for the port and its GID, whatever happens in the
+/// test: the tests after this one need them.
+struct LinkUp {
+    ctx: Context,
+    netdev: String,
+    gid_index: u32,
+    gid: String,
+}
+
+impl LinkUp {
+    fn restore(&self) -> Result<(), String> {
+        let out = Command::new("ip").args(["link", "set", &self.netdev, "up"]).output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("ip link set {} up: {}", self.netdev, String::from_utf8_lossy(&out.stderr)));
+        }
+        poll_ready(|| ready(&self.ctx, self.gid_index, &self.gid))
+    }
+}
+
+impl Drop for LinkUp {
+    fn drop(&mut self) {
+        if let Err(e) = self.restore() {
+            eprintln!("restoring {}: {e}", self.netdev);
+        }
+    }
+}
+
+/// Re-creates the rxe link exactly as it was (same name, same netdev) if it is gone, and
+/// waits until its port is ACTIVE with the IPv4 GID at the same index.
+struct RxeLink {
+    name: String,
+    netdev: String,
+    gid_index: u32,
+    gid: String,
+}
+
+impl RxeLink {
+    fn restore(&self) -> Result<(), String> {
+        if !Path::new("/sys/class/infiniband").join(&self.name).exists() {
+            let out = Command::new("rdma")
+                .args(["link", "add", &self.name, "type", "rxe", "netdev", &self.netdev])
+                .output()
+                .map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                return Err(format!("rdma link add {}: {}", self.name, String::from_utf8_lossy(&out.stderr)));
+            }
+        }
+        poll_ready(|| {
+            let ctx = Context::open(Some(&self.name)).map_err(|e| e.to_string())?;
+            ready(&ctx, self.gid_index, &self.gid)
+        })
+    }
+}
+
+impl Drop for RxeLink {
+    fn drop(&mut self) {
+        if let Err(e) = self.restore() {
+            eprintln!("re-creating {}: {e}", self.name);
+        }
+    }
+}

@@ -201,8 +201,11 @@ fn out_of_range(range: &Range<usize>, len: usize) -> Error {
 }
 
 fn single<S: Segment>(s: &S, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
+    if range.start > range.end || range.end > s.seg_len() {
+        return Err(out_of_range(&range, s.seg_len()));
+    }
     if range.is_empty() {
-        return if range.start <= s.seg_len() { Ok(0) } else { Err(out_of_range(&range, s.seg_len())) };
+        return Ok(0);
     }
     out[0].write(s.seg_sge(range)?);
     Ok(1)

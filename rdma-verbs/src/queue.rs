@@ -6,7 +6,7 @@
 //! makes sure no Rust reference can observe or disturb that, without a lock or an
 //! allocation on the fast path:
 //!
-//! - A buffer is posted by value: a [`Chunk`] (exclusive) or an `Arc<Chunk>` (shared,
+//! - A buffer is posted by value: a [`Chunk`](crate::Chunk) (exclusive) or an `Arc<Chunk>` (shared,
 //!   read-only, for sources the device only reads). The queue keeps it in a slot until
 //!   the work request completes, and hands it back with the completion
 //!   ([`SendQueue::complete`], [`RecvQueue::complete`]). While it is posted, the program
@@ -18,10 +18,17 @@
 //! - Each side of a QP has one owner: [`SendQueue`] and [`RecvQueue`] are claimed once
 //!   per QP and post through `&mut self`. The two sides are separate queues in verbs
 //!   (the provider locks them separately), so they may live on different threads.
-//! - Completions are matched to slots by the `wr_id`, which this module chooses (a
-//!   sequence number with the side in the top bit): a completion from another QP, or a
-//!   forged one, is refused, never trusted. Send completions arrive in posting order,
-//!   so a signaled completion also releases the unsignaled requests before it.
+//! - Completions are matched to slots by the `wr_id`, which this module chooses: the
+//!   side, a tag unique in this process to the posting queue (kept reserved while any of
+//!   its requests may still complete), and a sequence number or slot. A completion from
+//!   another queue, another QP (even of another device with the same QP number), or a
+//!   predecessor queue of the same QP is refused; a completion already taken is refused
+//!   because its sequence number is behind the ring (or its slot has moved on). Making a
+//!   completion up is `unsafe` ([`WorkCompletion::from_raw`]). Send completions arrive in
+//!   posting order, so a signaled completion also releases the unsignaled requests
+//!   before it. (A `WorkCompletion` is `Copy`: a copy kept and replayed after 2^40 more
+//!   posts on the same queue, when the sequence numbers have wrapped, would be taken for a
+//!   new request; the sequence space makes that the one bound of the argument.)
 //! - Dropping a queue that still has requests outstanding must not free their buffers
 //!   while the device may use them: they move to the QP, which frees them right after
 //!   `ibv_destroy_qp`, when the device can no longer touch them.
@@ -32,6 +39,7 @@
 //! Shared receive queues get a [`SrqQueue`]: receives complete out of order there (any
 //! QP may take the next one), so it keeps its buffers in a slot table with a free list.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -52,8 +60,60 @@ use crate::wc::{WcStatus, WorkCompletion};
 use crate::wr::Op;
 pub use crate::wr::{Done, SendWr};
 
+// A wr_id is ours: bit 63 says receive side, bits 40..63 carry the posting queue's tag,
+// unique in this process among live queues and queues whose requests are still posted,
+// and bits 0..40 the sequence number (ring queues) or slot (SRQ). A completion is
+// accepted only by the queue whose tag it carries.
 const RECV_TAG: u64 = 1 << 63;
-const SEQ_MASK: u64 = RECV_TAG - 1;
+const TAG_SHIFT: u32 = 40;
+const TAG_LIMIT: u32 = 1 << 23;
+const LOW_MASK: u64 = (1 << TAG_SHIFT) - 1;
+const SLOT_BITS: u32 = 20;
+
+/// A queue's tag, reserved until dropped: with the queue, or after the QP or SRQ that
+/// still holds the queue's posted requests is destroyed.
+struct Tag(u32);
+
+static TAGS: Mutex<(u32, Option<HashSet<u32>>)> = Mutex::new((0, None));
+
+impl Tag {
+    fn reserve() -> Result<Tag> {
+        let mut guard = TAGS.lock().map_err(|_| Error::invalid("claim", "the queue tag registry is poisoned"))?;
+        let (next, used) = &mut *guard;
+        let used = used.get_or_insert_with(HashSet::new);
+        for _ in 0..TAG_LIMIT {
+            *next = if *next + 1 >= TAG_LIMIT { 1 } else { *next + 1 };
+            if used.insert(*next) {
+                return Ok(Tag(*next));
+            }
+        }
+        Err(Error::invalid("claim", "every queue tag is in use: too many queues or buried requests"))
+    }
+
+    #[inline]
+    fn bits(&self) -> u64 {
+        u64::from(self.0) << TAG_SHIFT
+    }
+}
+
+impl Drop for Tag {
+    fn drop(&mut self) {
+        if let Ok(mut guard) = TAGS.lock() {
+            if let Some(used) = guard.1.as_mut() {
+                used.remove(&self.0);
+            }
+        }
+    }
+}
+
+/// The low bits of `wr_id` when the completion carries `tag` on the given side.
+#[inline]
+fn ours(wc: &WorkCompletion, recv: bool, tag: &Tag) -> Option<u64> {
+    let id = wc.wr_id();
+    let side = if recv { RECV_TAG } else { 0 };
+    (id & !LOW_MASK == side | tag.bits()).then_some(id & LOW_MASK)
+}
+
 /// Most work requests one provider call posts in a batch.
 pub const MAX_BATCH: usize = 64;
 
@@ -121,20 +181,17 @@ impl<T> Ring<T> {
 
 /// Hands what a dropped queue still has posted to its QP or SRQ, which frees it right
 /// after the C object is destroyed, when the device can no longer touch it.
-fn bury<T: Send + 'static>(graveyard: &Mutex<Vec<Box<dyn Send>>>, bufs: Vec<T>) {
+fn bury<T: Send + 'static>(graveyard: &Mutex<Vec<Box<dyn Send>>>, bufs: Vec<T>, tag: Tag) {
     if bufs.is_empty() {
-        return;
+        return; // the tag is free again: nothing of this queue can complete any more
     }
     match graveyard.lock() {
-        Ok(mut g) => g.push(Box::new(bufs)),
+        // The tag stays reserved with the buffers: a late completion of theirs can then
+        // never match a newer queue.
+        Ok(mut g) => g.push(Box::new((bufs, tag))),
         // A panic while holding the lock: keep the buffers forever rather than free them early.
-        Err(_) => std::mem::forget(bufs),
+        Err(_) => std::mem::forget((bufs, tag)),
     }
-}
-
-fn seq_of(wc: &WorkCompletion, recv: bool) -> Option<u64> {
-    let id = wc.wr_id();
-    ((id & RECV_TAG != 0) == recv).then_some(id & SEQ_MASK)
 }
 
 /// Claims one side of a QP or SRQ; the guard gives it back.
@@ -228,6 +285,7 @@ pub struct SendQueue<T: Send + 'static> {
     /// The extended QP, when it was built with send ops: then `ibv_wr_*` posts what
     /// those ops cover and [`compat::quirks`] allows, and `ibv_post_send` the rest.
     ext: Option<(NonNull<ffi::ibv_qp_ex>, SendOps)>,
+    tag: Tag,
     claim: Claim<crate::qp::QpInner>,
 }
 
@@ -247,6 +305,7 @@ impl QueuePair {
             max_inline: caps.max_inline_data,
             max_sge: caps.max_send_sge,
             ext: self.inner.qp_ex.map(|q| (q, self.inner.send_ops)),
+            tag: Tag::reserve()?,
             claim,
         })
     }
@@ -264,6 +323,7 @@ impl QueuePair {
             raw: self.as_raw(),
             qp_num: self.qp_num(),
             max_sge: caps.max_recv_sge,
+            tag: Tag::reserve()?,
             claim,
         })
     }
@@ -278,6 +338,11 @@ impl<T: SendBuf> SendQueue<T> {
     /// The QP number, to route completions of a shared CQ.
     pub fn qp_num(&self) -> u32 {
         self.qp_num
+    }
+
+    #[inline]
+    fn wr_id(&self, seq: u64) -> u64 {
+        self.tag.bits() | (seq & LOW_MASK)
     }
 
     /// True when this QP was built with extended send ops, so posts go through the
@@ -424,7 +489,7 @@ impl<T: SendBuf> SendQueue<T> {
             Ok(n) => n,
             Err(e) => return Err((e, wr)),
         };
-        let seq = self.ring.head;
+        let seq = self.wr_id(self.ring.head);
         let rc = match self.ext {
             Some((qpx, _)) if self.ext_takes(&wr, n) => {
                 let qpx = qpx.as_ptr();
@@ -501,7 +566,13 @@ impl<T: SendBuf> SendQueue<T> {
             let rc = unsafe {
                 ffi::ibv_wr_start(qpx);
                 for i in 0..n {
-                    Self::extended(qpx, pending[i].assume_init_ref(), self.ring.head + i as u64, &sges[i], counts[i]);
+                    Self::extended(
+                        qpx,
+                        pending[i].assume_init_ref(),
+                        self.wr_id(self.ring.head + i as u64),
+                        &sges[i],
+                        counts[i],
+                    );
                 }
                 ffi::ibv_wr_complete(qpx)
             };
@@ -517,7 +588,7 @@ impl<T: SendBuf> SendQueue<T> {
             for i in 0..n {
                 // SAFETY: pending[..n] were written above.
                 let wr = unsafe { pending[i].assume_init_ref() };
-                raws[i].write(Self::classic(wr, self.ring.head + i as u64, &mut sges[i], counts[i]));
+                raws[i].write(Self::classic(wr, self.wr_id(self.ring.head + i as u64), &mut sges[i], counts[i]));
             }
             for i in 0..n {
                 let next = if i + 1 < n { raws[i + 1].as_mut_ptr() } else { std::ptr::null_mut() };
@@ -560,11 +631,16 @@ impl<T: SendBuf> SendQueue<T> {
     /// Returns how many finished. A completion that is not this queue's is an error.
     #[inline]
     pub fn complete(&mut self, wc: &WorkCompletion, mut done: impl FnMut(Done<T>)) -> Result<usize> {
-        let seq = seq_of(wc, false).filter(|_| wc.qp_num() == self.qp_num);
-        let Some(seq) = seq.filter(|&s| s >= self.ring.tail && s < self.ring.head) else {
+        // How far past the oldest outstanding request this one is (sequence numbers wrap
+        // at 40 bits; at most a ring's worth is outstanding).
+        let ahead = ours(wc, false, &self.tag)
+            .filter(|_| wc.qp_num() == self.qp_num)
+            .map(|low| low.wrapping_sub(self.ring.tail) & LOW_MASK)
+            .filter(|&d| d < self.ring.outstanding());
+        let Some(ahead) = ahead else {
             return Err(not_ours("send", wc));
         };
-        let n = (seq - self.ring.tail + 1) as usize;
+        let n = ahead as usize + 1;
         for i in 0..n {
             let (buf, id) = self.ring.pop();
             let last = i + 1 == n;
@@ -589,7 +665,7 @@ fn atomic(remote: &RemoteMr, compare_add: u64, swap: u64) -> ffi::ibv_send_wr__b
 impl<T: Send + 'static> Drop for SendQueue<T> {
     fn drop(&mut self) {
         let bufs: Vec<T> = self.ring.take_all().into_iter().map(|(b, _)| b).collect();
-        bury(self.claim.owner.graveyard(), bufs);
+        bury(self.claim.owner.graveyard(), bufs, std::mem::replace(&mut self.tag, Tag(0)));
     }
 }
 
@@ -610,6 +686,7 @@ pub struct RecvQueue<T: Send + 'static> {
     raw: *mut ffi::ibv_qp,
     qp_num: u32,
     max_sge: u32,
+    tag: Tag,
     claim: Claim<crate::qp::QpInner>,
 }
 
@@ -627,6 +704,11 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         self.qp_num
     }
 
+    #[inline]
+    fn wr_id(&self, seq: u64) -> u64 {
+        RECV_TAG | self.tag.bits() | (seq & LOW_MASK)
+    }
+
     /// Posts a receive into `range` of `buf` (one provider call, no allocation, no
     /// syscall). On refusal the buffer comes back in the error.
     #[inline]
@@ -635,7 +717,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
             return Err((queue_full("ibv_post_recv", self.ring.slots.len()), buf));
         }
         let mut sges = NO_SGES;
-        let mut wr = match fill_recv(&buf, range, RECV_TAG | self.ring.head, self.max_sge, &mut sges) {
+        let mut wr = match fill_recv(&buf, range, self.wr_id(self.ring.head), self.max_sge, &mut sges) {
             Ok(wr) => wr,
             Err(e) => return Err((e, buf)),
         };
@@ -669,7 +751,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
                 rest.push(buf);
                 continue;
             }
-            match fill_recv(&buf, range, RECV_TAG | (self.ring.head + n as u64), self.max_sge, &mut sges[n]) {
+            match fill_recv(&buf, range, self.wr_id(self.ring.head + n as u64), self.max_sge, &mut sges[n]) {
                 Ok(wr) => {
                     raws[n].write(wr);
                     pending[n].write((buf, id));
@@ -707,8 +789,9 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     /// its buffer. Receives complete in posting order; anything else is refused.
     #[inline]
     pub fn complete(&mut self, wc: &WorkCompletion) -> Result<Done<T>> {
-        let ours = seq_of(wc, true).filter(|&s| wc.qp_num() == self.qp_num && s == self.ring.tail);
-        if ours.is_none() || self.ring.outstanding() == 0 {
+        let next =
+            ours(wc, true, &self.tag).filter(|&low| wc.qp_num() == self.qp_num && low == self.ring.tail & LOW_MASK);
+        if next.is_none() || self.ring.outstanding() == 0 {
             return Err(not_ours("receive", wc));
         }
         let (buf, id) = self.ring.pop();
@@ -719,7 +802,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 impl<T: Send + 'static> Drop for RecvQueue<T> {
     fn drop(&mut self) {
         let bufs: Vec<T> = self.ring.take_all().into_iter().map(|(b, _)| b).collect();
-        bury(self.claim.owner.graveyard(), bufs);
+        bury(self.claim.owner.graveyard(), bufs, std::mem::replace(&mut self.tag, Tag(0)));
     }
 }
 
@@ -743,6 +826,7 @@ pub struct SrqQueue<T: Send + 'static> {
     nfree: usize,
     raw: *mut ffi::ibv_srq,
     max_sge: u32,
+    tag: Tag,
     claim: Claim<crate::srq::SrqInner>,
 }
 
@@ -758,13 +842,14 @@ impl SharedReceiveQueue {
     /// Takes the posting side. Fails if a [`SrqQueue`] of this SRQ already exists.
     pub fn queue<T: ExclusiveBuf>(&self) -> Result<SrqQueue<T>> {
         let claim = Claim::take(&self.inner, |s| &s.claimed, "this SRQ")?;
-        let n = self.inner.granted.max_wr.max(1);
+        let n = self.inner.granted.max_wr.clamp(1, 1 << SLOT_BITS);
         Ok(SrqQueue {
             slots: (0..n).map(|_| SrqSlot { buf: None, generation: 0 }).collect(),
             free: (0..n).rev().collect(),
             nfree: n as usize,
             raw: self.as_raw(),
             max_sge: self.inner.granted.max_sge,
+            tag: Tag::reserve()?,
             claim,
         })
     }
@@ -784,7 +869,7 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
         }
         let index = self.free[self.nfree - 1];
         let slot = &mut self.slots[index as usize];
-        let wr_id = RECV_TAG | (u64::from(slot.generation) << 32) | u64::from(index);
+        let wr_id = RECV_TAG | self.tag.bits() | (u64::from(slot.generation) << SLOT_BITS) | u64::from(index);
         let mut sges = NO_SGES;
         let mut wr = match fill_recv(&buf, range, wr_id, self.max_sge, &mut sges) {
             Ok(wr) => wr,
@@ -806,14 +891,16 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
     /// finished receive with its buffer.
     #[inline]
     pub fn complete(&mut self, wc: &WorkCompletion) -> Result<Done<T>> {
-        let id = wc.wr_id();
-        let (index, generation) = ((id & 0xffff_ffff) as usize, ((id & SEQ_MASK) >> 32) as u32);
+        let Some(low) = ours(wc, true, &self.tag) else {
+            return Err(not_ours("shared receive", wc));
+        };
+        let (index, generation) = ((low & ((1 << SLOT_BITS) - 1)) as usize, (low >> SLOT_BITS) as u32);
         let slot = match self.slots.get_mut(index) {
-            Some(s) if id & RECV_TAG != 0 && s.generation == generation && s.buf.is_some() => s,
+            Some(s) if s.generation == generation && s.buf.is_some() => s,
             _ => return Err(not_ours("shared receive", wc)),
         };
         let (buf, user_id) = slot.buf.take().expect("checked above");
-        slot.generation = slot.generation.wrapping_add(1) & 0x7fff_ffff;
+        slot.generation = (slot.generation + 1) & ((1 << (TAG_SHIFT - SLOT_BITS)) - 1);
         self.free[self.nfree] = index as u32;
         self.nfree += 1;
         Ok(Done { id: user_id, buf, status: wc.status(), byte_len: wc.byte_len() })
@@ -823,7 +910,7 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
 impl<T: Send + 'static> Drop for SrqQueue<T> {
     fn drop(&mut self) {
         let bufs: Vec<T> = self.slots.iter_mut().filter_map(|s| s.buf.take()).map(|(b, _)| b).collect();
-        bury(self.claim.owner.graveyard(), bufs);
+        bury(self.claim.owner.graveyard(), bufs, std::mem::replace(&mut self.tag, Tag(0)));
     }
 }
 

@@ -252,8 +252,13 @@ impl Default for WorkCompletion {
 
 impl WorkCompletion {
     /// Wraps a raw completion.
+    ///
+    /// # Safety
+    /// `wc` must be what the device reported and not yet handed to a queue's `complete`:
+    /// the safe queues give a posted buffer back on the word of a completion, so a made-up
+    /// one could return a buffer the device is still writing.
     #[inline]
-    pub fn from_raw(wc: ffi::ibv_wc) -> Self {
+    pub unsafe fn from_raw(wc: ffi::ibv_wc) -> Self {
         WorkCompletion(wc)
     }
 
@@ -419,7 +424,8 @@ mod tests {
     fn wc(status: ffi::ibv_wc_status, flags: u32, imm_be: u32) -> WorkCompletion {
         let mut raw = ffi::ibv_wc { wr_id: 42, status, qp_num: 17, wc_flags: flags, ..Default::default() };
         raw.__bindgen_anon_1.imm_data = imm_be;
-        WorkCompletion::from_raw(raw)
+        // SAFETY: a unit test of the accessors; no queue sees it.
+        unsafe { WorkCompletion::from_raw(raw) }
     }
 
     #[test]

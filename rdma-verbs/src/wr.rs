@@ -122,6 +122,20 @@ pub struct SendWr<T> {
     pub(crate) id: u64,
 }
 
+impl<T> std::fmt::Debug for SendWr<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendWr")
+            .field("op", &self.op)
+            .field("range", &self.range)
+            .field("remote", &self.remote)
+            .field("imm", &self.imm)
+            .field("flags", &format_args!("{:#x}", self.flags.0))
+            .field("ud", &self.ud.as_ref().map(|(_, qpn, qkey)| (qpn, qkey)))
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<T: SendBuf> SendWr<T> {
     fn new(op: Op, buf: T, range: Range<usize>, remote: Option<RemoteMr>) -> Self {
         SendWr { op, buf, range, remote, imm: None, flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED, ud: None, id: 0 }
@@ -182,6 +196,11 @@ impl<T: SendBuf> SendWr<T> {
         self
     }
 
+    /// Takes the buffer back out of a request that was not posted.
+    pub fn into_buf(self) -> T {
+        self.buf
+    }
+
     pub(crate) fn is_inline(&self) -> bool {
         self.flags.0 & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0
     }
@@ -227,7 +246,7 @@ impl<T: ExclusiveBuf> SendWr<T> {
 /// A finished work request, with the buffer it lent.
 #[derive(Debug)]
 pub struct Done<T> {
-    /// The caller's identifier ([`SendWr::id`], [`RecvQueue::post`]).
+    /// The caller's identifier ([`SendWr::id`], [`RecvQueue::post`](crate::RecvQueue::post)).
     pub id: u64,
     /// The buffer, back with its owner.
     pub buf: T,

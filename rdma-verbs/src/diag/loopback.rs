@@ -7,7 +7,7 @@
 //! The rule those blocks keep: a buffer the device may touch lives in a [`MemoryRegion`]
 //! that outlives the work request, and no Rust reference to bytes the device writes is
 //! taken until the completion arrived. When a wait times out, the QPs are destroyed
-//! before the regions (field order of [`Bed`]), so the device is done with the memory
+//! before the regions (field order of `Bed`), so the device is done with the memory
 //! before it is freed.
 
 use std::time::{Duration, Instant};

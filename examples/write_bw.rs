@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain,
-    QpAccess, QpType, QueuePair, RemoteWritable, SendQueue, SendWr, WcStatus, WorkCompletion,
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpAccess,
+    QpType, QueuePair, RemoteWritable, SendQueue, SendWr, WcStatus, WorkCompletion,
 };
 
 /// Command-line flags, named as perftest names them.
@@ -173,7 +173,8 @@ fn run_size(o: &Opts, ctx: &Context, size: usize) -> Result<Row, Box<dyn std::er
     let mut lanes = Vec::with_capacity(o.qps as usize);
     for _ in 0..o.qps {
         let client = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(o.tx_depth).max_recv_wr(1).build()?;
-        let server = QueuePair::builder(&pd, QpType::Rc, &server_cq, &server_cq).max_send_wr(1).max_recv_wr(1).build()?;
+        let server =
+            QueuePair::builder(&pd, QpType::Rc, &server_cq, &server_cq).max_send_wr(1).max_recv_wr(1).build()?;
         let (c, s) = (client.local_info(o.ib_port, 0)?, server.local_info(o.ib_port, 0)?);
         let (c, s) = match o.gid_index {
             Some(i) => {
@@ -184,11 +185,16 @@ fn run_size(o: &Opts, ctx: &Context, size: usize) -> Result<Row, Box<dyn std::er
         };
         client.connect(&init, c.psn, &s)?;
         server.connect(&init, s.psn, &c)?;
-        let target = pd.register_remote_writable(
-            AlignedBuf::new(size)?,
-            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-        )?;
-        lanes.push(Lane { sq: client.send_queue()?, target, posted: 0, done: 0, tail_signaled: true, _qps: (client, server) });
+        let target =
+            pd.register_remote_writable(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+        lanes.push(Lane {
+            sq: client.send_queue()?,
+            target,
+            posted: 0,
+            done: 0,
+            tail_signaled: true,
+            _qps: (client, server),
+        });
     }
 
     let moderation = cq_mod(o, size);

@@ -19,12 +19,17 @@ use crate::wc::WcStatus;
 
 /// A post that the provider refused: the error, and which work request of the chain it
 /// stopped at (the ones before it were posted; it and the ones after it were not).
-#[derive(Debug)]
 pub struct PostError<W> {
     /// What the provider said.
     pub error: Error,
     /// The first work request that was not posted.
     pub bad_wr: *mut W,
+}
+
+impl<W> std::fmt::Debug for PostError<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostError").field("error", &self.error).field("bad_wr", &self.bad_wr).finish()
+    }
 }
 
 impl<W> std::fmt::Display for PostError<W> {
@@ -33,7 +38,7 @@ impl<W> std::fmt::Display for PostError<W> {
     }
 }
 
-impl<W: std::fmt::Debug> std::error::Error for PostError<W> {}
+impl<W> std::error::Error for PostError<W> {}
 
 impl<W> From<PostError<W>> for Error {
     fn from(e: PostError<W>) -> Error {

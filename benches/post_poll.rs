@@ -1,0 +1,259 @@
+//! Per-operation cost of the data path: the safe API, the unsafe raw API and a C loop over
+//! the inline verbs (`benches/c_ref.c`), side by side in one run, with the Rust/C ratios
+//! printed at the end. Needs a device: `scripts/rxe cargo bench`.
+//!
+//! - `write_poll/{safe,raw,c}/B`: B RDMA WRITEs of 64 bytes posted with one provider call
+//!   (one doorbell), the last one signaled, then polling until its completion.
+//! - `empty_poll/{safe,raw,c}`: polling a CQ with nothing in it.
+//! - `post_recv/safe`: posting one receive (drained between batches, not timed).
+//! - `reg_mr/SIZE`: registering and deregistering a buffer of SIZE bytes.
+
+use std::ffi::c_long;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, BenchmarkId, Criterion};
+use rdma_verbs::{
+    ffi, AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpAccess,
+    QpType, QueuePair, RecvQueue, RemoteWritable, SendQueue, SendWr, WorkCompletion,
+};
+
+extern "C" {
+    fn rv_c_write_poll(
+        qp: *mut ffi::ibv_qp,
+        cq: *mut ffi::ibv_cq,
+        laddr: u64,
+        lkey: u32,
+        len: u32,
+        raddr: u64,
+        rkey: u32,
+        batch: i32,
+        rounds: c_long,
+    ) -> i32;
+    fn rv_c_empty_poll(cq: *mut ffi::ibv_cq, rounds: c_long) -> c_long;
+}
+
+const LEN: usize = 64;
+const BATCHES: [usize; 3] = [1, 8, 32];
+
+/// One RC QP pair on one device: `a` writes into `target`, which belongs to `b`'s side.
+struct Pair {
+    cq: CompletionQueue,
+    peer_cq: CompletionQueue,
+    a: QueuePair,
+    b: QueuePair,
+}
+
+fn pair(ctx: &Context, pd: &ProtectionDomain) -> Pair {
+    let cq = CompletionQueue::new(ctx, 256).unwrap();
+    let peer_cq = CompletionQueue::new(ctx, 256).unwrap();
+    let a = QueuePair::builder(pd, QpType::Rc, &cq, &cq).max_send_wr(64).max_recv_wr(64).build().unwrap();
+    let b = QueuePair::builder(pd, QpType::Rc, &peer_cq, &peer_cq).max_send_wr(64).max_recv_wr(64).build().unwrap();
+    let init = InitAttr { access: QpAccess::REMOTE_WRITE, ..InitAttr::default() };
+    let (ia, ib) = (a.local_info(1, 1).unwrap(), b.local_info(1, 2).unwrap());
+    a.connect(&init, ia.psn, &ib).unwrap();
+    b.connect(&init, ib.psn, &ia).unwrap();
+    Pair { cq, peer_cq, a, b }
+}
+
+fn poll_until_one(cq: &mut CompletionQueue, wcs: &mut [WorkCompletion]) -> usize {
+    loop {
+        let n = cq.poll(wcs).unwrap().len();
+        if n > 0 {
+            assert!(wcs[..n].iter().all(WorkCompletion::is_success), "{:?}", &wcs[..n]);
+            return n;
+        }
+    }
+}
+
+fn benches(c: &mut Criterion) {
+    let ctx =
+        Context::open(std::env::var("RDMA_DEVICE").ok().as_deref()).expect("no RDMA device: run under scripts/rxe");
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let target: MemoryRegion<AlignedBuf, RemoteWritable> = pd
+        .register_remote_writable(AlignedBuf::new(4096).unwrap(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    let remote = target.remote();
+    let src: Arc<Chunk> = Arc::new(
+        pd.register(AlignedBuf::new(4096).unwrap(), AccessFlags::LOCAL_WRITE)
+            .unwrap()
+            .into_chunks(4096)
+            .unwrap()
+            .remove(0),
+    );
+    let mut wcs = [WorkCompletion::default(); 16];
+
+    // Safe: SendQueue posts, the CQ polls, complete() hands the shared source back.
+    let mut safe = pair(&ctx, &pd);
+    let mut sq: SendQueue<Arc<Chunk>> = safe.a.send_queue().unwrap();
+    // Raw and C share one pair: both post C work requests themselves.
+    let mut raw = pair(&ctx, &pd);
+
+    let mut g = c.benchmark_group("write_poll");
+    for batch in BATCHES {
+        g.bench_with_input(BenchmarkId::new("safe", batch), &batch, |b, &batch| {
+            b.iter(|| {
+                let wrs = (0..batch).map(|i| SendWr::write(Arc::clone(&src), 0..LEN, remote).signaled(i + 1 == batch));
+                sq.post_batch(wrs).map_err(|(e, _)| e).unwrap();
+                let n = poll_until_one(&mut safe.cq, &mut wcs);
+                for wc in &wcs[..n] {
+                    sq.complete(wc, drop).unwrap();
+                }
+            })
+        });
+        let mut sges = [ffi::ibv_sge { addr: src.addr(), length: LEN as u32, lkey: src.lkey() }; 64];
+        // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
+        let mut wrs: [ffi::ibv_send_wr; 64] = unsafe { std::mem::zeroed() };
+        for i in 0..batch {
+            let next = if i + 1 < batch { &mut wrs[i + 1] as *mut _ } else { std::ptr::null_mut() };
+            let w = &mut wrs[i];
+            w.wr_id = i as u64;
+            w.sg_list = &mut sges[i];
+            w.num_sge = 1;
+            w.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+            w.send_flags = if i + 1 == batch { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+            w.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: remote.addr, rkey: remote.rkey };
+            w.next = next;
+        }
+        g.bench_with_input(BenchmarkId::new("raw", batch), &batch, |b, _| {
+            b.iter(|| {
+                // SAFETY: the chain names `src` and `target`, which outlive every post, and
+                // each round waits for its completion.
+                unsafe { raw.a.post_send_raw(&mut wrs[0]) }.unwrap();
+                poll_until_one(&mut raw.cq, &mut wcs);
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("c", batch), &batch, |b, &batch| {
+            b.iter(|| {
+                // SAFETY: live QP and CQ; the addresses and keys are of live regions.
+                let rc = unsafe {
+                    rv_c_write_poll(
+                        raw.a.as_raw(),
+                        raw.cq.as_raw(),
+                        src.addr(),
+                        src.lkey(),
+                        LEN as u32,
+                        remote.addr,
+                        remote.rkey,
+                        batch as i32,
+                        1,
+                    )
+                };
+                assert_eq!(rc, 0);
+            })
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("empty_poll");
+    g.bench_function("safe", |b| b.iter(|| black_box(safe.peer_cq.poll(&mut wcs).unwrap().len())));
+    g.bench_function("raw", |b| {
+        b.iter(|| {
+            // SAFETY: live CQ; `wcs` has room for 16 (WorkCompletion is repr(transparent)).
+            black_box(unsafe { ffi::ibv_poll_cq(raw.peer_cq.as_raw(), 16, wcs.as_mut_ptr().cast()) })
+        })
+    });
+    // SAFETY: a live CQ.
+    g.bench_function("c", |b| b.iter(|| black_box(unsafe { rv_c_empty_poll(raw.peer_cq.as_raw(), 1) })));
+    g.finish();
+
+    // Receives: post k (timed), then have the peer consume them (untimed).
+    let mut rq: RecvQueue<Chunk> = safe.b.recv_queue().unwrap();
+    let recv_bufs: Vec<Chunk> =
+        pd.register(AlignedBuf::new(64 * 64).unwrap(), AccessFlags::LOCAL_WRITE).unwrap().into_chunks(64).unwrap();
+    let mut recv_bufs = Some(recv_bufs);
+    let mut g = c.benchmark_group("post_recv");
+    g.bench_function("safe", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            let mut left = iters;
+            let mut bufs = recv_bufs.take().unwrap();
+            let mut back = Vec::with_capacity(bufs.len());
+            while left > 0 {
+                let k = left.min(bufs.len() as u64) as usize;
+                let t = Instant::now();
+                for _ in 0..k {
+                    let buf = bufs.pop().unwrap();
+                    rq.post(buf, 0..64, 0).map_err(|(e, _)| e).unwrap();
+                }
+                total += t.elapsed();
+                // Drain: A sends k messages into them.
+                for _ in 0..k {
+                    sq.post(SendWr::send(Arc::clone(&src), 0..8)).map_err(|(e, _)| e).unwrap();
+                    let n = poll_until_one(&mut safe.cq, &mut wcs);
+                    for wc in &wcs[..n] {
+                        sq.complete(wc, drop).unwrap();
+                    }
+                }
+                let mut got = 0;
+                while got < k {
+                    let n = poll_until_one(&mut safe.peer_cq, &mut wcs);
+                    for wc in &wcs[..n] {
+                        back.push(rq.complete(wc).unwrap().buf);
+                    }
+                    got += n;
+                }
+                bufs.append(&mut back);
+                left -= k as u64;
+            }
+            recv_bufs = Some(bufs);
+            total
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("reg_mr");
+    for size in [4096usize, 65536, 1 << 20, 16 << 20] {
+        let mut buf = vec![0u8; size];
+        g.bench_with_input(BenchmarkId::from_parameter(size), &size, |b, _| {
+            b.iter(|| drop(pd.register_slice(&mut buf, AccessFlags::LOCAL_WRITE).unwrap()))
+        });
+    }
+    g.finish();
+    drop((target, raw));
+}
+
+criterion_group! {
+    name = data_path;
+    config = Criterion::default().warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2)).sample_size(20);
+    targets = benches
+}
+
+fn main() {
+    data_path();
+    Criterion::default().final_summary();
+    print_ratios();
+}
+
+/// Reads criterion's medians back and prints the Rust/C ratios.
+fn print_ratios() {
+    let dir = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into()) + "/criterion";
+    let median = |path: &str| -> Option<f64> {
+        let text = std::fs::read_to_string(format!("{dir}/{path}/new/estimates.json")).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v["median"]["point_estimate"].as_f64()
+    };
+    println!("\nRust/C ratios of medians (1.00 = the C loop's cost):");
+    println!("{:<22} {:>10} {:>10} {:>10} {:>9} {:>9}", "benchmark", "safe ns", "raw ns", "C ns", "safe/C", "raw/C");
+    let mut rows: Vec<(String, String, String, String)> = BATCHES
+        .iter()
+        .map(|b| {
+            (
+                format!("write_poll batch {b}"),
+                format!("write_poll/safe/{b}"),
+                format!("write_poll/raw/{b}"),
+                format!("write_poll/c/{b}"),
+            )
+        })
+        .collect();
+    rows.push(("empty_poll".into(), "empty_poll/safe".into(), "empty_poll/raw".into(), "empty_poll/c".into()));
+    for (name, s, r, c) in rows {
+        match (median(&s), median(&r), median(&c)) {
+            (Some(s), Some(r), Some(c)) => {
+                println!("{name:<22} {s:>10.0} {r:>10.0} {c:>10.0} {:>9.3} {:>9.3}", s / c, r / c)
+            }
+            _ => println!("{name:<22} (no estimates under {dir})"),
+        }
+    }
+}

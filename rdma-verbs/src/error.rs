@@ -100,6 +100,20 @@ pub enum Error {
         /// The provider's own error code (0 when it gives none).
         vendor_err: u32,
     },
+    /// The peer's side refused a connection (rdma_cm's REJECTED event): the application
+    /// rejected it, or nothing listens on that port.
+    #[error("{verb}: connection rejected (reject reason {status}: {reason})")]
+    Rejected {
+        /// The call that asked for the connection, e.g. `rdma_connect`.
+        verb: &'static str,
+        /// The transport's reason code: on InfiniBand and RoCE the IB CM reject reason
+        /// (see [`RejectReason`](crate::cm::RejectReason)), on iWARP a negative errno.
+        status: i32,
+        /// The reason in words.
+        reason: Cow<'static, str>,
+        /// What the peer sent with its rejection (InfiniBand and RoCE pad it with zeros).
+        private_data: Vec<u8>,
+    },
     /// A wait ran out of time.
     #[error("{verb}: timed out after {timeout:?}")]
     Timeout {
@@ -107,6 +121,26 @@ pub enum Error {
         verb: &'static str,
         /// How long we waited.
         timeout: Duration,
+    },
+    /// The byte stream of an endpoint exchange failed: an I/O error, or the peer closed
+    /// it (see [`endpoint`](crate::endpoint)).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done, e.g. "reading the peer's endpoint".
+        what: &'static str,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A peer's message was malformed, described an endpoint this side cannot connect
+    /// to, or said that the peer gave up (see [`endpoint`](crate::endpoint)).
+    #[error("{what}: {source}")]
+    Wire {
+        /// What was being done, e.g. "reading the peer's endpoint".
+        what: &'static str,
+        /// What is wrong.
+        #[source]
+        source: crate::endpoint::WireError,
     },
 }
 
@@ -172,7 +206,10 @@ impl Error {
     /// The verb this error is about, when there is one.
     pub fn verb_name(&self) -> Option<&'static str> {
         match self {
-            Error::Verb { verb, .. } | Error::InvalidArgument { verb, .. } | Error::Timeout { verb, .. } => Some(verb),
+            Error::Verb { verb, .. }
+            | Error::InvalidArgument { verb, .. }
+            | Error::Timeout { verb, .. }
+            | Error::Rejected { verb, .. } => Some(verb),
             Error::WorkCompletion { .. } => Some("ibv_poll_cq"),
             _ => None,
         }

@@ -14,6 +14,7 @@ mod datapath;
 mod datapath2;
 mod datapath_ext;
 mod diag;
+mod endpoint;
 mod events;
 mod mr;
 mod qp;

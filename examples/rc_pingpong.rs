@@ -1,0 +1,540 @@
+//! `rc_pingpong`: rdma-core's `ibv_rc_pingpong`, on the safe crate. It speaks the same
+//! TCP exchange, so it works with the C tool in either role: `ibv_rc_pingpong` as the
+//! server and this as the client, or the other way round.
+//!
+//! ```text
+//! rc_pingpong [OPTIONS]          start a server and wait for a connection
+//! rc_pingpong [OPTIONS] HOST     connect to the server at HOST
+//!   -p, --port=PORT         listen on / connect to TCP port PORT (default 18515)
+//!   -d, --ib-dev=DEV        use RDMA device DEV (default: the first one)
+//!   -i, --ib-port=PORT      use port PORT of the device (default 1)
+//!   -s, --size=SIZE         size of each message (default 4096)
+//!   -m, --mtu=MTU           path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
+//!   -r, --rx-depth=N        receives kept posted (default 500)
+//!   -n, --iters=N           number of exchanges (default 1000)
+//!   -l, --sl=SL             service level (default 0)
+//!   -e, --events            sleep on completion events instead of polling
+//!   -g, --gid-idx=INDEX     local GID index (default: on RoCE the IPv4 RoCE v2 GID,
+//!                           on InfiniBand none)
+//!       --handshake         use rdma-verbs' binary endpoint exchange instead of
+//!                           rdma-core's text one (both sides must say so); each
+//!                           message then carries a pattern of its own
+//!       --timeout=SECS      give up after SECS without progress (default 60)
+//!   -h, --help              print this help
+//! ```
+//!
+//! Like the C tool: the client sends first; each side keeps `rx-depth` receives posted,
+//! and sends its next message once its previous send completed and a message arrived;
+//! at the end it prints `N bytes in T seconds = X Mbit/sec` and
+//! `N iters in T seconds = Y usec/iter`. Unlike it, every message that arrives is
+//! checked: its length is the message size and its bytes are what the peer sent (the
+//! C tool's buffer is all 0x7b; with `--handshake`, a pattern numbered per message).
+//! Without `-g`, a RoCE port picks its GID by itself; the C tool needs `-g` there.
+//!
+//! The exchange: the client sends `"LLLL:QQQQQQ:PPPPPP:GID"` (hex, the GID as 32 digits,
+//! NUL-terminated, 52 bytes), the server brings its QP up, answers with its own, and the
+//! client ends with `"done"`.
+//!
+//! Exit codes: 0 on success, 1 on any failure, 2 on a command-line error.
+//! Where the host has no RDMA device, `scripts/rxe` gives it one:
+//! `scripts/rxe cargo run --example rc_pingpong -- -g 1 & ...`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::endpoint::{self, pingpong, Handshake};
+use rdma_verbs::queue::{RecvQueue, SendQueue};
+use rdma_verbs::{
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Gid, InitAttr, Mtu, ProtectionDomain, QpType, QueuePair,
+    Remote, RemoteQpInfo, RtrAttr, RtsAttr, SendWr, WorkCompletion,
+};
+
+const USAGE: &str = "usage:
+  rc_pingpong [OPTIONS]          start a server and wait for a connection
+  rc_pingpong [OPTIONS] HOST     connect to the server at HOST
+options:
+  -p, --port=PORT         listen on / connect to TCP port PORT (default 18515)
+  -d, --ib-dev=DEV        use RDMA device DEV (default: the first one)
+  -i, --ib-port=PORT      use port PORT of the device (default 1)
+  -s, --size=SIZE         size of each message (default 4096)
+  -m, --mtu=MTU           path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
+  -r, --rx-depth=N        receives kept posted (default 500)
+  -n, --iters=N           number of exchanges (default 1000)
+  -l, --sl=SL             service level (default 0)
+  -e, --events            sleep on completion events instead of polling
+  -g, --gid-idx=INDEX     local GID index (default: chosen on RoCE, none on InfiniBand)
+      --handshake         use rdma-verbs' endpoint exchange (both sides must say so)
+      --timeout=SECS      give up after SECS without progress (default 60)
+  -h, --help              print this help";
+
+/// What the C tool fills its buffer with; so every message it sends is this byte.
+const FILL: u8 = 0x7b;
+/// Registered memory this example agrees to use: (rx-depth + 1) x size.
+const MAX_MEMORY: usize = 1 << 30;
+
+struct Options {
+    port: u16,
+    device: Option<String>,
+    ib_port: u8,
+    size: usize,
+    mtu: Mtu,
+    rx_depth: u32,
+    iters: u64,
+    sl: u8,
+    events: bool,
+    gid_index: Option<u8>,
+    handshake: bool,
+    timeout: Duration,
+    server: Option<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            port: pingpong::DEFAULT_PORT,
+            device: None,
+            ib_port: 1,
+            size: 4096,
+            mtu: Mtu::Mtu1024,
+            rx_depth: 500,
+            iters: 1000,
+            sl: 0,
+            events: false,
+            gid_index: None,
+            handshake: false,
+            timeout: Duration::from_secs(60),
+            server: None,
+        }
+    }
+}
+
+/// A number as strtoul(.., 0) reads it: decimal, or hex after `0x`.
+fn number<T: TryFrom<u64>>(flag: &str, s: &str) -> Result<T, String> {
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse::<u64>(),
+    };
+    v.ok().and_then(|v| T::try_from(v).ok()).ok_or_else(|| format!("{flag}: {s:?} is not a number in range"))
+}
+
+/// `Ok(None)` means `--help`.
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, String> {
+    let mut o = Options::default();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        // --name=value, --name value, -xvalue, -x value.
+        let (flag, inline) = if let Some(long) = arg.strip_prefix("--") {
+            match long.split_once('=') {
+                Some((n, v)) => (format!("--{n}"), Some(v.to_owned())),
+                None => (arg.clone(), None),
+            }
+        } else if arg.starts_with('-') && arg.len() > 2 {
+            (arg[..2].to_owned(), Some(arg[2..].to_owned()))
+        } else {
+            (arg.clone(), None)
+        };
+        let mut value = |name: &str| -> Result<String, String> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => args.next().ok_or_else(|| format!("{name} needs a value")),
+            }
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "-p" | "--port" => o.port = number(&flag, &value(&flag)?)?,
+            "-d" | "--ib-dev" => o.device = Some(value(&flag)?),
+            "-i" | "--ib-port" => {
+                o.ib_port = number(&flag, &value(&flag)?)?;
+                if o.ib_port < 1 {
+                    return Err("-i: ports are numbered from 1".into());
+                }
+            }
+            "-s" | "--size" => {
+                o.size = number(&flag, &value(&flag)?)?;
+                if o.size == 0 {
+                    return Err("-s: the message size must be at least 1".into());
+                }
+            }
+            "-m" | "--mtu" => {
+                o.mtu = match number::<u32>(&flag, &value(&flag)?)? {
+                    256 => Mtu::Mtu256,
+                    512 => Mtu::Mtu512,
+                    1024 => Mtu::Mtu1024,
+                    2048 => Mtu::Mtu2048,
+                    4096 => Mtu::Mtu4096,
+                    other => return Err(format!("-m: {other} is not 256, 512, 1024, 2048 or 4096")),
+                }
+            }
+            "-r" | "--rx-depth" => {
+                o.rx_depth = number(&flag, &value(&flag)?)?;
+                if o.rx_depth == 0 {
+                    return Err("-r: at least one receive must be posted".into());
+                }
+            }
+            "-n" | "--iters" => {
+                o.iters = number(&flag, &value(&flag)?)?;
+                if o.iters == 0 {
+                    return Err("-n: at least one exchange".into());
+                }
+            }
+            "-l" | "--sl" => {
+                o.sl = number(&flag, &value(&flag)?)?;
+                if o.sl > 15 {
+                    return Err("-l: service levels are 0..=15".into());
+                }
+            }
+            "-e" | "--events" if inline.is_none() => o.events = true,
+            "-g" | "--gid-idx" => o.gid_index = Some(number(&flag, &value(&flag)?)?),
+            "--handshake" if inline.is_none() => o.handshake = true,
+            "--timeout" => o.timeout = Duration::from_secs(number(&flag, &value(&flag)?)?),
+            "-o" | "--odp" | "-t" | "--ts" => {
+                return Err(format!("{flag} (on-demand paging, timestamps) is not supported"))
+            }
+            f if f.starts_with('-') && f.len() > 1 => return Err(format!("unknown option {arg}")),
+            _ if o.server.is_none() => o.server = Some(arg),
+            _ => return Err(format!("one server host at most (got {arg:?} too)")),
+        }
+    }
+    Ok(Some(o))
+}
+
+type AnyError = Box<dyn std::error::Error>;
+
+/// This side's address, as the exchange sends it, and the GID index it sends from.
+struct Local {
+    info: RemoteQpInfo,
+    sgid_index: u8,
+}
+
+fn local_address(ctx: &Context, qp: &QueuePair, o: &Options, psn: u32) -> Result<Local, AnyError> {
+    let port = ctx.query_port(o.ib_port)?;
+    if !port.is_ethernet() && port.lid == 0 {
+        return Err(format!("port {} has no LID (is the subnet manager running?)", o.ib_port).into());
+    }
+    let (sgid_index, gid) = match o.gid_index {
+        Some(i) => (i, ctx.query_gid(o.ib_port, u32::from(i))?.gid),
+        None if port.is_ethernet() => {
+            let e = ctx.default_gid(o.ib_port)?;
+            (u8::try_from(e.index)?, e.gid)
+        }
+        // Like the C tool without -g: no GID, addressed by LID.
+        None => (0, Gid::default()),
+    };
+    Ok(Local { info: RemoteQpInfo { qpn: qp.qp_num(), psn, lid: port.lid, gid }, sgid_index })
+}
+
+fn print_address(label: &str, a: &RemoteQpInfo) {
+    println!("  {label} LID {:#06x}, QPN {:#08x}, PSN {:#08x}, GID {}", a.lid, a.qpn, a.psn, a.gid);
+}
+
+/// RTR and RTS towards `remote` with the C tool's attributes: a global route when the
+/// remote GID has an interface ID, else its LID.
+fn connect_qp(qp: &QueuePair, o: &Options, local: &Local, remote: &RemoteQpInfo) -> Result<(), AnyError> {
+    let path =
+        if remote.gid.0[8..] != [0; 8] { Remote::gid(remote.gid, local.sgid_index) } else { Remote::lid(remote.lid) };
+    let rtr = RtrAttr {
+        port: o.ib_port,
+        sl: o.sl,
+        path_mtu: o.mtu,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ..RtrAttr::new(path, remote.qpn, remote.psn)
+    };
+    qp.to_rtr(&rtr)?;
+    let rts = RtsAttr { sq_psn: local.info.psn, timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 1 };
+    qp.to_rts(&rts)?;
+    Ok(())
+}
+
+fn read_msg<const N: usize>(s: &mut TcpStream, what: &str) -> Result<[u8; N], AnyError> {
+    let mut buf = [0u8; N];
+    s.read_exact(&mut buf).map_err(|e| format!("{what}: {e}"))?;
+    Ok(buf)
+}
+
+fn tcp_stream(o: &Options) -> Result<TcpStream, AnyError> {
+    let s = match &o.server {
+        Some(host) => TcpStream::connect((host.as_str(), o.port))
+            .map_err(|e| format!("couldn't connect to {host}:{}: {e}", o.port))?,
+        None => {
+            let listener = TcpListener::bind(("0.0.0.0", o.port))
+                .map_err(|e| format!("couldn't listen on TCP port {}: {e}", o.port))?;
+            let (s, _) = listener.accept().map_err(|e| format!("accept failed: {e}"))?;
+            s
+        }
+    };
+    s.set_read_timeout(Some(o.timeout))?;
+    s.set_write_timeout(Some(o.timeout))?;
+    Ok(s)
+}
+
+/// rdma-core's exchange. The server brings its QP up before it answers, so the client's
+/// first message finds it ready.
+fn exchange_rdma_core(qp: &QueuePair, o: &Options, local: &Local) -> Result<RemoteQpInfo, AnyError> {
+    let mut s = tcp_stream(o)?;
+    let mine = pingpong::encode(&local.info)?;
+    if o.server.is_some() {
+        s.write_all(&mine)?;
+        let msg = read_msg::<{ pingpong::MSG_LEN }>(&mut s, "reading the server's address")?;
+        let remote = pingpong::decode(&msg).map_err(|e| format!("the server's address: {e}"))?;
+        s.write_all(&pingpong::DONE)?;
+        print_address("remote address:", &remote);
+        connect_qp(qp, o, local, &remote)?;
+        Ok(remote)
+    } else {
+        let msg = read_msg::<{ pingpong::MSG_LEN }>(&mut s, "reading the client's address")?;
+        let remote = pingpong::decode(&msg).map_err(|e| format!("the client's address: {e}"))?;
+        connect_qp(qp, o, local, &remote)?;
+        s.write_all(&mine)?;
+        let done = read_msg::<{ pingpong::DONE.len() }>(&mut s, "reading the client's \"done\"")?;
+        pingpong::check_done(&done).map_err(|e| format!("the client's last message: {e}"))?;
+        print_address("remote address:", &remote);
+        Ok(remote)
+    }
+}
+
+/// What each message holds, and the check of each arrival. With `--handshake` a message
+/// is a fixed body with its number stamped at both ends; else it is all [`FILL`], as the
+/// C tool sends. Filling and checking are one copy and one compare (memcpy, memcmp):
+/// cheap enough not to show in the timing.
+struct Messages {
+    numbered: bool,
+    body: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+impl Messages {
+    fn new(o: &Options) -> Self {
+        let body = if o.handshake {
+            (0..o.size).map(|i| (i as u8).wrapping_mul(31).wrapping_add(7)).collect()
+        } else {
+            vec![FILL; o.size]
+        };
+        Messages { numbered: o.handshake, scratch: body.clone(), body }
+    }
+
+    /// Writes message `n` into `buf`.
+    fn fill(&self, n: u64, buf: &mut [u8]) {
+        buf.copy_from_slice(&self.body);
+        if self.numbered {
+            let len = buf.len();
+            let (head, tail) = (n.to_be_bytes(), (!n).to_be_bytes());
+            let k = len.min(8);
+            buf[..k].copy_from_slice(&head[..k]);
+            buf[len - k..].copy_from_slice(&tail[8 - k..]);
+        }
+    }
+
+    /// Checks message `n` as it arrived: its length, then its bytes.
+    fn check(&mut self, n: u64, byte_len: u32, got: &[u8]) -> Result<(), AnyError> {
+        let size = self.body.len();
+        if byte_len as usize != size {
+            return Err(format!(
+                "message {n}: {byte_len} bytes arrived, {size} expected (is -s the same on both sides?)"
+            )
+            .into());
+        }
+        let mut expect = std::mem::take(&mut self.scratch);
+        self.fill(n, &mut expect);
+        let bad = if got == &expect[..] { None } else { got.iter().zip(&expect).position(|(a, b)| a != b) };
+        self.scratch = expect;
+        match bad {
+            None => Ok(()),
+            Some(i) => Err(format!("message {n}: byte {i} is {:#04x}, not what the peer sent", got[i]).into()),
+        }
+    }
+}
+
+const RECV: u8 = 1;
+const SEND: u8 = 2;
+
+fn run(o: &Options) -> Result<(), AnyError> {
+    let ctx = Context::open(o.device.as_deref())?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let cqe = o.rx_depth + 1;
+    let mut cq = if o.events {
+        CompletionQueue::builder(&ctx, cqe).with_channel().build()?
+    } else {
+        CompletionQueue::new(&ctx, cqe)?
+    };
+    let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(o.rx_depth).build()?;
+
+    // One send buffer and one buffer per posted receive: a posted buffer belongs to the
+    // device until its completion.
+    let total = (o.rx_depth as usize + 1)
+        .checked_mul(o.size)
+        .filter(|&t| t <= MAX_MEMORY)
+        .ok_or_else(|| format!("(rx-depth + 1) x size is above {MAX_MEMORY} bytes: lower -r or -s"))?;
+    let mut chunks = pd.register(AlignedBuf::new(total)?, AccessFlags::LOCAL_WRITE)?.into_chunks(o.size)?;
+    let mut send_buf: Option<Chunk> = chunks.pop();
+    if let Some(b) = send_buf.as_mut() {
+        b.fill(FILL);
+    }
+
+    let psn = endpoint::random_psn();
+    let handshake = Handshake::new(&qp).port(o.ib_port).psn(psn).max_mtu(o.mtu).sl(o.sl);
+    let handshake = match o.gid_index {
+        Some(i) => handshake.gid_index(i),
+        None => handshake,
+    };
+    let handshake = handshake.rts(RtsAttr { rnr_retry: 7, max_rd_atomic: 1, ..RtsAttr::default() });
+    if o.handshake {
+        handshake.init()?;
+    } else {
+        qp.to_init(&InitAttr { port: o.ib_port, ..InitAttr::default() })?;
+    }
+    let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
+    let mut sq: SendQueue<Chunk> = qp.send_queue()?;
+    for c in chunks {
+        rq.post(c, 0..o.size, 0).map_err(|(e, _)| e)?;
+    }
+    if o.events {
+        cq.arm(false)?;
+    }
+
+    if o.handshake {
+        let me = handshake.endpoint()?;
+        print_address("local address: ", &me.qp_info());
+        let mut s = tcp_stream(o)?;
+        let conn = handshake.connect(&mut s)?;
+        print_address("remote address:", &conn.remote.qp_info());
+    } else {
+        let local = local_address(&ctx, &qp, o, psn)?;
+        print_address("local address: ", &local.info);
+        exchange_rdma_core(&qp, o, &local)?;
+    }
+
+    let inline = o.size <= qp.caps().max_inline_data as usize;
+    let mut messages = Messages::new(o);
+    let post_send =
+        |sq: &mut SendQueue<Chunk>, messages: &Messages, buf: Option<Chunk>, n: u64| -> Result<(), AnyError> {
+            let mut buf = buf.ok_or("the send buffer is still posted")?;
+            messages.fill(n, &mut buf[..o.size]);
+            let wr = SendWr::send(buf, 0..o.size);
+            sq.post(if inline { wr.inline() } else { wr }).map_err(|(e, _)| e)?;
+            Ok(())
+        };
+
+    let start = Instant::now();
+    let mut pending = RECV;
+    if o.server.is_some() {
+        post_send(&mut sq, &messages, send_buf.take(), 0)?;
+        pending |= SEND;
+    }
+    let (mut rcnt, mut scnt) = (0u64, 0u64);
+    let mut wcs = [WorkCompletion::default(); 2];
+    let mut progress = Instant::now();
+    while rcnt < o.iters || scnt < o.iters {
+        if o.events {
+            cq.wait(Some(o.timeout))?;
+            cq.arm(false)?;
+        }
+        let n = cq.poll(&mut wcs)?.len();
+        if n == 0 {
+            if progress.elapsed() > o.timeout {
+                return Err(format!(
+                    "no completion for {:?} after {rcnt} messages in and {scnt} out: is the peer alive?",
+                    o.timeout
+                )
+                .into());
+            }
+            continue;
+        }
+        progress = Instant::now();
+        for wc in &wcs[..n] {
+            let wc = wc.ok()?;
+            if wc.opcode().is_recv() {
+                let done = rq.complete(&wc)?;
+                messages.check(rcnt, done.byte_len, &done.buf[..o.size])?;
+                rq.post(done.buf, 0..o.size, 0).map_err(|(e, _)| e)?;
+                rcnt += 1;
+                pending &= !RECV;
+            } else {
+                sq.complete(&wc, |d| send_buf = Some(d.buf))?;
+                scnt += 1;
+                pending &= !SEND;
+            }
+            if scnt < o.iters && pending == 0 {
+                post_send(&mut sq, &messages, send_buf.take(), scnt)?;
+                pending = RECV | SEND;
+            }
+        }
+    }
+    let usec = start.elapsed().as_secs_f64() * 1e6;
+    let bytes = o.size as u64 * o.iters * 2;
+    println!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec);
+    println!("{} iters in {:.2} seconds = {:.2} usec/iter", o.iters, usec / 1e6, usec / o.iters as f64);
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let opts = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(msg) => {
+            eprintln!("rc_pingpong: {msg}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rc_pingpong: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Option<Options>, String> {
+        parse_args(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn flags_read_like_getopt() {
+        let o =
+            parse(&["-d", "rxe0", "-g1", "--port=18600", "-n", "0x10", "--mtu", "2048", "127.0.0.1"]).unwrap().unwrap();
+        assert_eq!(o.device.as_deref(), Some("rxe0"));
+        assert_eq!((o.gid_index, o.port, o.iters, o.mtu), (Some(1), 18600, 16, Mtu::Mtu2048));
+        assert_eq!(o.server.as_deref(), Some("127.0.0.1"));
+        let d = parse(&[]).unwrap().unwrap();
+        assert_eq!((d.port, d.size, d.iters, d.rx_depth, d.mtu), (18515, 4096, 1000, 500, Mtu::Mtu1024));
+        assert!(d.server.is_none());
+    }
+
+    #[test]
+    fn bad_flags_are_errors() {
+        for bad in [&["-m", "1000"][..], &["-p", "70000"], &["-x"], &["a", "b"], &["-s", "0"], &["-n"], &["-t"]] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn messages_are_numbered_with_handshake_and_all_0x7b_without() {
+        for size in [1, 5, 64] {
+            let o = Options { handshake: true, size, ..Options::default() };
+            let mut m = Messages::new(&o);
+            let (mut a, mut b) = (vec![0u8; size], vec![0u8; size]);
+            m.fill(3, &mut a);
+            m.fill(4, &mut b);
+            assert_ne!(a, b, "size {size}");
+            m.check(3, size as u32, &a).unwrap();
+            assert!(m.check(4, size as u32, &a).is_err());
+            assert!(m.check(3, size as u32 - 1, &a).is_err());
+        }
+        let mut c = Messages::new(&Options { size: 64, ..Options::default() });
+        c.check(0, 64, &[FILL; 64]).unwrap();
+        let mut off = [FILL; 64];
+        off[9] = 0;
+        let e = c.check(0, 64, &off).unwrap_err().to_string();
+        assert!(e.contains("byte 9 is 0x00"), "{e}");
+    }
+}

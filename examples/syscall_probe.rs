@@ -1,0 +1,195 @@
+//! `syscall_probe`: one data-path operation in a steady loop, for counting its system
+//! calls under strace (`scripts/syscalls` does, on rxe).
+//!
+//! ```text
+//! syscall_probe poll N            N polls of an empty CQ
+//! syscall_probe recv N            N receives posted, nothing sent (N <= 4096)
+//! syscall_probe send-batch N K    N batches of K SENDs (K <= 64), each batch one
+//!                                 post_batch; K receives posted before each batch and
+//!                                 every completion drained after it
+//! ```
+//!
+//! It opens `RDMA_DEVICE` (else the first device) and connects two RC QPs to each other
+//! on it. The setup is the same whatever the phase and N, so a run with N = 0 counts the
+//! setup alone, and the difference to a run with N counts the phase. Between setup and
+//! phase it prints a marker line to stderr, and another one at the end; then it exits
+//! without tearing down (the kernel releases the objects), so that teardown, which
+//! depends on what is still posted, is not counted either.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::buf::Chunk;
+use rdma_verbs::queue::{RecvQueue, SendQueue, SendWr};
+use rdma_verbs::{
+    AccessFlags, AlignedBuf, CompletionQueue, Context, InitAttr, ProtectionDomain, QpType, QueuePair, WorkCompletion,
+};
+
+const USAGE: &str = "usage: syscall_probe poll N | recv N | send-batch N K";
+/// Receive queue depth, and the most receives the `recv` phase posts.
+const RECV_DEPTH: usize = 4096;
+/// Send queue depth, and the largest batch.
+const SEND_DEPTH: usize = 64;
+/// Bytes per message.
+const LEN: usize = 64;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+enum Phase {
+    Poll { n: usize },
+    Recv { n: usize },
+    SendBatch { n: usize, k: usize },
+}
+
+fn parse(args: &[String]) -> Res<Phase> {
+    let num = |i: usize| -> Res<usize> {
+        let s = args.get(i).ok_or(USAGE)?;
+        Ok(s.parse().map_err(|_| format!("{s:?} is not a count\n{USAGE}"))?)
+    };
+    let (phase, argc) = match args.first().map(String::as_str) {
+        Some("poll") => (Phase::Poll { n: num(1)? }, 2),
+        Some("recv") => (Phase::Recv { n: num(1)? }, 2),
+        Some("send-batch") => (Phase::SendBatch { n: num(1)?, k: num(2)? }, 3),
+        _ => return Err(USAGE.into()),
+    };
+    match phase {
+        _ if args.len() != argc => Err(USAGE.into()),
+        Phase::Recv { n } if n > RECV_DEPTH => Err(format!("recv: at most {RECV_DEPTH} receives").into()),
+        Phase::SendBatch { k, .. } if k == 0 || k > SEND_DEPTH => {
+            Err(format!("send-batch: K from 1 to {SEND_DEPTH}").into())
+        }
+        phase => Ok(phase),
+    }
+}
+
+/// Two RC QPs on one device, connected to each other: A sends, B receives.
+struct Loopback {
+    cq_a: CompletionQueue,
+    cq_b: CompletionQueue,
+    sq: SendQueue<Arc<Chunk>>,
+    rq: RecvQueue<Chunk>,
+    _qps: (QueuePair, QueuePair),
+}
+
+fn setup() -> Res<(Loopback, Arc<Chunk>, Vec<Chunk>)> {
+    let ctx = match std::env::var("RDMA_DEVICE") {
+        Ok(name) => Context::open(Some(&name))?,
+        Err(_) => Context::open_first()?,
+    };
+    let pd = ProtectionDomain::new(&ctx)?;
+    let cq_a = CompletionQueue::new(&ctx, 256)?;
+    let cq_b = CompletionQueue::new(&ctx, 256)?;
+    let qp = |cq: &CompletionQueue| {
+        QueuePair::builder(&pd, QpType::Rc, cq, cq)
+            .max_send_wr(SEND_DEPTH as u32)
+            .max_recv_wr(RECV_DEPTH as u32)
+            .build()
+    };
+    let (a, b) = (qp(&cq_a)?, qp(&cq_b)?);
+    let (ia, ib) = (a.local_info(1, 0x111)?, b.local_info(1, 0x222)?);
+    a.connect(&InitAttr::default(), ia.psn, &ib)?;
+    b.connect(&InitAttr::default(), ib.psn, &ia)?;
+
+    let mut bufs = pd.register(AlignedBuf::new((RECV_DEPTH + 1) * LEN)?, AccessFlags::LOCAL_WRITE)?.into_chunks(LEN)?;
+    let mut src = bufs.pop().ok_or("no chunk")?;
+    src.fill(0x5a);
+    let lo = Loopback { sq: a.send_queue()?, rq: b.recv_queue()?, cq_a, cq_b, _qps: (a, b) };
+    Ok((lo, Arc::new(src), bufs))
+}
+
+/// Polls `cq` until `want` completions have been handed to `each`. It reads the clock
+/// only after a long run of empty polls: where the clock is not in the vDSO (a VM without
+/// a stable TSC), each reading is a system call that would count as the data path's.
+fn drain(cq: &mut CompletionQueue, want: usize, mut each: impl FnMut(&WorkCompletion) -> Res<()>) -> Res<()> {
+    let mut wcs = [WorkCompletion::default(); 16];
+    let (mut got, mut empty, mut deadline) = (0, 0u32, None);
+    while got < want {
+        let done = cq.poll(&mut wcs)?;
+        for wc in done.iter() {
+            wc.ok()?;
+            each(wc)?;
+            got += 1;
+        }
+        empty = if done.is_empty() { empty + 1 } else { 0 };
+        if empty == 1 << 20 {
+            empty = 0;
+            let now = Instant::now();
+            if now > *deadline.get_or_insert(now + Duration::from_secs(30)) {
+                return Err(format!("{got} of {want} completions after 30 s").into());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>) -> Res<()> {
+    match phase {
+        Phase::Poll { n } => {
+            let mut wcs = [WorkCompletion::default(); 16];
+            for _ in 0..n {
+                if !lo.cq_a.poll(&mut wcs)?.is_empty() {
+                    return Err("a completion on an idle CQ".into());
+                }
+            }
+        }
+        Phase::Recv { n } => {
+            for i in 0..n {
+                let buf = free.pop().ok_or("out of receive buffers")?;
+                lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+            }
+        }
+        Phase::SendBatch { n, k } => {
+            for _ in 0..n {
+                for i in 0..k {
+                    let buf = free.pop().ok_or("out of receive buffers")?;
+                    lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+                }
+                let wrs = (0..k).map(|i| SendWr::send(Arc::clone(src), 0..LEN).id(i as u64));
+                let posted = lo.sq.post_batch(wrs).map_err(|(e, _)| e)?;
+                assert_eq!(posted, k, "post_batch reports every request posted or an error");
+                let sq = &mut lo.sq;
+                drain(&mut lo.cq_a, k, |wc| {
+                    sq.complete(wc, drop)?;
+                    Ok(())
+                })?;
+                let rq = &mut lo.rq;
+                drain(&mut lo.cq_b, k, |wc| {
+                    let done = rq.complete(wc)?;
+                    if done.byte_len as usize != LEN || done.buf[..] != src[..] {
+                        return Err(format!("received {} bytes that differ from those sent", done.byte_len).into());
+                    }
+                    free.push(done.buf);
+                    Ok(())
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let phase = match parse(&args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("syscall_probe: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = probe(phase, &args.join(" ")) {
+        eprintln!("syscall_probe: {e}");
+    }
+    ExitCode::FAILURE
+}
+
+/// Sets up, runs the phase and exits; returns only on failure.
+fn probe(phase: Phase, what: &str) -> Res<()> {
+    let (mut lo, src, mut free) = setup()?;
+    eprintln!("syscall_probe: setup done, measuring: {what}");
+    run(phase, &mut lo, &src, &mut free)?;
+    eprintln!("syscall_probe: measured phase done");
+    // Exit without tearing down: the kernel releases everything, and teardown, which
+    // differs with what is still posted, stays out of the counts.
+    std::process::exit(0)
+}

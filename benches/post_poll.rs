@@ -82,7 +82,7 @@ fn benches(c: &mut Criterion) {
             .unwrap()
             .remove(0),
     );
-    let mut wcs = [WorkCompletion::default(); 16];
+    let mut wcs = [WorkCompletion::EMPTY; 16];
 
     // Safe: SendQueue posts, the CQ polls, complete() hands the shared source back.
     let mut safe = pair(&ctx, &pd);
@@ -97,7 +97,7 @@ fn benches(c: &mut Criterion) {
                 let wrs = (0..batch).map(|i| SendWr::write(Arc::clone(&src), 0..LEN, remote).signaled(i + 1 == batch));
                 sq.post_batch(wrs).map_err(|(e, _)| e).unwrap();
                 let n = poll_until_one(&mut safe.cq, &mut wcs);
-                for wc in &wcs[..n] {
+                for wc in &mut wcs[..n] {
                     sq.complete(wc, drop).unwrap();
                 }
             })
@@ -182,14 +182,14 @@ fn benches(c: &mut Criterion) {
                 for _ in 0..k {
                     sq.post(SendWr::send(Arc::clone(&src), 0..8)).map_err(|(e, _)| e).unwrap();
                     let n = poll_until_one(&mut safe.cq, &mut wcs);
-                    for wc in &wcs[..n] {
+                    for wc in &mut wcs[..n] {
                         sq.complete(wc, drop).unwrap();
                     }
                 }
                 let mut got = 0;
                 while got < k {
                     let n = poll_until_one(&mut safe.peer_cq, &mut wcs);
-                    for wc in &wcs[..n] {
+                    for wc in &mut wcs[..n] {
                         back.push(rq.complete(wc).unwrap().buf);
                     }
                     got += n;

@@ -424,7 +424,7 @@ fn run(o: &Options) -> Result<(), AnyError> {
         pending |= SEND;
     }
     let (mut rcnt, mut scnt) = (0u64, 0u64);
-    let mut wcs = [WorkCompletion::default(); 2];
+    let mut wcs = [WorkCompletion::EMPTY; 2];
     let mut progress = Instant::now();
     while rcnt < o.iters || scnt < o.iters {
         if o.events {
@@ -443,16 +443,16 @@ fn run(o: &Options) -> Result<(), AnyError> {
             continue;
         }
         progress = Instant::now();
-        for wc in &wcs[..n] {
-            let wc = wc.ok()?;
+        for wc in &mut wcs[..n] {
+            wc.ok()?;
             if wc.opcode().is_recv() {
-                let done = rq.complete(&wc)?;
+                let done = rq.complete(wc)?;
                 messages.check(rcnt, done.byte_len, &done.buf[..o.size])?;
                 rq.post(done.buf, 0..o.size, 0).map_err(|(e, _)| e)?;
                 rcnt += 1;
                 pending &= !RECV;
             } else {
-                sq.complete(&wc, |d| send_buf = Some(d.buf))?;
+                sq.complete(wc, |d| send_buf = Some(d.buf))?;
                 scnt += 1;
                 pending &= !SEND;
             }

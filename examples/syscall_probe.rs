@@ -101,12 +101,12 @@ fn setup() -> Res<(Loopback, Arc<Chunk>, Vec<Chunk>)> {
 /// Polls `cq` until `want` completions have been handed to `each`. It reads the clock
 /// only after a long run of empty polls: where the clock is not in the vDSO (a VM without
 /// a stable TSC), each reading is a system call that would count as the data path's.
-fn drain(cq: &mut CompletionQueue, want: usize, mut each: impl FnMut(&WorkCompletion) -> Res<()>) -> Res<()> {
-    let mut wcs = [WorkCompletion::default(); 16];
+fn drain(cq: &mut CompletionQueue, want: usize, mut each: impl FnMut(&mut WorkCompletion) -> Res<()>) -> Res<()> {
+    let mut wcs = [WorkCompletion::EMPTY; 16];
     let (mut got, mut empty, mut deadline) = (0, 0u32, None);
     while got < want {
         let done = cq.poll(&mut wcs)?;
-        for wc in done.iter() {
+        for wc in done.iter_mut() {
             wc.ok()?;
             each(wc)?;
             got += 1;
@@ -126,7 +126,7 @@ fn drain(cq: &mut CompletionQueue, want: usize, mut each: impl FnMut(&WorkComple
 fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>) -> Res<()> {
     match phase {
         Phase::Poll { n } => {
-            let mut wcs = [WorkCompletion::default(); 16];
+            let mut wcs = [WorkCompletion::EMPTY; 16];
             for _ in 0..n {
                 if !lo.cq_a.poll(&mut wcs)?.is_empty() {
                     return Err("a completion on an idle CQ".into());

@@ -203,7 +203,7 @@ fn run_size(o: &Opts, ctx: &Context, size: usize) -> Result<Row, Box<dyn std::er
     let mut progress_at = started + Duration::from_secs(3);
     let mut last = (started, 0u64);
     let mut peak = 0f64;
-    let mut wcs = [WorkCompletion::default(); 64];
+    let mut wcs = [WorkCompletion::EMPTY; 64];
     let total_target = o.iters * u64::from(o.qps);
     let mut finished = 0u64;
     let mut stop_posting = false;
@@ -239,7 +239,7 @@ fn run_size(o: &Opts, ctx: &Context, size: usize) -> Result<Row, Box<dyn std::er
             }
         }
         let n = cq.poll(&mut wcs)?.len();
-        for wc in &wcs[..n] {
+        for wc in &mut wcs[..n] {
             if wc.status() != WcStatus::Success {
                 wc.ok()?;
             }

@@ -295,8 +295,8 @@ impl CompletionQueue {
     /// Polls for one completion: `Ok(None)` when none is ready.
     #[inline]
     pub fn poll_one(&mut self) -> Result<Option<WorkCompletion>> {
-        let mut wc = [WorkCompletion::default()];
-        Ok(self.poll(&mut wc)?.first().copied())
+        let mut wc = [WorkCompletion::EMPTY];
+        Ok(self.poll(&mut wc)?.first_mut().map(std::mem::take))
     }
 
     /// Asks for an event on the channel at the next completion, or with `solicited_only`

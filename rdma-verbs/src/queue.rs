@@ -23,12 +23,11 @@
 //!   its requests may still complete), and a sequence number or slot. A completion from
 //!   another queue, another QP (even of another device with the same QP number), or a
 //!   predecessor queue of the same QP is refused; a completion already taken is refused
-//!   because its sequence number is behind the ring (or its slot has moved on). Making a
+//!   because `complete` marks it taken. Making a
 //!   completion up is `unsafe` ([`WorkCompletion::from_raw`]). Send completions arrive in
 //!   posting order, so a signaled completion also releases the unsignaled requests
-//!   before it. (A `WorkCompletion` is `Copy`: a copy kept and replayed after 2^40 more
-//!   posts on the same queue, when the sequence numbers have wrapped, would be taken for a
-//!   new request; the sequence space makes that the one bound of the argument.)
+//!   before it. A `WorkCompletion` is neither `Copy` nor `Clone`, and `complete` marks the
+//!   one it takes, so no completion is ever presented twice.
 //! - Dropping a queue that still has requests outstanding must not free their buffers
 //!   while the device may use them: they move to the QP, which frees them right after
 //!   `ibv_destroy_qp`, when the device can no longer touch them.
@@ -630,7 +629,7 @@ impl<T: SendBuf> SendQueue<T> {
     /// in posting order: the unsignaled ones the completion implies, then its own.
     /// Returns how many finished. A completion that is not this queue's is an error.
     #[inline]
-    pub fn complete(&mut self, wc: &WorkCompletion, mut done: impl FnMut(Done<T>)) -> Result<usize> {
+    pub fn complete(&mut self, wc: &mut WorkCompletion, mut done: impl FnMut(Done<T>)) -> Result<usize> {
         // How far past the oldest outstanding request this one is (sequence numbers wrap
         // at 40 bits; at most a ring's worth is outstanding).
         let ahead = ours(wc, false, &self.tag)
@@ -641,6 +640,7 @@ impl<T: SendBuf> SendQueue<T> {
             return Err(not_ours("send", wc));
         };
         let n = ahead as usize + 1;
+        wc.consume();
         for i in 0..n {
             let (buf, id) = self.ring.pop();
             let last = i + 1 == n;
@@ -788,13 +788,14 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     /// Takes a completion of this receive queue and returns the finished receive with
     /// its buffer. Receives complete in posting order; anything else is refused.
     #[inline]
-    pub fn complete(&mut self, wc: &WorkCompletion) -> Result<Done<T>> {
+    pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<T>> {
         let next =
             ours(wc, true, &self.tag).filter(|&low| wc.qp_num() == self.qp_num && low == self.ring.tail & LOW_MASK);
         if next.is_none() || self.ring.outstanding() == 0 {
             return Err(not_ours("receive", wc));
         }
         let (buf, id) = self.ring.pop();
+        wc.consume();
         Ok(Done { id, buf, status: wc.status(), byte_len: wc.byte_len() })
     }
 }
@@ -890,7 +891,7 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
     /// Takes a receive completion of any QP attached to this SRQ and returns the
     /// finished receive with its buffer.
     #[inline]
-    pub fn complete(&mut self, wc: &WorkCompletion) -> Result<Done<T>> {
+    pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<T>> {
         let Some(low) = ours(wc, true, &self.tag) else {
             return Err(not_ours("shared receive", wc));
         };
@@ -903,6 +904,7 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
         slot.generation = (slot.generation + 1) & ((1 << (TAG_SHIFT - SLOT_BITS)) - 1);
         self.free[self.nfree] = index as u32;
         self.nfree += 1;
+        wc.consume();
         Ok(Done { id: user_id, buf, status: wc.status(), byte_len: wc.byte_len() })
     }
 }

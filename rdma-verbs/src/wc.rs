@@ -237,20 +237,34 @@ bitflags::bitflags! {
 }
 
 /// One work completion, laid out as `struct ibv_wc` so that `&mut [WorkCompletion]` is the
-/// array `ibv_poll_cq` fills. Copying one is copying 48 bytes.
+/// array `ibv_poll_cq` fills.
+///
+/// Neither `Copy` nor `Clone`, on purpose: a queue's `complete` hands a posted buffer back
+/// on the word of a completion and then marks the completion taken, so there is never a
+/// second copy of it to present again. Poll buffers start as [`WorkCompletion::EMPTY`].
 #[doc(alias = "ibv_wc")]
-#[derive(Clone, Copy)]
 #[repr(transparent)]
 pub struct WorkCompletion(ffi::ibv_wc);
 
 impl Default for WorkCompletion {
     /// All zero: a placeholder for a poll buffer, not a real completion.
     fn default() -> Self {
-        WorkCompletion(ffi::ibv_wc::default())
+        Self::EMPTY
     }
 }
 
 impl WorkCompletion {
+    /// A placeholder for a poll buffer (all zero: no queue takes it):
+    /// `[WorkCompletion::EMPTY; 16]`.
+    // SAFETY: ibv_wc is plain data; all-zero is a valid value.
+    pub const EMPTY: WorkCompletion = WorkCompletion(unsafe { std::mem::zeroed() });
+
+    /// Marks a completion as taken by a queue: its `wr_id` no longer names any request.
+    #[inline]
+    pub(crate) fn consume(&mut self) {
+        self.0.wr_id = 0;
+    }
+
     /// Wraps a raw completion.
     ///
     /// # Safety
@@ -289,7 +303,7 @@ impl WorkCompletion {
     /// Itself when the status is [`WcStatus::Success`], else an
     /// [`Error::WorkCompletion`] that names the status, the `wr_id` and the QP.
     #[inline]
-    pub fn ok(self) -> Result<Self> {
+    pub fn ok(&self) -> Result<&Self> {
         if self.is_success() {
             Ok(self)
         } else {
@@ -298,7 +312,7 @@ impl WorkCompletion {
     }
 
     #[cold]
-    fn to_error(self) -> Error {
+    fn to_error(&self) -> Error {
         Error::WorkCompletion {
             status: self.status(),
             wr_id: self.wr_id(),

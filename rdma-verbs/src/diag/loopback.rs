@@ -305,7 +305,7 @@ fn wait(cq: &mut CompletionQueue, timeout: Duration, what: &str) -> std::result:
 }
 
 fn expect(wc: WorkCompletion, opcode: WcOpcode) -> std::result::Result<WorkCompletion, String> {
-    let wc = wc.ok().map_err(|e| e.to_string())?;
+    wc.ok().map_err(|e| e.to_string())?;
     if wc.opcode() != opcode {
         return Err(format!("completion opcode {:?}, expected {opcode:?}", wc.opcode()));
     }

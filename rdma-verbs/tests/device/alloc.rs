@@ -148,18 +148,18 @@ fn drain(
     (a, want_a): (&mut CompletionQueue, u64),
     (b, want_b): (&mut CompletionQueue, u64),
     ops: &mut Ops,
-    mut on_a: impl FnMut(&WorkCompletion) -> u64,
-    mut on_b: impl FnMut(&WorkCompletion) -> u64,
+    mut on_a: impl FnMut(&mut WorkCompletion) -> u64,
+    mut on_b: impl FnMut(&mut WorkCompletion) -> u64,
 ) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut wcs = [WorkCompletion::default(); 4];
+    let mut wcs = [WorkCompletion::EMPTY; 4];
     let (mut got_a, mut got_b) = (0, 0);
     while got_a < want_a || got_b < want_b {
-        for wc in a.poll(&mut wcs).unwrap().iter() {
+        for wc in a.poll(&mut wcs).unwrap().iter_mut() {
             assert!(wc.is_success(), "completion failed: {wc:?}");
             got_a += on_a(wc);
         }
-        for wc in b.poll(&mut wcs).unwrap().iter() {
+        for wc in b.poll(&mut wcs).unwrap().iter_mut() {
             assert!(wc.is_success(), "completion failed: {wc:?}");
             got_b += on_b(wc);
         }

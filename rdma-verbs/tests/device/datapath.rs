@@ -48,10 +48,10 @@ pub fn chunks(pd: &ProtectionDomain, n: usize, len: usize, access: AccessFlags) 
 /// Polls until one completion arrives (bounded: a lost completion fails the test).
 pub fn poll_one(cq: &mut CompletionQueue) -> WorkCompletion {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut wc = [WorkCompletion::default(); 1];
+    let mut wc = [WorkCompletion::EMPTY; 1];
     loop {
-        if let Some(w) = cq.poll(&mut wc).unwrap().first() {
-            return *w;
+        if let Some(w) = cq.poll(&mut wc).unwrap().first_mut() {
+            return std::mem::take(w);
         }
         assert!(Instant::now() < deadline, "no completion within 10 s");
         std::hint::spin_loop();
@@ -59,9 +59,9 @@ pub fn poll_one(cq: &mut CompletionQueue) -> WorkCompletion {
 }
 
 fn send_done<T: rdma_verbs::queue::SendBuf>(side: &mut Side<T>) -> Vec<Done<T>> {
-    let wc = poll_one(&mut side.cq);
+    let mut wc = poll_one(&mut side.cq);
     let mut out = Vec::new();
-    side.sq.complete(&wc, |d| out.push(d)).unwrap();
+    side.sq.complete(&mut wc, |d| out.push(d)).unwrap();
     out
 }
 
@@ -84,14 +84,14 @@ fn send_delivers_exact_bytes_and_both_buffers_come_back() {
     let sent = send_done(&mut a);
     assert_eq!(sent.len(), 1);
     assert_eq!((sent[0].id, sent[0].status), (9, WcStatus::Success));
-    let wc = poll_one(&mut b.cq);
+    let mut wc = poll_one(&mut b.cq);
     assert_eq!(wc.opcode(), WcOpcode::Recv);
     assert_eq!(wc.imm_data(), Some(0xfeed));
-    let got = b.rq.complete(&wc).unwrap();
+    let got = b.rq.complete(&mut wc).unwrap();
     assert_eq!((got.id, got.status, got.byte_len), (42, WcStatus::Success, 3000));
     assert_eq!(&got.buf[..3000], &data[..]);
     // A completion is taken once: the same one again is refused.
-    assert!(b.rq.complete(&wc).is_err());
+    assert!(b.rq.complete(&mut wc).is_err());
     assert_eq!(a.sq.outstanding() + b.rq.outstanding(), 0);
 }
 
@@ -189,13 +189,13 @@ fn error_state_flushes_every_outstanding_receive_once_and_returns_the_buffers() 
     b.qp.to_error().unwrap();
     let mut ids = Vec::new();
     while ids.len() < 5 {
-        let wc = poll_one(&mut b.cq);
-        let done = b.rq.complete(&wc).unwrap();
+        let mut wc = poll_one(&mut b.cq);
+        let done = b.rq.complete(&mut wc).unwrap();
         assert_eq!(done.status, WcStatus::WrFlushErr);
         ids.push(done.id);
     }
     assert_eq!(ids, [0, 1, 2, 3, 4]);
-    let mut wc = [WorkCompletion::default(); 4];
+    let mut wc = [WorkCompletion::EMPTY; 4];
     std::thread::sleep(Duration::from_millis(100));
     assert!(b.cq.poll(&mut wc).unwrap().is_empty(), "no completion twice");
 }

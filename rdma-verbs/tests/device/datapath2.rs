@@ -132,10 +132,10 @@ fn posted<X>(r: Result<(), (Error, X)>) {
 /// Takes the next send completion of `cq` (which must succeed) and returns what it released.
 #[track_caller]
 fn sent<S: SendBuf>(sq: &mut SendQueue<S>, cq: &mut CompletionQueue) -> Vec<Done<S>> {
-    let wc = poll_one(cq);
+    let mut wc = poll_one(cq);
     assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
     let mut out = Vec::new();
-    sq.complete(&wc, |d| out.push(d)).unwrap();
+    sq.complete(&mut wc, |d| out.push(d)).unwrap();
     out
 }
 
@@ -149,9 +149,9 @@ fn sent_one<S: SendBuf>(sq: &mut SendQueue<S>, cq: &mut CompletionQueue) -> Done
 /// Takes the next receive completion of `cq` (which must succeed).
 #[track_caller]
 fn received<R: ExclusiveBuf>(rq: &mut RecvQueue<R>, cq: &mut CompletionQueue) -> (WorkCompletion, Done<R>) {
-    let wc = poll_one(cq);
+    let mut wc = poll_one(cq);
     assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
-    let done = rq.complete(&wc).unwrap();
+    let done = rq.complete(&mut wc).unwrap();
     assert_eq!(done.status, WcStatus::Success);
     (wc, done)
 }
@@ -160,7 +160,7 @@ fn received<R: ExclusiveBuf>(rq: &mut RecvQueue<R>, cq: &mut CompletionQueue) ->
 #[track_caller]
 fn quiet(cq: &mut CompletionQueue) {
     std::thread::sleep(Duration::from_millis(100));
-    let mut wc = [WorkCompletion::default(); 4];
+    let mut wc = [WorkCompletion::EMPTY; 4];
     let extra = cq.poll(&mut wc).unwrap();
     assert!(extra.is_empty(), "unexpected completions: {extra:?}");
 }
@@ -455,18 +455,18 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
         let mut c = chunks(&pd, 1, 512, AccessFlags::LOCAL_WRITE).pop().unwrap();
         c[..msg.len()].copy_from_slice(msg);
         posted(sq.post(SendWr::send(c, 0..msg.len())));
-        let wc = poll_one(&mut scq);
+        let mut wc = poll_one(&mut scq);
         assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
-        assert_eq!(sq.complete(&wc, |_| ()).unwrap(), 1);
+        assert_eq!(sq.complete(&mut wc, |_| ()).unwrap(), 1);
     };
     send(&mut sq1, &msgs[0]);
     send(&mut sq2, &msgs[1]);
-    let (w1, w2) = (poll_one(&mut rcq), poll_one(&mut rcq));
+    let (mut w1, mut w2) = (poll_one(&mut rcq), poll_one(&mut rcq));
     // Out of order: the second completion first.
-    let d2 = srqq.complete(&w2).unwrap();
-    let d1 = srqq.complete(&w1).unwrap();
+    let d2 = srqq.complete(&mut w2).unwrap();
+    let d1 = srqq.complete(&mut w1).unwrap();
     let mut qps = Vec::new();
-    for (wc, d) in [(w1, &d1), (w2, &d2)] {
+    for (wc, d) in [(&w1, &d1), (&w2, &d2)] {
         assert_eq!((wc.status(), d.status), (WcStatus::Success, WcStatus::Success), "{wc:?}");
         let msg = if wc.qp_num() == r1.qp_num() { &msgs[0] } else { &msgs[1] };
         qps.push(wc.qp_num());
@@ -485,13 +485,13 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
 
     // Taken once: the same completions again are refused, also after their slots are
     // reused by new receives.
-    assert!(srqq.complete(&w1).is_err() && srqq.complete(&w2).is_err());
+    assert!(srqq.complete(&mut w1).is_err() && srqq.complete(&mut w2).is_err());
     for (d, id) in [(d1, 200), (d2, 201)] {
         let mut c = d.buf;
         c.fill(UNTOUCHED);
         posted(srqq.post(c, 0..512, id));
     }
-    assert!(srqq.complete(&w1).is_err() && srqq.complete(&w2).is_err(), "a stale completion of a reused slot");
+    assert!(srqq.complete(&mut w1).is_err() && srqq.complete(&mut w2).is_err(), "a stale completion of a reused slot");
     assert_eq!(srqq.outstanding(), 6);
 
     // The pool is shared: one QP may take more than "its half". Five more messages on s2.
@@ -501,9 +501,9 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
     }
     let mut got = Vec::new();
     for _ in 0..5 {
-        let wc = poll_one(&mut rcq);
+        let mut wc = poll_one(&mut rcq);
         assert_eq!((wc.status(), wc.qp_num()), (WcStatus::Success, r2.qp_num()), "{wc:?}");
-        let d = srqq.complete(&wc).unwrap();
+        let d = srqq.complete(&mut wc).unwrap();
         got.push((d.id, d.buf[..d.byte_len as usize].to_vec()));
     }
     assert_eq!(got.iter().map(|g| g.1.clone()).collect::<Vec<_>>(), round2, "in order, byte exact");
@@ -535,12 +535,12 @@ fn an_srq_queue_refuses_a_receive_completion_of_a_qp_on_another_srq() {
     src[..128].copy_from_slice(&msg);
     posted(sq.post(SendWr::send(src, 0..128)));
     sent_one(&mut sq, &mut scq);
-    let wc = poll_one(&mut rcq);
+    let mut wc = poll_one(&mut rcq);
     assert_eq!((wc.status(), wc.qp_num()), (WcStatus::Success, ra.qp_num()), "{wc:?}");
 
     // Routed to the wrong SRQ's queue by mistake: SRQ B's receive is still posted, so its
     // buffer must not come back.
-    if let Ok(d) = qb.complete(&wc) {
+    if let Ok(d) = qb.complete(&mut wc) {
         panic!(
             "SRQ B's queue took a completion of QP {:#x} (on SRQ A) and handed back buffer id {} while its \
              receive is still posted (it does not hold the message: {})",
@@ -550,7 +550,7 @@ fn an_srq_queue_refuses_a_receive_completion_of_a_qp_on_another_srq() {
         );
     }
     assert_eq!(qb.outstanding(), 1);
-    let d = qa.complete(&wc).unwrap();
+    let d = qa.complete(&mut wc).unwrap();
     same(&d.buf[..128], &msg, "message through SRQ A");
 }
 
@@ -580,9 +580,9 @@ fn a_receive_queue_claimed_again_refuses_the_completion_of_a_receive_its_predece
     };
     send(&msgs[0], bufs.pop().unwrap());
     // The first message lands in the predecessor's buffer: not rq2's to take.
-    let wc = poll_one(&mut b_cq);
+    let mut wc = poll_one(&mut b_cq);
     assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
-    if let Ok(d) = rq2.complete(&wc) {
+    if let Ok(d) = rq2.complete(&mut wc) {
         panic!(
             "the second receive queue took the completion of its predecessor's receive and handed back buffer \
              id {} while it is still posted (it holds the message: {})",
@@ -622,7 +622,7 @@ fn stream_sender(
 ) -> Vec<Chunk> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let (mut credit, mut next, mut done) = (0usize, 0u64, 0u64);
-    let mut wcs = [WorkCompletion::default(); 16];
+    let mut wcs = [WorkCompletion::EMPTY; 16];
     while done < STREAM_N {
         while let Ok(n) = credits.try_recv() {
             credit += n;
@@ -640,7 +640,7 @@ fn stream_sender(
             assert!(Instant::now() < deadline, "sender {seed}: {done} of {STREAM_N} sent ({next} posted)");
             std::thread::yield_now();
         }
-        for wc in polled.iter() {
+        for wc in polled.iter_mut() {
             assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
             sq.complete(wc, |d| {
                 assert_eq!(d.id, done, "send completions in posting order");
@@ -668,14 +668,14 @@ fn stream_receiver(
     }
     credits.send(n).unwrap();
     let (mut got, mut kept) = (0u64, Vec::new());
-    let mut wcs = [WorkCompletion::default(); 16];
+    let mut wcs = [WorkCompletion::EMPTY; 16];
     while got < STREAM_N {
         let polled = cq.poll(&mut wcs).unwrap();
         if polled.is_empty() {
             assert!(Instant::now() < deadline, "receiver {seed}: {got} of {STREAM_N} received");
             std::thread::yield_now();
         }
-        for wc in polled.iter() {
+        for wc in polled.iter_mut() {
             let d = rq.complete(wc).unwrap();
             assert_eq!((d.status, d.byte_len as usize), (WcStatus::Success, STREAM_LEN), "{wc:?}");
             same(&d.buf[..STREAM_LEN], &message(seed, got, STREAM_LEN), &format!("message {got} of stream {seed}"));
@@ -765,8 +765,8 @@ fn arm_drain_wait_ack_rearm_receives_every_spaced_message_without_a_lost_wakeup(
         b_rcq.arm(false).unwrap();
         loop {
             // Drain after arming: what completed before the arm raises no event.
-            while let Some(wc) = b_rcq.poll_one().unwrap() {
-                let d = b_rq.complete(&wc).unwrap();
+            while let Some(mut wc) = b_rcq.poll_one().unwrap() {
+                let d = b_rq.complete(&mut wc).unwrap();
                 assert_eq!(d.status, WcStatus::Success, "{wc:?}");
                 same(&d.buf[..], &message(3, got, 128), &format!("message {got}"));
                 got += 1;
@@ -943,8 +943,8 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     src[..3000].copy_from_slice(&msg);
     posted(a.sq.post(SendWr::send(src, 0..3000)));
     sent_one(&mut a.sq, &mut a.cq);
-    let wc = poll_one(&mut b.cq);
-    let got = b.rq.complete(&wc).unwrap();
+    let mut wc = poll_one(&mut b.cq);
+    let got = b.rq.complete(&mut wc).unwrap();
     assert_eq!((got.id, got.status, got.byte_len), (7, WcStatus::Success, 3000));
     same(&got.buf[..3000], &msg, "receive into the returned buffer");
     untouched(&got.buf[3000..], "returned buffer past the message");
@@ -1074,9 +1074,9 @@ fn completions_are_taken_only_by_the_queue_that_posted_them() {
             (x, y)
         }
     };
-    let (a_send, a_recv) = take(&mut a.cq);
-    let (b_send, b_recv) = take(&mut b.cq);
-    for wc in [a_send, a_recv, b_send, b_recv] {
+    let (mut a_send, mut a_recv) = take(&mut a.cq);
+    let (mut b_send, mut b_recv) = take(&mut b.cq);
+    for wc in [&a_send, &a_recv, &b_send, &b_recv] {
         assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
     }
 
@@ -1084,25 +1084,25 @@ fn completions_are_taken_only_by_the_queue_that_posted_them() {
         Err(e) => assert!(invalid_text(&e).contains("not outstanding"), "{what}: {e}"),
         Ok(n) => panic!("{what}: taken, releasing {n}"),
     };
-    refused(b.sq.complete(&a_send, |_| ()), "A's send completion on B's send queue");
-    refused(a.sq.complete(&a_recv, |_| ()), "A's receive completion on A's send queue");
-    refused(a.sq.complete(&b_send, |_| ()), "B's send completion on A's send queue");
-    refused(a.rq.complete(&b_recv).map(|_| 1), "B's receive completion on A's receive queue");
-    refused(a.rq.complete(&a_send).map(|_| 1), "A's send completion on A's receive queue");
-    refused(b.rq.complete(&a_recv).map(|_| 1), "A's receive completion on B's receive queue");
+    refused(b.sq.complete(&mut a_send, |_| ()), "A's send completion on B's send queue");
+    refused(a.sq.complete(&mut a_recv, |_| ()), "A's receive completion on A's send queue");
+    refused(a.sq.complete(&mut b_send, |_| ()), "B's send completion on A's send queue");
+    refused(a.rq.complete(&mut b_recv).map(|_| 1), "B's receive completion on A's receive queue");
+    refused(a.rq.complete(&mut a_send).map(|_| 1), "A's send completion on A's receive queue");
+    refused(b.rq.complete(&mut a_recv).map(|_| 1), "A's receive completion on B's receive queue");
     assert_eq!([a.sq.outstanding(), a.rq.outstanding(), b.sq.outstanding(), b.rq.outstanding()], [1; 4]);
 
     // Each is taken by its own queue, once.
     let mut ids = Vec::new();
-    a.sq.complete(&a_send, |d| ids.push(d.id)).unwrap();
-    b.sq.complete(&b_send, |d| ids.push(d.id)).unwrap();
+    a.sq.complete(&mut a_send, |d| ids.push(d.id)).unwrap();
+    b.sq.complete(&mut b_send, |d| ids.push(d.id)).unwrap();
     assert_eq!(ids, [1, 2]);
-    let (ga, gb) = (a.rq.complete(&a_recv).unwrap(), b.rq.complete(&b_recv).unwrap());
+    let (ga, gb) = (a.rq.complete(&mut a_recv).unwrap(), b.rq.complete(&mut b_recv).unwrap());
     assert_eq!((ga.id, gb.id), (10, 20));
     same(&gb.buf[..200], &msg_ab, "A to B");
     same(&ga.buf[..150], &msg_ba, "B to A");
-    refused(a.sq.complete(&a_send, |_| ()), "A's send completion again");
-    refused(b.rq.complete(&b_recv).map(|_| 1), "B's receive completion again");
+    refused(a.sq.complete(&mut a_send, |_| ()), "A's send completion again");
+    refused(b.rq.complete(&mut b_recv).map(|_| 1), "B's receive completion again");
 }
 
 // ---- 9. moderation --------------------------------------------------------------
@@ -1132,9 +1132,9 @@ fn signaling_every_16th_of_256_writes_releases_each_run_of_16_in_order() {
             }
         }
         let before = released.len();
-        let wc = poll_one(&mut a.cq);
+        let mut wc = poll_one(&mut a.cq);
         assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
-        let n = a.sq.complete(&wc, |d| {
+        let n = a.sq.complete(&mut wc, |d| {
             assert_eq!(d.status, WcStatus::Success);
             released.push(d.id);
             pool.push(d.buf);
@@ -1193,8 +1193,8 @@ fn an_errored_qp_flushes_every_outstanding_send_once_and_reports_none_as_success
     a.qp.to_error().unwrap();
     let mut released = Vec::new();
     while released.len() < 32 {
-        let wc = poll_one(&mut a.cq);
-        a.sq.complete(&wc, |d| released.push((d.id, d.status))).unwrap();
+        let mut wc = poll_one(&mut a.cq);
+        a.sq.complete(&mut wc, |d| released.push((d.id, d.status))).unwrap();
     }
     assert_eq!(released.iter().map(|r| r.0).collect::<Vec<_>>(), (0..32).collect::<Vec<_>>(), "each once, in order");
     let ok: Vec<u64> = released.iter().filter(|r| r.1 == WcStatus::Success).map(|r| r.0).collect();

@@ -60,19 +60,19 @@ fn ext_pair<T: SendBuf>() -> (ProtectionDomain, Side<T>, Side<T>) {
 
 fn poll_one(cq: &mut CompletionQueue) -> WorkCompletion {
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut wc = [WorkCompletion::default(); 1];
+    let mut wc = [WorkCompletion::EMPTY; 1];
     loop {
-        if let Some(w) = cq.poll(&mut wc).unwrap().first() {
-            return *w;
+        if let Some(w) = cq.poll(&mut wc).unwrap().first_mut() {
+            return std::mem::take(w);
         }
         assert!(Instant::now() < deadline, "no completion within 10 s");
     }
 }
 
 fn sent<T: SendBuf>(side: &mut Side<T>) -> Vec<Done<T>> {
-    let wc = poll_one(&mut side.cq);
+    let mut wc = poll_one(&mut side.cq);
     let mut out = Vec::new();
-    side.sq.complete(&wc, |d| out.push(d)).unwrap();
+    side.sq.complete(&mut wc, |d| out.push(d)).unwrap();
     out
 }
 
@@ -93,8 +93,8 @@ fn extended_qp_sends_inline_data_with_immediate_intact() {
     b.rq.post(dst, 0..1024, 1).map_err(|(e, _)| e).unwrap();
     a.sq.post(SendWr::send(s1, 0..48).inline().imm(77)).map_err(|(e, _)| e).unwrap();
     let s1 = sent(&mut a).pop().unwrap().buf;
-    let wc = poll_one(&mut b.cq);
-    let got = b.rq.complete(&wc).unwrap();
+    let mut wc = poll_one(&mut b.cq);
+    let got = b.rq.complete(&mut wc).unwrap();
     assert_eq!((got.status, got.byte_len, wc.imm_data()), (WcStatus::Success, 48, Some(77)));
     assert!(got.buf[..48].iter().all(|&x| x == 0x5a));
 
@@ -114,7 +114,7 @@ fn extended_qp_sends_a_message_spanning_chunks_of_two_regions() {
     a.sq.post(SendWr::send([x, y], 1000..1030)).map_err(|(e, _)| e).unwrap();
     let back = sent(&mut a).pop().unwrap();
     assert_eq!(back.status, WcStatus::Success);
-    let got = b.rq.complete(&poll_one(&mut b.cq)).unwrap();
+    let got = b.rq.complete(&mut poll_one(&mut b.cq)).unwrap();
     assert_eq!(got.byte_len, 30);
     assert_eq!(&got.buf[..30], &[[1u8; 24].as_slice(), &[2u8; 6]].concat()[..]);
 }

@@ -55,12 +55,12 @@ fn drain(
 ) -> Vec<(Done<Chunk>, Option<u32>, u32)> {
     let (mut sent, mut got) = (0, Vec::new());
     while sent < sends || got.len() < recvs {
-        let wc = poll_one(cq);
+        let mut wc = poll_one(cq);
         assert_eq!(wc.status(), WcStatus::Success, "{:?}", wc.ok().err());
         if wc.opcode().is_recv() {
-            got.push((rq.complete(&wc).unwrap(), wc.imm_data(), wc.src_qp()));
+            got.push((rq.complete(&mut wc).unwrap(), wc.imm_data(), wc.src_qp()));
         } else {
-            sq.complete(&wc, |d| assert_eq!(d.status, WcStatus::Success)).unwrap();
+            sq.complete(&mut wc, |d| assert_eq!(d.status, WcStatus::Success)).unwrap();
             sent += 1;
         }
     }

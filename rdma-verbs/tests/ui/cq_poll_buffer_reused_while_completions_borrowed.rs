@@ -3,7 +3,7 @@
 use rdma_verbs::{CompletionQueue, WorkCompletion};
 
 fn reuse(cq: &mut CompletionQueue) -> u64 {
-    let mut wcs = [WorkCompletion::default(); 4];
+    let mut wcs = [WorkCompletion::EMPTY; 4];
     let first = cq.poll(&mut wcs).unwrap();
     let _second = cq.poll(&mut wcs).unwrap();
     first.iter().map(|wc| wc.wr_id()).sum()

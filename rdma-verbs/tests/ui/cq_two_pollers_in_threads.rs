@@ -4,11 +4,11 @@ use rdma_verbs::{CompletionQueue, WorkCompletion};
 fn two_pollers(cq: &mut CompletionQueue) {
     std::thread::scope(|s| {
         s.spawn(|| {
-            let mut wcs = [WorkCompletion::default(); 4];
+            let mut wcs = [WorkCompletion::EMPTY; 4];
             let _ = cq.poll(&mut wcs);
         });
         s.spawn(|| {
-            let mut wcs = [WorkCompletion::default(); 4];
+            let mut wcs = [WorkCompletion::EMPTY; 4];
             let _ = cq.poll(&mut wcs);
         });
     });

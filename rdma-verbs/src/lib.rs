@@ -26,7 +26,7 @@
 //! rq.post(dst, 0..4096, 1).map_err(|(e, _buf)| e)?; // the queue owns `dst` now
 //! sq.post(SendWr::send(src, 0..5)).map_err(|(e, _wr)| e)?;
 //!
-//! let mut wcs = [WorkCompletion::default(); 4];
+//! let mut wcs = [WorkCompletion::EMPTY; 4];
 //! let mut got = None;
 //! while got.is_none() {
 //!     for wc in cq.poll(&mut wcs)?.iter() {
@@ -73,8 +73,8 @@ pub mod compat;
 pub mod context;
 pub mod cq;
 pub mod device;
-pub mod endpoint;
 pub mod diag;
+pub mod endpoint;
 pub mod error;
 pub mod event;
 mod handle;

@@ -22,7 +22,7 @@
 //! # fn main() -> rdma_verbs::Result<()> {
 //! # let ctx = Context::open_first()?;
 //! let mut cq = CompletionQueue::builder(&ctx, 256).with_channel().build()?;
-//! let mut wcs = [WorkCompletion::default(); 32];
+//! let mut wcs = [WorkCompletion::EMPTY; 32];
 //! loop {
 //!     cq.arm(false)?;                       // 1. arm first,
 //!     loop {                                // 2. then drain what is already there,

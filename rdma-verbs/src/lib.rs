@@ -29,7 +29,7 @@
 //! let mut wcs = [WorkCompletion::EMPTY; 4];
 //! let mut got = None;
 //! while got.is_none() {
-//!     for wc in cq.poll(&mut wcs)?.iter() {
+//!     for wc in cq.poll(&mut wcs)?.iter_mut() {
 //!         if wc.opcode().is_recv() {
 //!             got = Some(rq.complete(wc)?); // `dst` comes back, with what arrived
 //!         } else {

@@ -23,10 +23,11 @@ use std::time::{Duration, Instant};
 use rdma_verbs::buf::Chunk;
 use rdma_verbs::queue::{RecvQueue, SendQueue, SendWr};
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, CompletionQueue, Context, InitAttr, ProtectionDomain, QpType, QueuePair, WorkCompletion,
+    ffi, AccessFlags, AlignedBuf, CompletionQueue, Context, InitAttr, ProtectionDomain, QpType, QueuePair,
+    WorkCompletion,
 };
 
-const USAGE: &str = "usage: syscall_probe poll N | recv N | send-batch N K";
+const USAGE: &str = "usage: syscall_probe poll N | recv N | send-batch N K | raw-send-batch N K";
 /// Receive queue depth, and the most receives the `recv` phase posts.
 const RECV_DEPTH: usize = 4096;
 /// Send queue depth, and the largest batch.
@@ -37,9 +38,22 @@ const LEN: usize = 64;
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 enum Phase {
-    Poll { n: usize },
-    Recv { n: usize },
-    SendBatch { n: usize, k: usize },
+    Poll {
+        n: usize,
+    },
+    Recv {
+        n: usize,
+    },
+    SendBatch {
+        n: usize,
+        k: usize,
+    },
+    /// The same sends through the unsafe raw API: C work requests built on the stack,
+    /// `post_send_raw`, completions counted without the queue.
+    RawSendBatch {
+        n: usize,
+        k: usize,
+    },
 }
 
 fn parse(args: &[String]) -> Res<Phase> {
@@ -51,12 +65,13 @@ fn parse(args: &[String]) -> Res<Phase> {
         Some("poll") => (Phase::Poll { n: num(1)? }, 2),
         Some("recv") => (Phase::Recv { n: num(1)? }, 2),
         Some("send-batch") => (Phase::SendBatch { n: num(1)?, k: num(2)? }, 3),
+        Some("raw-send-batch") => (Phase::RawSendBatch { n: num(1)?, k: num(2)? }, 3),
         _ => return Err(USAGE.into()),
     };
     match phase {
         _ if args.len() != argc => Err(USAGE.into()),
         Phase::Recv { n } if n > RECV_DEPTH => Err(format!("recv: at most {RECV_DEPTH} receives").into()),
-        Phase::SendBatch { k, .. } if k == 0 || k > SEND_DEPTH => {
+        Phase::SendBatch { k, .. } | Phase::RawSendBatch { k, .. } if k == 0 || k > SEND_DEPTH => {
             Err(format!("send-batch: K from 1 to {SEND_DEPTH}").into())
         }
         phase => Ok(phase),
@@ -69,7 +84,7 @@ struct Loopback {
     cq_b: CompletionQueue,
     sq: SendQueue<Arc<Chunk>>,
     rq: RecvQueue<Chunk>,
-    _qps: (QueuePair, QueuePair),
+    qps: (QueuePair, QueuePair),
 }
 
 fn setup() -> Res<(Loopback, Arc<Chunk>, Vec<Chunk>)> {
@@ -94,7 +109,7 @@ fn setup() -> Res<(Loopback, Arc<Chunk>, Vec<Chunk>)> {
     let mut bufs = pd.register(AlignedBuf::new((RECV_DEPTH + 1) * LEN)?, AccessFlags::LOCAL_WRITE)?.into_chunks(LEN)?;
     let mut src = bufs.pop().ok_or("no chunk")?;
     src.fill(0x5a);
-    let lo = Loopback { sq: a.send_queue()?, rq: b.recv_queue()?, cq_a, cq_b, _qps: (a, b) };
+    let lo = Loopback { sq: a.send_queue()?, rq: b.recv_queue()?, cq_a, cq_b, qps: (a, b) };
     Ok((lo, Arc::new(src), bufs))
 }
 
@@ -153,19 +168,47 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
                     sq.complete(wc, drop)?;
                     Ok(())
                 })?;
-                let rq = &mut lo.rq;
-                drain(&mut lo.cq_b, k, |wc| {
-                    let done = rq.complete(wc)?;
-                    if done.byte_len as usize != LEN || done.buf[..] != src[..] {
-                        return Err(format!("received {} bytes that differ from those sent", done.byte_len).into());
-                    }
-                    free.push(done.buf);
-                    Ok(())
-                })?;
+                receive(lo, k, src, free)?;
+            }
+        }
+        Phase::RawSendBatch { n, k } => {
+            let mut sges = [ffi::ibv_sge { addr: src.addr(), length: LEN as u32, lkey: src.lkey() }; SEND_DEPTH];
+            for _ in 0..n {
+                for i in 0..k {
+                    let buf = free.pop().ok_or("out of receive buffers")?;
+                    lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+                }
+                // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
+                let mut wrs: [ffi::ibv_send_wr; SEND_DEPTH] = unsafe { std::mem::zeroed() };
+                for i in (0..k).rev() {
+                    let next = if i + 1 < k { &mut wrs[i + 1] as *mut _ } else { std::ptr::null_mut() };
+                    let w = &mut wrs[i];
+                    (w.wr_id, w.sg_list, w.num_sge, w.next) = (i as u64, &mut sges[i], 1, next);
+                    w.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+                    w.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                }
+                // SAFETY: the chain names `src`, which outlives the sends, and they are
+                // drained before the next round.
+                unsafe { lo.qps.0.post_send_raw(&mut wrs[0]) }?;
+                drain(&mut lo.cq_a, k, |_| Ok(()))?;
+                receive(lo, k, src, free)?;
             }
         }
     }
     Ok(())
+}
+
+/// Takes `k` receive completions, checks the bytes, and keeps the buffers for reuse.
+fn receive(lo: &mut Loopback, k: usize, src: &Arc<Chunk>, free: &mut Vec<Chunk>) -> Res<()> {
+    let rq = &mut lo.rq;
+    drain(&mut lo.cq_b, k, |wc| {
+        let done = rq.complete(wc)?;
+        if done.byte_len as usize != LEN || done.buf[..] != src[..] {
+            return Err(format!("received {} bytes that differ from those sent", done.byte_len).into());
+        }
+        free.push(done.buf);
+        Ok(())
+    })
 }
 
 fn main() -> ExitCode {

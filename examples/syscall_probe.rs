@@ -117,6 +117,12 @@ fn setup() -> Res<(Loopback, Arc<Chunk>, Vec<Chunk>)> {
 /// only after a long run of empty polls: where the clock is not in the vDSO (a VM without
 /// a stable TSC), each reading is a system call that would count as the data path's.
 fn drain(cq: &mut CompletionQueue, want: usize, mut each: impl FnMut(&mut WorkCompletion) -> Res<()>) -> Res<()> {
+    // SYSCALL_PROBE_SETTLE=1 (scripts/instructions): let the device finish first, so the
+    // number of empty polls, which depends on timing, does not enter an instruction count.
+    static SETTLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *SETTLE.get_or_init(|| std::env::var_os("SYSCALL_PROBE_SETTLE").is_some()) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let mut wcs = [WorkCompletion::EMPTY; 16];
     let (mut got, mut empty, mut deadline) = (0, 0u32, None);
     while got < want {
@@ -172,20 +178,21 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
             }
         }
         Phase::RawSendBatch { n, k } => {
+            // Built once and posted every round, as a C program does.
             let mut sges = [ffi::ibv_sge { addr: src.addr(), length: LEN as u32, lkey: src.lkey() }; SEND_DEPTH];
+            // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
+            let mut wrs: [ffi::ibv_send_wr; SEND_DEPTH] = unsafe { std::mem::zeroed() };
+            for i in (0..k).rev() {
+                let next = if i + 1 < k { &mut wrs[i + 1] as *mut _ } else { std::ptr::null_mut() };
+                let w = &mut wrs[i];
+                (w.wr_id, w.sg_list, w.num_sge, w.next) = (i as u64, &mut sges[i], 1, next);
+                w.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+                w.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            }
             for _ in 0..n {
                 for i in 0..k {
                     let buf = free.pop().ok_or("out of receive buffers")?;
                     lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
-                }
-                // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
-                let mut wrs: [ffi::ibv_send_wr; SEND_DEPTH] = unsafe { std::mem::zeroed() };
-                for i in (0..k).rev() {
-                    let next = if i + 1 < k { &mut wrs[i + 1] as *mut _ } else { std::ptr::null_mut() };
-                    let w = &mut wrs[i];
-                    (w.wr_id, w.sg_list, w.num_sge, w.next) = (i as u64, &mut sges[i], 1, next);
-                    w.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
-                    w.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
                 }
                 // SAFETY: the chain names `src`, which outlives the sends, and they are
                 // drained before the next round.

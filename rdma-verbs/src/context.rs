@@ -1,7 +1,8 @@
 //! An open device (`struct ibv_context`): the root every other object hangs from.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, CStr};
 use std::fmt;
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::device::{devices, DeviceAttr};
@@ -18,9 +19,18 @@ pub struct Context {
 }
 
 pub(crate) struct ContextInner {
-    raw: Owned<ffi::ibv_context>,
+    raw: RawContext,
     name: String,
     ports: u8,
+}
+
+/// Who closes the C context.
+enum RawContext {
+    /// Opened by this crate (`ibv_open_device`): closed with the last handle.
+    Owned(Owned<ffi::ibv_context>),
+    /// Opened by librdmacm for the device a CM id is bound to. librdmacm closes it, never
+    /// this crate; `_keep` holds the CM id, whose device reference keeps it open.
+    Borrowed { raw: NonNull<ffi::ibv_context>, _keep: Arc<dyn Send + Sync> },
 }
 
 // SAFETY: libibverbs documents every verb on a context as thread-safe, and providers
@@ -51,7 +61,25 @@ impl Context {
         let raw = unsafe { ffi::ibv_open_device(dev) };
         // SAFETY: a new context that only this Owned closes.
         let raw = unsafe { Owned::new(raw, "ibv_open_device")? };
-        let ctx = Context { inner: Arc::new(ContextInner { raw, name: name.to_owned(), ports: 0 }) };
+        Self::with_raw(RawContext::Owned(raw), name.to_owned())
+    }
+
+    /// A handle on a context that librdmacm opened for a CM id (`id->verbs`). It never
+    /// closes the context; it holds `keep` (the CM id) as long as it lives, which keeps
+    /// librdmacm's reference on the device.
+    ///
+    /// # Safety
+    /// `raw` must be the live context of a CM id that `keep` keeps from being destroyed.
+    pub(crate) unsafe fn borrowed(raw: NonNull<ffi::ibv_context>, keep: Arc<dyn Send + Sync>) -> Result<Context> {
+        // SAFETY: the context is live (caller); libibverbs sets `device` when opening it, and
+        // the device name is a NUL-terminated array inside the device struct.
+        let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name((*raw.as_ptr()).device)) };
+        let name = name.to_string_lossy().into_owned();
+        Self::with_raw(RawContext::Borrowed { raw, _keep: keep }, name)
+    }
+
+    fn with_raw(raw: RawContext, name: String) -> Result<Context> {
+        let ctx = Context { inner: Arc::new(ContextInner { raw, name, ports: 0 }) };
         let ports = ctx.query_device()?.phys_port_cnt;
         // Only this function holds the Arc yet.
         let mut ctx = ctx;
@@ -63,8 +91,13 @@ impl Context {
 
     /// Closes the device now and reports the result (`ibv_close_device`). Fails with
     /// EBUSY, freeing nothing yet, while clones or objects created from it are alive.
+    /// A context from a CM id ([`CmId::context`](crate::cm::CmId::context)) is librdmacm's:
+    /// this releases the handle and leaves the device open.
     pub fn destroy(self) -> Result<()> {
-        destroy_shared(self.inner, "ibv_close_device", |inner| inner.raw.destroy())
+        destroy_shared(self.inner, "ibv_close_device", |inner| match inner.raw {
+            RawContext::Owned(raw) => raw.destroy(),
+            RawContext::Borrowed { .. } => Ok(()),
+        })
     }
 
     /// The device name.
@@ -74,7 +107,10 @@ impl Context {
 
     /// The raw context pointer, valid while `self` lives.
     pub fn as_raw(&self) -> *mut ffi::ibv_context {
-        self.inner.raw.as_ptr()
+        match &self.inner.raw {
+            RawContext::Owned(raw) => raw.as_ptr(),
+            RawContext::Borrowed { raw, .. } => raw.as_ptr(),
+        }
     }
 
     /// Device attributes (`ibv_query_device`).

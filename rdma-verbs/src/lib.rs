@@ -69,6 +69,7 @@ pub use rdma_sys as ffi;
 
 pub mod ah;
 pub mod buf;
+pub mod cm;
 pub mod compat;
 pub mod context;
 pub mod cq;
@@ -89,6 +90,7 @@ pub mod wr;
 
 pub use ah::{AddressHandle, AhAttr, Remote};
 pub use buf::{Chunk, ExclusiveBuf, SendBuf};
+pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel, PortSpace, RejectReason};
 pub use context::Context;
 pub use cq::{CompletionQueue, CqBuilder};
 pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};

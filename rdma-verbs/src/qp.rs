@@ -212,7 +212,10 @@ pub struct QueuePair {
 }
 
 pub(crate) struct QpInner {
-    // First: the QP is destroyed before the parents below are released.
+    /// For a QP made through a CM id: detaches it from the id (under the CM lock) before
+    /// `raw` destroys it, so that librdmacm never touches a destroyed QP.
+    cm: Option<crate::cm::CmQpLink>,
+    // The QP is destroyed before the parents below are released.
     pub(crate) raw: Owned<ffi::ibv_qp>,
     pub(crate) qp_ex: Option<NonNull<ffi::ibv_qp_ex>>,
     qp_type: QpType,
@@ -222,6 +225,8 @@ pub(crate) struct QpInner {
     max_qp_rd_atom: u8,
     max_qp_init_rd_atom: u8,
     pd: ProtectionDomain,
+    /// The CM id a QP was made through, released only after the QP is destroyed.
+    _cm_id: Option<Arc<dyn Send + Sync>>,
     // Held only to keep the parents alive.
     _send_cq: Arc<CqInner>,
     _recv_cq: Arc<CqInner>,
@@ -378,6 +383,25 @@ impl<'a> QueuePairBuilder<'a> {
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
         const VERB: &str = "ibv_create_qp_ex";
+        let ctx = self.pd.context().clone();
+        self.build_with(VERB, |attr| {
+            // SAFETY: the context, PD, CQs and SRQ in `attr` are live (borrowed by the
+            // builder) and belong to one context; `attr` is valid for reading and writing.
+            let raw = unsafe { ffi::ibv_create_qp_ex(ctx.as_raw(), attr) };
+            Ok((NonNull::new(raw).ok_or_else(|| Error::last_os(VERB, Plane::Control))?, None))
+        })
+    }
+
+    /// Checks the request as [`build`](Self::build) does, then creates the QP with
+    /// `create`, which gets the filled-in attributes and returns the new QP (from then on
+    /// owned by the result and destroyed with `ibv_destroy_qp`) and, for a QP made
+    /// through a CM id, the link that takes it off the id first.
+    pub(crate) fn build_with(
+        self,
+        verb: &'static str,
+        create: impl FnOnce(&mut ffi::ibv_qp_init_attr_ex) -> Result<(NonNull<ffi::ibv_qp>, Option<crate::cm::CmQpLink>)>,
+    ) -> Result<QueuePair> {
+        const VERB: &str = "ibv_create_qp_ex";
         let ctx = self.pd.context();
         let same = |other: &Context, what: &str| {
             if other.as_raw() == ctx.as_raw() {
@@ -418,11 +442,7 @@ impl<'a> QueuePairBuilder<'a> {
             send_ops_flags: send_ops.bits(),
             ..Default::default()
         };
-        // SAFETY: the context, PD, CQs and SRQ are live (borrowed for this call) and belong
-        // to one context; `attr` is valid for reading and writing.
-        let raw = unsafe { ffi::ibv_create_qp_ex(ctx.as_raw(), &mut attr) };
-        // SAFETY: a new QP that only this Owned destroys.
-        let raw = unsafe { Owned::new(raw, VERB) }.map_err(|e| match e.errno() {
+        let (raw, cm) = create(&mut attr).map_err(|e| match e.errno() {
             Some(libc::EINVAL) => e.with_hint(format!(
                 "the provider refused a {} QP with {:?}: most often max_inline_data is above what it supports",
                 self.req.qp_type,
@@ -434,6 +454,8 @@ impl<'a> QueuePairBuilder<'a> {
             )),
             _ => e,
         })?;
+        // SAFETY: a new QP that only this Owned destroys (after `cm` detached it).
+        let raw = unsafe { Owned::new(raw.as_ptr(), verb)? };
         let qp_ex = if self.req.send_ops.is_some() {
             // SAFETY: the QP was created through the provider's create_qp_ex with send ops,
             // so it is a verbs_qp and the conversion reads a valid field.
@@ -442,12 +464,16 @@ impl<'a> QueuePairBuilder<'a> {
             None
         };
         if self.req.send_ops.is_some() && qp_ex.is_none() {
+            // Detach from the CM id before `raw` destroys the QP.
+            drop(cm);
             return Err(Error::verb("ibv_qp_to_qp_ex", Plane::Control, libc::EOPNOTSUPP)
                 .with_hint("the provider created the QP without the extended send API"));
         }
         let rd_atom = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
+        let cm_id = cm.as_ref().map(crate::cm::CmQpLink::id);
         Ok(QueuePair {
             inner: Arc::new(QpInner {
+                cm,
                 raw,
                 qp_ex,
                 qp_type: self.req.qp_type,
@@ -458,6 +484,7 @@ impl<'a> QueuePairBuilder<'a> {
                 max_qp_rd_atom: rd_atom(dev.max_qp_rd_atom),
                 max_qp_init_rd_atom: rd_atom(dev.max_qp_init_rd_atom),
                 pd: self.pd.clone(),
+                _cm_id: cm_id,
                 _send_cq: Arc::clone(&self.send_cq.inner),
                 _recv_cq: Arc::clone(&self.recv_cq.inner),
                 srq: self.srq.map(|s| Arc::clone(&s.inner)),
@@ -1099,7 +1126,11 @@ impl QueuePair {
     /// Destroys the QP now and reports the result (`ibv_destroy_qp`). Fails with EBUSY,
     /// destroying nothing yet, while another handle of this crate still holds it.
     pub fn destroy(self) -> Result<()> {
-        destroy_shared(self.inner, "ibv_destroy_qp", |inner| inner.raw.destroy())
+        destroy_shared(self.inner, "ibv_destroy_qp", |mut inner| {
+            // A QP made through a CM id leaves it first.
+            drop(inner.cm.take());
+            inner.raw.destroy()
+        })
     }
 }
 

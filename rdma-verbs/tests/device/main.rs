@@ -9,6 +9,7 @@
 
 mod alloc;
 mod basics;
+mod cm;
 mod cq;
 mod datapath;
 mod datapath2;

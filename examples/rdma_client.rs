@@ -1,0 +1,162 @@
+//! `rdma_client`: librdmacm's `rdma_client` example on the safe API, and a peer for
+//! either server (ours, or librdmacm's `rdma_server`).
+//!
+//! ```text
+//! rdma_client [-s server_address] [-p port_number] [-t seconds] [-v]
+//!   -s  the server's address (default 127.0.0.1; on RoCE, the IP of a netdev under
+//!       an RDMA device)
+//!   -p  its port (default 7471)
+//!   -t  the bound on every wait (default 30 s; librdmacm's example waits forever)
+//!   -v  check that the reply is our message echoed (our rdma_server echoes;
+//!       librdmacm's sends 16 zero bytes)
+//! ```
+//!
+//! What goes over the wire is what librdmacm's pair does: an RC connection through
+//! rdma_cm (port space TCP, no private data), a QP with one send and one receive of one
+//! SGE and 16 bytes of inline data, every send signaled. The client posts its receive,
+//! connects, SENDs 16 bytes (inline when the QP allows it), waits for that send to
+//! complete, then for the server's 16-byte SEND, and disconnects.
+//!
+//! Exit status 0 on success, 1 on failure, 2 on a command-line error; like the C
+//! example it prints `rdma_client: start` and `rdma_client: end <status>`.
+//! `scripts/rxe cargo run --example rdma_client -- -s "$RDMA_IP"` runs it next to rxe.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::cm::{CmId, ConnParam, EventChannel, PortSpace};
+use rdma_verbs::queue::{RecvQueue, SendQueue};
+use rdma_verbs::{
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, ProtectionDomain, QpType, QueuePair, SendWr, WorkCompletion,
+};
+
+const USAGE: &str = "usage: rdma_client [-s server_address] [-p port_number] [-t seconds] [-v]";
+/// Message size of librdmacm's example pair.
+const MSG_LEN: usize = 16;
+const MESSAGE: &[u8; MSG_LEN] = b"rdma-verbs: ping";
+/// librdmacm's rdma_create_ep resolves with these timeouts.
+const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
+
+struct Options {
+    server: String,
+    port: u16,
+    timeout: Duration,
+    verify: bool,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
+    let mut opts = Options { server: "127.0.0.1".into(), port: 7471, timeout: Duration::from_secs(30), verify: false };
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "-s" => opts.server = value("-s")?,
+            "-p" => opts.port = value("-p")?.parse().map_err(|e| format!("-p: {e}"))?,
+            "-t" => opts.timeout = Duration::from_secs(value("-t")?.parse().map_err(|e| format!("-t: {e}"))?),
+            "-v" => opts.verify = true,
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(opts)
+}
+
+/// The first address `host` resolves to, IPv4 first (RoCE GIDs are mostly IPv4).
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(|e| format!("{host}: {e}"))?.collect();
+    addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| format!("{host}: no address"))
+}
+
+/// Polls `cq` until one completion arrives, at most `timeout`.
+fn wait_one(cq: &mut CompletionQueue, timeout: Duration, what: &str) -> Result<WorkCompletion, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(wc) = cq.poll_one().map_err(|e| e.to_string())? {
+            return wc.ok().map(|_| ()).map_err(|e| format!("{what}: {e}")).map(|()| wc);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no {what} completion within {timeout:?}"));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn run(opts: &Options) -> Result<(), String> {
+    let err = |e: rdma_verbs::Error| e.to_string();
+    let dst = resolve(&opts.server, opts.port)?;
+    let channel = EventChannel::new().map_err(err)?;
+    let id = CmId::new(&channel, PortSpace::Tcp).map_err(err)?;
+    id.resolve_addr(None, dst, RESOLVE_TIMEOUT).map_err(err)?;
+    id.resolve_route(RESOLVE_TIMEOUT).map_err(err)?;
+
+    let ctx = id.context().map_err(err)?;
+    let pd = ProtectionDomain::new(&ctx).map_err(err)?;
+    let mut cq = CompletionQueue::new(&ctx, 4).map_err(err)?;
+    let builder = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
+        .max_send_wr(1)
+        .max_recv_wr(1)
+        .max_send_sge(1)
+        .max_recv_sge(1)
+        .max_inline_data(MSG_LEN as u32)
+        .sq_sig_all(true);
+    let qp = id.create_qp(builder).map_err(err)?;
+    let inline = qp.caps().max_inline_data as usize >= MSG_LEN;
+    if !inline {
+        println!("rdma_client: device doesn't support IBV_SEND_INLINE, using sge sends");
+    }
+
+    let mut bufs: Vec<Chunk> = pd
+        .register(AlignedBuf::new(2 * MSG_LEN).map_err(err)?, AccessFlags::LOCAL_WRITE)
+        .and_then(|mr| mr.into_chunks(MSG_LEN))
+        .map_err(err)?;
+    let (mut send_buf, recv_buf) = (bufs.remove(0), bufs.remove(0));
+    send_buf.copy_from_slice(MESSAGE);
+    let mut rq: RecvQueue<Chunk> = qp.recv_queue().map_err(err)?;
+    let mut sq: SendQueue<Chunk> = qp.send_queue().map_err(err)?;
+    rq.post(recv_buf, 0..MSG_LEN, 1).map_err(|(e, _)| err(e))?;
+
+    id.connect(&ConnParam::new(), opts.timeout).map_err(err)?;
+
+    let wr = SendWr::send(send_buf, 0..MSG_LEN).id(2);
+    sq.post(if inline { wr.inline() } else { wr }).map_err(|(e, _)| err(e))?;
+    let mut wc = wait_one(&mut cq, opts.timeout, "send")?;
+    sq.complete(&mut wc, drop).map_err(err)?;
+    let mut wc = wait_one(&mut cq, opts.timeout, "receive")?;
+    let got = rq.complete(&mut wc).map_err(err)?;
+    let reply = &got.buf[..got.byte_len as usize];
+    println!("rdma_client: received {} bytes: {:02x?}", reply.len(), reply);
+    if got.byte_len as usize != MSG_LEN {
+        return Err(format!("expected a {MSG_LEN}-byte reply, got {} bytes", got.byte_len));
+    }
+    if opts.verify && reply != MESSAGE {
+        return Err(format!("the reply is not our message echoed: {reply:02x?}"));
+    }
+    // The server may have disconnected already; like librdmacm's example, ignore that.
+    if let Err(e) = id.disconnect() {
+        eprintln!("rdma_client: disconnect: {e}");
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let opts = match parse_args(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("rdma_client: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    println!("rdma_client: start");
+    let status = match run(&opts) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rdma_client: {e}");
+            -1
+        }
+    };
+    println!("rdma_client: end {status}");
+    if status == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

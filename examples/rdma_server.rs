@@ -1,0 +1,159 @@
+//! `rdma_server`: librdmacm's `rdma_server` example on the safe API, and a peer for
+//! either client (ours, or librdmacm's `rdma_client`).
+//!
+//! ```text
+//! rdma_server [-s server_address] [-p port_number] [-t seconds]
+//!   -s  the address to listen on (default 0.0.0.0, every address)
+//!   -p  the port (default 7471)
+//!   -t  the bound on every wait, the wait for a client included (default 60 s;
+//!       librdmacm's example waits forever)
+//! ```
+//!
+//! It serves one client the way librdmacm's example does: RC through rdma_cm (port
+//! space TCP, no private data), a QP with one send and one receive of one SGE and 16
+//! bytes of inline data, every send signaled. It posts its receive before accepting,
+//! waits for the client's 16-byte SEND, SENDs 16 bytes back (inline when the QP allows
+//! it), waits for that send to complete and disconnects. Where the C example sends 16
+//! zero bytes, this one echoes what it received, which the C client does not check and
+//! our client can (`rdma_client -v`).
+//!
+//! Once it listens it prints `rdma_server: listening on ADDR:PORT` (a line the C
+//! example does not have), so that scripts know when to start the client. Exit status
+//! 0 on success, 1 on failure, 2 on a command-line error; like the C example it prints
+//! `rdma_server: start` and `rdma_server: end <status>`.
+
+use std::io::Write;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::cm::{CmId, ConnParam, EventChannel, PortSpace};
+use rdma_verbs::queue::{RecvQueue, SendQueue};
+use rdma_verbs::{
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, ProtectionDomain, QpType, QueuePair, SendWr, WorkCompletion,
+};
+
+const USAGE: &str = "usage: rdma_server [-s server_address] [-p port_number] [-t seconds]";
+/// Message size of librdmacm's example pair.
+const MSG_LEN: usize = 16;
+
+struct Options {
+    address: String,
+    port: u16,
+    timeout: Duration,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
+    let mut opts = Options { address: "0.0.0.0".into(), port: 7471, timeout: Duration::from_secs(60) };
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "-s" => opts.address = value("-s")?,
+            "-p" => opts.port = value("-p")?.parse().map_err(|e| format!("-p: {e}"))?,
+            "-t" => opts.timeout = Duration::from_secs(value("-t")?.parse().map_err(|e| format!("-t: {e}"))?),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(opts)
+}
+
+/// The first address `host` resolves to, IPv4 first (RoCE GIDs are mostly IPv4).
+fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(|e| format!("{host}: {e}"))?.collect();
+    addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| format!("{host}: no address"))
+}
+
+/// Polls `cq` until one completion arrives, at most `timeout`.
+fn wait_one(cq: &mut CompletionQueue, timeout: Duration, what: &str) -> Result<WorkCompletion, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(wc) = cq.poll_one().map_err(|e| e.to_string())? {
+            return wc.ok().map(|_| ()).map_err(|e| format!("{what}: {e}")).map(|()| wc);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no {what} completion within {timeout:?}"));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn run(opts: &Options) -> Result<(), String> {
+    let err = |e: rdma_verbs::Error| e.to_string();
+    let addr = resolve(&opts.address, opts.port)?;
+    let channel = EventChannel::new().map_err(err)?;
+    let listener = CmId::new(&channel, PortSpace::Tcp).map_err(err)?;
+    listener.bind(addr).map_err(err)?;
+    listener.listen(0).map_err(err)?;
+    println!("rdma_server: listening on {}", listener.local_addr().unwrap_or(addr));
+    // Scripts wait for that line: do not leave it in a pipe's buffer.
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+
+    let id = listener.get_request(opts.timeout).map_err(err)?.into_id();
+    let ctx = id.context().map_err(err)?;
+    let pd = ProtectionDomain::new(&ctx).map_err(err)?;
+    let mut cq = CompletionQueue::new(&ctx, 4).map_err(err)?;
+    let builder = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
+        .max_send_wr(1)
+        .max_recv_wr(1)
+        .max_send_sge(1)
+        .max_recv_sge(1)
+        .max_inline_data(MSG_LEN as u32)
+        .sq_sig_all(true);
+    let qp = id.create_qp(builder).map_err(err)?;
+    let inline = qp.caps().max_inline_data as usize >= MSG_LEN;
+    if !inline {
+        println!("rdma_server: device doesn't support IBV_SEND_INLINE, using sge sends");
+    }
+
+    let mut bufs: Vec<Chunk> = pd
+        .register(AlignedBuf::new(2 * MSG_LEN).map_err(err)?, AccessFlags::LOCAL_WRITE)
+        .and_then(|mr| mr.into_chunks(MSG_LEN))
+        .map_err(err)?;
+    let (mut send_buf, recv_buf) = (bufs.remove(0), bufs.remove(0));
+    let mut rq: RecvQueue<Chunk> = qp.recv_queue().map_err(err)?;
+    let mut sq: SendQueue<Chunk> = qp.send_queue().map_err(err)?;
+    rq.post(recv_buf, 0..MSG_LEN, 1).map_err(|(e, _)| err(e))?;
+
+    id.accept(&ConnParam::new(), opts.timeout).map_err(err)?;
+
+    let mut wc = wait_one(&mut cq, opts.timeout, "receive")?;
+    let got = rq.complete(&mut wc).map_err(err)?;
+    let msg = &got.buf[..got.byte_len as usize];
+    println!("rdma_server: received {} bytes: {:02x?}", msg.len(), msg);
+    let n = msg.len().min(MSG_LEN);
+    send_buf[..n].copy_from_slice(&msg[..n]);
+
+    let wr = SendWr::send(send_buf, 0..MSG_LEN).id(2);
+    sq.post(if inline { wr.inline() } else { wr }).map_err(|(e, _)| err(e))?;
+    let mut wc = wait_one(&mut cq, opts.timeout, "send")?;
+    sq.complete(&mut wc, drop).map_err(err)?;
+    // Like librdmacm's example: the client may be gone already, which is no failure.
+    if let Err(e) = id.disconnect() {
+        eprintln!("rdma_server: disconnect: {e}");
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let opts = match parse_args(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("rdma_server: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    println!("rdma_server: start");
+    let status = match run(&opts) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rdma_server: {e}");
+            -1
+        }
+    };
+    println!("rdma_server: end {status}");
+    if status == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,256 @@
+//! Connections through the RDMA connection manager (librdmacm): addresses and ports
+//! instead of QP numbers and GIDs, as with TCP sockets.
+//!
+//! An [`EventChannel`] carries the events of the [`CmId`]s made on it; a `CmId` is one
+//! endpoint: a listener, or one side of one connection. The client resolves the server's
+//! IP address to a device and a path, makes its QP through the id, and connects; the
+//! server binds, listens, takes each request as a new id, makes its QP and accepts. Both
+//! may send up to a few dozen bytes of private data with the handshake, and the server
+//! may reject instead, with a reason.
+//!
+//! ```no_run
+//! # fn main() -> rdma_verbs::Result<()> {
+//! use std::time::Duration;
+//! use rdma_verbs::cm::{CmId, ConnParam, EventChannel, PortSpace};
+//! use rdma_verbs::{CompletionQueue, ProtectionDomain, QpType, QueuePair};
+//!
+//! let t = Duration::from_secs(5);
+//! let channel = EventChannel::new()?;
+//! let id = CmId::new(&channel, PortSpace::Tcp)?;
+//! id.resolve_addr(None, "10.99.0.1:7471".parse().unwrap(), t)?;
+//! id.resolve_route(t)?;
+//! let ctx = id.context()?; // the device rdma_cm chose for that address
+//! let pd = ProtectionDomain::new(&ctx)?;
+//! let cq = CompletionQueue::new(&ctx, 16)?;
+//! let qp = id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq))?;
+//! // ... post receives on qp.recv_queue() ...
+//! let established = id.connect(&ConnParam::new().private_data(b"hello"), t)?;
+//! println!("the server said {:?}", established.private_data());
+//! // ... send and receive through qp.send_queue() / qp.recv_queue() ...
+//! id.disconnect()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Events and their acknowledgement
+//!
+//! librdmacm hands out events that must be acknowledged (`rdma_ack_cm_event`), and an id
+//! cannot be destroyed while an event about it is unacknowledged. This module copies an
+//! event (kind, status, private data, the peer's parameters) into a [`CmEvent`] and
+//! acknowledges it at once, before anyone sees it; so a `CmEvent` is plain data and
+//! never holds up a destroy. Events read for one id while another id's caller is waiting
+//! are queued in the channel until that id asks; a connection request carries its new
+//! id, which is rejected and destroyed if nobody takes it.
+//!
+//! Every wait has a timeout and ends with [`Error::Timeout`]. The
+//! channel's descriptor is non-blocking and can go into an event loop ([`AsRawFd`]), with
+//! [`EventChannel::try_next_event`] on readiness.
+//!
+//! # Lifetimes and teardown
+//!
+//! A QP made through an id ([`CmId::create_qp`]) holds the id; a [`Context`] from
+//! [`CmId::context`] holds it too (librdmacm opened that device context and keeps it
+//! open while one of its ids is bound to it), and so does everything made from that
+//! context. An id holds its channel. So the order librdmacm requires (QP before id, id
+//! before channel, every event acknowledged before its id goes) holds whatever order
+//! the handles are dropped in. librdmacm also changes the state of an id's QP itself
+//! (on accept, on the connect response, on disconnect): a lock of the channel keeps that
+//! from racing with the QP's destruction.
+//!
+//! [`AsRawFd`]: std::os::fd::AsRawFd
+//! [`Context`]: crate::Context
+
+mod addr;
+mod channel;
+mod event;
+mod id;
+
+pub use channel::EventChannel;
+pub use event::{CmEvent, CmEventKind, ConnInfo, ConnectRequest, RejectReason, UdInfo};
+pub use id::CmId;
+pub(crate) use id::CmQpLink;
+
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::qp::QpType;
+
+/// The port space of an id (`enum rdma_port_space`): which transport its connections
+/// use, like TCP and UDP ports for IP.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PortSpace {
+    /// Reliable connections (RC QPs), `RDMA_PS_TCP`.
+    Tcp,
+    /// Datagrams (UD QPs), `RDMA_PS_UDP`.
+    Udp,
+}
+
+impl PortSpace {
+    /// The C value.
+    pub fn to_ffi(self) -> ffi::rdma_port_space {
+        match self {
+            PortSpace::Tcp => ffi::rdma_port_space::RDMA_PS_TCP,
+            PortSpace::Udp => ffi::rdma_port_space::RDMA_PS_UDP,
+        }
+    }
+
+    /// The QP type an id of this port space connects.
+    pub fn qp_type(self) -> QpType {
+        match self {
+            PortSpace::Tcp => QpType::Rc,
+            PortSpace::Udp => QpType::Ud,
+        }
+    }
+}
+
+/// What private data travels with (the CM message it rides in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PrivateDataOp {
+    Connect,
+    Accept,
+    Reject,
+}
+
+/// Largest private data that fits in one CM message of `op` for `ps` on InfiniBand and
+/// RoCE: the IB CM message's private data field, less the 36-byte header rdma_cm puts in
+/// front of a request for IP addressing. Other transports (iWARP) are bounded by the
+/// u8 length of the kernel interface.
+pub(crate) fn max_private_data(ps: PortSpace, op: PrivateDataOp, ib_transport: bool) -> usize {
+    if !ib_transport {
+        return u8::MAX as usize;
+    }
+    match (ps, op) {
+        (PortSpace::Tcp, PrivateDataOp::Connect) => 56,  // REQ: 92 - 36
+        (PortSpace::Tcp, PrivateDataOp::Accept) => 196,  // REP
+        (PortSpace::Tcp, PrivateDataOp::Reject) => 148,  // REJ
+        (PortSpace::Udp, PrivateDataOp::Connect) => 180, // SIDR REQ: 216 - 36
+        (PortSpace::Udp, _) => 136,                      // SIDR REP
+    }
+}
+
+/// Refuses private data longer than the message can carry, before any C call.
+pub(crate) fn check_private_data(
+    verb: &'static str,
+    data: &[u8],
+    ps: PortSpace,
+    op: PrivateDataOp,
+    ib_transport: bool,
+) -> Result<()> {
+    let max = max_private_data(ps, op, ib_transport);
+    if data.len() > max {
+        let on = if ib_transport { "on InfiniBand and RoCE" } else { "through the kernel interface" };
+        return Err(Error::invalid(
+            verb,
+            format!("{} bytes of private data exceed the {max} a {op:?} message carries {on}", data.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Connection parameters for [`CmId::connect`] and [`CmId::accept`] (`struct
+/// rdma_conn_param`). The defaults: no private data, RDMA READ and atomic depths as
+/// large as the device allows, 7 retries after a timeout, 6 after an RNR NAK (not 7,
+/// which would retry forever while the peer posts no receive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct ConnParam<'a> {
+    pub(crate) private_data: &'a [u8],
+    pub(crate) responder_resources: Option<u8>,
+    pub(crate) initiator_depth: Option<u8>,
+    pub(crate) retry_count: u8,
+    pub(crate) rnr_retry_count: u8,
+}
+
+impl Default for ConnParam<'_> {
+    fn default() -> Self {
+        ConnParam {
+            private_data: &[],
+            responder_resources: None,
+            initiator_depth: None,
+            retry_count: 7,
+            rnr_retry_count: 6,
+        }
+    }
+}
+
+impl<'a> ConnParam<'a> {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes for the peer, delivered with its event. At most 56 with a connect and 196
+    /// with an accept on InfiniBand and RoCE (UD: 180 and 136); the peer receives them
+    /// padded with zeros to the size of the message's field, so put your own length in
+    /// them when it matters.
+    pub fn private_data(mut self, data: &'a [u8]) -> Self {
+        self.private_data = data;
+        self
+    }
+
+    /// RDMA READs and atomics the peer may have outstanding at this side (default: the
+    /// device's maximum).
+    pub fn responder_resources(mut self, n: u8) -> Self {
+        self.responder_resources = Some(n);
+        self
+    }
+
+    /// RDMA READs and atomics this side may have outstanding at the peer (default: the
+    /// device's maximum).
+    pub fn initiator_depth(mut self, n: u8) -> Self {
+        self.initiator_depth = Some(n);
+        self
+    }
+
+    /// Retries after a transport timeout, 0..=7 (default 7).
+    pub fn retry_count(mut self, n: u8) -> Self {
+        self.retry_count = n;
+        self
+    }
+
+    /// Retries after an RNR NAK (the peer had no receive posted), 0..=7, 7 = forever
+    /// (default 6).
+    pub fn rnr_retry_count(mut self, n: u8) -> Self {
+        self.rnr_retry_count = n;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_data_limits_follow_the_ib_cm_message_sizes() {
+        assert_eq!(max_private_data(PortSpace::Tcp, PrivateDataOp::Connect, true), 56);
+        assert_eq!(max_private_data(PortSpace::Tcp, PrivateDataOp::Accept, true), 196);
+        assert_eq!(max_private_data(PortSpace::Tcp, PrivateDataOp::Reject, true), 148);
+        assert_eq!(max_private_data(PortSpace::Udp, PrivateDataOp::Connect, true), 180);
+        assert_eq!(max_private_data(PortSpace::Udp, PrivateDataOp::Accept, true), 136);
+        assert_eq!(max_private_data(PortSpace::Tcp, PrivateDataOp::Connect, false), 255);
+    }
+
+    #[test]
+    fn too_much_private_data_is_refused_naming_the_limit() {
+        check_private_data("rdma_connect", &[0; 56], PortSpace::Tcp, PrivateDataOp::Connect, true).unwrap();
+        let e = check_private_data("rdma_connect", &[0; 57], PortSpace::Tcp, PrivateDataOp::Connect, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("57 bytes of private data exceed the 56 a Connect message carries"), "{e}");
+    }
+
+    #[test]
+    fn port_spaces_map_to_their_c_values_and_qp_types() {
+        assert_eq!(PortSpace::Tcp.to_ffi().0, 0x106);
+        assert_eq!(PortSpace::Udp.to_ffi().0, 0x111);
+        assert_eq!(PortSpace::Tcp.qp_type(), QpType::Rc);
+        assert_eq!(PortSpace::Udp.qp_type(), QpType::Ud);
+    }
+
+    #[test]
+    fn conn_param_defaults_cannot_retry_forever() {
+        let p = ConnParam::new();
+        assert_eq!((p.retry_count, p.rnr_retry_count), (7, 6));
+        assert!(p.private_data.is_empty());
+    }
+}

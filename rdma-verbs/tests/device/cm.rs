@@ -1,0 +1,631 @@
+//! rdma_cm on a real device: connections between threads and between processes, with
+//! private data both ways and verified data, each refusal a clear error, and our
+//! examples against librdmacm's own `rdma_server` and `rdma_client`.
+//!
+//! rdma_cm resolves IP addresses: these tests use RDMA_IP, the address of the netdev
+//! under the device (scripts/rxe exports it), never 127.0.0.1. Each runs in a process of
+//! its own ([`isolated`]): librdmacm keeps the device open until its process exits.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Once};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, EventChannel, PortSpace, RejectReason};
+use rdma_verbs::queue::{RecvQueue, SendQueue};
+use rdma_verbs::{
+    AccessFlags, AddressHandle, Chunk, CompletionQueue, Context, Error, ProtectionDomain, QpState, QpType, QueuePair,
+    SendWr, WcOpcode, WcStatus,
+};
+
+use crate::datapath::{chunks, poll_one};
+use crate::{device_name, LeakCheck};
+
+/// The bound on every wait of these tests.
+const T: Duration = Duration::from_secs(10);
+/// How long a child process may take to start listening: under emulation (TCG) the
+/// first start of a large debug binary from the shared folder takes seconds.
+const STARTUP: Duration = Duration::from_secs(60);
+/// How long a child process may take to do its whole exchange and exit.
+const CHILD: Duration = Duration::from_secs(30);
+
+fn rdma_ip() -> IpAddr {
+    let ip = std::env::var("RDMA_IP").unwrap_or_default();
+    ip.parse().unwrap_or_else(|_| {
+        panic!(
+            "RDMA_IP is {ip:?}: rdma_cm tests need the IP address of the netdev under the device; \
+             run them through scripts/rxe, which exports it"
+        )
+    })
+}
+
+/// This test's path in the binary (`cm::name`), for running it alone.
+macro_rules! this_test {
+    () => {{
+        fn here() {}
+        let path = std::any::type_name_of_val(&here); // "device::cm::<test>::here"
+        let path = path.strip_suffix("::here").unwrap_or(path);
+        path.split_once("::").map_or(path, |(_crate, rest)| rest)
+    }};
+}
+
+/// Runs a test's body in a fresh process of this binary, bounded in time.
+///
+/// librdmacm opens a device's context the first time one of its ids binds to the device
+/// and keeps it open until the process exits. On rxe an open context blocks the removal
+/// of the device (the diag link test deletes and recreates it) for as long as it is
+/// open, so no rdma_cm call may happen in the process that runs the other tests. The
+/// child takes the leak check, after librdmacm has opened its context.
+fn isolated(test: &str, body: impl FnOnce()) {
+    const ENV: &str = "RDMA_VERBS_CM_TEST";
+    if std::env::var(ENV).as_deref() == Ok(test) {
+        let _leaks = cm_leak_check();
+        body();
+        return;
+    }
+    let log_path =
+        std::env::temp_dir().join(format!("rdma-verbs-cm-{}-{}.log", std::process::id(), test.replace(':', "_")));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"])
+        .env(ENV, test)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("spawn the test binary");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_path);
+    // Indented, so that the child's own "test result" line is not taken for this binary's.
+    for line in output.lines() {
+        eprintln!("    | {line}");
+    }
+    let status = status.unwrap_or_else(|| panic!("{test} did not finish within 180 s in its own process"));
+    assert!(status.success(), "{test} failed in its own process: {status}");
+    assert!(output.contains("test result: ok. 1 passed"), "{test}: the child process did not run exactly this test");
+}
+
+/// librdmacm opens a device's context the first time one of its ids binds to that
+/// device and keeps it open for the life of the process. Open it before the leak check
+/// takes its snapshot, so that the check sees only what a test leaves behind.
+fn cm_leak_check() -> LeakCheck {
+    static OPEN: Once = Once::new();
+    OPEN.call_once(|| {
+        let channel = EventChannel::new().unwrap();
+        let id = CmId::new(&channel, PortSpace::Tcp).unwrap();
+        id.bind(SocketAddr::new(rdma_ip(), 0)).unwrap();
+        let ctx = id.context().unwrap();
+        assert_eq!(ctx.name(), device_name(), "rdma_cm picked the device under RDMA_IP");
+    });
+    LeakCheck::new()
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed)).collect()
+}
+
+/// One side of a connection made through rdma_cm: the id, its QP (made through the id)
+/// and both of its queues, and registered buffers.
+struct Side {
+    bufs: Vec<Chunk>,
+    sq: SendQueue<Chunk>,
+    rq: RecvQueue<Chunk>,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    id: CmId,
+}
+
+impl Side {
+    fn new(id: CmId) -> Side {
+        let ctx = id.context().unwrap();
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        let cq = CompletionQueue::new(&ctx, 64).unwrap();
+        let qp = id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(16).max_recv_wr(16)).unwrap();
+        assert_eq!(qp.state().unwrap(), QpState::Init, "rdma_create_qp leaves an RC QP in INIT");
+        let bufs = chunks(&pd, 4, 4096, AccessFlags::LOCAL_WRITE);
+        Side { sq: qp.send_queue().unwrap(), rq: qp.recv_queue().unwrap(), bufs, cq, qp, id }
+    }
+
+    fn post_recv(&mut self, id: u64) {
+        let buf = self.bufs.pop().expect("a free buffer");
+        self.rq.post(buf, 0..4096, id).map_err(|(e, _)| e).unwrap();
+    }
+
+    fn send(&mut self, data: &[u8]) {
+        let mut buf = self.bufs.pop().expect("a free buffer");
+        buf[..data.len()].copy_from_slice(data);
+        self.sq.post(SendWr::send(buf, 0..data.len())).map_err(|(e, _)| e).unwrap();
+        let mut wc = poll_one(&mut self.cq);
+        let bufs = &mut self.bufs;
+        self.sq
+            .complete(&mut wc, |d| {
+                assert_eq!(d.status, WcStatus::Success);
+                bufs.push(d.buf);
+            })
+            .unwrap();
+    }
+
+    fn recv(&mut self) -> Vec<u8> {
+        let mut wc = poll_one(&mut self.cq);
+        assert_eq!(wc.opcode(), WcOpcode::Recv);
+        let done = self.rq.complete(&mut wc).unwrap();
+        assert_eq!(done.status, WcStatus::Success);
+        let data = done.buf[..done.byte_len as usize].to_vec();
+        self.bufs.push(done.buf);
+        data
+    }
+}
+
+/// A listener on RDMA_IP, on a port the kernel picks.
+fn listener(channel: &EventChannel) -> (CmId, SocketAddr) {
+    let id = CmId::new(channel, PortSpace::Tcp).unwrap();
+    id.bind(SocketAddr::new(rdma_ip(), 0)).unwrap();
+    id.listen(4).unwrap();
+    let addr = id.local_addr().expect("a bound listener has an address");
+    assert_eq!(addr.ip(), rdma_ip());
+    assert_ne!(addr.port(), 0, "binding to port 0 picks a port");
+    (id, addr)
+}
+
+/// A client id with its address and route resolved to `server`.
+fn resolved(channel: &EventChannel, server: SocketAddr) -> CmId {
+    let id = CmId::new(channel, PortSpace::Tcp).unwrap();
+    id.resolve_addr(None, server, T).unwrap();
+    id.resolve_route(T).unwrap();
+    assert_eq!(id.peer_addr(), Some(server));
+    assert_eq!(id.port_num(), Some(1));
+    id
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn two_threads_connect_with_private_data_both_ways_and_move_verified_data() {
+    isolated(this_test!(), || {
+        let channel = EventChannel::new().unwrap();
+        let (listen, addr) = listener(&channel);
+        let (request, reply) = (pattern(1, 3000), pattern(2, 2000));
+        let (req2, reply2) = (request.clone(), reply.clone());
+
+        let server = thread::spawn(move || {
+            let req = listen.get_request(T).unwrap();
+            eprintln!("server: request with {} bytes of private data", req.private_data().len());
+            assert!(req.private_data().starts_with(b"client hello"), "{:?}", req.private_data());
+            assert_eq!(req.id().peer_addr().map(|a| a.ip()), Some(rdma_ip()));
+            assert_eq!(req.id().local_addr(), Some(addr));
+            assert!(req.conn().unwrap().qp_num > 1, "the request names the client's QP");
+            let mut side = Side::new(req.into_id());
+            side.post_recv(1);
+            side.id.accept(&ConnParam::new().private_data(b"server welcome"), T).unwrap();
+            assert_eq!(side.qp.state().unwrap(), QpState::Rts, "accept brought the QP to RTS");
+            assert_eq!(side.recv(), req2, "the client's bytes arrived intact");
+            side.send(&reply2);
+            let ev = side.id.next_event(T).unwrap();
+            assert_eq!(ev.kind(), CmEventKind::Disconnected, "{ev:?}");
+            drop(listen);
+        });
+
+        // The client on a channel of its own, as another process would have.
+        let client_channel = EventChannel::new().unwrap();
+        let mut side = Side::new(resolved(&client_channel, addr));
+        side.post_recv(1);
+        let established = side.id.connect(&ConnParam::new().private_data(b"client hello"), T).unwrap();
+        assert_eq!(established.kind(), CmEventKind::Established);
+        eprintln!("client: accept with {} bytes of private data", established.private_data().len());
+        assert!(established.private_data().starts_with(b"server welcome"), "{:?}", established.private_data());
+        assert_eq!(side.qp.state().unwrap(), QpState::Rts);
+        side.send(&request);
+        assert_eq!(side.recv(), reply, "the server's bytes arrived intact");
+        side.id.disconnect().unwrap();
+        let ev = side.id.next_event(T).unwrap();
+        assert_eq!(ev.kind(), CmEventKind::Disconnected, "the disconnecting side sees the end too: {ev:?}");
+        server.join().unwrap();
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn both_sides_on_one_channel_each_get_their_own_events_and_the_peer_sees_the_disconnect() {
+    isolated(this_test!(), || {
+        // One channel for both threads: whichever reads an event queues it for its id.
+        let channel = EventChannel::new().unwrap();
+        let (listen, addr) = listener(&channel);
+        let (done_tx, done_rx) = mpsc::channel();
+        let server = thread::spawn(move || {
+            let mut side = Side::new(listen.get_request(T).unwrap().into_id());
+            side.post_recv(1);
+            side.id.accept(&ConnParam::new(), T).unwrap();
+            let ev = side.id.next_event(T).unwrap();
+            assert_eq!(ev.kind(), CmEventKind::Disconnected, "the peer's disconnect reached the server: {ev:?}");
+            done_tx.send(()).unwrap();
+        });
+        let mut side = Side::new(resolved(&channel, addr));
+        side.post_recv(7);
+        side.id.connect(&ConnParam::new(), T).unwrap();
+        side.id.disconnect().unwrap();
+        // Disconnecting moved our QP to ERR: the posted receive comes back flushed.
+        let mut wc = poll_one(&mut side.cq);
+        let done = side.rq.complete(&mut wc).unwrap();
+        assert_eq!((done.id, done.status), (7, WcStatus::WrFlushErr));
+        assert_eq!(side.qp.state().unwrap(), QpState::Err);
+        done_rx.recv_timeout(T).expect("the server saw DISCONNECTED");
+        let ev = side.id.next_event(T).unwrap();
+        assert_eq!(ev.kind(), CmEventKind::Disconnected, "{ev:?}");
+        server.join().unwrap();
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn listening_twice_on_one_address_and_port_fails_with_eaddrinuse() {
+    isolated(this_test!(), || {
+        let channel = EventChannel::new().unwrap();
+        let (_first, addr) = listener(&channel);
+        let second = CmId::new(&channel, PortSpace::Tcp).unwrap();
+        let err = second.bind(addr).and_then(|()| second.listen(4)).unwrap_err();
+        eprintln!("{err}");
+        assert_eq!(err.errno(), Some(libc::EADDRINUSE), "{err}");
+        assert!(err.to_string().contains(&format!("port {}", addr.port())), "the error names the port: {err}");
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn connecting_to_a_port_nobody_listens_on_is_rejected_quickly_as_invalid_service_id() {
+    isolated(this_test!(), || {
+        let channel = EventChannel::new().unwrap();
+        // A port that was free a moment ago, and is free again.
+        let (gone, addr) = listener(&channel);
+        drop(gone);
+        let side = Side::new(resolved(&channel, addr));
+        let start = Instant::now();
+        let err = side.id.connect(&ConnParam::new(), T).unwrap_err();
+        let took = start.elapsed();
+        eprintln!("{err} (after {took:?})");
+        match &err {
+            Error::Rejected { status, verb, .. } => {
+                assert_eq!(*verb, "rdma_connect");
+                assert_eq!(RejectReason::from_raw(*status), RejectReason::InvalidServiceId, "{err}");
+            }
+            other => panic!("expected a rejection, got {other}"),
+        }
+        assert!(err.to_string().contains("nothing listens"), "{err}");
+        assert!(took < T, "refused within the bound, not timed out: {took:?}");
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn a_rejecting_server_gives_the_client_its_reason_and_private_data() {
+    isolated(this_test!(), || {
+        let channel = EventChannel::new().unwrap();
+        let (listen, addr) = listener(&channel);
+        let server = thread::spawn(move || {
+            let req = listen.get_request(T).unwrap();
+            assert!(req.private_data().starts_with(b"let me in"));
+            // Too much private data for a REJ is refused before any C call.
+            let too_long = [0u8; 149];
+            assert!(matches!(req.id().reject(&too_long), Err(Error::InvalidArgument { .. })));
+            req.id().reject(b"go away: full").unwrap();
+            drop(req);
+        });
+        let client_channel = EventChannel::new().unwrap();
+        let side = Side::new(resolved(&client_channel, addr));
+        let err = side.id.connect(&ConnParam::new().private_data(b"let me in"), T).unwrap_err();
+        eprintln!("{err}");
+        match err {
+            Error::Rejected { status, private_data, .. } => {
+                assert_eq!(RejectReason::from_raw(status), RejectReason::ConsumerDefined);
+                eprintln!("reject private data: {} bytes", private_data.len());
+                assert!(private_data.starts_with(b"go away: full"), "{private_data:?}");
+            }
+            other => panic!("expected a rejection, got {other}"),
+        }
+        server.join().unwrap();
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn waiting_for_a_request_that_never_comes_times_out_within_its_bound() {
+    isolated(this_test!(), || {
+        let channel = EventChannel::new().unwrap();
+        let (listen, _addr) = listener(&channel);
+        assert!(channel.try_next_event().unwrap().is_none(), "nothing pending, and no blocking");
+        let start = Instant::now();
+        let err = listen.get_request(Duration::from_millis(300)).unwrap_err();
+        let took = start.elapsed();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+        assert!(took >= Duration::from_millis(300) && took < Duration::from_secs(3), "{took:?}");
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn create_qp_refuses_a_foreign_pd_a_wrong_qp_type_and_a_second_qp() {
+    isolated(this_test!(), || {
+        let channel = EventChannel::new().unwrap();
+        let (_listen, addr) = listener(&channel);
+        let id = resolved(&channel, addr);
+        let ctx = id.context().unwrap();
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        let cq = CompletionQueue::new(&ctx, 16).unwrap();
+        // A context we opened ourselves is another ibv_context than librdmacm's.
+        let own = Context::open(Some(&device_name())).unwrap();
+        let own_pd = ProtectionDomain::new(&own).unwrap();
+        let own_cq = CompletionQueue::new(&own, 16).unwrap();
+        let err = id.create_qp(QueuePair::builder(&own_pd, QpType::Rc, &own_cq, &own_cq)).unwrap_err();
+        assert!(err.to_string().contains("another device context"), "{err}");
+        let err = id.create_qp(QueuePair::builder(&pd, QpType::Ud, &cq, &cq)).unwrap_err();
+        assert!(err.to_string().contains("connects RC QPs"), "{err}");
+        let qp = id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq)).unwrap();
+        let err = id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq)).unwrap_err();
+        assert!(err.to_string().contains("one QP per id"), "{err}");
+        // Too much private data for a REQ: refused before any C call, the QP untouched.
+        let err = id.connect(&ConnParam::new().private_data(&[1; 57]), T).unwrap_err();
+        assert!(err.to_string().contains("exceed the 56"), "{err}");
+        assert_eq!(qp.state().unwrap(), QpState::Init);
+        // The id is held by its QP and by its context: destroy says so instead of freeing it.
+        drop((qp, cq, pd));
+        let err = id.destroy().unwrap_err();
+        assert_eq!(err.errno(), Some(libc::EBUSY), "{err}");
+        drop(ctx);
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn a_udp_id_learns_the_peers_qp_number_qkey_and_address_and_a_datagram_arrives() {
+    isolated(this_test!(), || {
+        let channel = EventChannel::new().unwrap();
+        let listen = CmId::new(&channel, PortSpace::Udp).unwrap();
+        listen.bind(SocketAddr::new(rdma_ip(), 0)).unwrap();
+        listen.listen(4).unwrap();
+        let addr = listen.local_addr().unwrap();
+        let payload = pattern(5, 512);
+        let expected = payload.clone();
+        let server = thread::spawn(move || {
+            let req = listen.get_request(T).unwrap();
+            eprintln!("UD request with {} bytes of private data", req.private_data().len());
+            assert!(req.private_data().starts_with(b"ud hello"), "{:?}", req.private_data());
+            let id = req.into_id();
+            let ctx = id.context().unwrap();
+            let pd = ProtectionDomain::new(&ctx).unwrap();
+            let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
+            let qp = id.create_qp(QueuePair::builder(&pd, QpType::Ud, &cq, &cq)).unwrap();
+            assert_eq!(qp.state().unwrap(), QpState::Rts, "rdma_create_qp brings a UD QP to RTS");
+            let mut rq: RecvQueue<Chunk> = qp.recv_queue().unwrap();
+            let buf = chunks(&pd, 1, 4096, AccessFlags::LOCAL_WRITE).pop().unwrap();
+            rq.post(buf, 0..4096, 1).map_err(|(e, _)| e).unwrap();
+            // A UD accept answers the request and returns: there is no ESTABLISHED here.
+            id.accept(&ConnParam::new().private_data(b"ud welcome"), T).unwrap();
+            let mut wc = poll_one(&mut cq);
+            let done = rq.complete(&mut wc).unwrap();
+            assert_eq!(done.status, WcStatus::Success);
+            // A UD receive starts with the 40-byte global route header.
+            assert_eq!(done.byte_len as usize, 40 + expected.len());
+            assert_eq!(&done.buf[40..40 + expected.len()], &expected[..], "the datagram arrived intact");
+        });
+        let client_channel = EventChannel::new().unwrap();
+        let id = CmId::new(&client_channel, PortSpace::Udp).unwrap();
+        id.resolve_addr(None, addr, T).unwrap();
+        id.resolve_route(T).unwrap();
+        let ctx = id.context().unwrap();
+        let pd = ProtectionDomain::new(&ctx).unwrap();
+        let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
+        let qp = id.create_qp(QueuePair::builder(&pd, QpType::Ud, &cq, &cq)).unwrap();
+        let est = id.connect(&ConnParam::new().private_data(b"ud hello"), T).unwrap();
+        assert_eq!(est.kind(), CmEventKind::Established);
+        assert!(est.private_data().starts_with(b"ud welcome"), "{:?}", est.private_data());
+        let peer = est.ud().expect("a UD ESTABLISHED event says how to reach the peer");
+        eprintln!("UD peer: {peer:?}");
+        assert!(peer.qp_num > 1 && peer.qkey != 0, "{peer:?}");
+        let ah = AddressHandle::new(&pd, &peer.ah).unwrap();
+        let mut sq: SendQueue<Chunk> = qp.send_queue().unwrap();
+        let mut src = chunks(&pd, 1, 4096, AccessFlags::LOCAL_WRITE).pop().unwrap();
+        src[..payload.len()].copy_from_slice(&payload);
+        sq.post(SendWr::send_ud(src, 0..payload.len(), &ah, peer.qp_num, peer.qkey)).map_err(|(e, _)| e).unwrap();
+        let mut wc = poll_one(&mut cq);
+        sq.complete(&mut wc, |d| assert_eq!(d.status, WcStatus::Success)).unwrap();
+        server.join().unwrap();
+    });
+}
+
+// ---- processes: our examples and librdmacm's -----------------------------------------
+
+/// An example binary of this workspace, built on the host beforehand.
+fn example(name: &str) -> PathBuf {
+    // target/<profile>/deps/device-<hash> -> target/<profile>/examples/<name>
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().and_then(|deps| deps.parent()).unwrap().join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the examples first (`cargo build --examples` on the host)",
+        path.display()
+    );
+    path
+}
+
+/// One of librdmacm's example programs (Debian: rdmacm-utils).
+fn librdmacm_tool(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(name))
+        .find(|p| p.exists());
+    path.unwrap_or_else(|| panic!("{name} is not installed: install rdmacm-utils"))
+}
+
+/// A child process whose stdout lines arrive on a channel as they come.
+struct Proc {
+    name: String,
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    out: Vec<String>,
+}
+
+impl Proc {
+    fn spawn(path: &PathBuf, args: &[&str]) -> Proc {
+        let mut child = Command::new(path)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {}: {e}", path.display()));
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let name = format!("{} {}", path.file_name().unwrap().to_string_lossy(), args.join(" "));
+        Proc { name, child, lines, out: Vec::new() }
+    }
+
+    /// Waits until a stdout line starts with `prefix`, at most `timeout`.
+    fn wait_line(&mut self, prefix: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let hit = line.starts_with(prefix);
+                    self.out.push(line);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let report = self.kill();
+        panic!("{}: no line {prefix:?} within {timeout:?}\n{report}", self.name);
+    }
+
+    /// Waits for the exit, at most `timeout`; killed and reported after that.
+    fn finish(mut self, timeout: Duration) -> (ExitStatus, String) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return (status, self.output());
+            }
+            if Instant::now() > deadline {
+                let report = self.kill();
+                panic!("{} did not finish within {timeout:?}\n{report}", self.name);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    fn kill(&mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.output()
+    }
+
+    /// Everything it printed so far (stdout, then stderr).
+    fn output(&mut self) -> String {
+        self.out.extend(self.lines.try_iter());
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        format!("--- {} stdout:\n{}\n--- stderr:\n{err}", self.name, self.out.join("\n"))
+    }
+}
+
+/// Runs a client against a server that may not listen yet: retried while the server
+/// runs, each run bounded.
+fn run_client_until_served(server: &mut Proc, client: &PathBuf, args: &[&str]) -> String {
+    let deadline = Instant::now() + STARTUP;
+    loop {
+        let (status, out) = Proc::spawn(client, args).finish(CHILD);
+        if status.success() {
+            return out;
+        }
+        eprintln!("client attempt failed ({status}), retrying:\n{out}");
+        assert!(server.is_running(), "the server exited before serving the client\n{}", server.output());
+        assert!(Instant::now() < deadline, "the client never got through\n{out}\n{}", server.kill());
+        thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn our_rdma_client_talks_to_librdmacm_rdma_server() {
+    isolated(this_test!(), || {
+        let ip = rdma_ip().to_string();
+        // It prints nothing we could wait for (its stdout is block-buffered into our pipe until
+        // it exits): the client retries until the server listens.
+        let mut server = Proc::spawn(&librdmacm_tool("rdma_server"), &["-s", &ip, "-p", "7481"]);
+        let out = run_client_until_served(&mut server, &example("rdma_client"), &["-s", &ip, "-p", "7481", "-t", "10"]);
+        eprintln!("{out}");
+        assert!(out.contains("rdma_client: received 16 bytes"), "{out}");
+        assert!(out.contains("rdma_client: end 0"), "{out}");
+        let (status, sout) = server.finish(CHILD);
+        eprintln!("{sout}");
+        assert!(status.success(), "librdmacm's rdma_server failed: {status}\n{sout}");
+        assert!(sout.contains("rdma_server: end 0"), "{sout}");
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn librdmacm_rdma_client_talks_to_our_rdma_server() {
+    isolated(this_test!(), || {
+        let ip = rdma_ip().to_string();
+        let mut server = Proc::spawn(&example("rdma_server"), &["-s", &ip, "-p", "7482", "-t", "20"]);
+        server.wait_line("rdma_server: listening on", STARTUP);
+        let (status, cout) = Proc::spawn(&librdmacm_tool("rdma_client"), &["-s", &ip, "-p", "7482"]).finish(CHILD);
+        eprintln!("{cout}");
+        assert!(status.success(), "librdmacm's rdma_client failed: {status}\n{cout}\n{}", server.kill());
+        assert!(cout.contains("rdma_client: end 0"), "{cout}");
+        let (status, sout) = server.finish(CHILD);
+        eprintln!("{sout}");
+        assert!(status.success(), "our rdma_server failed: {status}\n{sout}");
+        // librdmacm's client sends 16 zero bytes.
+        assert!(sout.contains(&format!("rdma_server: received 16 bytes: {:02x?}", [0u8; 16])), "{sout}");
+        assert!(sout.contains("rdma_server: end 0"), "{sout}");
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn our_rdma_client_and_server_as_two_processes_echo_verified_bytes() {
+    isolated(this_test!(), || {
+        let ip = rdma_ip().to_string();
+        let mut server = Proc::spawn(&example("rdma_server"), &["-s", &ip, "-p", "7483", "-t", "20"]);
+        server.wait_line("rdma_server: listening on", STARTUP);
+        // -v: the client checks that the reply is its own message, echoed.
+        let (status, cout) =
+            Proc::spawn(&example("rdma_client"), &["-s", &ip, "-p", "7483", "-t", "10", "-v"]).finish(CHILD);
+        eprintln!("{cout}");
+        assert!(status.success(), "our rdma_client failed: {status}\n{cout}\n{}", server.kill());
+        let echoed = format!("rdma_client: received 16 bytes: {:02x?}", b"rdma-verbs: ping");
+        assert!(cout.contains(&echoed), "{cout}");
+        let (status, sout) = server.finish(CHILD);
+        eprintln!("{sout}");
+        assert!(status.success() && sout.contains("rdma_server: end 0"), "{status}\n{sout}");
+    });
+}

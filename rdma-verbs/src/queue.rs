@@ -168,11 +168,11 @@ impl<T> Ring<T> {
         (unsafe { slot.buf.assume_init_read() }, slot.id)
     }
 
-    /// Everything still posted, for the graveyard.
-    fn take_all(&mut self) -> Vec<(T, u64)> {
+    /// The buffers of everything still posted, for the graveyard.
+    fn take_all(&mut self) -> Vec<T> {
         let mut all = Vec::with_capacity(self.outstanding() as usize);
         while self.outstanding() > 0 {
-            all.push(self.pop());
+            all.push(self.pop().0);
         }
         all
     }
@@ -664,8 +664,7 @@ fn atomic(remote: &RemoteMr, compare_add: u64, swap: u64) -> ffi::ibv_send_wr__b
 
 impl<T: Send + 'static> Drop for SendQueue<T> {
     fn drop(&mut self) {
-        let bufs: Vec<T> = self.ring.take_all().into_iter().map(|(b, _)| b).collect();
-        bury(self.claim.owner.graveyard(), bufs, std::mem::replace(&mut self.tag, Tag(0)));
+        bury(self.claim.owner.graveyard(), self.ring.take_all(), std::mem::replace(&mut self.tag, Tag(0)));
     }
 }
 
@@ -802,8 +801,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 
 impl<T: Send + 'static> Drop for RecvQueue<T> {
     fn drop(&mut self) {
-        let bufs: Vec<T> = self.ring.take_all().into_iter().map(|(b, _)| b).collect();
-        bury(self.claim.owner.graveyard(), bufs, std::mem::replace(&mut self.tag, Tag(0)));
+        bury(self.claim.owner.graveyard(), self.ring.take_all(), std::mem::replace(&mut self.tag, Tag(0)));
     }
 }
 

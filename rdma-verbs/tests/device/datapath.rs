@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::buf::Chunk;
+use rdma_verbs::qp::QueuePairBuilder;
 use rdma_verbs::queue::{Done, RecvQueue, SendQueue, SendWr};
 use rdma_verbs::{
     AccessFlags, AlignedBuf, CompletionQueue, InitAttr, ProtectionDomain, QpAccess, QpType, QueuePair, WcOpcode,
@@ -23,11 +24,19 @@ pub struct Side<T: rdma_verbs::queue::SendBuf> {
 
 /// Two connected RC QPs on the device under test, and the PD their memory comes from.
 pub fn rc_pair<T: rdma_verbs::queue::SendBuf>(access: QpAccess) -> (ProtectionDomain, Side<T>, Side<T>) {
+    rc_pair_with(access, |b| b)
+}
+
+/// [`rc_pair`] with QPs built by `tune` from a builder with 64 WRs each way.
+pub fn rc_pair_with<T: rdma_verbs::queue::SendBuf>(
+    access: QpAccess,
+    tune: impl Fn(QueuePairBuilder<'_>) -> QueuePairBuilder<'_>,
+) -> (ProtectionDomain, Side<T>, Side<T>) {
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let make = || {
         let cq = CompletionQueue::new(&ctx, 256).unwrap();
-        let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(64).max_recv_wr(64).build().unwrap();
+        let qp = tune(QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(64).max_recv_wr(64)).build().unwrap();
         (cq, qp)
     };
     let (cq_a, a) = make();

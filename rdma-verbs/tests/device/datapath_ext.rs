@@ -2,26 +2,17 @@
 //! `ibv_wr_*` API (one `ibv_wr_start`/`ibv_wr_complete` per post or batch) where the
 //! loaded rdma-core handles it, and through `ibv_post_send` where it does not.
 
-use std::time::{Duration, Instant};
-
 use rdma_verbs::compat::quirks;
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Done, InitAttr, ProtectionDomain, QpAccess, QpType, QueuePair,
-    RecvQueue, SendBuf, SendOps, SendQueue, SendWr, WcStatus, WorkCompletion,
+    AccessFlags, AlignedBuf, Chunk, Done, ProtectionDomain, QpAccess, SendBuf, SendOps, SendWr, WcStatus,
 };
 
-use crate::{open, LeakCheck};
+use crate::datapath::{poll_one, rc_pair_with, Side};
+use crate::LeakCheck;
 
-struct Side<T: SendBuf> {
-    cq: CompletionQueue,
-    sq: SendQueue<T>,
-    rq: RecvQueue<Chunk>,
-    _qp: QueuePair,
-}
-
+/// Two connected RC QPs built with every RC send op, so their queues post through the
+/// `ibv_wr_*` API.
 fn ext_pair<T: SendBuf>() -> (ProtectionDomain, Side<T>, Side<T>) {
-    let ctx = open();
-    let pd = ProtectionDomain::new(&ctx).unwrap();
     let ops = SendOps::SEND
         | SendOps::SEND_WITH_IMM
         | SendOps::RDMA_WRITE
@@ -29,44 +20,13 @@ fn ext_pair<T: SendBuf>() -> (ProtectionDomain, Side<T>, Side<T>) {
         | SendOps::RDMA_READ
         | SendOps::ATOMIC_CMP_AND_SWP
         | SendOps::ATOMIC_FETCH_AND_ADD;
-    let make = || {
-        let cq = CompletionQueue::new(&ctx, 256).unwrap();
-        let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
-            .max_send_wr(64)
-            .max_recv_wr(64)
-            .max_send_sge(2)
-            .max_recv_sge(2)
-            .max_inline_data(64)
-            .extended_send_ops(ops)
-            .build()
-            .unwrap();
-        assert!(qp.as_raw_ex().is_some());
-        (cq, qp)
-    };
-    let (cq_a, a) = make();
-    let (cq_b, b) = make();
     let access = QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ | QpAccess::REMOTE_ATOMIC;
-    let init = InitAttr { access, ..InitAttr::default() };
-    let (ia, ib) = (a.local_info(1, 0x31).unwrap(), b.local_info(1, 0x32).unwrap());
-    a.connect(&init, ia.psn, &ib).unwrap();
-    b.connect(&init, ib.psn, &ia).unwrap();
-    let side = |cq, qp: QueuePair| {
-        let sq: SendQueue<T> = qp.send_queue().unwrap();
-        assert!(sq.uses_extended_api());
-        Side { sq, rq: qp.recv_queue().unwrap(), cq, _qp: qp }
-    };
-    (pd, side(cq_a, a), side(cq_b, b))
-}
-
-fn poll_one(cq: &mut CompletionQueue) -> WorkCompletion {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut wc = [WorkCompletion::EMPTY; 1];
-    loop {
-        if let Some(w) = cq.poll(&mut wc).unwrap().first_mut() {
-            return std::mem::take(w);
-        }
-        assert!(Instant::now() < deadline, "no completion within 10 s");
+    let (pd, a, b) =
+        rc_pair_with(access, |q| q.max_send_sge(2).max_recv_sge(2).max_inline_data(64).extended_send_ops(ops));
+    for side in [&a, &b] {
+        assert!(side.qp.as_raw_ex().is_some() && side.sq.uses_extended_api());
     }
+    (pd, a, b)
 }
 
 fn sent<T: SendBuf>(side: &mut Side<T>) -> Vec<Done<T>> {
@@ -77,7 +37,7 @@ fn sent<T: SendBuf>(side: &mut Side<T>) -> Vec<Done<T>> {
 }
 
 fn chunks(pd: &ProtectionDomain, n: usize, len: usize) -> Vec<Chunk> {
-    pd.register(AlignedBuf::new(n * len).unwrap(), AccessFlags::LOCAL_WRITE).unwrap().into_chunks(len).unwrap()
+    crate::datapath::chunks(pd, n, len, AccessFlags::LOCAL_WRITE)
 }
 
 #[test]

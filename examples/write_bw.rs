@@ -251,7 +251,9 @@ fn run_size(o: &Opts, ctx: &Context, size: usize) -> Result<Row, Box<dyn std::er
         if n > 0 {
             let now = Instant::now();
             let dt = now.duration_since(last.0).as_secs_f64();
-            if finished - last.1 >= u64::from(moderation) && dt > 0.0 {
+            // Peak: the best window of at least a full pipeline (tx depth) of completions;
+            // shorter windows only measure how completions bunch up.
+            if finished - last.1 >= u64::from(moderation.max(o.tx_depth)) && dt > 0.0 {
                 peak = peak.max((finished - last.1) as f64 * size as f64 / dt);
                 last = (now, finished);
             }

@@ -21,15 +21,16 @@
 //! example it prints `rdma_client: start` and `rdma_client: end <status>`.
 //! `scripts/rxe cargo run --example rdma_client -- -s "$RDMA_IP"` runs it next to rxe.
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[path = "common/cm_example.rs"]
+mod cm_example;
+use cm_example::{resolve, wait_one};
 
 use rdma_verbs::cm::{CmId, ConnParam, EventChannel, PortSpace};
 use rdma_verbs::queue::{RecvQueue, SendQueue};
-use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, ProtectionDomain, QpType, QueuePair, SendWr, WorkCompletion,
-};
+use rdma_verbs::{AccessFlags, AlignedBuf, Chunk, CompletionQueue, ProtectionDomain, QpType, QueuePair, SendWr};
 
 const USAGE: &str = "usage: rdma_client [-s server_address] [-p port_number] [-t seconds] [-v]";
 /// Message size of librdmacm's example pair.
@@ -58,26 +59,6 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Options, String>
         }
     }
     Ok(opts)
-}
-
-/// The first address `host` resolves to, IPv4 first (RoCE GIDs are mostly IPv4).
-fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
-    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(|e| format!("{host}: {e}"))?.collect();
-    addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| format!("{host}: no address"))
-}
-
-/// Polls `cq` until one completion arrives, at most `timeout`.
-fn wait_one(cq: &mut CompletionQueue, timeout: Duration, what: &str) -> Result<WorkCompletion, String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(wc) = cq.poll_one().map_err(|e| e.to_string())? {
-            return wc.ok().map(|_| ()).map_err(|e| format!("{what}: {e}")).map(|()| wc);
-        }
-        if Instant::now() > deadline {
-            return Err(format!("no {what} completion within {timeout:?}"));
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 fn run(opts: &Options) -> Result<(), String> {

@@ -2,7 +2,7 @@
 //! this process really loaded, the files next to it, the package database.
 
 use std::collections::BTreeMap;
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 
 use super::report::{Packages, ProviderFacts, VersionFact};
@@ -27,20 +27,7 @@ const PACKAGES: &[&str] = &[
 
 /// The shared object that contains `addr`, with symlinks resolved (`dladdr`).
 pub(crate) fn object_of(addr: *const c_void) -> Option<PathBuf> {
-    if addr.is_null() {
-        return None;
-    }
-    // SAFETY: Dl_info is plain data; all-zero is a valid value.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: dladdr only reads the address; `info` is a valid out-pointer.
-    if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: dli_fname is a NUL-terminated string owned by the dynamic loader, valid
-    // while the object stays loaded (it is: it holds code this process calls).
-    let name = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
-    let path = PathBuf::from(name);
-    Some(std::fs::canonicalize(&path).unwrap_or(path))
+    crate::compat::loaded_object(addr)
 }
 
 /// `1.14.44.0` from `libibverbs.so.1.14.44.0`.

@@ -1,0 +1,27 @@
+//! What `rdma_server` and `rdma_client` share: address resolution and a bounded wait for
+//! one completion. Included by both with `#[path]`.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use rdma_verbs::{CompletionQueue, WorkCompletion};
+
+/// The first address `host` resolves to, IPv4 first (RoCE GIDs are mostly IPv4).
+pub fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    let addrs: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(|e| format!("{host}: {e}"))?.collect();
+    addrs.iter().find(|a| a.is_ipv4()).or(addrs.first()).copied().ok_or_else(|| format!("{host}: no address"))
+}
+
+/// Polls `cq` until one completion arrives, at most `timeout`.
+pub fn wait_one(cq: &mut CompletionQueue, timeout: Duration, what: &str) -> Result<WorkCompletion, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(wc) = cq.poll_one().map_err(|e| e.to_string())? {
+            return wc.ok().map(|_| ()).map_err(|e| format!("{what}: {e}")).map(|()| wc);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no {what} completion within {timeout:?}"));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}

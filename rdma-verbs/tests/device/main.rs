@@ -7,6 +7,7 @@
 //! back where they started. Tests run one at a time (`--test-threads=1`), so the counts
 //! are this process's own.
 
+mod access;
 mod alloc;
 mod basics;
 mod cm;
@@ -17,8 +18,10 @@ mod datapath_ext;
 mod diag;
 mod endpoint;
 mod events;
+mod faults;
 mod mr;
 mod qp;
+mod tools;
 
 use rdma_verbs::Context;
 

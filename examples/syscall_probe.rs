@@ -7,6 +7,12 @@
 //! syscall_probe send-batch N K    N batches of K SENDs (K <= 64), each batch one
 //!                                 post_batch; K receives posted before each batch and
 //!                                 every completion drained after it
+//! syscall_probe raw-send-batch N K    the same sends through the raw API, one prebuilt
+//!                                 chain of C work requests posted again each round
+//! syscall_probe raw-build-send-batch N K  the raw API as a C program that posts
+//!                                 changing requests uses it: each round fills the C work
+//!                                 requests anew, and maps each completion's wr_id back
+//!                                 to its buffer
 //! ```
 //!
 //! It opens `RDMA_DEVICE` (else the first device) and connects two RC QPs to each other
@@ -27,7 +33,8 @@ use rdma_verbs::{
     WorkCompletion,
 };
 
-const USAGE: &str = "usage: syscall_probe poll N | recv N | send-batch N K | raw-send-batch N K";
+const USAGE: &str =
+    "usage: syscall_probe poll N | recv N | send-batch N K | raw-send-batch N K | raw-build-send-batch N K";
 /// Receive queue depth, and the most receives the `recv` phase posts.
 const RECV_DEPTH: usize = 4096;
 /// Send queue depth, and the largest batch.
@@ -54,6 +61,12 @@ enum Phase {
         n: usize,
         k: usize,
     },
+    /// The raw API with the requests built every round, and completions matched to
+    /// their buffers by wr_id.
+    RawBuildSendBatch {
+        n: usize,
+        k: usize,
+    },
 }
 
 fn parse(args: &[String]) -> Res<Phase> {
@@ -66,12 +79,15 @@ fn parse(args: &[String]) -> Res<Phase> {
         Some("recv") => (Phase::Recv { n: num(1)? }, 2),
         Some("send-batch") => (Phase::SendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("raw-send-batch") => (Phase::RawSendBatch { n: num(1)?, k: num(2)? }, 3),
+        Some("raw-build-send-batch") => (Phase::RawBuildSendBatch { n: num(1)?, k: num(2)? }, 3),
         _ => return Err(USAGE.into()),
     };
     match phase {
         _ if args.len() != argc => Err(USAGE.into()),
         Phase::Recv { n } if n > RECV_DEPTH => Err(format!("recv: at most {RECV_DEPTH} receives").into()),
-        Phase::SendBatch { k, .. } | Phase::RawSendBatch { k, .. } if k == 0 || k > SEND_DEPTH => {
+        Phase::SendBatch { k, .. } | Phase::RawSendBatch { k, .. } | Phase::RawBuildSendBatch { k, .. }
+            if k == 0 || k > SEND_DEPTH =>
+        {
             Err(format!("send-batch: K from 1 to {SEND_DEPTH}").into())
         }
         phase => Ok(phase),
@@ -198,6 +214,39 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
                 // drained before the next round.
                 unsafe { lo.qps.0.post_send_raw(&mut wrs[0]) }?;
                 drain(&mut lo.cq_a, k, |_| Ok(()))?;
+                receive(lo, k, src, free)?;
+            }
+        }
+        Phase::RawBuildSendBatch { n, k } => {
+            // What each outstanding request lent, found again by its wr_id.
+            let mut lent: [Option<&Chunk>; SEND_DEPTH] = [None; SEND_DEPTH];
+            let mut sges = [ffi::ibv_sge { addr: 0, length: 0, lkey: 0 }; SEND_DEPTH];
+            // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
+            let mut wrs: [ffi::ibv_send_wr; SEND_DEPTH] = unsafe { std::mem::zeroed() };
+            for _ in 0..n {
+                for i in 0..k {
+                    let buf = free.pop().ok_or("out of receive buffers")?;
+                    lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+                }
+                for i in 0..k {
+                    sges[i] = ffi::ibv_sge { addr: src.addr(), length: LEN as u32, lkey: src.lkey() };
+                    let next = if i + 1 < k { &mut wrs[i + 1] as *mut _ } else { std::ptr::null_mut() };
+                    // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
+                    wrs[i] = unsafe { std::mem::zeroed() };
+                    let w = &mut wrs[i];
+                    (w.wr_id, w.sg_list, w.num_sge, w.next) = (i as u64, &mut sges[i], 1, next);
+                    w.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
+                    w.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                    lent[i] = Some(&**src);
+                }
+                // SAFETY: the chain names `src`, which outlives the sends, and they are
+                // drained before the next round.
+                unsafe { lo.qps.0.post_send_raw(&mut wrs[0]) }?;
+                drain(&mut lo.cq_a, k, |wc| {
+                    let slot = lent.get_mut(wc.wr_id() as usize).ok_or("a wr_id that was not posted")?;
+                    slot.take().ok_or("a completion twice")?;
+                    Ok(())
+                })?;
                 receive(lo, k, src, free)?;
             }
         }

@@ -111,13 +111,11 @@ impl<A: AccessMode> Chunk<A> {
     #[inline]
     pub fn sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
         if range.start > range.end || range.end > self.len {
-            return Err(Error::invalid(
-                "ibv_post_send",
-                format!("range {range:?} is outside a {}-byte chunk", self.len),
-            ));
+            return Err(out_of_range(&range, self.len));
         }
-        let length = u32::try_from(range.end - range.start)
-            .map_err(|_| Error::invalid("ibv_post_send", "an SGE is at most 4 GiB - 1"))?;
+        let Ok(length) = u32::try_from(range.end - range.start) else {
+            return Err(too_long());
+        };
         Ok(ffi::ibv_sge { addr: self.addr() + range.start as u64, length, lkey: self.lkey })
     }
 }
@@ -196,10 +194,20 @@ pub trait SendBuf: Send + 'static {
 /// RDMA READ and atomic targets). Shared `Arc<Chunk>`s are not.
 pub trait ExclusiveBuf: SendBuf {}
 
+// The error paths are cold and out of line, so that the checks inline into the post.
+#[cold]
+#[inline(never)]
 fn out_of_range(range: &Range<usize>, len: usize) -> Error {
     Error::invalid("ibv_post_send", format!("range {range:?} is outside a {len}-byte buffer"))
 }
 
+#[cold]
+#[inline(never)]
+fn too_long() -> Error {
+    Error::invalid("ibv_post_send", "an SGE is at most 4 GiB - 1")
+}
+
+#[inline]
 fn single<S: Segment>(s: &S, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
     if range.start > range.end || range.end > s.seg_len() {
         return Err(out_of_range(&range, s.seg_len()));

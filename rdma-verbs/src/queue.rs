@@ -46,7 +46,6 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::ah::AddressHandle;
 use crate::buf::MAX_SGE;
 pub use crate::buf::{ExclusiveBuf, SendBuf};
 use crate::compat;
@@ -119,29 +118,29 @@ pub const MAX_BATCH: usize = 64;
 type Sges = [MaybeUninit<ffi::ibv_sge>; MAX_SGE];
 const NO_SGES: Sges = [const { MaybeUninit::uninit() }; MAX_SGE];
 
-struct Slot<T> {
-    buf: MaybeUninit<T>,
-    id: u64,
-    // Keeps a UD request's address handle alive until completion.
-    ah: Option<AddressHandle>,
-}
-
-/// A ring of slots indexed by sequence number: queues whose requests complete in order.
-struct Ring<T> {
-    slots: Box<[Slot<T>]>,
+/// A ring of entries indexed by sequence number, for queues whose requests complete in
+/// order. Entries between `tail` and `head` are initialized (posted); an entry may be
+/// *staged* past `head` while a batch is built, and is then either committed (posted) or
+/// taken back. Its length is a power of two (the index is a mask), its capacity the
+/// queue's depth.
+struct Ring<E> {
+    slots: Box<[MaybeUninit<E>]>,
+    mask: u64,
+    cap: u64,
     head: u64,
     tail: u64,
 }
 
-impl<T> Ring<T> {
-    fn new(n: u32) -> Self {
-        let n = n.max(1) as usize;
-        Ring { slots: (0..n).map(|_| Slot { buf: MaybeUninit::uninit(), id: 0, ah: None }).collect(), head: 0, tail: 0 }
+impl<E> Ring<E> {
+    fn new(depth: u32) -> Self {
+        let cap = u64::from(depth.max(1));
+        let len = cap.next_power_of_two();
+        Ring { slots: (0..len).map(|_| MaybeUninit::uninit()).collect(), mask: len - 1, cap, head: 0, tail: 0 }
     }
 
     #[inline]
     fn free(&self) -> usize {
-        self.slots.len() - (self.head - self.tail) as usize
+        (self.cap - (self.head - self.tail)) as usize
     }
 
     #[inline]
@@ -150,29 +149,66 @@ impl<T> Ring<T> {
     }
 
     #[inline]
-    fn push(&mut self, buf: T, id: u64, ah: Option<AddressHandle>) {
-        let i = (self.head % self.slots.len() as u64) as usize;
-        self.slots[i] = Slot { buf: MaybeUninit::new(buf), id, ah };
-        self.head += 1;
+    fn slot(&mut self, seq: u64) -> &mut MaybeUninit<E> {
+        let i = (seq & self.mask) as usize;
+        &mut self.slots[i]
     }
 
-    /// Takes the oldest slot. The caller checked that one is outstanding.
+    /// Writes `e` into the slot `k` places past the head, not posted yet. The caller
+    /// checked `k < free()`, and later commits it or takes it back with [`unstage`](Self::unstage).
+    /// (Should the caller unwind in between, the staged entry leaks: never freed early.)
     #[inline]
-    fn pop(&mut self) -> (T, u64) {
-        let i = (self.tail % self.slots.len() as u64) as usize;
-        self.tail += 1;
-        let slot = &mut self.slots[i];
-        slot.ah = None;
-        // SAFETY: slots between tail and head hold an initialized buffer, and this one is
-        // moved out exactly once (tail moved past it).
-        (unsafe { slot.buf.assume_init_read() }, slot.id)
+    fn stage(&mut self, k: usize, e: E) -> &mut E {
+        self.slot(self.head + k as u64).write(e)
     }
 
-    /// The buffers of everything still posted, for the graveyard.
-    fn take_all(&mut self) -> Vec<T> {
+    /// The entry staged `k` places past the head.
+    ///
+    /// # Safety
+    /// It was staged and neither committed nor taken back.
+    #[inline]
+    unsafe fn staged(&mut self, k: usize) -> &mut E {
+        // SAFETY: the caller's contract: the slot holds an initialized entry.
+        unsafe { self.slot(self.head + k as u64).assume_init_mut() }
+    }
+
+    /// Takes back the entry staged `k` places past the head.
+    ///
+    /// # Safety
+    /// It was staged and neither committed nor taken back; it is read out once.
+    #[inline]
+    unsafe fn unstage(&mut self, k: usize) -> E {
+        // SAFETY: the caller's contract.
+        unsafe { self.slot(self.head + k as u64).assume_init_read() }
+    }
+
+    /// Marks the first `k` staged entries posted.
+    #[inline]
+    fn commit(&mut self, k: usize) {
+        self.head += k as u64;
+    }
+
+    #[inline]
+    fn push(&mut self, e: E) {
+        self.stage(0, e);
+        self.commit(1);
+    }
+
+    /// Takes the oldest entry. The caller checked that one is outstanding.
+    #[inline]
+    fn pop(&mut self) -> E {
+        let seq = self.tail;
+        self.tail += 1;
+        // SAFETY: entries between tail and head are initialized, and this one is moved
+        // out exactly once (tail moved past it).
+        unsafe { self.slot(seq).assume_init_read() }
+    }
+
+    /// Everything still posted, for the graveyard.
+    fn take_all(&mut self) -> Vec<E> {
         let mut all = Vec::with_capacity(self.outstanding() as usize);
         while self.outstanding() > 0 {
-            all.push(self.pop().0);
+            all.push(self.pop());
         }
         all
     }
@@ -241,9 +277,15 @@ fn fill_recv<T: ExclusiveBuf>(
 ) -> Result<ffi::ibv_recv_wr> {
     let n = buf.sges(range, sges)?;
     if n as u32 > max_sge {
-        return Err(Error::invalid("ibv_post_recv", format!("{n} SGEs, but the queue takes {max_sge} (max_recv_sge)")));
+        return Err(too_many_recv_sges(n, max_sge));
     }
     Ok(ffi::ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: sges.as_mut_ptr().cast(), num_sge: n as i32 })
+}
+
+#[cold]
+#[inline(never)]
+fn too_many_recv_sges(n: usize, max_sge: u32) -> Error {
+    Error::invalid("ibv_post_recv", format!("{n} SGEs, but the queue takes {max_sge} (max_recv_sge)"))
 }
 
 /// Posts a chain of C receive requests through `post` and returns how many went in.
@@ -275,8 +317,9 @@ fn post_recv_chain(
 
 /// The send side of a QP, owning what it has posted. See the [module docs](self).
 pub struct SendQueue<T: Send + 'static> {
-    // Declared first: dropped (claim released) after the ring is buried.
-    ring: Ring<T>,
+    // Declared first: dropped (claim released) after the ring is buried. A posted request
+    // stays whole in its slot: its buffer, its id, a UD request's address handle.
+    ring: Ring<SendWr<T>>,
     raw: *mut ffi::ibv_qp,
     qp_num: u32,
     max_inline: u32,
@@ -350,35 +393,24 @@ impl<T: SendBuf> SendQueue<T> {
         self.ext.is_some()
     }
 
-    /// Checks `wr` and writes its SGEs into `sges`; returns how many. No allocation.
+    /// Checks `wr` and writes its SGEs into `sges`; returns how many. No allocation; the
+    /// error paths are out of line.
     #[inline]
     fn check(&self, wr: &SendWr<T>, sges: &mut Sges) -> Result<usize> {
         let n = wr.buf.sges(wr.range.clone(), sges)?;
         if n as u32 > self.max_sge {
-            return Err(Error::invalid(
-                "ibv_post_send",
-                format!("{n} SGEs, but the QP takes {} (max_send_sge)", self.max_sge),
-            ));
+            return Err(refused(SendRefusal::Sges { n, max: self.max_sge }));
         }
         let len = wr.range.end - wr.range.start;
         if wr.is_inline() && len > self.max_inline as usize {
-            return Err(Error::invalid(
-                "ibv_post_send",
-                format!("{len} bytes inline, but the QP allows {} (max_inline_data)", self.max_inline),
-            ));
+            return Err(refused(SendRefusal::Inline { len, max: self.max_inline }));
         }
         if let Some(remote) = wr.remote {
             if len as u64 > remote.len {
-                return Err(Error::invalid(
-                    "ibv_post_send",
-                    format!("{len} bytes do not fit the remote region of {} bytes", remote.len),
-                ));
+                return Err(refused(SendRefusal::Remote { len, remote: remote.len }));
             }
             if matches!(wr.op, Op::CompSwap { .. } | Op::FetchAdd { .. }) && (remote.addr % 8 != 0 || remote.len < 8) {
-                return Err(Error::invalid(
-                    "ibv_post_send",
-                    "an atomic needs an 8-byte aligned remote address with 8 bytes",
-                ));
+                return Err(refused(SendRefusal::Atomic));
             }
         }
         Ok(n)
@@ -481,7 +513,7 @@ impl<T: SendBuf> SendQueue<T> {
     #[allow(clippy::result_large_err)] // the refused request comes back by value: no allocation
     pub fn post(&mut self, wr: SendWr<T>) -> Result<(), (Error, SendWr<T>)> {
         if self.ring.free() == 0 {
-            return Err((queue_full("ibv_post_send", self.ring.slots.len()), wr));
+            return Err((queue_full("ibv_post_send", self.ring.cap), wr));
         }
         let mut sges = NO_SGES;
         let n = match self.check(&wr, &mut sges) {
@@ -489,20 +521,23 @@ impl<T: SendBuf> SendQueue<T> {
             Err(e) => return Err((e, wr)),
         };
         let seq = self.wr_id(self.ring.head);
-        let rc = match self.ext {
-            Some((qpx, _)) if self.ext_takes(&wr, n) => {
+        let ext = self.ext.filter(|_| self.ext_takes(&wr, n));
+        // The request goes to its slot first, so that it moves once.
+        let wr = self.ring.stage(0, wr);
+        let rc = match ext {
+            Some((qpx, _)) => {
                 let qpx = qpx.as_ptr();
                 // SAFETY: this queue is the QP's only poster (&mut self, claimed), so the
                 // batch is ours; the SGEs name bytes of `wr.buf`, which the ring keeps
                 // until the completion.
                 unsafe {
                     ffi::ibv_wr_start(qpx);
-                    Self::extended(qpx, &wr, seq, &sges, n);
+                    Self::extended(qpx, wr, seq, &sges, n);
                     ffi::ibv_wr_complete(qpx)
                 }
             }
-            _ => {
-                let mut raw = Self::classic(&wr, seq, &mut sges, n);
+            None => {
+                let mut raw = Self::classic(wr, seq, &mut sges, n);
                 let mut bad = std::ptr::null_mut();
                 // SAFETY: the QP is alive (claim); the SGEs name bytes of `wr.buf`, which
                 // the ring keeps until the completion; a UD address handle is kept with it.
@@ -510,118 +545,147 @@ impl<T: SendBuf> SendQueue<T> {
             }
         };
         if rc != 0 {
+            // SAFETY: staged above, not committed.
+            let wr = unsafe { self.ring.unstage(0) };
             return Err((Error::verb("ibv_post_send", Plane::Data, rc.abs()), wr));
         }
-        let ah = wr.ud.map(|(ah, _, _)| ah);
-        self.ring.push(wr.buf, wr.id, ah);
+        self.ring.commit(1);
         Ok(())
     }
 
     /// Posts up to [`MAX_BATCH`] work requests with one provider call (one doorbell),
-    /// built on the stack. Returns how many were posted; on refusal, the error and the
-    /// work requests that were not posted (the error path allocates, the fast path not).
+    /// built on the stack. Returns how many were posted. When one is refused (by our
+    /// checks or by the provider), the ones before it are posted, and the error comes back
+    /// with the work requests that were not posted, in order (that path allocates, the
+    /// fast path does not).
     pub fn post_batch<I>(&mut self, wrs: I) -> Result<usize, (Error, Vec<SendWr<T>>)>
     where
         I: IntoIterator<Item = SendWr<T>>,
     {
-        let mut pending: [MaybeUninit<SendWr<T>>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
         let mut sges = [NO_SGES; MAX_BATCH];
-        let mut counts = [0usize; MAX_BATCH];
+        let mut raws: [MaybeUninit<ffi::ibv_send_wr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
+        let mut counts = [0u8; MAX_BATCH];
         let room = MAX_BATCH.min(self.ring.free());
-        let (mut n, mut rest, mut failure) = (0, Vec::new(), None);
-        let mut all_ext = self.ext.is_some();
-        for wr in wrs {
-            if failure.is_none() && n == room {
-                failure = Some(if room == MAX_BATCH {
-                    Error::invalid("ibv_post_send", format!("a batch holds at most {MAX_BATCH} work requests"))
-                } else {
-                    queue_full("ibv_post_send", self.ring.slots.len())
-                });
+        // Without an extended QP (the common case) each C request is built as its work
+        // request arrives, straight from the slot the request moved into.
+        let classic_only = self.ext.is_none();
+        let mut all_ext = !classic_only;
+        let (mut n, mut refused) = (0, None);
+        let mut wrs = wrs.into_iter();
+        for wr in wrs.by_ref() {
+            if n == room {
+                let e = if room == MAX_BATCH { batch_too_long() } else { queue_full("ibv_post_send", self.ring.cap) };
+                refused = Some((e, wr));
+                break;
             }
-            if failure.is_some() {
-                rest.push(wr);
-                continue;
-            }
-            match self.check(&wr, &mut sges[n]) {
-                Ok(k) => {
-                    all_ext &= self.ext_takes(&wr, k);
-                    counts[n] = k;
-                    pending[n].write(wr);
-                    n += 1;
-                }
+            let k = match self.check(&wr, &mut sges[n]) {
+                Ok(k) => k,
                 Err(e) => {
-                    failure = Some(e);
-                    rest.push(wr);
+                    refused = Some((e, wr));
+                    break;
                 }
-            }
-        }
-        let posted = if n == 0 {
-            0
-        } else if let (true, Some((qpx, _))) = (all_ext, self.ext) {
-            let qpx = qpx.as_ptr();
-            // SAFETY: this queue is the QP's only poster (&mut self, claimed), so the batch
-            // is ours; pending[..n] were written above; their SGEs name bytes of buffers
-            // the ring keeps until completion.
-            let rc = unsafe {
-                ffi::ibv_wr_start(qpx);
-                for i in 0..n {
-                    Self::extended(
-                        qpx,
-                        pending[i].assume_init_ref(),
-                        self.wr_id(self.ring.head + i as u64),
-                        &sges[i],
-                        counts[i],
-                    );
-                }
-                ffi::ibv_wr_complete(qpx)
             };
-            if rc == 0 {
-                n
+            if classic_only {
+                let seq = self.wr_id(self.ring.head + n as u64);
+                let wr = self.ring.stage(n, wr);
+                raws[n].write(Self::classic(wr, seq, &mut sges[n], k));
+                if n > 0 {
+                    let next = raws[n].as_mut_ptr();
+                    // SAFETY: raws[n - 1] was written in the previous round.
+                    unsafe { raws[n - 1].assume_init_mut() }.next = next;
+                }
             } else {
-                // A failed ibv_wr_complete posts nothing of the batch.
-                failure = Some(Error::verb("ibv_post_send", Plane::Data, rc.abs()));
-                0
+                all_ext &= self.ext_takes(&wr, k);
+                counts[n] = k as u8;
+                self.ring.stage(n, wr);
             }
+            n += 1;
+        }
+        let (posted, failure) = if n == 0 {
+            (0, None)
+        } else if all_ext {
+            self.post_staged_extended(n, &sges, &counts)
         } else {
-            let mut raws: [MaybeUninit<ffi::ibv_send_wr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
-            for i in 0..n {
-                // SAFETY: pending[..n] were written above.
-                let wr = unsafe { pending[i].assume_init_ref() };
-                raws[i].write(Self::classic(wr, self.wr_id(self.ring.head + i as u64), &mut sges[i], counts[i]));
-            }
-            for i in 0..n {
-                let next = if i + 1 < n { raws[i + 1].as_mut_ptr() } else { std::ptr::null_mut() };
-                // SAFETY: raws[..n] were written above.
-                unsafe { raws[i].assume_init_mut() }.next = next;
+            if !classic_only {
+                for i in 0..n {
+                    let seq = self.wr_id(self.ring.head + i as u64);
+                    // SAFETY: 0..n were staged above.
+                    let wr = unsafe { self.ring.staged(i) };
+                    raws[i].write(Self::classic(wr, seq, &mut sges[i], usize::from(counts[i])));
+                    if i > 0 {
+                        let next = raws[i].as_mut_ptr();
+                        // SAFETY: raws[i - 1] was written in the previous round.
+                        unsafe { raws[i - 1].assume_init_mut() }.next = next;
+                    }
+                }
             }
             let mut bad = std::ptr::null_mut();
-            // SAFETY: a valid chain of n work requests; their SGEs (in `sges`, which does
-            // not move) name bytes of buffers the ring keeps until completion.
+            // SAFETY: raws[..n] is a valid chain (linked above, the last `next` NULL from
+            // `classic`); their SGEs (in `sges`, which does not move) name bytes of buffers
+            // the ring keeps until completion.
             let rc = unsafe { ffi::ibv_post_send(self.raw, raws[0].as_mut_ptr(), &mut bad) };
             if rc == 0 {
-                n
+                (n, None)
             } else {
-                // The provider's error outranks a later validation failure: nothing from
-                // `bad` on went in.
-                failure = Some(Error::verb("ibv_post_send", Plane::Data, rc.abs()));
-                (0..n).find(|&i| raws[i].as_mut_ptr() == bad).unwrap_or(0)
+                // Nothing from `bad` on went in.
+                let at = (0..n).find(|&i| raws[i].as_mut_ptr() == bad).unwrap_or(0);
+                (at, Some(Error::verb("ibv_post_send", Plane::Data, rc.abs())))
             }
         };
-        let mut unposted = Vec::new();
-        for (i, slot) in pending.iter_mut().enumerate().take(n) {
-            // SAFETY: pending[..n] were written above and are read out once each.
-            let wr = unsafe { slot.assume_init_read() };
-            if i < posted {
-                let ah = wr.ud.map(|(ah, _, _)| ah);
-                self.ring.push(wr.buf, wr.id, ah);
-            } else {
-                unposted.push(wr);
-            }
+        if failure.is_none() && refused.is_none() {
+            self.ring.commit(n);
+            return Ok(n);
         }
-        unposted.append(&mut rest);
-        match failure {
-            Some(e) => Err((e, unposted)),
-            None => Ok(posted),
+        let mut unposted = Vec::new();
+        for i in posted..n {
+            // SAFETY: posted..n were staged above and not committed; each is read once.
+            unposted.push(unsafe { self.ring.unstage(i) });
+        }
+        self.ring.commit(posted);
+        // The provider's error outranks the check that stopped the batch after it.
+        let error = match (failure, refused) {
+            (Some(e), refused) => {
+                unposted.extend(refused.map(|(_, wr)| wr));
+                e
+            }
+            (None, Some((e, wr))) => {
+                unposted.push(wr);
+                e
+            }
+            (None, None) => unreachable!("handled above"),
+        };
+        unposted.extend(wrs);
+        Err((error, unposted))
+    }
+
+    /// Posts the `n` staged requests through the extended API in one batch; returns how
+    /// many went in (all or none) and the error.
+    fn post_staged_extended(
+        &mut self,
+        n: usize,
+        sges: &[Sges; MAX_BATCH],
+        counts: &[u8; MAX_BATCH],
+    ) -> (usize, Option<Error>) {
+        let Some((qpx, _)) = self.ext else { return (0, Some(Error::invalid("ibv_wr_start", "not an extended QP"))) };
+        let qpx = qpx.as_ptr();
+        let head = self.ring.head;
+        let tag = self.tag.bits();
+        // SAFETY: this queue is the QP's only poster (&mut self, claimed), so the batch
+        // is ours; 0..n were staged and checked (`ext_takes` held for each); their SGEs
+        // name bytes of buffers the ring keeps until completion.
+        let rc = unsafe {
+            ffi::ibv_wr_start(qpx);
+            for i in 0..n {
+                let seq = tag | ((head + i as u64) & LOW_MASK);
+                Self::extended(qpx, self.ring.staged(i), seq, &sges[i], usize::from(counts[i]));
+            }
+            ffi::ibv_wr_complete(qpx)
+        };
+        if rc == 0 {
+            (n, None)
+        } else {
+            // A failed ibv_wr_complete posts nothing of the batch.
+            (0, Some(Error::verb("ibv_post_send", Plane::Data, rc.abs())))
         }
     }
 
@@ -639,16 +703,35 @@ impl<T: SendBuf> SendQueue<T> {
         let Some(ahead) = ahead else {
             return Err(not_ours("send", wc));
         };
-        let n = ahead as usize + 1;
         wc.consume();
-        for i in 0..n {
-            let (buf, id) = self.ring.pop();
-            let last = i + 1 == n;
-            let status = if last { wc.status() } else { WcStatus::Success };
-            done(Done { id, buf, status, byte_len: if last { wc.byte_len() } else { 0 } });
+        for _ in 0..ahead {
+            let wr = self.ring.pop();
+            done(Done { id: wr.id, buf: wr.buf, status: WcStatus::Success, byte_len: 0 });
         }
-        Ok(n)
+        let wr = self.ring.pop();
+        done(Done { id: wr.id, buf: wr.buf, status: wc.status(), byte_len: wc.byte_len() });
+        Ok(ahead as usize + 1)
     }
+}
+
+/// Why the safe send path refused a work request before calling the provider.
+enum SendRefusal {
+    Sges { n: usize, max: u32 },
+    Inline { len: usize, max: u32 },
+    Remote { len: usize, remote: u64 },
+    Atomic,
+}
+
+#[cold]
+#[inline(never)]
+fn refused(why: SendRefusal) -> Error {
+    let what = match why {
+        SendRefusal::Sges { n, max } => format!("{n} SGEs, but the QP takes {max} (max_send_sge)"),
+        SendRefusal::Inline { len, max } => format!("{len} bytes inline, but the QP allows {max} (max_inline_data)"),
+        SendRefusal::Remote { len, remote } => format!("{len} bytes do not fit the remote region of {remote} bytes"),
+        SendRefusal::Atomic => "an atomic needs an 8-byte aligned remote address with 8 bytes".into(),
+    };
+    Error::invalid("ibv_post_send", what)
 }
 
 fn atomic(remote: &RemoteMr, compare_add: u64, swap: u64) -> ffi::ibv_send_wr__bindgen_ty_2 {
@@ -681,7 +764,7 @@ impl<T: Send + 'static> fmt::Debug for SendQueue<T> {
 
 /// The receive side of a QP, owning the buffers it has posted. See the [module docs](self).
 pub struct RecvQueue<T: Send + 'static> {
-    ring: Ring<T>,
+    ring: Ring<(T, u64)>,
     raw: *mut ffi::ibv_qp,
     qp_num: u32,
     max_sge: u32,
@@ -713,7 +796,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     #[inline]
     pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), (Error, T)> {
         if self.ring.free() == 0 {
-            return Err((queue_full("ibv_post_recv", self.ring.slots.len()), buf));
+            return Err((queue_full("ibv_post_recv", self.ring.cap), buf));
         }
         let mut sges = NO_SGES;
         let mut wr = match fill_recv(&buf, range, self.wr_id(self.ring.head), self.max_sge, &mut sges) {
@@ -727,7 +810,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         if rc != 0 {
             return Err((Error::verb("ibv_post_recv", Plane::Data, rc.abs()), buf));
         }
-        self.ring.push(buf, id, None);
+        self.ring.push((buf, id));
         Ok(())
     }
 
@@ -737,51 +820,50 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     where
         I: IntoIterator<Item = (T, Range<usize>, u64)>,
     {
-        let mut pending: [MaybeUninit<(T, u64)>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
         let mut sges = [NO_SGES; MAX_BATCH];
         let mut raws: [MaybeUninit<ffi::ibv_recv_wr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
         let room = MAX_BATCH.min(self.ring.free());
-        let (mut n, mut rest, mut failure) = (0, Vec::new(), None);
-        for (buf, range, id) in recvs {
-            if failure.is_none() && n == room {
-                failure = Some(queue_full("ibv_post_recv", self.ring.slots.len()));
-            }
-            if failure.is_some() {
-                rest.push(buf);
-                continue;
+        let (mut n, mut refused) = (0, None);
+        let mut recvs = recvs.into_iter();
+        for (buf, range, id) in recvs.by_ref() {
+            if n == room {
+                refused = Some((queue_full("ibv_post_recv", self.ring.cap), buf));
+                break;
             }
             match fill_recv(&buf, range, self.wr_id(self.ring.head + n as u64), self.max_sge, &mut sges[n]) {
                 Ok(wr) => {
                     raws[n].write(wr);
-                    pending[n].write((buf, id));
+                    self.ring.stage(n, (buf, id));
                     n += 1;
                 }
                 Err(e) => {
-                    failure = Some(e);
-                    rest.push(buf);
+                    refused = Some((e, buf));
+                    break;
                 }
             }
         }
         let raw = self.raw;
         // SAFETY: the QP is alive; a valid chain whose buffers the ring keeps.
-        let (posted, err) =
+        let (posted, failure) =
             post_recv_chain("ibv_post_recv", &mut raws[..n], |wr, bad| unsafe { ffi::ibv_post_recv(raw, wr, bad) });
-        failure = err.or(failure);
+        if failure.is_none() && refused.is_none() {
+            self.ring.commit(n);
+            return Ok(n);
+        }
         let mut unposted = Vec::new();
-        for (i, slot) in pending.iter_mut().enumerate().take(n) {
-            // SAFETY: pending[..n] were written above and are read out once each.
-            let (buf, id) = unsafe { slot.assume_init_read() };
-            if i < posted {
-                self.ring.push(buf, id, None);
-            } else {
-                unposted.push(buf);
-            }
+        for i in posted..n {
+            // SAFETY: posted..n were staged above and not committed; each is read once.
+            unposted.push(unsafe { self.ring.unstage(i) }.0);
         }
-        unposted.append(&mut rest);
-        match failure {
-            Some(e) => Err((e, unposted)),
-            None => Ok(posted),
-        }
+        self.ring.commit(posted);
+        let (error, stopped) = match (failure, refused) {
+            (Some(e), refused) => (e, refused.map(|(_, buf)| buf)),
+            (None, Some((e, buf))) => (e, Some(buf)),
+            (None, None) => unreachable!("handled above"),
+        };
+        unposted.extend(stopped);
+        unposted.extend(recvs.map(|(buf, _, _)| buf));
+        Err((error, unposted))
     }
 
     /// Takes a completion of this receive queue and returns the finished receive with
@@ -864,7 +946,7 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
     #[inline]
     pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), (Error, T)> {
         if self.nfree == 0 {
-            return Err((queue_full("ibv_post_srq_recv", self.slots.len()), buf));
+            return Err((queue_full("ibv_post_srq_recv", self.slots.len() as u64), buf));
         }
         let index = self.free[self.nfree - 1];
         let slot = &mut self.slots[index as usize];
@@ -920,10 +1002,20 @@ impl<T: Send + 'static> fmt::Debug for SrqQueue<T> {
     }
 }
 
-fn queue_full(verb: &'static str, depth: usize) -> Error {
+#[cold]
+#[inline(never)]
+fn batch_too_long() -> Error {
+    Error::invalid("ibv_post_send", format!("a batch holds at most {MAX_BATCH} work requests"))
+}
+
+#[cold]
+#[inline(never)]
+fn queue_full(verb: &'static str, depth: u64) -> Error {
     Error::invalid(verb, format!("the queue is full ({depth} outstanding): poll completions first"))
 }
 
+#[cold]
+#[inline(never)]
 fn not_ours(side: &str, wc: &WorkCompletion) -> Error {
     Error::invalid(
         "ibv_poll_cq",

@@ -16,6 +16,7 @@ macro_rules! c_enum {
         }
         impl $name {
             /// Decodes the C value.
+            #[inline]
             pub fn from_raw(v: $raw) -> Self {
                 match v {
                     $(x if x == $value => $name::$variant,)*
@@ -23,6 +24,7 @@ macro_rules! c_enum {
                 }
             }
             /// The C value.
+            #[inline]
             pub fn to_raw(self) -> $raw {
                 match self {
                     $($name::$variant => $value,)*

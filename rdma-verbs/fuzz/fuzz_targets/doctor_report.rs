@@ -1,0 +1,26 @@
+//! What the doctor reads from other nodes and from users' files, on arbitrary text: a
+//! saved report (`baseline_of`, then `compare_nodes` and `drift` against a real report)
+//! and a known-bad list (`known_bad::parse`). None of them panics; a report whose
+//! baseline is taken compares against itself without a difference.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use rdma_verbs::diag::{compare, known_bad};
+use serde_json::Value;
+
+const NODE_A: &str = include_str!("../../src/diag/testdata/node-a.json");
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let _ = known_bad::parse(text);
+    let Ok(v) = serde_json::from_str::<Value>(text) else { return };
+    let Ok(theirs) = compare::baseline_of(&v) else { return };
+    let ours: Value = serde_json::from_str(NODE_A).expect("the test report parses");
+    let ours = compare::baseline_of(&ours).expect("a baseline");
+    let ignore: Vec<String> = compare::NODES_IGNORE.iter().map(|s| s.to_string()).collect();
+    let nodes = vec![("ours".to_owned(), ours.clone()), ("theirs".to_owned(), theirs.clone())];
+    let diffs = compare::compare_nodes(&nodes, &ignore);
+    let _ = compare::nodes_text(&diffs, nodes.len());
+    let _ = compare::drift(ours, theirs, &ignore);
+    assert!(compare::drift(theirs, theirs, &[]).is_empty());
+});

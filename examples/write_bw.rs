@@ -1,48 +1,45 @@
 //! RDMA WRITE bandwidth, like perftest's `ib_write_bw`, on the safe data path.
 //!
 //! ```text
-//! write_bw --loopback [-d DEV] [-x GID] [-s SIZE | -a] [-n ITERS | -D SECS] [-t DEPTH] [-Q MOD] [-l LIST] [-q QPS]
+//! write_bw [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS | -D SECS] [-t DEPTH] [-Q MOD] [-l LIST] [-q QPS]
+//!          [-p TCP_PORT] [--report_gbits] [--json] (--loopback | [HOST])
 //! ```
 //!
-//! `--loopback` runs both ends in one process on one device: the client QPs write into
-//! remote-writable regions of the server QPs, and at the end the server side checks that
-//! its regions hold the client's pattern (a mismatch fails the run). Bandwidth is in MiB/s
-//! (2^20 bytes a second) as perftest prints it, or Gb/s with `--report_gbits`; `--json`
-//! prints one object per size. Server/client over TCP (`-p`, a host argument) comes with
-//! the endpoint exchange.
+//! Without a host argument it is the server: it waits on the TCP port (`-p`, default
+//! 18515), gives each client QP a remote-writable region, and at the end of each size
+//! checks that every region holds the client's pattern. With a host it is the client: it
+//! writes, then prints perftest's table (bandwidth in MiB/s, 2^20 bytes a second, or Gb/s
+//! with `--report_gbits`) or, with `--json`, one object per size. A data mismatch fails
+//! both sides (the server tells the client). `--loopback` runs both ends in one process
+//! on one device. Give both sides the same `-s`/`-a` and `-q`.
+//!
+//! The exchange is rdma-verbs' endpoint handshake (`rdma_verbs::endpoint`), one per QP,
+//! not perftest's: this server and client talk to each other, not to `ib_write_bw`.
+
+#[path = "common/perftest.rs"]
+mod perftest;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use perftest::{BwRow, Common, Res, Role, Stream};
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpAccess,
-    QpType, QueuePair, RemoteWritable, SendQueue, SendWr, WcStatus, WorkCompletion,
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpAccess, QpType,
+    QueuePair, RemoteMr, RemoteWritable, SendQueue, SendWr, WcStatus, WorkCompletion,
 };
+
+/// Beyond these, a flag is a typo rather than a test (the device's own limits are checked
+/// once it is open).
+const MAX_DEPTH: u32 = 1 << 24;
+const MAX_QPS: u32 = 1024;
 
 /// Command-line flags, named as perftest names them.
 #[derive(Parser, Debug)]
-#[command(name = "write_bw", about = "RDMA WRITE bandwidth (perftest's ib_write_bw, on rdma-verbs)")]
 struct Opts {
-    /// Device name (default: the first device).
-    #[arg(short = 'd', long = "ib-dev")]
-    device: Option<String>,
-    /// GID index (default: RoCE v2 with an IPv4 address, or 0 on InfiniBand).
-    #[arg(short = 'x', long = "gid-index")]
-    gid_index: Option<u32>,
-    /// Port of the device.
-    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
-    ib_port: u8,
-    /// Message size in bytes.
-    #[arg(short = 's', long = "size", default_value_t = 65536)]
-    size: usize,
-    /// Run sizes 2 B to 8 MiB, powers of two.
-    #[arg(short = 'a', long = "all")]
-    all: bool,
-    /// Iterations per QP.
-    #[arg(short = 'n', long = "iters", default_value_t = 5000)]
-    iters: u64,
+    #[command(flatten)]
+    common: Common,
     /// Run for this many seconds instead of a number of iterations.
     #[arg(short = 'D', long = "duration")]
     duration: Option<f64>,
@@ -58,92 +55,90 @@ struct Opts {
     /// Number of QPs.
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     qps: u32,
-    /// TCP port of the exchange (server/client mode).
-    #[arg(short = 'p', long = "port", default_value_t = 18515)]
-    tcp_port: u16,
     /// Report bandwidth in Gb/s.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
-    /// Server and client in one process on one device.
-    #[arg(long)]
-    loopback: bool,
-    /// One JSON object per size on stdout instead of the table.
-    #[arg(long)]
-    json: bool,
-    /// The server to connect to (client mode).
-    host: Option<String>,
-}
-
-/// One size's result, in perftest's units.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-struct Row {
-    bytes: usize,
-    iterations: u64,
-    bw_peak_mib_s: f64,
-    bw_avg_mib_s: f64,
-    msg_rate_mpps: f64,
-}
-
-/// One client QP writing into one server region.
-struct Lane {
-    sq: SendQueue<Arc<Chunk>>,
-    target: MemoryRegion<AlignedBuf, RemoteWritable>,
-    posted: u64,
-    done: u64,
-    // Whether the last posted request was signaled: an unsignaled tail completes only
-    // behind a signaled one, so a timed run ends with one more signaled write.
-    tail_signaled: bool,
-    // Kept alive for the run: the QPs (both ends), the server CQ.
-    _qps: (QueuePair, QueuePair),
 }
 
 fn main() -> ExitCode {
-    let opts = Opts::parse();
-    match run(&opts) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("write_bw: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    let o: Opts = perftest::parse("write_bw", "RDMA WRITE bandwidth (perftest's ib_write_bw, on rdma-verbs)");
+    perftest::exit_with("write_bw", run(&o))
 }
 
-fn run(o: &Opts) -> Result<(), Box<dyn std::error::Error>> {
-    if !o.loopback {
-        return Err("only --loopback is available in this build: server/client mode needs the endpoint exchange".into());
-    }
-    if o.size == 0 && !o.all {
-        return Err("size must be at least 1 byte (-s)".into());
-    }
+/// Refuses nonsense before the device is touched.
+fn check_flags(o: &Opts) -> Res<()> {
     if o.tx_depth == 0 || o.post_list == 0 || o.qps == 0 {
-        return Err("-t, -l and -q must be at least 1".into());
+        return Err("-t (tx depth), -l (post list) and -q (QPs) must be at least 1".into());
+    }
+    if o.tx_depth > MAX_DEPTH {
+        return Err(format!("tx depth {} (-t) is beyond {MAX_DEPTH}: no device takes that many", o.tx_depth).into());
+    }
+    if o.qps > MAX_QPS {
+        return Err(format!("{} QPs (-q) is beyond {MAX_QPS}", o.qps).into());
     }
     if o.post_list > o.tx_depth {
-        return Err(format!("post list {} is larger than the tx depth {}", o.post_list, o.tx_depth).into());
+        return Err(format!("post list {} (-l) is larger than the tx depth {} (-t)", o.post_list, o.tx_depth).into());
     }
-    let ctx = Context::open(o.device.as_deref())?;
-    let dev = ctx.query_device()?;
-    if o.tx_depth > dev.max_qp_wr {
-        return Err(format!("tx depth {} exceeds the device's max_qp_wr {}", o.tx_depth, dev.max_qp_wr).into());
+    match o.cq_mod {
+        Some(0) => return Err("CQ moderation 0 (-Q): signal at least every request (1)".into()),
+        Some(m) if m > o.tx_depth => {
+            return Err(format!(
+                "CQ moderation {m} (-Q) is larger than the tx depth {} (-t): no completion would ever come",
+                o.tx_depth
+            )
+            .into())
+        }
+        _ => {}
     }
-    let max_msg = ctx.query_port(o.ib_port)?.raw.max_msg_sz as usize;
-    let sizes: Vec<usize> = if o.all { (1..=23).map(|p| 1usize << p).collect() } else { vec![o.size] };
-    if let Some(&too_big) = sizes.iter().find(|&&s| s > max_msg) {
-        return Err(format!("size {too_big} exceeds the port's max message size {max_msg}").into());
-    }
-    if !o.json {
-        print_header(o, &ctx);
-    }
-    for &size in &sizes {
-        let row = run_size(o, &ctx, size)?;
-        if o.json {
-            println!("{}", serde_json::to_string(&row)?);
-        } else {
-            print_row(o, &row);
+    if let Some(d) = o.duration {
+        if !(d.is_finite() && d > 0.0 && d <= 86400.0) {
+            return Err(format!("duration {d} (-D) must be a positive number of seconds, at most a day").into());
         }
     }
-    if !o.json {
-        println!("{}", "-".repeat(87));
+    Ok(())
+}
+
+fn run(o: &Opts) -> Res<()> {
+    let c = &o.common;
+    let role = c.role()?;
+    let sizes = c.sizes(65536)?;
+    let iters = c.iterations(5000)?;
+    check_flags(o)?;
+    let ctx = c.open(&sizes)?;
+    let dev = ctx.query_device()?;
+    if o.tx_depth > dev.max_qp_wr {
+        return Err(format!("tx depth {} (-t) exceeds the device's max_qp_wr {}", o.tx_depth, dev.max_qp_wr).into());
+    }
+    if u64::from(o.tx_depth) * u64::from(o.qps) > u64::from(dev.max_cqe) {
+        return Err(format!(
+            "tx depth {} x {} QPs exceeds the device's max_cqe {}: lower -t or -q",
+            o.tx_depth, o.qps, dev.max_cqe
+        )
+        .into());
+    }
+    let show = !c.json && role != Role::Server;
+    if show {
+        print_header(o, &ctx, &role);
+    }
+    let mut stream = perftest::open_stream(&role, c.tcp_port)?;
+    for &size in &sizes {
+        let row = match stream.as_deref_mut() {
+            None => perftest::loopback(|s| server(o, &ctx, size, s), |s| client(o, &ctx, size, iters, s))?,
+            Some(s) if role == Role::Server => {
+                server(o, &ctx, size, s)?;
+                eprintln!(
+                    "write_bw: {size} B: the data check passed on {} QP{}",
+                    o.qps,
+                    if o.qps == 1 { "" } else { "s" }
+                );
+                continue;
+            }
+            Some(s) => client(o, &ctx, size, iters, s)?,
+        };
+        perftest::print_bw_row(&row, o.report_gbits, c.json);
+    }
+    if show {
+        println!("{}", perftest::rule());
     }
     Ok(())
 }
@@ -154,15 +149,77 @@ fn cq_mod(o: &Opts, size: usize) -> u32 {
     m.clamp(1, o.tx_depth)
 }
 
+/// What the client writes and the server expects.
 fn pattern(size: usize) -> impl Iterator<Item = u8> {
     (0..size).map(move |i| (i as u8).wrapping_mul(13).wrapping_add(size as u8))
 }
 
-fn run_size(o: &Opts, ctx: &Context, size: usize) -> Result<Row, Box<dyn std::error::Error>> {
+/// The server's side of one size: a region per QP for the client to write, then the
+/// check of what arrived, whose verdict goes back to the client.
+fn server(o: &Opts, ctx: &Context, size: usize, stream: &mut dyn Stream) -> Res<()> {
+    let pd = ProtectionDomain::new(ctx)?;
+    let cq = CompletionQueue::new(ctx, 4)?;
+    let mut held = Vec::with_capacity(o.qps as usize);
+    for _ in 0..o.qps {
+        let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(1).build()?;
+        let region =
+            pd.register_remote_writable(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+        o.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(region.remote()).connect(stream)?;
+        held.push((qp, region));
+    }
+    perftest::barrier(stream, true).map_err(|e| format!("the client did not finish its run: {e}"))?;
+    let check = check_data(held.iter().map(|(_, r)| r), size);
+    perftest::send_verdict(stream, check.is_ok())?;
+    check
+}
+
+/// Every region holds the pattern of `size`.
+fn check_data<'a>(regions: impl Iterator<Item = &'a MemoryRegion<AlignedBuf, RemoteWritable>>, size: usize) -> Res<()> {
+    let want: Vec<u8> = pattern(size).collect();
+    let mut got = vec![0u8; size];
+    for (i, region) in regions.enumerate() {
+        region.read_at(0, &mut got)?;
+        if got != want {
+            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(format!(
+                "data check failed on QP {i}: byte {at} of {size} is {:#04x}, the pattern has {:#04x}",
+                got[at], want[at]
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// The client's side of one size: writes, then meets the server and takes its verdict.
+fn client(o: &Opts, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<BwRow> {
+    let result = write_run(o, ctx, size, iters, stream);
+    perftest::barrier(stream, result.is_ok())?;
+    let row = result?;
+    if !perftest::read_verdict(stream)? {
+        return Err(format!(
+            "the server's data check failed at {size} B: what arrived differs from what was written (its log says where)"
+        )
+        .into());
+    }
+    Ok(row)
+}
+
+/// One client QP writing into one server region.
+struct Lane {
+    sq: SendQueue<Arc<Chunk>>,
+    remote: RemoteMr,
+    posted: u64,
+    done: u64,
+    // Whether the last posted request was signaled: an unsignaled tail completes only
+    // behind a signaled one, so a timed run ends with one more signaled write.
+    tail_signaled: bool,
+    _qp: QueuePair,
+}
+
+fn write_run(o: &Opts, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<BwRow> {
     let pd = ProtectionDomain::new(ctx)?;
     let mut cq = CompletionQueue::new(ctx, o.tx_depth * o.qps)?;
-    let server_cq = CompletionQueue::new(ctx, 16)?;
-    let init = InitAttr { port: o.ib_port, access: QpAccess::REMOTE_WRITE, ..InitAttr::default() };
 
     let mut src = pd.register(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE)?.into_chunks(size)?.remove(0);
     for (b, p) in src.iter_mut().zip(pattern(size)) {
@@ -172,29 +229,10 @@ fn run_size(o: &Opts, ctx: &Context, size: usize) -> Result<Row, Box<dyn std::er
 
     let mut lanes = Vec::with_capacity(o.qps as usize);
     for _ in 0..o.qps {
-        let client = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(o.tx_depth).max_recv_wr(1).build()?;
-        let server =
-            QueuePair::builder(&pd, QpType::Rc, &server_cq, &server_cq).max_send_wr(1).max_recv_wr(1).build()?;
-        let (c, s) = (client.local_info(o.ib_port, 0)?, server.local_info(o.ib_port, 0)?);
-        let (c, s) = match o.gid_index {
-            Some(i) => {
-                let gid = ctx.query_gid(o.ib_port, i)?.gid;
-                (rdma_verbs::RemoteQpInfo { gid, ..c }, rdma_verbs::RemoteQpInfo { gid, ..s })
-            }
-            None => (c, s),
-        };
-        client.connect(&init, c.psn, &s)?;
-        server.connect(&init, s.psn, &c)?;
-        let target =
-            pd.register_remote_writable(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
-        lanes.push(Lane {
-            sq: client.send_queue()?,
-            target,
-            posted: 0,
-            done: 0,
-            tail_signaled: true,
-            _qps: (client, server),
-        });
+        let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(o.tx_depth).max_recv_wr(1).build()?;
+        let conn = o.common.handshake(&qp, QpAccess::empty()).connect(stream)?;
+        let remote = perftest::check_remote(conn.remote.mr, size)?;
+        lanes.push(Lane { sq: qp.send_queue()?, remote, posted: 0, done: 0, tail_signaled: true, _qp: qp });
     }
 
     let moderation = cq_mod(o, size);
@@ -204,7 +242,7 @@ fn run_size(o: &Opts, ctx: &Context, size: usize) -> Result<Row, Box<dyn std::er
     let mut last = (started, 0u64);
     let mut peak = 0f64;
     let mut wcs = [WorkCompletion::EMPTY; 64];
-    let total_target = o.iters * u64::from(o.qps);
+    let total_target = iters * u64::from(o.qps);
     let mut finished = 0u64;
     let mut stop_posting = false;
 
@@ -213,14 +251,14 @@ fn run_size(o: &Opts, ctx: &Context, size: usize) -> Result<Row, Box<dyn std::er
             stop_posting = stop_posting || started.elapsed() >= d;
         }
         for lane in lanes.iter_mut() {
-            let limit = if deadline.is_some() { u64::MAX } else { o.iters };
+            let limit = if deadline.is_some() { u64::MAX } else { iters };
             while !stop_posting && lane.posted < limit && lane.sq.outstanding() < o.tx_depth as usize {
                 let room = (o.tx_depth as usize - lane.sq.outstanding()).min(o.post_list as usize);
                 let k = (room as u64).min(limit - lane.posted);
                 if k < u64::from(o.post_list).min(limit - lane.posted) {
                     break; // wait for a whole post list's room, as perftest does
                 }
-                let remote = lane.target.remote();
+                let remote = lane.remote;
                 let first = lane.posted;
                 let wrs = (0..k).map(|j| {
                     let n = first + j + 1;
@@ -232,7 +270,7 @@ fn run_size(o: &Opts, ctx: &Context, size: usize) -> Result<Row, Box<dyn std::er
                 lane.tail_signaled = lane.posted % u64::from(moderation) == 0 || lane.posted == limit;
             }
             if stop_posting && !lane.tail_signaled && lane.sq.outstanding() < o.tx_depth as usize {
-                let wr = SendWr::write(Arc::clone(&src), 0..size, lane.target.remote());
+                let wr = SendWr::write(Arc::clone(&src), 0..size, lane.remote);
                 lane.sq.post(wr).map_err(|(e, _)| e)?;
                 lane.posted += 1;
                 lane.tail_signaled = true;
@@ -273,20 +311,9 @@ fn run_size(o: &Opts, ctx: &Context, size: usize) -> Result<Row, Box<dyn std::er
     }
     let secs = started.elapsed().as_secs_f64();
 
-    // The server side checks what arrived.
-    let want: Vec<u8> = pattern(size).collect();
-    let mut got = vec![0u8; size];
-    for (i, lane) in lanes.iter().enumerate() {
-        lane.target.read_at(0, &mut got)?;
-        if got != want {
-            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
-            return Err(format!("data check failed on QP {i}: byte {at} of {size} differs").into());
-        }
-    }
-
     let bytes = finished as f64 * size as f64;
     let avg = bytes / secs;
-    Ok(Row {
+    Ok(BwRow {
         bytes: size,
         iterations: finished / u64::from(o.qps),
         bw_peak_mib_s: peak.max(avg) / f64::from(1 << 20),
@@ -302,9 +329,8 @@ fn report_progress(o: &Opts, finished: u64, total: u64, started: Instant) {
     }
 }
 
-fn print_header(o: &Opts, ctx: &Context) {
-    let line = "-".repeat(87);
-    println!("{line}");
+fn print_header(o: &Opts, ctx: &Context, role: &Role) {
+    println!("{}", perftest::rule());
     println!("                    RDMA_Write BW Test");
     println!(" Device         : {}", ctx.name());
     println!(" Number of qps  : {}\t\tTransport type : IB", o.qps);
@@ -312,20 +338,7 @@ fn print_header(o: &Opts, ctx: &Context) {
     println!(" TX depth        : {}", o.tx_depth);
     println!(" CQ Moderation   : {}", o.cq_mod.map_or("100 (1 above 8 KiB)".into(), |m| m.to_string()));
     println!(" Post List       : {}", o.post_list);
-    println!(" Mode            : {}", if o.loopback { "loopback (one process)" } else { "server/client" });
-    println!("{line}");
-    let unit = if o.report_gbits { "Gb/sec" } else { "MiB/sec" };
-    println!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]");
-}
-
-fn print_row(o: &Opts, r: &Row) {
-    let conv = |mib: f64| if o.report_gbits { mib * f64::from(1 << 20) * 8.0 / 1e9 } else { mib };
-    println!(
-        " {:<10} {:<10}       {:<12.2}       {:<12.2}         {:.6}",
-        r.bytes,
-        r.iterations,
-        conv(r.bw_peak_mib_s),
-        conv(r.bw_avg_mib_s),
-        r.msg_rate_mpps
-    );
+    println!(" Mode            : {}", role.describe());
+    println!("{}", perftest::rule());
+    perftest::print_bw_header(o.report_gbits);
 }

@@ -1,1 +1,316 @@
-//! (being written)
+//! The perftest-style tools, run as the user runs them: the example binaries (built on
+//! the host beforehand, found in target/<profile>/examples) in child processes on the
+//! device, server and client over TCP on 127.0.0.1 or `--loopback` in one process. Few
+//! iterations each: the test bed emulates its CPU.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::{device_name, gid_index, open, LeakCheck};
+
+/// A run never takes this long, even when the first start of a debug binary from the
+/// shared folder takes seconds under emulation.
+const LIMIT: Duration = Duration::from_secs(180);
+
+/// An example of this workspace, next to this test binary.
+fn tool(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/device-<hash> -> target/<profile>/examples/<name>
+    let profile_dir = exe.parent().and_then(Path::parent).expect("test binary in target/<profile>/deps");
+    let path = profile_dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the examples first (`cargo build --examples`; scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// The device flags every run takes.
+fn dev_args() -> Vec<String> {
+    vec!["-d".into(), device_name(), "-x".into(), gid_index().to_string()]
+}
+
+/// A child process whose stderr lines arrive on a channel as they come (a server says
+/// there when it listens).
+struct Proc {
+    name: String,
+    child: Child,
+    err_lines: mpsc::Receiver<String>,
+    err: Vec<String>,
+    out: thread::JoinHandle<String>,
+}
+
+/// What a finished child printed.
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Finished {
+    fn report(&self, name: &str) -> String {
+        format!("--- {name}: {}\n--- stdout:\n{}--- stderr:\n{}", self.status, self.stdout, self.stderr)
+    }
+}
+
+impl Proc {
+    fn spawn(name: &str, args: &[String]) -> Proc {
+        let path = tool(name);
+        let mut child = Command::new(&path)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {}: {e}", path.display()));
+        let (tx, err_lines) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut stdout = child.stdout.take().unwrap();
+        let out = thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stdout.read_to_string(&mut s);
+            s
+        });
+        Proc { name: format!("{name} {}", args.join(" ")), child, err_lines, err: Vec::new(), out }
+    }
+
+    /// Waits until a stderr line contains `needle`.
+    fn wait_stderr(&mut self, needle: &str) {
+        let deadline = Instant::now() + LIMIT;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.err_lines.recv_timeout(left) {
+                Ok(line) => {
+                    let hit = line.contains(needle);
+                    self.err.push(line);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        panic!("{}: no stderr line with {needle:?}; stderr:\n{}", self.name, self.err.join("\n"));
+    }
+
+    /// Waits for the exit (killed after [`LIMIT`]) and collects the output.
+    fn finish(mut self) -> Finished {
+        let deadline = Instant::now() + LIMIT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                break self.child.wait().unwrap();
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        let stdout = self.out.join().unwrap_or_default();
+        // The reader thread ends with the pipe; take what it read.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while let Ok(line) = self.err_lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            self.err.push(line);
+        }
+        Finished { status, stdout, stderr: self.err.join("\n") + "\n" }
+    }
+}
+
+/// Runs one process to its end.
+fn run(name: &str, args: &[String]) -> Finished {
+    Proc::spawn(name, args).finish()
+}
+
+/// Runs a server and then its client on 127.0.0.1 (same flags, `extra` per side), and
+/// returns both.
+fn server_client(name: &str, port: u16, args: &[&str], client_extra: &[&str]) -> (Finished, Finished) {
+    let mut common = dev_args();
+    common.extend(["-p".to_string(), port.to_string()]);
+    common.extend(args.iter().map(|s| s.to_string()));
+    let mut server = Proc::spawn(name, &common);
+    server.wait_stderr("waiting for a client");
+    let mut c = common.clone();
+    c.extend(client_extra.iter().map(|s| s.to_string()));
+    c.push("127.0.0.1".into());
+    let client = run(name, &c);
+    (server.finish(), client)
+}
+
+/// One JSON object per line of `stdout`.
+fn json_lines(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect()
+}
+
+/// A latency object with every key, sane values and the iterations asked for.
+fn check_latency_json(v: &Value, bytes: u64, iterations: u64, what: &str) {
+    let num = |k: &str| v.get(k).and_then(Value::as_f64).unwrap_or_else(|| panic!("{what}: no number {k} in {v}"));
+    assert_eq!(v.get("bytes").and_then(Value::as_u64), Some(bytes), "{what}: bytes in {v}");
+    assert_eq!(v.get("iterations").and_then(Value::as_u64), Some(iterations), "{what}: iterations in {v}");
+    let (min, typ, max) = (num("t_min_us"), num("t_typical_us"), num("t_max_us"));
+    let (avg, stdev, p99, p999) = (num("t_avg_us"), num("t_stdev_us"), num("p99_us"), num("p999_us"));
+    assert!(min > 0.0 && min <= typ && typ <= max, "{what}: t_min <= t_typical <= t_max fails in {v}");
+    assert!(min <= avg && avg <= max && stdev >= 0.0, "{what}: t_avg or t_stdev out of range in {v}");
+    assert!(typ <= p99 && p99 <= p999 && p999 <= max, "{what}: percentiles out of order in {v}");
+    // A round trip on any device, even emulated, is well under a second.
+    assert!(typ < 1e6, "{what}: t_typical of {typ} us is no latency in {v}");
+}
+
+/// A latency tool in `--loopback` and as server + client: each prints one sane JSON object.
+fn latency_tool(name: &str, port: u16, size: &str) {
+    let _leaks = LeakCheck::new();
+    let mut args = dev_args();
+    args.extend(["--loopback", "--json", "-n", "60", "-s", size].map(String::from));
+    let done = run(name, &args);
+    assert!(done.status.success(), "{name} --loopback failed\n{}", done.report(name));
+    let objs = json_lines(&done.stdout);
+    assert_eq!(objs.len(), 1, "{name} --loopback: one JSON line expected\n{}", done.report(name));
+    check_latency_json(&objs[0], size.parse().unwrap(), 60, &format!("{name} --loopback"));
+
+    let (server, client) = server_client(name, port, &["-n", "40", "-s", size], &["--json"]);
+    assert!(server.status.success(), "{name} server failed\n{}", server.report(name));
+    assert!(client.status.success(), "{name} client failed\n{}", client.report(name));
+    let objs = json_lines(&client.stdout);
+    assert_eq!(objs.len(), 1, "{name} client: one JSON line expected\n{}", client.report(name));
+    check_latency_json(&objs[0], size.parse().unwrap(), 40, &format!("{name} client"));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn write_lat_loopback_and_server_client_print_sane_json() {
+    latency_tool("write_lat", 18611, "2");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn send_lat_loopback_and_server_client_print_sane_json() {
+    latency_tool("send_lat", 18612, "2");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn read_lat_loopback_and_server_client_print_sane_json() {
+    latency_tool("read_lat", 18613, "64");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn write_bw_server_and_client_over_tcp_pass_the_data_check_and_print_the_table() {
+    let _leaks = LeakCheck::new();
+    let (server, client) = server_client("write_bw", 18614, &["-s", "4096", "-n", "300", "-q", "2"], &[]);
+    assert!(server.status.success(), "write_bw server failed\n{}", server.report("server"));
+    assert!(client.status.success(), "write_bw client failed\n{}", client.report("client"));
+    assert!(
+        server.stderr.contains("4096 B: the data check passed on 2 QPs"),
+        "the server did not report its data check\n{}",
+        server.report("server")
+    );
+    let header = client.stdout.lines().position(|l| l.contains("#bytes") && l.contains("BW average[MiB/sec]"));
+    let header = header.unwrap_or_else(|| panic!("no table header\n{}", client.report("client")));
+    let row: Vec<&str> = client.stdout.lines().nth(header + 1).unwrap_or("").split_whitespace().collect();
+    assert_eq!(row.len(), 5, "one row of 5 columns after the header\n{}", client.report("client"));
+    assert_eq!((row[0], row[1]), ("4096", "300"), "bytes and iterations\n{}", client.report("client"));
+    let nums: Vec<f64> = row[2..].iter().map(|s| s.parse().unwrap()).collect();
+    assert!(nums.iter().all(|&x| x > 0.0), "positive bandwidth and rate\n{}", client.report("client"));
+    assert!(nums[0] >= nums[1], "peak below average\n{}", client.report("client"));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn write_bw_loopback_json_has_every_key_with_post_lists() {
+    let _leaks = LeakCheck::new();
+    let mut args = dev_args();
+    args.extend(["--loopback", "--json", "-s", "64", "-n", "320", "-l", "32", "-q", "2"].map(String::from));
+    let done = run("write_bw", &args);
+    assert!(done.status.success(), "write_bw failed\n{}", done.report("write_bw"));
+    let objs = json_lines(&done.stdout);
+    assert_eq!(objs.len(), 1, "one JSON line\n{}", done.report("write_bw"));
+    let v = &objs[0];
+    assert_eq!(v["bytes"].as_u64(), Some(64), "{v}");
+    assert_eq!(v["iterations"].as_u64(), Some(320), "{v}");
+    for k in ["bw_peak_mib_s", "bw_avg_mib_s", "msg_rate_mpps"] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {v}");
+    }
+    let (avg, rate) = (v["bw_avg_mib_s"].as_f64().unwrap(), v["msg_rate_mpps"].as_f64().unwrap());
+    // Both are the same count over the same time: bytes x rate = bandwidth.
+    assert!((avg * f64::from(1 << 20) - rate * 1e6 * 64.0).abs() <= avg * f64::from(1 << 20) * 1e-6, "{v}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn write_bw_data_mismatch_fails_server_and_client() {
+    let _leaks = LeakCheck::new();
+    // The server expects the 8 KiB pattern; the client writes the 4 KiB one into the
+    // start of the (larger) region: the server's check must catch it and say so to both.
+    let mut common = dev_args();
+    common.extend(["-p", "18615", "-n", "50"].map(String::from));
+    let mut s = common.clone();
+    s.extend(["-s", "8192"].map(String::from));
+    let mut server = Proc::spawn("write_bw", &s);
+    server.wait_stderr("waiting for a client");
+    let mut c = common;
+    c.extend(["-s", "4096", "127.0.0.1"].map(String::from));
+    let client = run("write_bw", &c);
+    let server = server.finish();
+    assert!(!server.status.success(), "the server passed a wrong pattern\n{}", server.report("server"));
+    assert!(server.stderr.contains("data check failed"), "{}", server.report("server"));
+    assert!(!client.status.success(), "the client passed a failed check\n{}", client.report("client"));
+    assert!(client.stderr.contains("data check failed"), "{}", client.report("client"));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn every_nonsense_flag_exits_non_zero_naming_the_problem() {
+    let _leaks = LeakCheck::new();
+    let max_qp_wr = open().query_device().unwrap().max_qp_wr;
+    let over_device = (max_qp_wr + 1).to_string();
+    let cases: Vec<(&str, Vec<&str>, &str)> = vec![
+        ("write_bw", vec!["-s", "0"], "size 0"),
+        ("write_bw", vec!["-a", "-s", "64"], "cannot be combined with -s"),
+        ("write_bw", vec!["-q", "0"], "must be at least 1"),
+        ("write_bw", vec!["-t", "0"], "must be at least 1"),
+        ("write_bw", vec!["-t", "100000000"], "tx depth 100000000 (-t) is beyond"),
+        ("write_bw", vec!["-t", &over_device], "exceeds the device's max_qp_wr"),
+        ("write_bw", vec!["-l", "200"], "post list 200 (-l) is larger than the tx depth"),
+        ("write_bw", vec!["-Q", "0"], "CQ moderation 0"),
+        ("write_bw", vec!["-Q", "1000"], "CQ moderation 1000 (-Q) is larger than the tx depth"),
+        ("write_bw", vec!["-n", "0"], "0 iterations"),
+        ("write_bw", vec!["-D", "0"], "duration 0 (-D)"),
+        ("write_lat", vec!["-s", "0"], "size 0"),
+        ("send_lat", vec!["-a", "-s", "8"], "cannot be combined with -s"),
+        ("read_lat", vec!["-n", "0"], "0 iterations"),
+        ("write_lat", vec!["127.0.0.1"], "drop the host argument"),
+    ];
+    for (name, flags, needle) in cases {
+        let mut args = dev_args();
+        args.push("--loopback".into());
+        args.extend(flags.iter().map(|s| s.to_string()));
+        let done = run(name, &args);
+        let what = format!("{name} {}", flags.join(" "));
+        assert!(!done.status.success(), "{what} was accepted\n{}", done.report(&what));
+        assert!(done.stderr.contains(needle), "{what}: stderr does not say {needle:?}\n{}", done.report(&what));
+    }
+    for name in ["write_bw", "write_lat", "send_lat", "read_lat"] {
+        let done = run(name, &["--loopback".into(), "-d".into(), "no_such_dev".into()]);
+        assert!(!done.status.success(), "{name} -d no_such_dev was accepted\n{}", done.report(name));
+        assert!(done.stderr.contains("no_such_dev"), "{name}: the unknown device is not named\n{}", done.report(name));
+    }
+}

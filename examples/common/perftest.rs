@@ -1,0 +1,800 @@
+//! What the perftest-style tools (`write_bw`, `write_lat`, `send_lat`, `read_lat`) share:
+//! the common flags, the device and size checks, the out-of-band exchange, the clock, the
+//! latency statistics and the printing of perftest's tables. Each tool includes it with
+//! `#[path]`; the latency tools are thin `main`s over [`lat_main`].
+//!
+//! The exchange is the library's own (`rdma_verbs::endpoint`): one [`Handshake`] per QP
+//! over a TCP connection (or a Unix socket pair in `--loopback`), then the handshake's
+//! status message as a barrier where both sides must meet. It is not perftest's exchange,
+//! so these tools talk only to each other, not to `ib_write_bw` and friends.
+#![allow(dead_code)] // each tool uses its own part of this file
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{CommandFactory, FromArgMatches};
+use rdma_verbs::endpoint::{self, Handshake, Status};
+use rdma_verbs::{
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr,
+    SendQueue, SendWr, WorkCompletion,
+};
+
+/// Any error of a tool: a message for stderr.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// A tool's result.
+pub type Res<T> = Result<T, BoxError>;
+
+/// Largest size `-a` runs (perftest's 8 MiB).
+pub const MAX_ALL_SIZE: usize = 1 << 23;
+/// perftest's TCP port.
+pub const DEFAULT_PORT: u16 = 18515;
+/// How long a latency side waits for the peer's next message before it gives up.
+const PEER_SILENCE: Duration = Duration::from_secs(20);
+
+/// The flags every tool takes, named as perftest names them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Common {
+    /// Device name (default: the first device).
+    #[arg(short = 'd', long = "ib-dev")]
+    pub device: Option<String>,
+    /// GID index (default: RoCE v2 with an IPv4 address, or 0 on InfiniBand).
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<u8>,
+    /// Port of the device.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    pub ib_port: u8,
+    /// Message size in bytes.
+    #[arg(short = 's', long = "size")]
+    pub size: Option<usize>,
+    /// Run all sizes, 2 B to 8 MiB, powers of two.
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
+    /// Iterations (per QP).
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u64>,
+    /// TCP port of the exchange (server/client mode).
+    #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT)]
+    pub tcp_port: u16,
+    /// Server and client in one process on one device (two QPs, two threads).
+    #[arg(long)]
+    pub loopback: bool,
+    /// One JSON object per size on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// The server to connect to (client mode); without it, this is the server.
+    pub host: Option<String>,
+}
+
+/// Which end of the test this process is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// Both ends, in two threads.
+    Loopback,
+    /// Waits for a client on the TCP port.
+    Server,
+    /// Connects to this host.
+    Client(String),
+}
+
+impl Role {
+    /// For the header of the table.
+    pub fn describe(&self) -> String {
+        match self {
+            Role::Loopback => "loopback (one process)".to_owned(),
+            Role::Server => "server".to_owned(),
+            Role::Client(host) => format!("client of {host}"),
+        }
+    }
+}
+
+impl Common {
+    /// Which end this process is.
+    pub fn role(&self) -> Res<Role> {
+        match (&self.host, self.loopback) {
+            (Some(h), true) => Err(format!("--loopback runs both ends: drop the host argument {h:?}").into()),
+            (Some(h), false) => Ok(Role::Client(h.clone())),
+            (None, true) => Ok(Role::Loopback),
+            (None, false) => Ok(Role::Server),
+        }
+    }
+
+    /// The sizes to run: `-s` (or the tool's default), or every power of two from 2 B to
+    /// 8 MiB with `-a`. Nonsense is refused before any device is touched.
+    pub fn sizes(&self, default: usize) -> Res<Vec<usize>> {
+        match (self.all, self.size) {
+            (true, Some(_)) => Err("-a runs every size: it cannot be combined with -s".into()),
+            (_, Some(0)) => Err("size 0 (-s): a message must be at least 1 byte (perftest refuses 0 too)".into()),
+            (true, None) => Ok((1..=23).map(|p| 1usize << p).collect()),
+            (false, s) => Ok(vec![s.unwrap_or(default)]),
+        }
+    }
+
+    /// The iteration count: `-n` or the tool's default; 0 is refused.
+    pub fn iterations(&self, default: u64) -> Res<u64> {
+        match self.iters.unwrap_or(default) {
+            0 => Err("0 iterations (-n): run at least 1".into()),
+            n => Ok(n),
+        }
+    }
+
+    /// Opens the device (`-d`, else the first one) and checks that the port exists and
+    /// takes messages of every size.
+    pub fn open(&self, sizes: &[usize]) -> Res<Context> {
+        let ctx = Context::open(self.device.as_deref())?;
+        let port = ctx.query_port(self.ib_port).map_err(|e| format!("port {} (-i): {e}", self.ib_port))?;
+        let max_msg = port.raw.max_msg_sz as usize;
+        if let Some(&too_big) = sizes.iter().find(|&&s| s > max_msg) {
+            return Err(format!("size {too_big} exceeds port {}'s max message size {max_msg}", self.ib_port).into());
+        }
+        if let Some(i) = self.gid_index {
+            ctx.query_gid(self.ib_port, u32::from(i)).map_err(|e| format!("GID index {i} (-x): {e}"))?;
+        }
+        Ok(ctx)
+    }
+
+    /// A handshake for `qp` with this side's port, GID index and what the peer may do.
+    pub fn handshake<'a>(&self, qp: &'a QueuePair, access: QpAccess) -> Handshake<'a> {
+        let hs = Handshake::new(qp).port(self.ib_port).access(access);
+        match self.gid_index {
+            Some(i) => hs.gid_index(i),
+            None => hs,
+        }
+    }
+}
+
+/// Parses the flags of a tool whose `Opts` derive `clap::Parser`, with the tool's name.
+pub fn parse<T: CommandFactory + FromArgMatches>(name: &'static str, about: &'static str) -> T {
+    let matches = T::command().name(name).about(about).get_matches();
+    T::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// Runs a tool's body: an error goes to stderr with the tool's name, and the exit code is 1.
+pub fn exit_with(name: &str, result: Res<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// ---- the out-of-band exchange ----------------------------------------------------------
+
+/// A byte stream to the peer: TCP between processes, a Unix socket pair in one process.
+pub trait Stream: Read + Write + Send {}
+impl<T: Read + Write + Send> Stream for T {}
+
+/// The server's end: waits on the TCP port for one client.
+pub fn accept(port: u16) -> Res<TcpStream> {
+    let listener =
+        TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("listening on TCP port {port} (-p): {e}"))?;
+    eprintln!("waiting for a client on TCP port {port}");
+    let (stream, _) = listener.accept().map_err(|e| format!("accepting a client on TCP port {port}: {e}"))?;
+    prepare(&stream)?;
+    Ok(stream)
+}
+
+/// The client's end. A refused connection is retried for a few seconds: the server may
+/// still be starting (perftest's client gives up at once; scripts start both together).
+pub fn connect(host: &str, port: u16) -> Res<TcpStream> {
+    let addr = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{host}: {e}"))?
+        .find(|a| a.is_ipv4())
+        .ok_or_else(|| format!("{host}: no IPv4 address"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            Ok(stream) => {
+                prepare(&stream)?;
+                return Ok(stream);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(format!("connecting to the server {addr} (is it running, -p {port}?): {e}").into()),
+        }
+    }
+}
+
+fn prepare(stream: &TcpStream) -> Res<()> {
+    // Small messages that each wait for an answer: do not let Nagle hold them.
+    // No read timeout: a barrier waits for the peer's whole run, which has no bound
+    // under emulation; a peer that dies closes the connection, which ends the wait.
+    Ok(stream.set_nodelay(true)?)
+}
+
+/// The connection to the peer process: `None` in `--loopback`, where each size makes a
+/// socket pair of its own ([`loopback`]).
+pub fn open_stream(role: &Role, port: u16) -> Res<Option<Box<dyn Stream>>> {
+    Ok(match role {
+        Role::Server => Some(Box::new(accept(port)?)),
+        Role::Client(host) => Some(Box::new(connect(host, port)?)),
+        Role::Loopback => None,
+    })
+}
+
+/// Two connected ends for `--loopback`.
+pub fn local_pair() -> Res<(UnixStream, UnixStream)> {
+    Ok(UnixStream::pair()?)
+}
+
+/// Runs `server` in a thread and `client` here, each with one end of a socket pair, and
+/// returns the client's result (or the first error of the two).
+pub fn loopback<T: Send>(
+    server: impl FnOnce(&mut dyn Stream) -> Res<()> + Send,
+    client: impl FnOnce(&mut dyn Stream) -> Res<T>,
+) -> Res<T> {
+    let (mut s, mut c) = local_pair()?;
+    std::thread::scope(|scope| {
+        let server = scope.spawn(move || server(&mut s).map_err(|e| e.to_string()));
+        let client = client(&mut c);
+        // The client's end closes here, so a server still waiting for it stops.
+        drop(c);
+        let server = server.join().map_err(|_| "the server thread panicked")?;
+        match (client, server) {
+            (Ok(v), Ok(())) => Ok(v),
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(e)) => Err(format!("server: {e}").into()),
+        }
+    })
+}
+
+/// Meets the peer: tells it whether this side is fine and learns whether it is. `Err`
+/// when either is not (or the connection broke).
+pub fn barrier(stream: &mut dyn Stream, ok: bool) -> Res<()> {
+    Ok(endpoint::sync(stream, if ok { Status::Ready } else { Status::Failed })?)
+}
+
+/// Reads the peer's status without sending one first (the verdict a server sends once it
+/// checked the data). `Ok(false)` when the peer reports a failure.
+pub fn read_verdict(stream: &mut dyn Stream) -> Res<bool> {
+    let mut buf = [0u8; endpoint::STATUS_LEN];
+    stream.read_exact(&mut buf).map_err(|e| format!("reading the server's verdict: {e}"))?;
+    Ok(Status::from_bytes(&buf)? == Status::Ready)
+}
+
+/// Sends this side's status alone (see [`read_verdict`]).
+pub fn send_verdict(stream: &mut dyn Stream, ok: bool) -> Res<()> {
+    let status = if ok { Status::Ready } else { Status::Failed };
+    stream
+        .write_all(&status.to_bytes())
+        .and_then(|()| stream.flush())
+        .map_err(|e| format!("sending the verdict: {e}"))?;
+    Ok(())
+}
+
+// ---- clock -------------------------------------------------------------------------
+
+/// A cheap timestamp counter. On x86_64 it is the TSC, as perftest's `get_cycles`: under
+/// TCG (the test bed) `clock_gettime` can fall back to a system call that costs several
+/// microseconds, which would be added to every latency sample, while `rdtsc` is one
+/// instruction (an emulator helper under TCG). The rate is calibrated against `Instant`
+/// once. Elsewhere the clock is `Instant` itself.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    ticks_per_us: f64,
+    #[cfg(not(target_arch = "x86_64"))]
+    origin: Instant,
+}
+
+impl Clock {
+    /// Measures the counter's rate over 50 ms.
+    pub fn calibrate() -> Clock {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (t0, c0) = (Instant::now(), Self::raw());
+            while t0.elapsed() < Duration::from_millis(50) {
+                std::hint::spin_loop();
+            }
+            let (us, c1) = (t0.elapsed().as_secs_f64() * 1e6, Self::raw());
+            Clock { ticks_per_us: (c1.wrapping_sub(c0) as f64 / us).max(1e-3) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Clock { ticks_per_us: 1e-3, origin: Instant::now() }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn raw() -> u64 {
+        // The intrinsic is an unsafe fn before Rust 1.87 and safe since.
+        #[allow(unused_unsafe)]
+        // SAFETY: rdtsc exists on every x86_64 CPU and has no memory effects.
+        unsafe {
+            core::arch::x86_64::_rdtsc()
+        }
+    }
+
+    /// Now, in ticks.
+    #[inline]
+    pub fn now(&self) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            Self::raw()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self.origin.elapsed().as_nanos() as u64
+        }
+    }
+
+    /// A duration in ticks.
+    pub fn ticks(&self, d: Duration) -> u64 {
+        (d.as_secs_f64() * 1e6 * self.ticks_per_us) as u64
+    }
+
+    /// Ticks to microseconds.
+    pub fn us(&self, ticks: u64) -> f64 {
+        ticks as f64 / self.ticks_per_us
+    }
+}
+
+// ---- results -----------------------------------------------------------------------
+
+/// One size's bandwidth result, in perftest's units.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct BwRow {
+    /// Message size.
+    pub bytes: usize,
+    /// Iterations per QP.
+    pub iterations: u64,
+    /// Best window, MiB/s.
+    pub bw_peak_mib_s: f64,
+    /// Whole run, MiB/s.
+    pub bw_avg_mib_s: f64,
+    /// Messages a second, millions.
+    pub msg_rate_mpps: f64,
+}
+
+/// perftest's separator line.
+pub fn rule() -> String {
+    "-".repeat(87)
+}
+
+/// The bandwidth table's header.
+pub fn print_bw_header(gbits: bool) {
+    let unit = if gbits { "Gb/sec" } else { "MiB/sec" };
+    println!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]");
+}
+
+/// One bandwidth row (table or JSON).
+pub fn print_bw_row(r: &BwRow, gbits: bool, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(r).unwrap_or_default());
+        return;
+    }
+    let conv = |mib: f64| if gbits { mib * f64::from(1 << 20) * 8.0 / 1e9 } else { mib };
+    println!(
+        " {:<10} {:<10}       {:<12.2}       {:<12.2}         {:.6}",
+        r.bytes,
+        r.iterations,
+        conv(r.bw_peak_mib_s),
+        conv(r.bw_avg_mib_s),
+        r.msg_rate_mpps
+    );
+}
+
+/// One size's latency result, in microseconds.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct LatRow {
+    /// Message size.
+    pub bytes: usize,
+    /// Iterations run.
+    pub iterations: u64,
+    /// Smallest sample.
+    pub t_min_us: f64,
+    /// Largest sample kept (the two largest are dropped).
+    pub t_max_us: f64,
+    /// The median.
+    pub t_typical_us: f64,
+    /// The mean.
+    pub t_avg_us: f64,
+    /// The standard deviation.
+    pub t_stdev_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+}
+
+impl LatRow {
+    /// perftest's statistics over per-iteration samples (microseconds): sorted, the two
+    /// largest dropped (outliers such as the first touch), each divided by `divisor`
+    /// (2 where a sample is a round trip and the one-way latency is reported).
+    pub fn from_samples(bytes: usize, iterations: u64, mut us: Vec<f64>, divisor: f64) -> Res<LatRow> {
+        us.sort_by(f64::total_cmp);
+        if us.len() > 2 {
+            us.truncate(us.len() - 2);
+        }
+        let n = us.len();
+        if n == 0 {
+            return Err("no latency samples".into());
+        }
+        us.iter_mut().for_each(|v| *v /= divisor);
+        let median = if n % 2 == 1 { us[n / 2] } else { (us[n / 2 - 1] + us[n / 2]) / 2.0 };
+        let avg = us.iter().sum::<f64>() / n as f64;
+        let var = us.iter().map(|v| (v - avg) * (v - avg)).sum::<f64>() / n as f64;
+        // Nearest rank: the smallest sample with at least p of them at or below it.
+        let pct = |p: f64| us[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
+        Ok(LatRow {
+            bytes,
+            iterations,
+            t_min_us: us[0],
+            t_max_us: us[n - 1],
+            t_typical_us: median,
+            t_avg_us: avg,
+            t_stdev_us: var.sqrt(),
+            p99_us: pct(0.99),
+            p999_us: pct(0.999),
+        })
+    }
+}
+
+/// The latency table's header.
+pub fn print_lat_header() {
+    println!(
+        " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
+    );
+}
+
+/// One latency row (table or JSON).
+pub fn print_lat_row(r: &LatRow, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string(r).unwrap_or_default());
+        return;
+    }
+    println!(
+        " {:<7} {:<11} {:<14.2} {:<14.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
+        r.bytes, r.iterations, r.t_min_us, r.t_max_us, r.t_typical_us, r.t_avg_us, r.t_stdev_us, r.p99_us, r.p999_us
+    );
+}
+
+// ---- latency tools -----------------------------------------------------------------
+
+/// The three latency tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatTest {
+    /// RDMA WRITE ping-pong, each side polling the last byte of its own buffer.
+    Write,
+    /// SEND ping-pong with receives.
+    Send,
+    /// RDMA READ round trips from the client; the server is passive.
+    Read,
+}
+
+impl LatTest {
+    fn title(self) -> &'static str {
+        match self {
+            LatTest::Write => "RDMA_Write Latency Test",
+            LatTest::Send => "Send Latency Test",
+            LatTest::Read => "RDMA_Read Latency Test",
+        }
+    }
+
+    /// Write and send samples are round trips; perftest reports half of them.
+    fn divisor(self) -> f64 {
+        match self {
+            LatTest::Write | LatTest::Send => 2.0,
+            LatTest::Read => 1.0,
+        }
+    }
+}
+
+/// The latency tools' flags.
+#[derive(clap::Parser, Debug)]
+pub struct LatOpts {
+    #[command(flatten)]
+    pub common: Common,
+}
+
+/// Sizes up to this many bytes are posted inline, as perftest does for latency.
+const INLINE: u32 = 220;
+
+/// `main` of a latency tool.
+pub fn lat_main(test: LatTest, name: &'static str, about: &'static str) -> ExitCode {
+    let o: LatOpts = parse(name, about);
+    exit_with(name, run_lat(test, &o.common))
+}
+
+fn run_lat(test: LatTest, c: &Common) -> Res<()> {
+    let role = c.role()?;
+    let sizes = c.sizes(2)?;
+    let iters = c.iterations(1000)?;
+    if iters > MAX_LAT_ITERS {
+        return Err(format!("{iters} iterations (-n): at most {MAX_LAT_ITERS}, whose samples are all kept").into());
+    }
+    let ctx = c.open(&sizes)?;
+    let clock = Clock::calibrate();
+    if !c.json && role != Role::Server {
+        println!("{}", rule());
+        println!("                    {}", test.title());
+        println!(" Device         : {}", ctx.name());
+        println!(" Connection type : RC\t\tIterations : {iters}");
+        println!(" Mode            : {}", role.describe());
+        println!("{}", rule());
+        print_lat_header();
+    }
+    let mut stream = open_stream(&role, c.tcp_port)?;
+    for &size in &sizes {
+        let side = |stream: &mut dyn Stream, client: bool| lat_side(test, c, &ctx, &clock, size, iters, client, stream);
+        let row = match stream.as_deref_mut() {
+            None => loopback(|s| side(s, false).map(drop), |s| side(s, true))?,
+            Some(s) if role == Role::Server => {
+                side(s, false)?;
+                eprintln!("{}: {size} B: {iters} iterations done", test.title());
+                continue;
+            }
+            Some(s) => side(s, true)?,
+        };
+        let row = row.ok_or("the client measured nothing")?;
+        print_lat_row(&row, c.json);
+    }
+    if !c.json && role != Role::Server {
+        println!("{}", rule());
+    }
+    Ok(())
+}
+
+/// Requests in flight per side, each way: moderated sends, and receives posted ahead
+/// (send_lat). Sends and receives share one CQ of twice this.
+const LAT_DEPTH: u32 = 32;
+/// Every sample is kept (perftest's percentiles need them all): 8 bytes an iteration.
+const MAX_LAT_ITERS: u64 = 100_000_000;
+
+/// One side of one size: connects a QP, runs the ping-pong (or the reads), meets the
+/// peer at the end, and returns the statistics on the client.
+#[allow(clippy::too_many_arguments)]
+fn lat_side(
+    test: LatTest,
+    c: &Common,
+    ctx: &Context,
+    clock: &Clock,
+    size: usize,
+    iters: u64,
+    client: bool,
+    stream: &mut dyn Stream,
+) -> Res<Option<LatRow>> {
+    let pd = rdma_verbs::ProtectionDomain::new(ctx)?;
+    let mut cq = CompletionQueue::new(ctx, 2 * LAT_DEPTH + 2)?;
+    let inline = if test == LatTest::Read { 0 } else { INLINE };
+    let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
+        .max_send_wr(LAT_DEPTH)
+        .max_recv_wr(LAT_DEPTH)
+        .max_inline_data(inline)
+        .build()?;
+    // The region the peer writes (write_lat: polled for its last byte) or reads (read_lat).
+    let target =
+        pd.register_remote_writable(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    // `_read_src` lives to the end: the peer reads it until the barrier.
+    let (hs, _read_src) = match test {
+        LatTest::Write => (c.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(target.remote()), None),
+        LatTest::Read => {
+            let src = pd.register(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
+            (c.handshake(&qp, QpAccess::REMOTE_READ).advertise(src.remote()), Some(src))
+        }
+        LatTest::Send => (c.handshake(&qp, QpAccess::empty()), None),
+    };
+    hs.init()?;
+    // Receives go in before the peer can send (send_lat).
+    let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
+    if test == LatTest::Send {
+        let bufs = pd.register(AlignedBuf::new(size * LAT_DEPTH as usize)?, AccessFlags::LOCAL_WRITE)?;
+        for (i, b) in bufs.into_chunks(size)?.into_iter().enumerate() {
+            rq.post(b, 0..size, i as u64).map_err(|(e, _)| e)?;
+        }
+    }
+    let conn = hs.connect(stream)?;
+    let peer = match (test, conn.remote.mr) {
+        (LatTest::Send, _) => None,
+        (_, Some(mr)) if mr.len >= size as u64 => Some(mr),
+        (_, Some(mr)) => {
+            return Err(format!(
+                "the peer's region is {} bytes, smaller than -s {size}: give both sides the same -s/-a",
+                mr.len
+            )
+            .into())
+        }
+        (_, None) => return Err("the peer advertised no memory region".into()),
+    };
+
+    // Sources: a chunk per request in flight, so the byte that changes each iteration is
+    // never written while the device may still read it.
+    let moderation = if size <= 65536 { LAT_DEPTH / 2 } else { 1 };
+    let pool = pd.register(AlignedBuf::new(size * 2 * moderation as usize)?, AccessFlags::LOCAL_WRITE)?;
+    let mut ping = Pinger {
+        sq: qp.send_queue()?,
+        free: pool.into_chunks(size)?,
+        moderation: u64::from(moderation),
+        // Never on a READ: the flag means nothing there and rxe refuses it.
+        inline: test != LatTest::Read && size <= qp.caps().max_inline_data as usize,
+        posted: 0,
+        recvs: 0,
+        wcs: [WorkCompletion::EMPTY, WorkCompletion::EMPTY, WorkCompletion::EMPTY, WorkCompletion::EMPTY],
+    };
+    let mut stamps = Vec::with_capacity(iters as usize + 1);
+    let silence = clock.ticks(PEER_SILENCE);
+    let run =
+        |ping: &mut Pinger, stamps: &mut Vec<u64>, cq: &mut CompletionQueue, rq: &mut RecvQueue<Chunk>| -> Res<()> {
+            for i in 1..=iters {
+                let last = i == iters;
+                match test {
+                    LatTest::Write => {
+                        if !client {
+                            wait_byte(&target, size, i, clock, silence, || ping.drain_some(cq, rq))?;
+                        }
+                        stamps.push(clock.now());
+                        let peer = peer.ok_or("no peer region")?;
+                        ping.post(cq, rq, last, |mut buf| {
+                            buf[size - 1] = i as u8;
+                            SendWr::write(buf, 0..size, peer)
+                        })?;
+                        if client {
+                            wait_byte(&target, size, i, clock, silence, || ping.drain_some(cq, rq))?;
+                        }
+                    }
+                    LatTest::Send => {
+                        if !client {
+                            ping.wait_recv(cq, rq, i, clock, silence)?;
+                        }
+                        stamps.push(clock.now());
+                        ping.post(cq, rq, last, |buf| SendWr::send(buf, 0..size))?;
+                        if client {
+                            ping.wait_recv(cq, rq, i, clock, silence)?;
+                        }
+                    }
+                    LatTest::Read => {
+                        if !client {
+                            return Ok(());
+                        }
+                        stamps.push(clock.now());
+                        let peer = peer.ok_or("no peer region")?;
+                        ping.post(cq, rq, true, |buf| SendWr::read(buf, 0..size, peer))?;
+                        ping.drain(cq, rq)?;
+                    }
+                }
+            }
+            stamps.push(clock.now());
+            ping.drain(cq, rq)
+        };
+    let result = run(&mut ping, &mut stamps, &mut cq, &mut rq);
+    // Meet the peer whatever happened, so that it stops too; our error comes first.
+    let met = barrier(stream, result.is_ok());
+    result?;
+    met?;
+    if !client {
+        return Ok(None);
+    }
+    let us: Vec<f64> = stamps.windows(2).map(|w| clock.us(w[1].wrapping_sub(w[0]))).collect();
+    Ok(Some(LatRow::from_samples(size, iters, us, test.divisor())?))
+}
+
+/// Spins on the last byte of `target` until it is `i` (mod 256), as `ib_write_lat` does:
+/// the device writes a message's bytes in order, so the last one arriving means the
+/// whole message did. `idle` recycles send completions now and then.
+fn wait_byte(
+    target: &rdma_verbs::MemoryRegion<AlignedBuf, rdma_verbs::RemoteWritable>,
+    size: usize,
+    i: u64,
+    clock: &Clock,
+    silence: u64,
+    mut idle: impl FnMut() -> Res<()>,
+) -> Res<()> {
+    let mut byte = [0u8; 1];
+    let started = clock.now();
+    let mut spins = 0u32;
+    loop {
+        target.read_at(size - 1, &mut byte)?;
+        if byte[0] == i as u8 {
+            return Ok(());
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 1024 == 0 {
+            idle()?;
+            if clock.now().wrapping_sub(started) > silence {
+                return Err(format!("iteration {i}: no RDMA WRITE from the peer within {PEER_SILENCE:?}").into());
+            }
+        }
+    }
+}
+
+/// The send side of a latency test: a pool of source chunks, moderated signaling.
+struct Pinger {
+    sq: SendQueue<Chunk>,
+    free: Vec<Chunk>,
+    moderation: u64,
+    inline: bool,
+    posted: u64,
+    recvs: u64,
+    wcs: [WorkCompletion; 4],
+}
+
+impl Pinger {
+    /// Posts one request built from a free chunk; signaled every `moderation` requests
+    /// and when `last` (an unsignaled tail would never complete).
+    fn post(
+        &mut self,
+        cq: &mut CompletionQueue,
+        rq: &mut RecvQueue<Chunk>,
+        last: bool,
+        make: impl FnOnce(Chunk) -> SendWr<Chunk>,
+    ) -> Res<()> {
+        while self.free.is_empty() {
+            self.drain_some(cq, rq)?;
+        }
+        let buf = self.free.pop().ok_or("no free source buffer")?;
+        self.posted += 1;
+        let signaled = last || self.posted % self.moderation == 0;
+        let wr = make(buf).signaled(signaled);
+        let wr = if self.inline { wr.inline() } else { wr };
+        self.sq.post(wr).map_err(|(e, _)| e)?;
+        Ok(())
+    }
+
+    /// Polls the CQ once and takes what it found: sends back to the pool, receives
+    /// counted and posted again.
+    fn drain_some(&mut self, cq: &mut CompletionQueue, rq: &mut RecvQueue<Chunk>) -> Res<()> {
+        let n = cq.poll(&mut self.wcs)?.len();
+        for wc in &mut self.wcs[..n] {
+            wc.ok()?;
+            if wc.opcode().is_recv() {
+                let done = rq.complete(wc)?;
+                let len = done.buf.len();
+                rq.post(done.buf, 0..len, done.id).map_err(|(e, _)| e)?;
+                self.recvs += 1;
+            } else {
+                let free = &mut self.free;
+                self.sq.complete(wc, |d| free.push(d.buf))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Until every posted request has completed.
+    fn drain(&mut self, cq: &mut CompletionQueue, rq: &mut RecvQueue<Chunk>) -> Res<()> {
+        let deadline = Instant::now() + PEER_SILENCE;
+        while self.sq.outstanding() > 0 {
+            self.drain_some(cq, rq)?;
+            if self.sq.outstanding() > 0 && Instant::now() > deadline {
+                return Err(
+                    format!("{} requests did not complete within {PEER_SILENCE:?}", self.sq.outstanding()).into()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Until the `i`th message from the peer has arrived.
+    fn wait_recv(
+        &mut self,
+        cq: &mut CompletionQueue,
+        rq: &mut RecvQueue<Chunk>,
+        i: u64,
+        clock: &Clock,
+        silence: u64,
+    ) -> Res<()> {
+        let started = clock.now();
+        while self.recvs < i {
+            self.drain_some(cq, rq)?;
+            if self.recvs < i && clock.now().wrapping_sub(started) > silence {
+                return Err(format!("iteration {i}: no SEND from the peer within {PEER_SILENCE:?}").into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A remote region, checked against what this side will write into it.
+pub fn check_remote(mr: Option<RemoteMr>, size: usize) -> Res<RemoteMr> {
+    match mr {
+        Some(mr) if mr.len >= size as u64 => Ok(mr),
+        Some(mr) => {
+            Err(format!("the server's region is {} bytes, smaller than {size}: give both sides the same -s/-a", mr.len)
+                .into())
+        }
+        None => Err("the server advertised no memory region".into()),
+    }
+}

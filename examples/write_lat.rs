@@ -1,0 +1,18 @@
+//! RDMA WRITE latency (perftest's ib_write_lat): a ping-pong of writes, each side polling the last byte of its own buffer; half the round trip is reported.
+//!
+//! ```text
+//! write_lat [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS] [-p TCP_PORT] [--json] (--loopback | [HOST])
+//! ```
+//!
+//! Without a host it is the server; with one, the client, which prints perftest's latency
+//! table (t_min, t_max, t_typical = median, t_avg, t_stdev, 99% and 99.9%, in
+//! microseconds; samples sorted, the two largest dropped) or one JSON object per size.
+//! `--loopback` runs both ends in one process on one device. The exchange is
+//! rdma-verbs' endpoint handshake over TCP, not perftest's: it talks to itself only.
+
+#[path = "common/perftest.rs"]
+mod perftest;
+
+fn main() -> std::process::ExitCode {
+    perftest::lat_main(perftest::LatTest::Write, "write_lat", "RDMA WRITE latency")
+}

@@ -462,3 +462,60 @@ pub fn expect_empty(cq: *mut ibv_cq, wait: Duration) {
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
+
+/// The kernel's resource counts (PD, CQ, QP, MR, SRQ, contexts, CM ids) of every RDMA
+/// device, from `rdma -j resource show`: device name -> (counter, value), sorted.
+pub fn resource_counts() -> Vec<(String, Vec<(String, u64)>)> {
+    let out = std::process::Command::new("rdma")
+        .args(["-j", "resource", "show"])
+        .output()
+        .expect("run `rdma -j resource show` (iproute2)");
+    assert!(out.status.success(), "rdma resource show failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // One flat JSON object per device: {"ifindex":0,"ifname":"rxe0","pd":0,"cq":0,...}
+    let mut devices: Vec<(String, Vec<(String, u64)>)> = text
+        .split('{')
+        .skip(1)
+        .filter_map(|obj| {
+            let obj = obj.split('}').next().unwrap_or("");
+            let mut name = None;
+            let mut counts = Vec::new();
+            for pair in obj.split(',') {
+                let (k, v) = pair.split_once(':')?;
+                let (k, v) = (k.trim().trim_matches('"'), v.trim().trim_matches('"'));
+                match k {
+                    "ifname" => name = Some(v.to_owned()),
+                    "ifindex" => {}
+                    _ => counts.push((k.to_owned(), v.parse().ok()?)),
+                }
+            }
+            counts.sort();
+            Some((name?, counts))
+        })
+        .collect();
+    devices.sort();
+    assert!(!devices.is_empty(), "no device in `rdma resource show`: {text}");
+    devices
+}
+
+/// Asserts when dropped that every device's resource counts are back to where they were
+/// when it was made: the test freed everything it created. Tests run one at a time
+/// (`--test-threads=1`), so the counts are this test's own.
+pub struct LeakCheck(Vec<(String, Vec<(String, u64)>)>);
+
+impl LeakCheck {
+    #[must_use]
+    #[allow(clippy::new_without_default)] // taking a snapshot is not a default value
+    pub fn new() -> LeakCheck {
+        LeakCheck(resource_counts())
+    }
+}
+
+impl Drop for LeakCheck {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        assert_eq!(resource_counts(), self.0, "device resources leaked (after vs before the test)");
+    }
+}

@@ -13,6 +13,7 @@ use crate::common::*;
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn start_poll_reads_one_receive_and_reports_enoent_when_empty() {
+    let _leaks = LeakCheck::new();
     use ibv_create_cq_wc_flags as w;
     let dev = Device::open();
     let pd = Pd::new(&dev);

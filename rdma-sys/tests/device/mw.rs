@@ -10,6 +10,7 @@ use crate::common::*;
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn bind_mw_gives_a_type1_window_a_new_rkey_that_admits_remote_writes() {
+    let _leaks = LeakCheck::new();
     let dev = Device::open();
     let pd = Pd::new(&dev);
     let cq_a = Cq::new(&dev, 16, null_mut());

@@ -6,11 +6,13 @@ use std::ptr::{self, null};
 
 use rdma_sys::*;
 
+use crate::common::LeakCheck;
 use crate::common::{check_rc, Device, PORT};
 
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn query_port_takes_the_provider_path_and_agrees_with_the_compat_symbol() {
+    let _leaks = LeakCheck::new();
     let dev = Device::open();
 
     // The context is an extended one with a `query_port` op, so the port below calls
@@ -66,6 +68,7 @@ fn query_port_takes_the_provider_path_and_agrees_with_the_compat_symbol() {
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn query_gid_ex_gid_table_and_device_ex_agree_with_the_plain_queries() {
+    let _leaks = LeakCheck::new();
     let dev = Device::open();
     let index = u32::from(dev.gid_index);
 

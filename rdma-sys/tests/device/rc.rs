@@ -30,6 +30,7 @@ fn post_send(qp: &Qp, wr: &mut ibv_send_wr) {
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn post_send_list_and_rdma_writes_deliver_exact_bytes_between_rc_qps() {
+    let _leaks = LeakCheck::new();
     let dev = Device::open();
     let pd = Pd::new(&dev);
     let cq_a = Cq::new(&dev, 32, null_mut());
@@ -99,6 +100,7 @@ fn post_send_list_and_rdma_writes_deliver_exact_bytes_between_rc_qps() {
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn req_notify_cq_arms_an_event_that_the_next_completion_raises() {
+    let _leaks = LeakCheck::new();
     let dev = Device::open();
     // SAFETY: the context is open.
     let channel = Channel(unsafe { ibv_create_comp_channel(dev.ctx) });

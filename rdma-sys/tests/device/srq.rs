@@ -9,6 +9,7 @@ use crate::common::*;
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn post_srq_recv_feeds_the_receives_of_a_qp_attached_to_the_srq() {
+    let _leaks = LeakCheck::new();
     let dev = Device::open();
     let pd = Pd::new(&dev);
     let cq_a = Cq::new(&dev, 16, null_mut());

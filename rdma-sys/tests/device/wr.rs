@@ -43,6 +43,7 @@ unsafe fn next_wr(qpx: *mut ibv_qp_ex, wr_id: u64) {
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn wr_api_writes_sends_inline_batches_reads_and_aborts() {
+    let _leaks = LeakCheck::new();
     use ibv_qp_create_send_ops_flags as f;
     let dev = Device::open();
     let pd = Pd::new(&dev);
@@ -175,6 +176,7 @@ fn wr_api_writes_sends_inline_batches_reads_and_aborts() {
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn wr_api_atomics_return_the_old_value_and_update_remote_memory() {
+    let _leaks = LeakCheck::new();
     use ibv_qp_create_send_ops_flags as f;
     let dev = Device::open();
     let pd = Pd::new(&dev);

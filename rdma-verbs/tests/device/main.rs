@@ -3,9 +3,11 @@
 //! `cargo test` lists them as ignored.
 //!
 //! Every test takes a [`LeakCheck`] first: when the test ends, the device's resource
-//! counts (PD, MR, CQ, QP, SRQ, contexts, as `rdma resource show` prints them) must be
-//! back where they started. Tests run one at a time (`--test-threads=1`), so the counts
-//! are this process's own.
+//! counts (PD, MR, CQ, QP, SRQ, contexts, CM ids, as `rdma resource show` prints them)
+//! must be back where they started. Tests run one at a time (`--test-threads=1`), so the
+//! counts are this process's own (and those of the processes it started, which are gone
+//! by then). Tests that use rdma_cm run in a process of their own, which takes the check
+//! (cm.rs, faults.rs).
 
 mod access;
 mod alloc;
@@ -73,12 +75,13 @@ impl ResourceCounts {
             .split('{')
             .find(|o| o.contains(&format!("\"ifname\":\"{dev}\"")))
             .unwrap_or_else(|| panic!("{dev} not in `rdma resource show`: {text}"));
+        // A counter the kernel does not print would compare 0 with 0 forever: fail instead.
         let field = |name: &str| -> u64 {
             let key = format!("\"{name}\":");
             obj.find(&key)
                 .map(|i| obj[i + key.len()..].chars().take_while(|c| c.is_ascii_digit()).collect::<String>())
                 .and_then(|n| n.parse().ok())
-                .unwrap_or(0)
+                .unwrap_or_else(|| panic!("no {name:?} counter for {dev} in `rdma -j resource show`: {text}"))
         };
         ResourceCounts {
             pd: field("pd"),

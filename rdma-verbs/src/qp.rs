@@ -228,8 +228,8 @@ pub(crate) struct QpInner {
     /// The CM id a QP was made through, released only after the QP is destroyed.
     _cm_id: Option<Arc<dyn Send + Sync>>,
     // Held only to keep the parents alive.
-    _send_cq: Arc<CqInner>,
-    _recv_cq: Arc<CqInner>,
+    pub(crate) send_cq: Arc<CqInner>,
+    pub(crate) recv_cq: Arc<CqInner>,
     srq: Option<Arc<SrqInner>>,
     /// Buffers of requests still posted when their queue was dropped: freed after the
     /// QP (the field above) is destroyed, when the device can no longer touch them.
@@ -485,8 +485,8 @@ impl<'a> QueuePairBuilder<'a> {
                 max_qp_init_rd_atom: rd_atom(dev.max_qp_init_rd_atom),
                 pd: self.pd.clone(),
                 _cm_id: cm_id,
-                _send_cq: Arc::clone(&self.send_cq.inner),
-                _recv_cq: Arc::clone(&self.recv_cq.inner),
+                send_cq: Arc::clone(&self.send_cq.inner),
+                recv_cq: Arc::clone(&self.recv_cq.inner),
                 srq: self.srq.map(|s| Arc::clone(&s.inner)),
                 graveyard: Mutex::new(Vec::new()),
                 send_claimed: AtomicBool::new(false),

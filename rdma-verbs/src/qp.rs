@@ -220,6 +220,9 @@ pub(crate) struct QpInner {
     pub(crate) qp_ex: Option<NonNull<ffi::ibv_qp_ex>>,
     qp_type: QpType,
     pub(crate) caps: QpCaps,
+    /// The send and receive depths asked for: the safe queues' default depths (a provider
+    /// may grant more, which the CQ was not necessarily sized for).
+    pub(crate) asked_depth: (u32, u32),
     pub(crate) send_ops: SendOps,
     sq_sig_all: bool,
     max_qp_rd_atom: u8,
@@ -479,6 +482,7 @@ impl<'a> QueuePairBuilder<'a> {
                 qp_type: self.req.qp_type,
                 // The provider wrote back what it granted.
                 caps: QpCaps::from_ffi(&attr.cap),
+                asked_depth: (cap.max_send_wr, cap.max_recv_wr),
                 send_ops,
                 sq_sig_all: self.sq_sig_all,
                 max_qp_rd_atom: rd_atom(dev.max_qp_rd_atom),

@@ -354,15 +354,15 @@ fn depth(verb: &'static str, asked: u32, max: u32, what: &str) -> Result<u32> {
 }
 
 impl QueuePair {
-    /// Takes the send side, as deep as the QP ([`QpCaps::max_send_wr`](crate::QpCaps)).
-    /// Fails if a [`SendQueue`] of this QP already exists, or if the send CQ cannot hold
-    /// that many completions besides those reserved by the other queues on it.
+    /// Takes the send side, as deep as the `max_send_wr` the QP was built with. Fails if
+    /// a [`SendQueue`] of this QP already exists, or if the send CQ cannot hold that many
+    /// completions besides those reserved by the other queues on it.
     pub fn send_queue<T: SendBuf>(&self) -> Result<SendQueue<T>> {
-        self.send_queue_with_depth(self.inner.caps.max_send_wr)
+        self.send_queue_with_depth(self.inner.asked_depth.0)
     }
 
     /// Takes the send side with room for `depth` outstanding requests (1 up to the QP's
-    /// `max_send_wr`), and sets `depth` entries of the send CQ aside for their
+    /// granted `max_send_wr`), and sets `depth` entries of the send CQ aside for their
     /// completions: so a CQ shared by several queues can never overrun.
     pub fn send_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<SendQueue<T>> {
         const VERB: &str = "send_queue";
@@ -383,16 +383,16 @@ impl QueuePair {
         })
     }
 
-    /// Takes the receive side, as deep as the QP ([`QpCaps::max_recv_wr`](crate::QpCaps)).
-    /// Fails if a [`RecvQueue`] of this QP already exists, if the QP takes its receives
-    /// from an SRQ (use [`SharedReceiveQueue::queue`]), or if the receive CQ cannot hold
-    /// that many completions besides those reserved by the other queues on it.
+    /// Takes the receive side, as deep as the `max_recv_wr` the QP was built with. Fails
+    /// if a [`RecvQueue`] of this QP already exists, if the QP takes its receives from an
+    /// SRQ (use [`SharedReceiveQueue::queue`]), or if the receive CQ cannot hold that many
+    /// completions besides those reserved by the other queues on it.
     pub fn recv_queue<T: ExclusiveBuf>(&self) -> Result<RecvQueue<T>> {
-        self.recv_queue_with_depth(self.inner.caps.max_recv_wr.max(1))
+        self.recv_queue_with_depth(self.inner.asked_depth.1.max(1))
     }
 
     /// Takes the receive side with room for `depth` posted receives (1 up to the QP's
-    /// `max_recv_wr`), and sets `depth` entries of the receive CQ aside for them.
+    /// granted `max_recv_wr`), and sets `depth` entries of the receive CQ aside for them.
     pub fn recv_queue_with_depth<T: ExclusiveBuf>(&self, depth: u32) -> Result<RecvQueue<T>> {
         const VERB: &str = "recv_queue";
         if self.has_srq() {

@@ -39,7 +39,8 @@ fn a_cq_refuses_queues_whose_depths_together_exceed_its_entries() {
     // Depths outside 1..=max_*_wr are refused before anything is reserved.
     drop((sq, rq));
     assert!(invalid_message(qp.send_queue_with_depth::<Chunk>(0).unwrap_err()).contains("depth 0"));
-    assert!(invalid_message(qp.send_queue_with_depth::<Chunk>(entries + 1).unwrap_err()).contains("max_send_wr"));
+    let too_deep = qp.caps().max_send_wr + 1;
+    assert!(invalid_message(qp.send_queue_with_depth::<Chunk>(too_deep).unwrap_err()).contains("max_send_wr"));
     // Everything given back: the full-depth send side fits again.
     let sq: SendQueue<Chunk> = qp.send_queue().unwrap();
     assert_eq!(sq.outstanding(), 0);

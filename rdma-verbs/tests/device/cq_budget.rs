@@ -3,8 +3,8 @@
 //! error that says how big the CQ must be.
 
 use rdma_verbs::{
-    AccessFlags, Chunk, CompletionQueue, Error, ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, SendQueue,
-    SendWr,
+    AccessFlags, Chunk, CompletionQueue, Error, InitAttr, ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue,
+    SendQueue, SendWr,
 };
 
 use crate::datapath::{chunks, rc_pair, Side};
@@ -92,6 +92,7 @@ fn a_dropped_queue_keeps_its_cq_share_until_its_posted_requests_cannot_complete(
     let entries = cq.cqe();
     let build = || QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(entries).build().unwrap();
     let qp = build();
+    qp.to_init(&InitAttr::default()).unwrap(); // receives are posted from INIT on
     let mut rq: RecvQueue<Chunk> = qp.recv_queue().unwrap();
     for (i, buf) in chunks(&pd, 2, 64, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
         rq.post(buf, 0..64, i as u64).map_err(|(e, _)| e).unwrap();

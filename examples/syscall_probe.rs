@@ -109,8 +109,8 @@ fn setup() -> Res<(Loopback, Arc<Chunk>, Vec<Chunk>)> {
         Err(_) => Context::open_first()?,
     };
     let pd = ProtectionDomain::new(&ctx)?;
-    let cq_a = CompletionQueue::new(&ctx, 256)?;
-    let cq_b = CompletionQueue::new(&ctx, 256)?;
+    let cq_a = CompletionQueue::new(&ctx, (SEND_DEPTH + RECV_DEPTH) as u32)?;
+    let cq_b = CompletionQueue::new(&ctx, (SEND_DEPTH + RECV_DEPTH) as u32)?;
     let qp = |cq: &CompletionQueue| {
         QueuePair::builder(&pd, QpType::Rc, cq, cq)
             .max_send_wr(SEND_DEPTH as u32)

@@ -49,7 +49,7 @@ use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::context::Context;
@@ -80,6 +80,10 @@ pub(crate) struct CqInner {
     channel: Option<Owned<ffi::ibv_comp_channel>>,
     comp_vector: u32,
     pub(crate) ctx: Context,
+    /// Entries set aside for the safe queues whose completions land here: each reserves
+    /// its depth, so together they can never have more completions pending than the CQ
+    /// holds (an overrun that the device would report only as an asynchronous CQ error).
+    reserved: Mutex<u64>,
 }
 
 // SAFETY: libibverbs allows every CQ verb from any thread. The raw pointers are owned by
@@ -118,7 +122,7 @@ impl Drop for UnackedEvents {
 
 impl CqInner {
     fn destroy(self) -> Result<()> {
-        let CqInner { events, raw, channel, comp_vector: _, ctx: _ } = self;
+        let CqInner { events, raw, channel, comp_vector: _, ctx: _, reserved: _ } = self;
         drop(events);
         if let Err(e) = raw.destroy() {
             // The CQ still uses the channel: destroying it would fail too.
@@ -126,6 +130,52 @@ impl CqInner {
             return Err(e);
         }
         channel.map_or(Ok(()), Owned::destroy)
+    }
+}
+
+impl CqInner {
+    /// The CQ's entries, as the provider granted them.
+    pub(crate) fn entries(&self) -> u64 {
+        // SAFETY: the CQ is live (self); `cqe` changes only in ibv_resize_cq, which is not
+        // offered.
+        let cqe = unsafe { (*self.raw.as_ptr()).cqe };
+        u64::try_from(cqe).unwrap_or(0)
+    }
+}
+
+/// Entries of a CQ set aside for one safe queue (its depth), given back on drop.
+pub(crate) struct CqReservation {
+    cq: Arc<CqInner>,
+    n: u64,
+}
+
+impl CqReservation {
+    /// Sets `n` entries of `cq` aside for `what`, or refuses when the CQ cannot hold them
+    /// on top of what the other queues on it reserved.
+    pub(crate) fn take(cq: &Arc<CqInner>, n: u64, verb: &'static str, what: &str) -> Result<Self> {
+        let mut reserved = cq.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        let entries = cq.entries();
+        if *reserved + n > entries {
+            return Err(Error::invalid(
+                verb,
+                format!(
+                    "{what} may have {n} completions pending, but its CQ has {entries} entries and {} of them \
+                     are reserved by other queues: create the CQ with at least {} entries, or claim the queue \
+                     with a smaller depth (completions beyond the CQ's size would overrun it)",
+                    *reserved,
+                    *reserved + n
+                ),
+            ));
+        }
+        *reserved += n;
+        Ok(CqReservation { cq: Arc::clone(cq), n })
+    }
+}
+
+impl Drop for CqReservation {
+    fn drop(&mut self) {
+        let mut reserved = self.cq.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        *reserved -= self.n;
     }
 }
 
@@ -193,7 +243,8 @@ impl CqBuilder<'_> {
             cq: NonNull::new(raw.as_ptr()).expect("Owned holds a non-null pointer"),
             count: AtomicU32::new(0),
         };
-        let inner = CqInner { events, raw, channel, comp_vector: self.comp_vector, ctx: ctx.clone() };
+        let inner =
+            CqInner { events, raw, channel, comp_vector: self.comp_vector, ctx: ctx.clone(), reserved: Mutex::new(0) };
         Ok(CompletionQueue { inner: Arc::new(inner) })
     }
 }
@@ -233,7 +284,10 @@ impl CompletionQueue {
 
     /// Starts building a CQ with at least `cqe` entries (the device may round up: see
     /// [`cqe`](Self::cqe)). Size it for every work request that can be outstanding on the
-    /// QPs completing into it: a CQ that overflows puts them in the error state.
+    /// QPs completing into it: a CQ that overflows puts them in the error state. The safe
+    /// queues enforce this: each sets its depth aside here when claimed
+    /// ([`QueuePair::send_queue`](crate::QueuePair::send_queue)), and a claim that does
+    /// not fit is refused.
     pub fn builder(ctx: &Context, cqe: u32) -> CqBuilder<'_> {
         CqBuilder { ctx, cqe, comp_vector: 0, channel: false }
     }

@@ -220,6 +220,9 @@ pub(crate) struct QpInner {
     pub(crate) qp_ex: Option<NonNull<ffi::ibv_qp_ex>>,
     qp_type: QpType,
     pub(crate) caps: QpCaps,
+    /// The send and receive depths asked for: the safe queues' default depths (a provider
+    /// may grant more, which the CQ was not necessarily sized for).
+    pub(crate) asked_depth: (u32, u32),
     pub(crate) send_ops: SendOps,
     sq_sig_all: bool,
     max_qp_rd_atom: u8,
@@ -228,8 +231,8 @@ pub(crate) struct QpInner {
     /// The CM id a QP was made through, released only after the QP is destroyed.
     _cm_id: Option<Arc<dyn Send + Sync>>,
     // Held only to keep the parents alive.
-    _send_cq: Arc<CqInner>,
-    _recv_cq: Arc<CqInner>,
+    pub(crate) send_cq: Arc<CqInner>,
+    pub(crate) recv_cq: Arc<CqInner>,
     srq: Option<Arc<SrqInner>>,
     /// Buffers of requests still posted when their queue was dropped: freed after the
     /// QP (the field above) is destroyed, when the device can no longer touch them.
@@ -479,14 +482,15 @@ impl<'a> QueuePairBuilder<'a> {
                 qp_type: self.req.qp_type,
                 // The provider wrote back what it granted.
                 caps: QpCaps::from_ffi(&attr.cap),
+                asked_depth: (cap.max_send_wr, cap.max_recv_wr),
                 send_ops,
                 sq_sig_all: self.sq_sig_all,
                 max_qp_rd_atom: rd_atom(dev.max_qp_rd_atom),
                 max_qp_init_rd_atom: rd_atom(dev.max_qp_init_rd_atom),
                 pd: self.pd.clone(),
                 _cm_id: cm_id,
-                _send_cq: Arc::clone(&self.send_cq.inner),
-                _recv_cq: Arc::clone(&self.recv_cq.inner),
+                send_cq: Arc::clone(&self.send_cq.inner),
+                recv_cq: Arc::clone(&self.recv_cq.inner),
                 srq: self.srq.map(|s| Arc::clone(&s.inner)),
                 graveyard: Mutex::new(Vec::new()),
                 send_claimed: AtomicBool::new(false),

@@ -32,6 +32,13 @@
 //!   while the device may use them: they move to the QP, which frees them right after
 //!   `ibv_destroy_qp`, when the device can no longer touch them.
 //!
+//! - A CQ never overruns through these queues: each claims its depth (at most that many
+//!   requests outstanding) and sets that many entries of its CQ aside; a claim that the CQ
+//!   cannot hold besides the others' shares is refused, with the size the CQ needs. A
+//!   dropped queue's share stays with its buried requests until they cannot complete.
+//!   (An SRQ's receives complete on the CQs of whichever QPs take them: size those CQs
+//!   for the SRQ's depth too.)
+//!
 //! Polling is [`CompletionQueue::poll`](crate::CompletionQueue::poll) (`&mut self`: one
 //! poller). Waiting through a completion channel is on the CQ as well.
 
@@ -49,6 +56,7 @@ use std::sync::{Arc, Mutex};
 use crate::buf::MAX_SGE;
 pub use crate::buf::{ExclusiveBuf, SendBuf};
 use crate::compat;
+use crate::cq::CqReservation;
 use crate::error::{Error, Plane, Result};
 use crate::ffi;
 use crate::mr::RemoteMr;
@@ -216,16 +224,16 @@ impl<E> Ring<E> {
 
 /// Hands what a dropped queue still has posted to its QP or SRQ, which frees it right
 /// after the C object is destroyed, when the device can no longer touch it.
-fn bury<T: Send + 'static>(graveyard: &Mutex<Vec<Box<dyn Send>>>, bufs: Vec<T>, tag: Tag) {
+/// `keep` is the queue's tag and CQ reservation: they stay with the buffers, so a late
+/// completion can never match a newer queue, nor overrun the CQ.
+fn bury<T: Send + 'static, K: Send + 'static>(graveyard: &Mutex<Vec<Box<dyn Send>>>, bufs: Vec<T>, keep: K) {
     if bufs.is_empty() {
         return; // the tag is free again: nothing of this queue can complete any more
     }
     match graveyard.lock() {
-        // The tag stays reserved with the buffers: a late completion of theirs can then
-        // never match a newer queue.
-        Ok(mut g) => g.push(Box::new((bufs, tag))),
+        Ok(mut g) => g.push(Box::new((bufs, keep))),
         // A panic while holding the lock: keep the buffers forever rather than free them early.
-        Err(_) => std::mem::forget((bufs, tag)),
+        Err(_) => std::mem::forget((bufs, keep)),
     }
 }
 
@@ -320,6 +328,8 @@ pub struct SendQueue<T: Send + 'static> {
     // Declared first: dropped (claim released) after the ring is buried. A posted request
     // stays whole in its slot: its buffer, its id, a UD request's address handle.
     ring: Ring<SendWr<T>>,
+    /// This queue's share of the send CQ (buried with what is still posted).
+    room: Option<CqReservation>,
     raw: *mut ffi::ibv_qp,
     qp_num: u32,
     max_inline: u32,
@@ -335,13 +345,34 @@ pub struct SendQueue<T: Send + 'static> {
 // ibv_post_send; the raw pointer is the QP that `claim` keeps alive.
 unsafe impl<T: Send + 'static> Send for SendQueue<T> {}
 
+/// Checks a queue depth asked of a QP side that holds `max` work requests.
+fn depth(verb: &'static str, asked: u32, max: u32, what: &str) -> Result<u32> {
+    if asked == 0 || asked > max {
+        return Err(Error::invalid(verb, format!("depth {asked}: the QP's {what} allows 1 to {max}")));
+    }
+    Ok(asked)
+}
+
 impl QueuePair {
-    /// Takes the send side. Fails if a [`SendQueue`] of this QP already exists.
+    /// Takes the send side, as deep as the `max_send_wr` the QP was built with. Fails if
+    /// a [`SendQueue`] of this QP already exists, or if the send CQ cannot hold that many
+    /// completions besides those reserved by the other queues on it.
     pub fn send_queue<T: SendBuf>(&self) -> Result<SendQueue<T>> {
-        let claim = Claim::take(&self.inner, |q| &q.send_claimed, "this QP's send side")?;
+        self.send_queue_with_depth(self.inner.asked_depth.0)
+    }
+
+    /// Takes the send side with room for `depth` outstanding requests (1 up to the QP's
+    /// granted `max_send_wr`), and sets `depth` entries of the send CQ aside for their
+    /// completions: so a CQ shared by several queues can never overrun.
+    pub fn send_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<SendQueue<T>> {
+        const VERB: &str = "send_queue";
         let caps = self.inner.caps;
+        let depth = self::depth(VERB, depth, caps.max_send_wr, "max_send_wr")?;
+        let claim = Claim::take(&self.inner, |q| &q.send_claimed, "this QP's send side")?;
+        let room = CqReservation::take(&self.inner.send_cq, depth.into(), VERB, "this send queue")?;
         Ok(SendQueue {
-            ring: Ring::new(caps.max_send_wr),
+            room: Some(room),
+            ring: Ring::new(depth),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
             max_inline: caps.max_inline_data,
@@ -352,19 +383,30 @@ impl QueuePair {
         })
     }
 
-    /// Takes the receive side. Fails if a [`RecvQueue`] of this QP already exists, or if
-    /// the QP takes its receives from an SRQ (use [`SharedReceiveQueue::queue`]).
+    /// Takes the receive side, as deep as the `max_recv_wr` the QP was built with. Fails
+    /// if a [`RecvQueue`] of this QP already exists, if the QP takes its receives from an
+    /// SRQ (use [`SharedReceiveQueue::queue`]), or if the receive CQ cannot hold that many
+    /// completions besides those reserved by the other queues on it.
     pub fn recv_queue<T: ExclusiveBuf>(&self) -> Result<RecvQueue<T>> {
+        self.recv_queue_with_depth(self.inner.asked_depth.1.max(1))
+    }
+
+    /// Takes the receive side with room for `depth` posted receives (1 up to the QP's
+    /// granted `max_recv_wr`), and sets `depth` entries of the receive CQ aside for them.
+    pub fn recv_queue_with_depth<T: ExclusiveBuf>(&self, depth: u32) -> Result<RecvQueue<T>> {
+        const VERB: &str = "recv_queue";
         if self.has_srq() {
-            return Err(Error::invalid("recv_queue", "this QP receives through its SRQ"));
+            return Err(Error::invalid(VERB, "this QP receives through its SRQ"));
         }
+        let depth = self::depth(VERB, depth, self.inner.caps.max_recv_wr, "max_recv_wr")?;
         let claim = Claim::take(&self.inner, |q| &q.recv_claimed, "this QP's receive side")?;
-        let caps = self.inner.caps;
+        let room = CqReservation::take(&self.inner.recv_cq, depth.into(), VERB, "this receive queue")?;
         Ok(RecvQueue {
-            ring: Ring::new(caps.max_recv_wr),
+            room: Some(room),
+            ring: Ring::new(depth),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
-            max_sge: caps.max_recv_sge,
+            max_sge: self.inner.caps.max_recv_sge,
             tag: Tag::reserve()?,
             claim,
         })
@@ -760,7 +802,8 @@ fn atomic(remote: &RemoteMr, compare_add: u64, swap: u64) -> ffi::ibv_send_wr__b
 
 impl<T: Send + 'static> Drop for SendQueue<T> {
     fn drop(&mut self) {
-        bury(self.claim.owner.graveyard(), self.ring.take_all(), std::mem::replace(&mut self.tag, Tag(0)));
+        let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
+        bury(self.claim.owner.graveyard(), self.ring.take_all(), keep);
     }
 }
 
@@ -778,6 +821,8 @@ impl<T: Send + 'static> fmt::Debug for SendQueue<T> {
 /// The receive side of a QP, owning the buffers it has posted. See the [module docs](self).
 pub struct RecvQueue<T: Send + 'static> {
     ring: Ring<(T, u64)>,
+    /// This queue's share of the receive CQ (buried with what is still posted).
+    room: Option<CqReservation>,
     raw: *mut ffi::ibv_qp,
     qp_num: u32,
     max_sge: u32,
@@ -896,7 +941,8 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 
 impl<T: Send + 'static> Drop for RecvQueue<T> {
     fn drop(&mut self) {
-        bury(self.claim.owner.graveyard(), self.ring.take_all(), std::mem::replace(&mut self.tag, Tag(0)));
+        let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
+        bury(self.claim.owner.graveyard(), self.ring.take_all(), keep);
     }
 }
 

@@ -406,7 +406,8 @@ fn a_udp_id_learns_the_peers_qp_number_qkey_and_address_and_a_datagram_arrives()
             let ctx = id.context().unwrap();
             let pd = ProtectionDomain::new(&ctx).unwrap();
             let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
-            let qp = id.create_qp(QueuePair::builder(&pd, QpType::Ud, &cq, &cq)).unwrap();
+            // 8 + 8 work requests: the CQ holds both queues' completions.
+            let qp = id.create_qp(QueuePair::builder(&pd, QpType::Ud, &cq, &cq).max_send_wr(8).max_recv_wr(8)).unwrap();
             assert_eq!(qp.state().unwrap(), QpState::Rts, "rdma_create_qp brings a UD QP to RTS");
             let mut rq: RecvQueue<Chunk> = qp.recv_queue().unwrap();
             let buf = chunks(&pd, 1, 4096, AccessFlags::LOCAL_WRITE).pop().unwrap();
@@ -427,7 +428,7 @@ fn a_udp_id_learns_the_peers_qp_number_qkey_and_address_and_a_datagram_arrives()
         let ctx = id.context().unwrap();
         let pd = ProtectionDomain::new(&ctx).unwrap();
         let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
-        let qp = id.create_qp(QueuePair::builder(&pd, QpType::Ud, &cq, &cq)).unwrap();
+        let qp = id.create_qp(QueuePair::builder(&pd, QpType::Ud, &cq, &cq).max_send_wr(8).max_recv_wr(8)).unwrap();
         let est = id.connect(&ConnParam::new().private_data(b"ud hello"), T).unwrap();
         assert_eq!(est.kind(), CmEventKind::Established);
         assert!(est.private_data().starts_with(b"ud welcome"), "{:?}", est.private_data());

@@ -372,8 +372,9 @@ fn ud_datagrams_arrive_after_a_40_byte_grh_from_the_senders_qp_and_a_wrong_qkey_
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let (mut cq_a, mut cq_b) = (CompletionQueue::new(&ctx, 64).unwrap(), CompletionQueue::new(&ctx, 64).unwrap());
-    let a = QueuePair::builder(&pd, QpType::Ud, &cq_a, &cq_a).build().unwrap();
-    let b = QueuePair::builder(&pd, QpType::Ud, &cq_b, &cq_b).build().unwrap();
+    // 32 + 32 work requests each: the 64-entry CQs hold both queues' completions.
+    let a = QueuePair::builder(&pd, QpType::Ud, &cq_a, &cq_a).max_send_wr(32).max_recv_wr(32).build().unwrap();
+    let b = QueuePair::builder(&pd, QpType::Ud, &cq_b, &cq_b).max_send_wr(32).max_recv_wr(32).build().unwrap();
     let qkey = 0x1357_2468;
     let init = InitAttr { qkey, ..InitAttr::default() };
     a.ready_ud(&init, 0).unwrap();
@@ -437,7 +438,7 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
     let (mut scq, mut rcq) = (CompletionQueue::new(&ctx, 64).unwrap(), CompletionQueue::new(&ctx, 64).unwrap());
     let srq = SharedReceiveQueue::new(&pd, 16, 1).unwrap();
     let recv_qp = || QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).srq(&srq).build().unwrap();
-    let send_qp = || QueuePair::builder(&pd, QpType::Rc, &scq, &scq).build().unwrap();
+    let send_qp = || QueuePair::builder(&pd, QpType::Rc, &scq, &scq).max_send_wr(16).max_recv_wr(1).build().unwrap();
     let (r1, r2, s1, s2) = (recv_qp(), recv_qp(), send_qp(), send_qp());
     connect(&s1, &r1, QpAccess::empty());
     connect(&s2, &r2, QpAccess::empty());
@@ -520,7 +521,7 @@ fn an_srq_queue_refuses_a_receive_completion_of_a_qp_on_another_srq() {
     let (srq_a, srq_b) = (SharedReceiveQueue::new(&pd, 8, 1).unwrap(), SharedReceiveQueue::new(&pd, 8, 1).unwrap());
     let ra = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).srq(&srq_a).build().unwrap();
     let _rb = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).srq(&srq_b).build().unwrap();
-    let sa = QueuePair::builder(&pd, QpType::Rc, &scq, &scq).build().unwrap();
+    let sa = QueuePair::builder(&pd, QpType::Rc, &scq, &scq).max_send_wr(16).max_recv_wr(1).build().unwrap();
     connect(&sa, &ra, QpAccess::empty());
     let (mut qa, mut qb) = (srq_a.queue::<Chunk>().unwrap(), srq_b.queue::<Chunk>().unwrap());
     let mut bufs = chunks(&pd, 3, 256, AccessFlags::LOCAL_WRITE);

@@ -14,6 +14,7 @@ mod alloc;
 mod basics;
 mod cm;
 mod cq;
+mod cq_budget;
 mod datapath;
 mod datapath2;
 mod datapath_ext;

@@ -81,7 +81,7 @@ pub const HEADER_LEN: usize = 5;
 pub const STATUS_LEN: usize = 6;
 
 const FLAG_MR: u8 = 1;
-const MAX_QPN: u32 = 0xFF_FFFF;
+pub(crate) const MAX_QPN: u32 = 0xFF_FFFF;
 const FIRST_MULTICAST_LID: u16 = 0xC000;
 
 /// What is wrong with a message from the peer. Parsers return it instead of panicking,
@@ -364,7 +364,7 @@ fn be_u64(b: &[u8]) -> u64 {
     u64::from_be_bytes(a)
 }
 
-fn check_address(lid: u16, gid: Gid) -> Result<(), WireError> {
+pub(crate) fn check_address(lid: u16, gid: Gid) -> Result<(), WireError> {
     if lid == 0 && gid.is_zero() {
         return Err(WireError::NoAddress);
     }

@@ -625,16 +625,31 @@ impl RemoteQpInfo {
         b
     }
 
-    /// From the wire form of [`to_bytes`](Self::to_bytes).
-    pub fn from_bytes(b: &[u8; Self::WIRE_LEN]) -> RemoteQpInfo {
+    /// From the wire form of [`to_bytes`](Self::to_bytes), checked as the endpoint format
+    /// checks its fields (it comes from a peer): a 24-bit QP number that is not a
+    /// management QP, a 24-bit PSN, and a unicast LID or a GID to reach the peer by.
+    pub fn from_bytes(b: &[u8; Self::WIRE_LEN]) -> std::result::Result<RemoteQpInfo, crate::WireError> {
+        use crate::endpoint::{check_address, MAX_QPN};
+        use crate::WireError;
         let mut gid = [0u8; 16];
         gid.copy_from_slice(&b[10..26]);
-        RemoteQpInfo {
+        let info = RemoteQpInfo {
             qpn: u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
             psn: u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
             lid: u16::from_be_bytes([b[8], b[9]]),
             gid: Gid(gid),
+        };
+        if info.qpn > MAX_QPN {
+            return Err(WireError::QpnTooLarge(info.qpn));
         }
+        if info.qpn <= 1 {
+            return Err(WireError::ReservedQpn(info.qpn));
+        }
+        if info.psn > MAX_PSN {
+            return Err(WireError::PsnTooLarge(info.psn));
+        }
+        check_address(info.lid, info.gid)?;
+        Ok(info)
     }
 }
 
@@ -1261,7 +1276,24 @@ mod tests {
         let info = RemoteQpInfo { qpn: 0x12_3456, psn: 0xab_cdef, lid: 0x2a, gid: Gid([7; 16]) };
         let bytes = info.to_bytes();
         assert_eq!(&bytes[..4], &[0, 0x12, 0x34, 0x56]);
-        assert_eq!(RemoteQpInfo::from_bytes(&bytes), info);
+        assert_eq!(RemoteQpInfo::from_bytes(&bytes), Ok(info));
+    }
+
+    #[test]
+    fn remote_qp_info_from_a_peer_is_checked() {
+        use crate::WireError;
+        let good = RemoteQpInfo { qpn: 0x12_3456, psn: 0xab_cdef, lid: 0, gid: Gid([7; 16]) };
+        let with = |f: fn(&mut RemoteQpInfo)| {
+            let mut i = good;
+            f(&mut i);
+            RemoteQpInfo::from_bytes(&i.to_bytes())
+        };
+        assert_eq!(with(|i| i.qpn = 0x100_0000), Err(WireError::QpnTooLarge(0x100_0000)));
+        assert_eq!(with(|i| i.qpn = 1), Err(WireError::ReservedQpn(1)));
+        assert_eq!(with(|i| i.psn = 0x100_0000), Err(WireError::PsnTooLarge(0x100_0000)));
+        assert_eq!(with(|i| i.gid = Gid([0; 16])), Err(WireError::NoAddress));
+        assert_eq!(with(|i| (i.lid, i.gid) = (0xc000, Gid([0; 16]))), Err(WireError::MulticastLid(0xc000)));
+        assert_eq!(with(|_| ()), Ok(good));
     }
 
     #[test]

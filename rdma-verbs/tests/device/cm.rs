@@ -479,6 +479,15 @@ struct Proc {
     out: Vec<String>,
 }
 
+// A test that fails halfway must not leave a server behind: its PD, context and CM id
+// would fail the next tests' leak checks.
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Proc {
     fn spawn(path: &PathBuf, args: &[&str]) -> Proc {
         let mut child = Command::new(path)

@@ -203,7 +203,8 @@ fn qp_peer() {
     println!("{INFO} {} {}", hex(&me.to_bytes()), hex(&target.remote().to_bytes()));
     let them = unhex::<{ RemoteQpInfo::WIRE_LEN }>(&read_parent(INFO)).unwrap_or_else(|e| panic!("parent's info: {e}"));
     let init = InitAttr { access: QpAccess::REMOTE_WRITE, ..InitAttr::default() };
-    qp.connect(&init, me.psn, &RemoteQpInfo::from_bytes(&them)).unwrap();
+    let them = RemoteQpInfo::from_bytes(&them).unwrap_or_else(|e| panic!("parent's QP: {e}"));
+    qp.connect(&init, me.psn, &them).unwrap();
     // Receives need a QP out of RESET; the parent sends nothing before READY.
     for buf in chunks(&pd, PEER_RECVS, SEND_LEN, AccessFlags::LOCAL_WRITE) {
         rq.post(buf, 0..SEND_LEN, 0).map_err(|(e, _)| e).unwrap();
@@ -294,7 +295,8 @@ fn peer_killed_mid_transfer_fails_every_outstanding_request_exactly_once_within_
     let mut peer = Peer::spawn(this_test!(), "qp-peer", &[]);
     let info = peer.expect(INFO, STARTUP);
     let (them, remote) = info.split_once(' ').unwrap_or_else(|| panic!("peer's info line: {info:?}"));
-    let them = RemoteQpInfo::from_bytes(&unhex(them).unwrap_or_else(|e| panic!("peer's QP: {e}")));
+    let them = RemoteQpInfo::from_bytes(&unhex(them).unwrap_or_else(|e| panic!("peer's QP: {e}")))
+        .unwrap_or_else(|e| panic!("peer's QP: {e}"));
     let remote = RemoteMr::from_bytes(&unhex::<{ RemoteMr::WIRE_LEN }>(remote).unwrap_or_else(|e| panic!("{e}")))
         .unwrap_or_else(|e| panic!("peer's region: {e}"));
     assert!(remote.len >= MSG as u64, "the peer's region holds one message: {remote:?}");

@@ -156,20 +156,16 @@ impl Crc32 {
     }
 }
 
-/// SplitMix64: small, seedable, good enough to pick sizes and fill buffers.
-struct Rng(u64);
+/// A seeded generator (fastrand's), with the two shapes the soak draws.
+struct Rng(fastrand::Rng);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+    fn seeded(seed: u64) -> Rng {
+        Rng(fastrand::Rng::with_seed(seed))
     }
 
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.u64(0..n)
     }
 
     /// A size in 1..=max, log-uniform: as many messages of 1-2 bytes as of 0.5-1 MiB.
@@ -182,13 +178,7 @@ impl Rng {
     }
 
     fn fill(&mut self, buf: &mut [u8]) {
-        let mut words = buf.chunks_exact_mut(8);
-        for w in &mut words {
-            w.copy_from_slice(&self.next().to_le_bytes());
-        }
-        let tail = words.into_remainder();
-        let last = self.next().to_le_bytes();
-        tail.copy_from_slice(&last[..tail.len()]);
+        self.0.fill(buf);
     }
 }
 
@@ -316,7 +306,7 @@ impl Pair {
 
         let mut pair = Pair {
             index,
-            rng: Rng(seed ^ (index as u64).wrapping_mul(0xA076_1D64_78BD_642F)),
+            rng: Rng::seeded(seed ^ (index as u64).wrapping_mul(0xA076_1D64_78BD_642F)),
             a_sq: a.send_queue()?,
             b_rq: b.recv_queue()?,
             a_cq,
@@ -859,7 +849,7 @@ mod tests {
 
     #[test]
     fn sizes_stay_in_range_and_cover_every_power_of_two() {
-        let mut rng = Rng(42);
+        let mut rng = Rng::seeded(42);
         let mut seen = [false; 21];
         for _ in 0..20_000 {
             let s = rng.size(SLOT);

@@ -328,6 +328,7 @@ pub struct SendQueue<T: Send + 'static> {
     // Declared first: dropped (claim released) after the ring is buried. A posted request
     // stays whole in its slot: its buffer, its id, a UD request's address handle.
     ring: Ring<SendWr<T>>,
+    scratch: Box<SendScratch>,
     /// This queue's share of the send CQ (buried with what is still posted).
     room: Option<CqReservation>,
     raw: *mut ffi::ibv_qp,
@@ -371,6 +372,7 @@ impl QueuePair {
         let claim = Claim::take(&self.inner, |q| &q.send_claimed, "this QP's send side")?;
         let room = CqReservation::take(&self.inner.send_cq, depth.into(), VERB, "this send queue")?;
         Ok(SendQueue {
+            scratch: SendScratch::new(),
             room: Some(room),
             ring: Ring::new(depth),
             raw: self.as_raw(),
@@ -435,37 +437,16 @@ impl<T: SendBuf> SendQueue<T> {
         self.ext.is_some()
     }
 
-    /// Checks `wr` and writes its SGEs into `sges`; returns how many. No allocation; the
-    /// error paths are out of line.
+    /// Checks `wr` and writes its SGEs into `sges`; returns how many.
     #[inline]
     fn check(&self, wr: &SendWr<T>, sges: &mut Sges) -> Result<usize> {
-        let n = wr.buf.sges(wr.range.clone(), sges)?;
-        if n as u32 > self.max_sge {
-            return Err(refused(SendRefusal::Sges { n, max: self.max_sge }));
-        }
-        let len = wr.range.end - wr.range.start;
-        if wr.is_inline() && len > self.max_inline as usize {
-            return Err(refused(SendRefusal::Inline { len, max: self.max_inline }));
-        }
-        if let Some(remote) = wr.remote {
-            if len as u64 > remote.len {
-                return Err(refused(SendRefusal::Remote { len, remote: remote.len }));
-            }
-            if matches!(wr.op, Op::CompSwap { .. } | Op::FetchAdd { .. }) && (remote.addr % 8 != 0 || remote.len < 8) {
-                return Err(refused(SendRefusal::Atomic));
-            }
-        }
-        Ok(n)
+        check_send(self.max_sge, self.max_inline, wr, sges)
     }
 
-    /// Whether the extended API takes this request (checked `n` SGEs).
+    /// Whether the extended API takes this request (checked, `n` SGEs).
     #[inline]
     fn ext_takes(&self, wr: &SendWr<T>, n: usize) -> bool {
-        let Some((_, ops)) = self.ext else { return false };
-        let q = compat::quirks();
-        n >= 1
-            && ops.contains(wr.send_op())
-            && (n == 1 || if wr.is_inline() { q.wr_inline_list } else { q.wr_sge_list })
+        ext_takes(self.ext, wr, n)
     }
 
     /// The C work request for a checked `wr` whose `n` SGEs are in `sges` (which must not
@@ -617,23 +598,25 @@ impl<T: SendBuf> SendQueue<T> {
     where
         I: IntoIterator<Item = SendWr<T>>,
     {
-        let mut sges = [NO_SGES; MAX_BATCH];
-        let mut raws: [MaybeUninit<ffi::ibv_send_wr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
+        // Split borrows: the scratch space is filled while the ring takes the requests.
+        let SendQueue { ring, scratch, raw, max_inline, max_sge, ext, tag, .. } = self;
+        let (raw, max_inline, max_sge, ext, tag) = (*raw, *max_inline, *max_sge, *ext, tag.bits());
+        let SendScratch { sges, raws } = &mut **scratch;
         let mut counts = [0u8; MAX_BATCH];
-        let room = MAX_BATCH.min(self.ring.free());
+        let room = MAX_BATCH.min(ring.free());
         // Without an extended QP (the common case) each C request is built as its work
         // request arrives, straight from the slot the request moved into.
-        let classic_only = self.ext.is_none();
+        let classic_only = ext.is_none();
         let mut all_ext = !classic_only;
         let (mut n, mut refused) = (0, None);
         let mut wrs = wrs.into_iter();
         for wr in wrs.by_ref() {
             if n == room {
-                let e = if room == MAX_BATCH { batch_too_long() } else { queue_full("ibv_post_send", self.ring.cap) };
+                let e = if room == MAX_BATCH { batch_too_long() } else { queue_full("ibv_post_send", ring.cap) };
                 refused = Some((e, wr));
                 break;
             }
-            let k = match self.check(&wr, &mut sges[n]) {
+            let k = match check_send(max_sge, max_inline, &wr, &mut sges[n]) {
                 Ok(k) => k,
                 Err(e) => {
                     refused = Some((e, wr));
@@ -641,8 +624,8 @@ impl<T: SendBuf> SendQueue<T> {
                 }
             };
             if classic_only {
-                let seq = self.wr_id(self.ring.head + n as u64);
-                let wr = self.ring.stage(n, wr);
+                let seq = tag | ((ring.head + n as u64) & LOW_MASK);
+                let wr = ring.stage(n, wr);
                 Self::classic(wr, seq, &mut sges[n], k, &mut raws[n]);
                 if n > 0 {
                     let next = raws[n].as_mut_ptr();
@@ -650,22 +633,22 @@ impl<T: SendBuf> SendQueue<T> {
                     unsafe { raws[n - 1].assume_init_mut() }.next = next;
                 }
             } else {
-                all_ext &= self.ext_takes(&wr, k);
+                all_ext &= ext_takes(ext, &wr, k);
                 counts[n] = k as u8;
-                self.ring.stage(n, wr);
+                ring.stage(n, wr);
             }
             n += 1;
         }
         let (posted, failure) = if n == 0 {
             (0, None)
         } else if all_ext {
-            self.post_staged_extended(n, &sges, &counts)
+            post_staged_extended(ext, ring, tag, n, sges, &counts)
         } else {
             if !classic_only {
                 for i in 0..n {
-                    let seq = self.wr_id(self.ring.head + i as u64);
+                    let seq = tag | ((ring.head + i as u64) & LOW_MASK);
                     // SAFETY: 0..n were staged above.
-                    let wr = unsafe { self.ring.staged(i) };
+                    let wr = unsafe { ring.staged(i) };
                     Self::classic(wr, seq, &mut sges[i], usize::from(counts[i]), &mut raws[i]);
                     if i > 0 {
                         let next = raws[i].as_mut_ptr();
@@ -676,9 +659,9 @@ impl<T: SendBuf> SendQueue<T> {
             }
             let mut bad = std::ptr::null_mut();
             // SAFETY: raws[..n] is a valid chain (linked above, the last `next` NULL from
-            // `classic`); their SGEs (in `sges`, which does not move) name bytes of buffers
-            // the ring keeps until completion.
-            let rc = unsafe { ffi::ibv_post_send(self.raw, raws[0].as_mut_ptr(), &mut bad) };
+            // `classic`); their SGEs (in the scratch space, which does not move) name bytes
+            // of buffers the ring keeps until completion.
+            let rc = unsafe { ffi::ibv_post_send(raw, raws[0].as_mut_ptr(), &mut bad) };
             if rc == 0 {
                 (n, None)
             } else {
@@ -688,15 +671,15 @@ impl<T: SendBuf> SendQueue<T> {
             }
         };
         if failure.is_none() && refused.is_none() {
-            self.ring.commit(n);
+            ring.commit(n);
             return Ok(n);
         }
         let mut unposted = Vec::new();
         for i in posted..n {
             // SAFETY: posted..n were staged above and not committed; each is read once.
-            unposted.push(unsafe { self.ring.unstage(i) });
+            unposted.push(unsafe { ring.unstage(i) });
         }
-        self.ring.commit(posted);
+        ring.commit(posted);
         // The provider's error outranks the check that stopped the batch after it.
         let error = match (failure, refused) {
             (Some(e), refused) => {
@@ -712,38 +695,88 @@ impl<T: SendBuf> SendQueue<T> {
         unposted.extend(wrs);
         Err((error, unposted))
     }
+}
 
-    /// Posts the `n` staged requests through the extended API in one batch; returns how
-    /// many went in (all or none) and the error.
-    fn post_staged_extended(
-        &mut self,
-        n: usize,
-        sges: &[Sges; MAX_BATCH],
-        counts: &[u8; MAX_BATCH],
-    ) -> (usize, Option<Error>) {
-        let Some((qpx, _)) = self.ext else { return (0, Some(Error::invalid("ibv_wr_start", "not an extended QP"))) };
-        let qpx = qpx.as_ptr();
-        let head = self.ring.head;
-        let tag = self.tag.bits();
-        // SAFETY: this queue is the QP's only poster (&mut self, claimed), so the batch
-        // is ours; 0..n were staged and checked (`ext_takes` held for each); their SGEs
-        // name bytes of buffers the ring keeps until completion.
-        let rc = unsafe {
-            ffi::ibv_wr_start(qpx);
-            for i in 0..n {
-                let seq = tag | ((head + i as u64) & LOW_MASK);
-                Self::extended(qpx, self.ring.staged(i), seq, &sges[i], usize::from(counts[i]));
-            }
-            ffi::ibv_wr_complete(qpx)
-        };
-        if rc == 0 {
-            (n, None)
-        } else {
-            // A failed ibv_wr_complete posts nothing of the batch.
-            (0, Some(Error::verb("ibv_post_send", Plane::Data, rc.abs())))
+/// Scratch space where a batch's C requests and their SGEs are built: 16 KiB kept with the
+/// send queue (allocated when it is claimed) rather than on the stack, where every post
+/// would pay for stack probes and cold pages. Nothing in it outlives a post.
+struct SendScratch {
+    sges: [Sges; MAX_BATCH],
+    raws: [MaybeUninit<ffi::ibv_send_wr>; MAX_BATCH],
+}
+
+impl SendScratch {
+    fn new() -> Box<SendScratch> {
+        Box::new(SendScratch { sges: [NO_SGES; MAX_BATCH], raws: [const { MaybeUninit::uninit() }; MAX_BATCH] })
+    }
+}
+
+/// Checks `wr` against a queue's limits and writes its SGEs into `sges`; returns how
+/// many. No allocation; the error paths are out of line.
+#[inline]
+fn check_send<T: SendBuf>(max_sge: u32, max_inline: u32, wr: &SendWr<T>, sges: &mut Sges) -> Result<usize> {
+    let n = wr.buf.sges(wr.range.clone(), sges)?;
+    if n as u32 > max_sge {
+        return Err(refused(SendRefusal::Sges { n, max: max_sge }));
+    }
+    let len = wr.range.end - wr.range.start;
+    if wr.is_inline() && len > max_inline as usize {
+        return Err(refused(SendRefusal::Inline { len, max: max_inline }));
+    }
+    if let Some(remote) = wr.remote {
+        if len as u64 > remote.len {
+            return Err(refused(SendRefusal::Remote { len, remote: remote.len }));
+        }
+        if matches!(wr.op, Op::CompSwap { .. } | Op::FetchAdd { .. }) && (remote.addr % 8 != 0 || remote.len < 8) {
+            return Err(refused(SendRefusal::Atomic));
         }
     }
+    Ok(n)
+}
 
+/// Whether the extended API of a QP built with `ext` takes this request (checked, `n`
+/// SGEs): its operation is among the send ops, and the loaded rdma-core has no known bug
+/// for its SGE or inline list ([`compat::quirks`]).
+#[inline]
+fn ext_takes<T: SendBuf>(ext: Option<(NonNull<ffi::ibv_qp_ex>, SendOps)>, wr: &SendWr<T>, n: usize) -> bool {
+    let Some((_, ops)) = ext else { return false };
+    let q = compat::quirks();
+    n >= 1 && ops.contains(wr.send_op()) && (n == 1 || if wr.is_inline() { q.wr_inline_list } else { q.wr_sge_list })
+}
+
+/// Posts the `n` requests staged in `ring` through the extended API in one batch; returns
+/// how many went in (all or none) and the error.
+fn post_staged_extended<T: SendBuf>(
+    ext: Option<(NonNull<ffi::ibv_qp_ex>, SendOps)>,
+    ring: &mut Ring<SendWr<T>>,
+    tag: u64,
+    n: usize,
+    sges: &[Sges; MAX_BATCH],
+    counts: &[u8; MAX_BATCH],
+) -> (usize, Option<Error>) {
+    let Some((qpx, _)) = ext else { return (0, Some(Error::invalid("ibv_wr_start", "not an extended QP"))) };
+    let qpx = qpx.as_ptr();
+    let head = ring.head;
+    // SAFETY: the caller is the queue, the QP's only poster (&mut, claimed), so the batch
+    // is ours; 0..n were staged and checked (`ext_takes` held for each); their SGEs name
+    // bytes of buffers the ring keeps until completion.
+    let rc = unsafe {
+        ffi::ibv_wr_start(qpx);
+        for i in 0..n {
+            let seq = tag | ((head + i as u64) & LOW_MASK);
+            SendQueue::extended(qpx, ring.staged(i), seq, &sges[i], usize::from(counts[i]));
+        }
+        ffi::ibv_wr_complete(qpx)
+    };
+    if rc == 0 {
+        (n, None)
+    } else {
+        // A failed ibv_wr_complete posts nothing of the batch.
+        (0, Some(Error::verb("ibv_post_send", Plane::Data, rc.abs())))
+    }
+}
+
+impl<T: SendBuf> SendQueue<T> {
     /// Takes a completion of this send queue and hands each finished request to `done`,
     /// in posting order: the unsignaled ones the completion implies, then its own.
     /// Returns how many finished. A completion that is not this queue's is an error.

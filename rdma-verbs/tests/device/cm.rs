@@ -42,16 +42,6 @@ fn rdma_ip() -> IpAddr {
     })
 }
 
-/// This test's path in the binary (`cm::name`), for running it alone.
-macro_rules! this_test {
-    () => {{
-        fn here() {}
-        let path = std::any::type_name_of_val(&here); // "device::cm::<test>::here"
-        let path = path.strip_suffix("::here").unwrap_or(path);
-        path.split_once("::").map_or(path, |(_crate, rest)| rest)
-    }};
-}
-
 /// Runs a test's body in a fresh process of this binary, bounded in time.
 ///
 /// librdmacm opens a device's context the first time one of its ids binds to the device

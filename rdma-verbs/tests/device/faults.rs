@@ -35,16 +35,6 @@ const ROLE: &str = "RDMA_VERBS_FAULTS_ROLE";
 /// start of a large debug binary from the shared folder takes seconds.
 const STARTUP: Duration = Duration::from_secs(60);
 
-/// This test's path in the binary (`faults::name`), for running it alone.
-macro_rules! this_test {
-    () => {{
-        fn here() {}
-        let path = std::any::type_name_of_val(&here); // "device::faults::<test>::here"
-        let path = path.strip_suffix("::here").unwrap_or(path);
-        path.split_once("::").map_or(path, |(_crate, rest)| rest)
-    }};
-}
-
 /// The part this process plays in `test`, when it is a re-executed peer.
 fn role() -> Option<String> {
     std::env::var(ROLE).ok()

@@ -9,6 +9,17 @@
 //! by then). Tests that use rdma_cm run in a process of their own, which takes the check
 //! (cm.rs, faults.rs).
 
+/// This test's path in the binary (`module::name`), for running it alone in a child
+/// process (cm.rs and faults.rs do).
+macro_rules! this_test {
+    () => {{
+        fn here() {}
+        let path = std::any::type_name_of_val(&here); // "device::<module>::<test>::here"
+        let path = path.strip_suffix("::here").unwrap_or(path);
+        path.split_once("::").map_or(path, |(_crate, rest)| rest)
+    }};
+}
+
 mod access;
 mod alloc;
 mod basics;

@@ -590,10 +590,10 @@ impl<T: SendBuf> SendQueue<T> {
     }
 
     /// Posts up to [`MAX_BATCH`] work requests with one provider call (one doorbell),
-    /// built on the stack. Returns how many were posted. When one is refused (by our
-    /// checks or by the provider), the ones before it are posted, and the error comes back
-    /// with the work requests that were not posted, in order (that path allocates, the
-    /// fast path does not).
+    /// built in scratch space the queue owns. Returns how many were posted. When one is
+    /// refused (by our checks or by the provider), the ones before it are posted, and the
+    /// error comes back with the work requests that were not posted, in order (that path
+    /// allocates, the fast path does not).
     pub fn post_batch<I>(&mut self, wrs: I) -> Result<usize, (Error, Vec<SendWr<T>>)>
     where
         I: IntoIterator<Item = SendWr<T>>,

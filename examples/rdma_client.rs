@@ -26,7 +26,7 @@ use std::time::Duration;
 
 #[path = "common/cm_example.rs"]
 mod cm_example;
-use cm_example::{resolve, wait_one};
+use cm_example::{main_with, resolve, wait_one};
 
 use rdma_verbs::cm::{CmId, ConnParam, EventChannel, PortSpace};
 use rdma_verbs::queue::{RecvQueue, SendQueue};
@@ -119,25 +119,5 @@ fn run(opts: &Options) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let opts = match parse_args(std::env::args().skip(1)) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("rdma_client: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    println!("rdma_client: start");
-    let status = match run(&opts) {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("rdma_client: {e}");
-            -1
-        }
-    };
-    println!("rdma_client: end {status}");
-    if status == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    main_with("rdma_client", USAGE, || parse_args(std::env::args().skip(1)), run)
 }

@@ -1,7 +1,9 @@
-//! What `rdma_server` and `rdma_client` share: address resolution and a bounded wait for
-//! one completion. Included by both with `#[path]`.
+//! What `rdma_server` and `rdma_client` share: the `main` that prints librdmacm's
+//! start/end lines, address resolution and a bounded wait for one completion. Included by
+//! both with `#[path]`.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::{CompletionQueue, WorkCompletion};
@@ -23,5 +25,36 @@ pub fn wait_one(cq: &mut CompletionQueue, timeout: Duration, what: &str) -> Resu
             return Err(format!("no {what} completion within {timeout:?}"));
         }
         std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// The body of both `main`s: parse (exit 2 with `usage` on bad flags), then `run` between
+/// librdmacm's "NAME: start" and "NAME: end STATUS" lines (0 or -1), as its examples print.
+pub fn main_with<O>(
+    name: &str,
+    usage: &str,
+    parse: impl FnOnce() -> Result<O, String>,
+    run: impl FnOnce(&O) -> Result<(), String>,
+) -> ExitCode {
+    let opts = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{name}: {e}\n{usage}");
+            return ExitCode::from(2);
+        }
+    };
+    println!("{name}: start");
+    let status = match run(&opts) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            -1
+        }
+    };
+    println!("{name}: end {status}");
+    if status == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

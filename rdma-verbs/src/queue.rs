@@ -112,6 +112,13 @@ impl Drop for Tag {
     }
 }
 
+/// The `wr_id` of the send request with sequence number `seq` of the queue whose tag
+/// bits are `tag`.
+#[inline]
+fn send_wr_id(tag: u64, seq: u64) -> u64 {
+    tag | (seq & LOW_MASK)
+}
+
 /// The low bits of `wr_id` when the completion carries `tag` on the given side.
 #[inline]
 fn ours(wc: &WorkCompletion, recv: bool, tag: &Tag) -> Option<u64> {
@@ -428,7 +435,7 @@ impl<T: SendBuf> SendQueue<T> {
 
     #[inline]
     fn wr_id(&self, seq: u64) -> u64 {
-        self.tag.bits() | (seq & LOW_MASK)
+        send_wr_id(self.tag.bits(), seq)
     }
 
     /// True when this QP was built with extended send ops, so posts go through the
@@ -624,7 +631,7 @@ impl<T: SendBuf> SendQueue<T> {
                 }
             };
             if classic_only {
-                let seq = tag | ((ring.head + n as u64) & LOW_MASK);
+                let seq = send_wr_id(tag, ring.head + n as u64);
                 let wr = ring.stage(n, wr);
                 Self::classic(wr, seq, &mut sges[n], k, &mut raws[n]);
                 if n > 0 {
@@ -646,7 +653,7 @@ impl<T: SendBuf> SendQueue<T> {
         } else {
             if !classic_only {
                 for i in 0..n {
-                    let seq = tag | ((ring.head + i as u64) & LOW_MASK);
+                    let seq = send_wr_id(tag, ring.head + i as u64);
                     // SAFETY: 0..n were staged above.
                     let wr = unsafe { ring.staged(i) };
                     Self::classic(wr, seq, &mut sges[i], usize::from(counts[i]), &mut raws[i]);
@@ -763,7 +770,7 @@ fn post_staged_extended<T: SendBuf>(
     let rc = unsafe {
         ffi::ibv_wr_start(qpx);
         for i in 0..n {
-            let seq = tag | ((head + i as u64) & LOW_MASK);
+            let seq = send_wr_id(tag, head + i as u64);
             SendQueue::extended(qpx, ring.staged(i), seq, &sges[i], usize::from(counts[i]));
         }
         ffi::ibv_wr_complete(qpx)

@@ -149,8 +149,20 @@ impl<A: AccessMode> fmt::Debug for Chunk<A> {
 /// Most scatter/gather entries one safe work request carries.
 pub const MAX_SGE: usize = 8;
 
-/// One contiguous piece of registered memory: a chunk, owned or shared.
-pub trait Segment {
+mod sealed {
+    /// The data path trusts a buffer's SGEs: they name the bytes the device will read or
+    /// write. Only this crate's buffer types may make that claim, so these traits are
+    /// sealed (a type of yours could name bytes that someone else still reads).
+    pub trait Sealed {}
+}
+
+impl<A: AccessMode> sealed::Sealed for Chunk<A> {}
+impl<A: AccessMode> sealed::Sealed for Arc<Chunk<A>> {}
+impl<S: Segment, const N: usize> sealed::Sealed for [S; N] {}
+
+/// One contiguous piece of registered memory: a chunk, owned or shared. Sealed: only
+/// this crate's chunks are segments.
+pub trait Segment: sealed::Sealed {
     /// Length in bytes.
     fn seg_len(&self) -> usize;
     /// The SGE for `range` of the piece, bounds checked.
@@ -181,8 +193,9 @@ impl<A: AccessMode> Segment for Arc<Chunk<A>> {
 
 /// A buffer the device may read: the source of a SEND or an RDMA WRITE. An array of
 /// segments is one logical buffer, their bytes in order, and becomes an SGE list: a
-/// message can span chunks of different memory regions.
-pub trait SendBuf: Send + 'static {
+/// message can span chunks of different memory regions. Sealed: the buffers are this
+/// crate's (`Chunk`, `Arc<Chunk>` and arrays of them).
+pub trait SendBuf: sealed::Sealed + Send + 'static {
     /// Total length in bytes.
     fn total_len(&self) -> usize;
     /// Writes the SGEs for `range` of the buffer into `out` and returns how many (0 for

@@ -66,6 +66,9 @@ use crate::wc::{WcStatus, WorkCompletion};
 use crate::wr::Op;
 pub use crate::wr::{Done, SendWr};
 
+mod prepared;
+pub use prepared::{Prepared, PreparedQueue};
+
 // A wr_id is ours: bit 63 says receive side, bits 40..63 carry the posting queue's tag,
 // unique in this process among live queues and queues whose requests are still posted,
 // and bits 0..40 the sequence number (ring queues) or slot (SRQ). A completion is
@@ -373,11 +376,8 @@ impl QueuePair {
     /// granted `max_send_wr`), and sets `depth` entries of the send CQ aside for their
     /// completions: so a CQ shared by several queues can never overrun.
     pub fn send_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<SendQueue<T>> {
-        const VERB: &str = "send_queue";
+        let (claim, room, depth) = self.claim_send_side("send_queue", depth)?;
         let caps = self.inner.caps;
-        let depth = self::depth(VERB, depth, caps.max_send_wr, "max_send_wr")?;
-        let claim = Claim::take(&self.inner, |q| &q.send_claimed, "this QP's send side")?;
-        let room = CqReservation::take(&self.inner.send_cq, depth.into(), VERB, "this send queue")?;
         Ok(SendQueue {
             scratch: SendScratch::new(),
             room: Some(room),
@@ -390,6 +390,19 @@ impl QueuePair {
             tag: Tag::reserve()?,
             claim,
         })
+    }
+
+    /// Claims the send side (one poster at a time, whichever queue type) and sets `depth`
+    /// entries of the send CQ aside for it.
+    fn claim_send_side(
+        &self,
+        verb: &'static str,
+        depth: u32,
+    ) -> Result<(Claim<crate::qp::QpInner>, CqReservation, u32)> {
+        let depth = self::depth(verb, depth, self.inner.caps.max_send_wr, "max_send_wr")?;
+        let claim = Claim::take(&self.inner, |q| &q.send_claimed, "this QP's send side")?;
+        let room = CqReservation::take(&self.inner.send_cq, depth.into(), verb, "this send queue")?;
+        Ok((claim, room, depth))
     }
 
     /// Takes the receive side, as deep as the `max_recv_wr` the QP was built with. Fails

@@ -376,3 +376,61 @@ fn raw_api_post_chain_and_poll_allocate_nothing_in_steady_state() {
         });
     }
 }
+
+// ---- prepared requests ------------------------------------------------------------
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn prepared_requests_post_post_batch_and_poll_allocate_nothing_in_steady_state() {
+    let _leaks = LeakCheck::new();
+    let (pd, a, mut b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp } = a;
+    drop(sq);
+    let mut pq = a_qp.prepared_queue::<Chunk>().unwrap();
+    let target = write_target(&pd);
+    let mut bufs = chunks(&pd, 3, LEN, AccessFlags::LOCAL_WRITE);
+    let mut rbuf = bufs.pop();
+    // Built once, before the measured loop (that is where a prepared request allocates).
+    let prep = |wr| pq.prepare(wr).map_err(|(e, _)| e).unwrap();
+    let send = prep(SendWr::send(bufs.pop().unwrap(), 0..LEN).id(0));
+    let write = prep(SendWr::write(bufs.pop().unwrap(), 0..LEN, target.remote()).id(1));
+    let mut ps = [Some(send), Some(write)];
+    for batch in [false, true] {
+        let label = format!("prepared requests, {}", if batch { "post_batch" } else { "post" });
+        assert_steady_state_allocates_nothing(&label, |r, ops| {
+            for (which, p) in ps.iter_mut().enumerate() {
+                p.as_mut().unwrap().bytes_mut().fill(fill_byte(r, which));
+            }
+            b.rq.post(rbuf.take().unwrap(), 0..LEN, r).map_err(|(e, _)| e).unwrap();
+            let [send, write] = [ps[0].take().unwrap(), ps[1].take().unwrap()];
+            if batch {
+                assert_eq!(pq.post_batch([send, write]).map_err(|(e, _)| e).unwrap(), 2);
+                ops.posts += 2;
+            } else {
+                pq.post(send).map_err(|(e, _)| e).unwrap();
+                pq.post(write).map_err(|(e, _)| e).unwrap();
+                ops.posts += 3;
+            }
+            let (pq, rq) = (&mut pq, &mut b.rq);
+            drain(
+                (&mut a_cq, 2),
+                (&mut b.cq, 1),
+                ops,
+                |wc| {
+                    let back = |d: rdma_verbs::queue::Done<_>| assert!(ps[d.id as usize].replace(d.buf).is_none());
+                    pq.complete(wc, back).unwrap() as u64
+                },
+                |wc| {
+                    let d = rq.complete(wc).unwrap();
+                    assert_eq!((d.id, d.byte_len as usize), (r, LEN));
+                    let want = fill_byte(r, 0);
+                    assert!(d.buf.iter().all(|&x| x == want), "round {r}: received {:?}, not {want}", &d.buf[..8]);
+                    rbuf = Some(d.buf);
+                    1
+                },
+            );
+            assert_written(&target, fill_byte(r, 1));
+        });
+    }
+    assert_eq!(pq.outstanding() + b.rq.outstanding(), 0);
+}

@@ -34,6 +34,7 @@ mod endpoint;
 mod events;
 mod faults;
 mod mr;
+mod prepared;
 mod qp;
 mod tools;
 

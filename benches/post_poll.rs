@@ -1,18 +1,19 @@
-//! Per-operation cost of the data path: the safe API, the unsafe raw API and a C loop over
-//! the inline verbs (`benches/c_ref.c`), side by side in one run, with the Rust/C ratios
-//! printed at the end. Needs a device: `scripts/rxe cargo bench`.
+//! Per-operation cost of the data path: the safe API (work requests built each post, and
+//! prepared requests built once), the unsafe raw API and a C loop over the inline verbs
+//! (`benches/c_ref.c`), side by side in one run, with the Rust/C ratios printed at the end.
+//! Needs a device: `scripts/rxe cargo bench`.
 //!
-//! - `write_poll/{safe,raw,c}/B`: B RDMA WRITEs of 64 bytes posted with one provider call
-//!   (one doorbell), the last one signaled, then polling until its completion.
+//! - `write_poll/{safe,prepared,raw,c}/B`: B RDMA WRITEs of 64 bytes posted with one
+//!   provider call (one doorbell), the last one signaled, then polling until its completion.
 //! - `empty_poll/{safe,raw,c}`: polling a CQ with nothing in it.
 //! - `post_recv/safe`: posting one receive (drained between batches, not timed).
 //! - `reg_mr/SIZE`: registering and deregistering a buffer of SIZE bytes.
 //!
 //! Criterion measures each loop on its own, one after the other; on a noisy machine (a VM
 //! under emulation) the speed drifts between them. So after the `write_poll` group the
-//! three loops also run in turns, `BENCH_ROUNDS` (default 15) rounds with the order
-//! rotating, and the ratios printed with the targets (safe <= 1.05 and raw <= 1.02 of C)
-//! are of those interleaved medians.
+//! four loops also run in turns, `BENCH_ROUNDS` (default 15) rounds with the order
+//! rotating, and the ratios printed with the targets (safe <= 1.05 and raw <= 1.02 of C;
+//! prepared requests are safe code too) are of those interleaved medians.
 
 use std::ffi::c_long;
 use std::hint::black_box;
@@ -21,8 +22,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use rdma_verbs::{
-    ffi, AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpAccess,
-    QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, SendQueue, SendWr, WorkCompletion,
+    ffi, AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, Prepared, PreparedQueue,
+    ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, SendQueue, SendWr,
+    WorkCompletion,
 };
 
 extern "C" {
@@ -99,10 +101,14 @@ fn chain(src: &Chunk, remote: RemoteMr, batch: usize) -> Box<Chain> {
     c
 }
 
-/// The three write-and-poll loops, each one round of `batch` writes and their completion.
+/// The four write-and-poll loops, each one round of `batch` writes and their completion.
 struct Loops {
     sq: SendQueue<Arc<Chunk>>,
     safe: Pair,
+    pq: PreparedQueue<Arc<Chunk>>,
+    /// For each of BATCHES, that many prepared writes, the last one signaled.
+    preps: Vec<Vec<Prepared<Arc<Chunk>>>>,
+    prepared: Pair,
     raw: Pair,
     src: Arc<Chunk>,
     remote: RemoteMr,
@@ -115,7 +121,28 @@ impl Loops {
         let safe = pair(ctx, pd);
         let sq = safe.a.send_queue().unwrap();
         let chains = BATCHES.iter().map(|&b| chain(&src, remote, b)).collect();
-        Loops { sq, safe, raw: pair(ctx, pd), src, remote, chains, wcs: [WorkCompletion::EMPTY; 16] }
+        let prepared = pair(ctx, pd);
+        let pq = prepared.a.prepared_queue().unwrap();
+        let preps = BATCHES
+            .iter()
+            .map(|&b| {
+                let wr = |i| SendWr::write(Arc::clone(&src), 0..LEN, remote).signaled(i + 1 == b);
+                (0..b).map(|i| pq.prepare(wr(i)).map_err(|(e, _)| e).unwrap()).collect()
+            })
+            .collect();
+        let raw = pair(ctx, pd);
+        Loops { sq, safe, pq, preps, prepared, raw, src, remote, chains, wcs: [WorkCompletion::EMPTY; 16] }
+    }
+
+    fn prepared(&mut self, batch: usize) {
+        let i = BATCHES.iter().position(|&b| b == batch).unwrap();
+        let ps = &mut self.preps[i];
+        self.pq.post_batch(ps.drain(..)).map_err(|(e, _)| e).unwrap();
+        let n = poll_until_one(&mut self.prepared.cq, &mut self.wcs);
+        for wc in &mut self.wcs[..n] {
+            // In posting order: the batch comes back as it was.
+            self.pq.complete(wc, |d| ps.push(d.buf)).unwrap();
+        }
     }
 
     fn safe(&mut self, batch: usize) {
@@ -154,7 +181,7 @@ impl Loops {
         assert_eq!(rc, 0);
     }
 
-    /// The three loops in turns, ROUNDS times (the order rotating each round), so drift
+    /// The four loops in turns, ROUNDS times (the order rotating each round), so drift
     /// in the machine's speed reaches them alike; prints each one's median cost per round
     /// and the ratios against the C loop with the targets.
     fn interleaved(&mut self) {
@@ -163,33 +190,40 @@ impl Loops {
         println!(
             "\nwrite_poll interleaved: {rounds} rounds of {PER_TURN} iterations per loop, medians in ns per iteration"
         );
-        println!("{:<10} {:>10} {:>10} {:>10} {:>8} {:>8}  target", "batch", "safe", "raw", "C", "safe/C", "raw/C");
+        println!(
+            "{:<6} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}  target",
+            "batch", "safe", "prepared", "raw", "C", "safe/C", "prep/C", "raw/C"
+        );
         for batch in BATCHES {
-            let mut times: [Vec<f64>; 3] = Default::default();
+            let mut times: [Vec<f64>; 4] = Default::default();
             for round in 0..rounds {
-                for k in 0..3 {
-                    let which = (round + k) % 3;
+                for k in 0..4 {
+                    let which = (round + k) % 4;
                     let t = Instant::now();
                     for _ in 0..PER_TURN {
                         match which {
                             0 => self.safe(batch),
-                            1 => self.raw(batch),
+                            1 => self.prepared(batch),
+                            2 => self.raw(batch),
                             _ => self.c(batch),
                         }
                     }
                     times[which].push(t.elapsed().as_nanos() as f64 / f64::from(PER_TURN));
                 }
             }
-            let [s, r, c] = times.map(|mut v| {
+            let [s, p, r, c] = times.map(|mut v| {
                 v.sort_by(f64::total_cmp);
                 v[v.len() / 2]
             });
             let verdict = |ratio: f64, max: f64| if ratio <= max { "ok" } else { "MISS" };
             println!(
-                "{batch:<10} {s:>10.0} {r:>10.0} {c:>10.0} {:>8.3} {:>8.3}  safe <= 1.05: {}, raw <= 1.02: {}",
+                "{batch:<6} {s:>9.0} {p:>9.0} {r:>9.0} {c:>9.0} {:>7.3} {:>7.3} {:>7.3}  safe, prepared <= 1.05: {}, {}; \
+                 raw <= 1.02: {}",
                 s / c,
+                p / c,
                 r / c,
                 verdict(s / c, 1.05),
+                verdict(p / c, 1.05),
                 verdict(r / c, 1.02)
             );
         }
@@ -220,6 +254,7 @@ fn benches(c: &mut Criterion) {
     let mut g = c.benchmark_group("write_poll");
     for batch in BATCHES {
         g.bench_with_input(BenchmarkId::new("safe", batch), &batch, |b, &batch| b.iter(|| l.safe(batch)));
+        g.bench_with_input(BenchmarkId::new("prepared", batch), &batch, |b, &batch| b.iter(|| l.prepared(batch)));
         g.bench_with_input(BenchmarkId::new("raw", batch), &batch, |b, &batch| b.iter(|| l.raw(batch)));
         g.bench_with_input(BenchmarkId::new("c", batch), &batch, |b, &batch| b.iter(|| l.c(batch)));
     }

@@ -13,6 +13,8 @@
 //!                                 changing requests uses it: each round fills the C work
 //!                                 requests anew, and maps each completion's wr_id back
 //!                                 to its buffer
+//! syscall_probe prepared-send-batch N K  the same sends as K prepared requests
+//!                                 (PreparedQueue), built once and posted again each round
 //! ```
 //!
 //! It opens `RDMA_DEVICE` (else the first device) and connects two RC QPs to each other
@@ -34,7 +36,8 @@ use rdma_verbs::{
 };
 
 const USAGE: &str =
-    "usage: syscall_probe poll N | recv N | send-batch N K | raw-send-batch N K | raw-build-send-batch N K";
+    "usage: syscall_probe poll N | recv N | send-batch N K | raw-send-batch N K | raw-build-send-batch N K \
+     | prepared-send-batch N K";
 /// Receive queue depth, and the most receives the `recv` phase posts.
 const RECV_DEPTH: usize = 4096;
 /// Send queue depth, and the largest batch.
@@ -67,6 +70,12 @@ enum Phase {
         n: usize,
         k: usize,
     },
+    /// The safe API with prepared requests: built once (outside the rounds), posted
+    /// again every round.
+    PreparedSendBatch {
+        n: usize,
+        k: usize,
+    },
 }
 
 fn parse(args: &[String]) -> Res<Phase> {
@@ -80,12 +89,16 @@ fn parse(args: &[String]) -> Res<Phase> {
         Some("send-batch") => (Phase::SendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("raw-send-batch") => (Phase::RawSendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("raw-build-send-batch") => (Phase::RawBuildSendBatch { n: num(1)?, k: num(2)? }, 3),
+        Some("prepared-send-batch") => (Phase::PreparedSendBatch { n: num(1)?, k: num(2)? }, 3),
         _ => return Err(USAGE.into()),
     };
     match phase {
         _ if args.len() != argc => Err(USAGE.into()),
         Phase::Recv { n } if n > RECV_DEPTH => Err(format!("recv: at most {RECV_DEPTH} receives").into()),
-        Phase::SendBatch { k, .. } | Phase::RawSendBatch { k, .. } | Phase::RawBuildSendBatch { k, .. }
+        Phase::SendBatch { k, .. }
+        | Phase::RawSendBatch { k, .. }
+        | Phase::RawBuildSendBatch { k, .. }
+        | Phase::PreparedSendBatch { k, .. }
             if k == 0 || k > SEND_DEPTH =>
         {
             Err(format!("send-batch: K from 1 to {SEND_DEPTH}").into())
@@ -98,7 +111,8 @@ fn parse(args: &[String]) -> Res<Phase> {
 struct Loopback {
     cq_a: CompletionQueue,
     cq_b: CompletionQueue,
-    sq: SendQueue<Arc<Chunk>>,
+    /// The send side, claimed at setup; the prepared phase gives it up for a PreparedQueue.
+    sq: Option<SendQueue<Arc<Chunk>>>,
     rq: RecvQueue<Chunk>,
     qps: (QueuePair, QueuePair),
 }
@@ -125,7 +139,7 @@ fn setup() -> Res<(Loopback, Arc<Chunk>, Vec<Chunk>)> {
     let mut bufs = pd.register(AlignedBuf::new((RECV_DEPTH + 1) * LEN)?, AccessFlags::LOCAL_WRITE)?.into_chunks(LEN)?;
     let mut src = bufs.pop().ok_or("no chunk")?;
     src.fill(0x5a);
-    let lo = Loopback { sq: a.send_queue()?, rq: b.recv_queue()?, cq_a, cq_b, qps: (a, b) };
+    let lo = Loopback { sq: Some(a.send_queue()?), rq: b.recv_queue()?, cq_a, cq_b, qps: (a, b) };
     Ok((lo, Arc::new(src), bufs))
 }
 
@@ -183,9 +197,9 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
                     lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
                 }
                 let wrs = (0..k).map(|i| SendWr::send(Arc::clone(src), 0..LEN).id(i as u64));
-                let posted = lo.sq.post_batch(wrs).map_err(|(e, _)| e)?;
+                let sq = lo.sq.as_mut().ok_or("no send queue")?;
+                let posted = sq.post_batch(wrs).map_err(|(e, _)| e)?;
                 assert_eq!(posted, k, "post_batch reports every request posted or an error");
-                let sq = &mut lo.sq;
                 drain(&mut lo.cq_a, k, |wc| {
                     sq.complete(wc, drop)?;
                     Ok(())
@@ -245,6 +259,28 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
                 drain(&mut lo.cq_a, k, |wc| {
                     let slot = lent.get_mut(wc.wr_id() as usize).ok_or("a wr_id that was not posted")?;
                     slot.take().ok_or("a completion twice")?;
+                    Ok(())
+                })?;
+                receive(lo, k, src, free)?;
+            }
+        }
+        Phase::PreparedSendBatch { n, k } => {
+            drop(lo.sq.take());
+            let mut pq = lo.qps.0.prepared_queue::<Arc<Chunk>>()?;
+            let mut ps = Vec::with_capacity(k);
+            for i in 0..k {
+                ps.push(pq.prepare(SendWr::send(Arc::clone(src), 0..LEN).id(i as u64)).map_err(|(e, _)| e)?);
+            }
+            for _ in 0..n {
+                for i in 0..k {
+                    let buf = free.pop().ok_or("out of receive buffers")?;
+                    lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+                }
+                let posted = pq.post_batch(ps.drain(..)).map_err(|(e, _)| e)?;
+                assert_eq!(posted, k, "post_batch reports every request posted or an error");
+                drain(&mut lo.cq_a, k, |wc| {
+                    // Completions come in posting order: `ps` keeps its order.
+                    pq.complete(wc, |d| ps.push(d.buf))?;
                     Ok(())
                 })?;
                 receive(lo, k, src, free)?;

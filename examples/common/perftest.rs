@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use clap::{CommandFactory, FromArgMatches};
 use rdma_verbs::endpoint::{self, Handshake, Status};
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr,
-    SendQueue, SendWr, WorkCompletion,
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Prepared, PreparedQueue, QpAccess, QpType, QueuePair,
+    RecvQueue, RemoteMr, SendWr, WorkCompletion,
 };
 
 /// Any error of a tool: a message for stderr.
@@ -489,18 +489,37 @@ impl LatTest {
 pub struct LatOpts {
     #[command(flatten)]
     pub common: Common,
+    /// Largest message sent inline (default as perftest's: 220 B for write_lat, 236 B for
+    /// send_lat; read_lat never). perftest itself sends nothing inline on devices it does
+    /// not know, rxe among them: give -I 0 to compare with it there.
+    #[arg(short = 'I', long = "inline_size")]
+    pub inline_size: Option<u32>,
 }
 
-/// Sizes up to this many bytes are posted inline, as perftest does for latency.
-const INLINE: u32 = 220;
+impl LatTest {
+    /// perftest's default inline size for this test.
+    fn default_inline(self) -> u32 {
+        match self {
+            LatTest::Write => 220,
+            LatTest::Send => 236,
+            LatTest::Read => 0,
+        }
+    }
+}
 
 /// `main` of a latency tool.
 pub fn lat_main(test: LatTest, name: &'static str, about: &'static str) -> ExitCode {
     let o: LatOpts = parse(name, about);
-    exit_with(name, run_lat(test, &o.common))
+    exit_with(name, run_lat(test, &o))
 }
 
-fn run_lat(test: LatTest, c: &Common) -> Res<()> {
+fn run_lat(test: LatTest, o: &LatOpts) -> Res<()> {
+    let c = &o.common;
+    let inline = match (test, o.inline_size) {
+        (LatTest::Read, Some(n)) if n > 0 => return Err("-I: an RDMA READ carries no inline data".into()),
+        (_, Some(n)) if n > MAX_INLINE => return Err(format!("-I {n}: at most {MAX_INLINE} bytes inline").into()),
+        (_, n) => n.unwrap_or(test.default_inline()),
+    };
     let role = c.role()?;
     let sizes = c.sizes(2)?;
     let iters = c.iterations(1000)?;
@@ -520,7 +539,9 @@ fn run_lat(test: LatTest, c: &Common) -> Res<()> {
     }
     let mut stream = open_stream(&role, c.tcp_port)?;
     for &size in &sizes {
-        let side = |stream: &mut dyn Stream, client: bool| lat_side(test, c, &ctx, &clock, size, iters, client, stream);
+        let side = |stream: &mut dyn Stream, client: bool| {
+            lat_side(test, c, &ctx, &clock, (size, inline), iters, client, stream)
+        };
         let row = match stream.as_deref_mut() {
             None => loopback(|s| side(s, false).map(drop), |s| side(s, true))?,
             Some(s) if role == Role::Server => {
@@ -539,6 +560,8 @@ fn run_lat(test: LatTest, c: &Common) -> Res<()> {
     Ok(())
 }
 
+/// Most inline bytes `-I` asks for (devices grant a few hundred at most).
+const MAX_INLINE: u32 = 4096;
 /// Requests in flight per side, each way: moderated sends, and receives posted ahead
 /// (send_lat). Sends and receives share one CQ of twice this.
 const LAT_DEPTH: u32 = 32;
@@ -553,18 +576,19 @@ fn lat_side(
     c: &Common,
     ctx: &Context,
     clock: &Clock,
-    size: usize,
+    (size, inline): (usize, u32),
     iters: u64,
     client: bool,
     stream: &mut dyn Stream,
 ) -> Res<Option<LatRow>> {
     let pd = rdma_verbs::ProtectionDomain::new(ctx)?;
     let mut cq = CompletionQueue::new(ctx, 2 * LAT_DEPTH + 2)?;
-    let inline = if test == LatTest::Read { 0 } else { INLINE };
+    // Inline when the message fits what -I allows (as perftest decides).
+    let inline = size <= inline as usize;
     let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
         .max_send_wr(LAT_DEPTH)
         .max_recv_wr(LAT_DEPTH)
-        .max_inline_data(inline)
+        .max_inline_data(if inline { size as u32 } else { 0 })
         .build()?;
     // The region the peer writes (write_lat: polled for its last byte) or reads (read_lat).
     let target =
@@ -601,16 +625,30 @@ fn lat_side(
         (_, None) => return Err("the peer advertised no memory region".into()),
     };
 
-    // Sources: a chunk per request in flight, so the byte that changes each iteration is
-    // never written while the device may still read it.
+    // Sources: a request per slot in flight, each with its own chunk, so the byte that
+    // changes each iteration is never written while the device may still read it. Each is
+    // prepared once (checked, its C request built) and posted again every time, as
+    // perftest posts its one prebuilt request.
     let moderation = if size <= 65536 { LAT_DEPTH / 2 } else { 1 };
     let pool = pd.register(AlignedBuf::new(size * 2 * moderation as usize)?, AccessFlags::LOCAL_WRITE)?;
+    let sq = qp.prepared_queue()?;
+    let make = |buf: Chunk| -> Res<SendWr<Chunk>> {
+        let wr = match test {
+            LatTest::Write => SendWr::write(buf, 0..size, peer.ok_or("no peer region")?),
+            LatTest::Send => SendWr::send(buf, 0..size),
+            LatTest::Read => SendWr::read(buf, 0..size, peer.ok_or("no peer region")?),
+        };
+        Ok(if inline { wr.inline() } else { wr })
+    };
+    let free = pool
+        .into_chunks(size)?
+        .into_iter()
+        .map(|buf| sq.prepare(make(buf)?).map_err(|(e, _)| e.into()))
+        .collect::<Res<Vec<_>>>()?;
     let mut ping = Pinger {
-        sq: qp.send_queue()?,
-        free: pool.into_chunks(size)?,
+        sq,
+        free,
         moderation: u64::from(moderation),
-        // Never on a READ: the flag means nothing there and rxe refuses it.
-        inline: test != LatTest::Read && size <= qp.caps().max_inline_data as usize,
         posted: 0,
         recvs: 0,
         wcs: [WorkCompletion::EMPTY, WorkCompletion::EMPTY, WorkCompletion::EMPTY, WorkCompletion::EMPTY],
@@ -627,11 +665,7 @@ fn lat_side(
                             wait_byte(&target, size, i, clock, silence, || ping.drain_some(cq, rq))?;
                         }
                         stamps.push(clock.now());
-                        let peer = peer.ok_or("no peer region")?;
-                        ping.post(cq, rq, last, |mut buf| {
-                            buf[size - 1] = i as u8;
-                            SendWr::write(buf, 0..size, peer)
-                        })?;
+                        ping.post(cq, rq, last, Some(i as u8))?;
                         if client {
                             wait_byte(&target, size, i, clock, silence, || ping.drain_some(cq, rq))?;
                         }
@@ -641,7 +675,7 @@ fn lat_side(
                             ping.wait_recv(cq, rq, i, clock, silence)?;
                         }
                         stamps.push(clock.now());
-                        ping.post(cq, rq, last, |buf| SendWr::send(buf, 0..size))?;
+                        ping.post(cq, rq, last, None)?;
                         if client {
                             ping.wait_recv(cq, rq, i, clock, silence)?;
                         }
@@ -651,8 +685,7 @@ fn lat_side(
                             return Ok(());
                         }
                         stamps.push(clock.now());
-                        let peer = peer.ok_or("no peer region")?;
-                        ping.post(cq, rq, true, |buf| SendWr::read(buf, 0..size, peer))?;
+                        ping.post(cq, rq, true, None)?;
                         ping.drain(cq, rq)?;
                     }
                 }
@@ -701,36 +734,38 @@ fn wait_byte(
     }
 }
 
-/// The send side of a latency test: a pool of source chunks, moderated signaling.
+/// The send side of a latency test: a pool of prepared requests, moderated signaling.
 struct Pinger {
-    sq: SendQueue<Chunk>,
-    free: Vec<Chunk>,
+    sq: PreparedQueue<Chunk>,
+    free: Vec<Prepared<Chunk>>,
     moderation: u64,
-    inline: bool,
     posted: u64,
     recvs: u64,
     wcs: [WorkCompletion; 4],
 }
 
 impl Pinger {
-    /// Posts one request built from a free chunk; signaled every `moderation` requests
-    /// and when `last` (an unsignaled tail would never complete).
+    /// Posts a free prepared request, its last byte set to `last_byte` if given;
+    /// signaled every `moderation` requests and when `last` (an unsignaled tail would
+    /// never complete).
     fn post(
         &mut self,
         cq: &mut CompletionQueue,
         rq: &mut RecvQueue<Chunk>,
         last: bool,
-        make: impl FnOnce(Chunk) -> SendWr<Chunk>,
+        last_byte: Option<u8>,
     ) -> Res<()> {
         while self.free.is_empty() {
             self.drain_some(cq, rq)?;
         }
-        let buf = self.free.pop().ok_or("no free source buffer")?;
+        let mut p = self.free.pop().ok_or("no free request")?;
+        if let Some(b) = last_byte {
+            let end = p.range().end;
+            p.bytes_mut()[end - 1] = b;
+        }
         self.posted += 1;
-        let signaled = last || self.posted % self.moderation == 0;
-        let wr = make(buf).signaled(signaled);
-        let wr = if self.inline { wr.inline() } else { wr };
-        self.sq.post(wr).map_err(|(e, _)| e)?;
+        p.set_signaled(last || self.posted % self.moderation == 0);
+        self.sq.post(p).map_err(|(e, _)| e)?;
         Ok(())
     }
 

@@ -39,8 +39,16 @@
 //!   (An SRQ's receives complete on the CQs of whichever QPs take them: size those CQs
 //!   for the SRQ's depth too.)
 //!
+//! - The buffer traits ([`SendBuf`], [`ExclusiveBuf`]) are sealed: a buffer's SGEs are
+//!   trusted to name only bytes the buffer owns, so only this crate's chunk types (and
+//!   arrays of them) are buffers.
+//!
 //! Polling is [`CompletionQueue::poll`](crate::CompletionQueue::poll) (`&mut self`: one
 //! poller). Waiting through a completion channel is on the CQ as well.
+//!
+//! Requests posted again and again are cheaper as [`Prepared`] requests through a
+//! [`PreparedQueue`]: checked and built into their C form once, then posted with only the
+//! `wr_id` stamped ([`PreparedQueue`] says how, and why it is as sound).
 
 //! Shared receive queues get a [`SrqQueue`]: receives complete out of order there (any
 //! QP may take the next one), so it keeps its buffers in a slot table with a free list.

@@ -1,25 +1,4 @@
-//! Prepared requests: a work request checked and built into its C form once, then posted
-//! again and again with nothing redone but the `wr_id`.
-//!
-//! A [`SendQueue`] checks each [`SendWr`] and builds its C request on every post, because
-//! each may differ. Programs that post the same few requests over and over (a benchmark,
-//! a ping-pong, an RPC layer with fixed request slots) pay that for nothing. A
-//! [`PreparedQueue`] takes [`Prepared`] requests instead: [`PreparedQueue::prepare`]
-//! checks a request against the QP's limits and builds its `ibv_send_wr` and SGEs in a
-//! heap block that belongs to the request; posting stamps the `wr_id`, links the chain
-//! and calls the provider, which is what a C program reposting a prebuilt chain does.
-//!
-//! Soundness is the send queue's (see the [queue module](super)): a prepared request
-//! owns its buffer, is posted by value, stays in the queue's ring until its completion
-//! hands it back, and exposes no `&mut` to the buffer value itself, so it cannot be
-//! swapped for another while its SGEs name the first. Its bytes can be changed between
-//! posts through [`Prepared::bytes_mut`] (exclusive, local chunks only), and its range,
-//! remote target and flags through setters that check again what they change. Its C
-//! request points into its own heap block, which does not move when the request does.
-//!
-//! Posting always goes through the classic `ibv_post_send`, even on a QP built with
-//! extended send ops: a prebuilt C request is what makes this path cheap, and the
-//! `ibv_wr_*` calls build the request anew each time.
+//! Prepared requests: [`PreparedQueue`] and [`Prepared`] (documented there).
 
 use std::fmt;
 use std::mem::MaybeUninit;
@@ -36,7 +15,7 @@ use crate::wc::{WcStatus, WorkCompletion};
 use crate::wr::{Done, SendWr};
 
 /// A send work request checked and built once, to be posted many times through a
-/// [`PreparedQueue`]. See the [module docs](self).
+/// [`PreparedQueue`] (see there).
 pub struct Prepared<T: SendBuf> {
     inner: Box<Inner<T>>,
 }
@@ -166,9 +145,31 @@ fn needs<T: SendBuf>(wr: &SendWr<T>, n: usize) -> (u32, u32) {
     (n as u32, inline)
 }
 
-/// The send side of a QP for [`Prepared`] requests, owning what it has posted. It claims
-/// the send side as a [`SendQueue`] does (a QP has one or the other at a time), with the
-/// same CQ share. See the [module docs](self).
+/// Prepared requests: a work request checked and built into its C form once, then posted
+/// again and again with nothing redone but the `wr_id`.
+///
+/// A [`SendQueue`] checks each [`SendWr`] and builds its C request on every post, because
+/// each may differ. Programs that post the same few requests over and over (a benchmark,
+/// a ping-pong, an RPC layer with fixed request slots) pay that for nothing. A
+/// [`PreparedQueue`] takes [`Prepared`] requests instead: [`PreparedQueue::prepare`]
+/// checks a request against the QP's limits and builds its `ibv_send_wr` and SGEs in a
+/// heap block that belongs to the request; posting stamps the `wr_id`, links the chain
+/// and calls the provider, which is what a C program reposting a prebuilt chain does.
+///
+/// Soundness is the send queue's (see the [queue module](crate::queue)): a prepared request
+/// owns its buffer, is posted by value, stays in the queue's ring until its completion
+/// hands it back, and exposes no `&mut` to the buffer value itself, so it cannot be
+/// swapped for another while its SGEs name the first. Its bytes can be changed between
+/// posts through [`Prepared::bytes_mut`] (exclusive, local chunks only), and its range,
+/// remote target and flags through setters that check again what they change. Its C
+/// request points into its own heap block, which does not move when the request does.
+///
+/// Posting always goes through the classic `ibv_post_send`, even on a QP built with
+/// extended send ops: a prebuilt C request is what makes this path cheap, and the
+/// `ibv_wr_*` calls build the request anew each time.
+///
+/// It claims the send side as a [`SendQueue`] does (a QP has one or the other at a
+/// time), with the same CQ share.
 pub struct PreparedQueue<T: SendBuf> {
     ring: Ring<Prepared<T>>,
     room: Option<CqReservation>,

@@ -13,6 +13,9 @@
 //!                                 changing requests uses it: each round fills the C work
 //!                                 requests anew, and maps each completion's wr_id back
 //!                                 to its buffer
+//! syscall_probe raw-match-send-batch N K  the prebuilt chain of raw-send-batch, with
+//!                                 each completion matched back to its buffer by wr_id
+//!                                 (the bookkeeping the safe queues do for you)
 //! syscall_probe prepared-send-batch N K  the same sends as K prepared requests
 //!                                 (PreparedQueue), built once and posted again each round
 //! ```
@@ -37,7 +40,7 @@ use rdma_verbs::{
 
 const USAGE: &str =
     "usage: syscall_probe poll N | recv N | send-batch N K | raw-send-batch N K | raw-build-send-batch N K \
-     | prepared-send-batch N K";
+     | raw-match-send-batch N K | prepared-send-batch N K";
 /// Receive queue depth, and the most receives the `recv` phase posts.
 const RECV_DEPTH: usize = 4096;
 /// Send queue depth, and the largest batch.
@@ -70,6 +73,11 @@ enum Phase {
         n: usize,
         k: usize,
     },
+    /// The prebuilt raw chain, with completions matched to their buffers by wr_id.
+    RawMatchSendBatch {
+        n: usize,
+        k: usize,
+    },
     /// The safe API with prepared requests: built once (outside the rounds), posted
     /// again every round.
     PreparedSendBatch {
@@ -89,6 +97,7 @@ fn parse(args: &[String]) -> Res<Phase> {
         Some("send-batch") => (Phase::SendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("raw-send-batch") => (Phase::RawSendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("raw-build-send-batch") => (Phase::RawBuildSendBatch { n: num(1)?, k: num(2)? }, 3),
+        Some("raw-match-send-batch") => (Phase::RawMatchSendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("prepared-send-batch") => (Phase::PreparedSendBatch { n: num(1)?, k: num(2)? }, 3),
         _ => return Err(USAGE.into()),
     };
@@ -98,6 +107,7 @@ fn parse(args: &[String]) -> Res<Phase> {
         Phase::SendBatch { k, .. }
         | Phase::RawSendBatch { k, .. }
         | Phase::RawBuildSendBatch { k, .. }
+        | Phase::RawMatchSendBatch { k, .. }
         | Phase::PreparedSendBatch { k, .. }
             if k == 0 || k > SEND_DEPTH =>
         {
@@ -207,7 +217,10 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
                 receive(lo, k, src, free)?;
             }
         }
-        Phase::RawSendBatch { n, k } => {
+        Phase::RawSendBatch { n, k } | Phase::RawMatchSendBatch { n, k } => {
+            let matching = matches!(phase, Phase::RawMatchSendBatch { .. });
+            // What each outstanding request lent, found again by its wr_id (matching only).
+            let mut lent: [Option<&Chunk>; SEND_DEPTH] = [None; SEND_DEPTH];
             // Built once and posted every round, as a C program does.
             let mut sges = [ffi::ibv_sge { addr: src.addr(), length: LEN as u32, lkey: src.lkey() }; SEND_DEPTH];
             // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
@@ -224,10 +237,21 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
                     let buf = free.pop().ok_or("out of receive buffers")?;
                     lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
                 }
+                if matching {
+                    lent[..k].fill(Some(&**src));
+                }
                 // SAFETY: the chain names `src`, which outlives the sends, and they are
                 // drained before the next round.
                 unsafe { lo.qps.0.post_send_raw(&mut wrs[0]) }?;
-                drain(&mut lo.cq_a, k, |_| Ok(()))?;
+                if matching {
+                    drain(&mut lo.cq_a, k, |wc| {
+                        let slot = lent.get_mut(wc.wr_id() as usize).ok_or("a wr_id that was not posted")?;
+                        slot.take().ok_or("a completion twice")?;
+                        Ok(())
+                    })?;
+                } else {
+                    drain(&mut lo.cq_a, k, |_| Ok(()))?;
+                }
                 receive(lo, k, src, free)?;
             }
         }

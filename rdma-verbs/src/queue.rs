@@ -177,7 +177,9 @@ impl<E> Ring<E> {
     #[inline]
     fn slot(&mut self, seq: u64) -> &mut MaybeUninit<E> {
         let i = (seq & self.mask) as usize;
-        &mut self.slots[i]
+        debug_assert!(i < self.slots.len());
+        // SAFETY: `slots` has mask + 1 entries (new()), so a masked index is in bounds.
+        unsafe { self.slots.get_unchecked_mut(i) }
     }
 
     /// Writes `e` into the slot `k` places past the head, not posted yet. The caller

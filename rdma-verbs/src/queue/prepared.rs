@@ -26,7 +26,7 @@ struct Inner<T> {
     sges: Sges,
     wr: SendWr<T>,
     /// The limits it was checked against (the preparing QP's max_send_sge, max_inline_data).
-    limits: (u32, u32),
+    limits: Limits,
     /// What it needs of a QP: SGEs, and bytes inline (0 when not inline).
     needs: (u32, u32),
 }
@@ -39,9 +39,9 @@ unsafe impl<T: SendBuf> Send for Prepared<T> {}
 impl<T: SendBuf> Prepared<T> {
     /// Checks `wr` against `limits` (max SGEs, max inline bytes) and builds it.
     #[allow(clippy::result_large_err)] // the refused request comes back by value
-    fn build(wr: SendWr<T>, limits: (u32, u32)) -> Result<Self, (Error, SendWr<T>)> {
+    fn build(wr: SendWr<T>, limits: Limits) -> Result<Self, (Error, SendWr<T>)> {
         let mut sges = NO_SGES;
-        let n = match check_send(limits.0, limits.1, &wr, &mut sges) {
+        let n = match check_send(limits.max_sge, limits.max_inline, &wr, &mut sges) {
             Ok(n) => n,
             Err(e) => return Err((e, wr)),
         };
@@ -57,7 +57,7 @@ impl<T: SendBuf> Prepared<T> {
     fn rebuild(&mut self) -> Result<()> {
         let inner = &mut *self.inner;
         let mut sges = NO_SGES;
-        let n = check_send(inner.limits.0, inner.limits.1, &inner.wr, &mut sges)?;
+        let n = check_send(inner.limits.max_sge, inner.limits.max_inline, &inner.wr, &mut sges)?;
         inner.sges = sges;
         inner.needs = needs(&inner.wr, n);
         let Inner { raw, sges, wr, .. } = inner;
@@ -139,6 +139,13 @@ impl<T: SendBuf> fmt::Debug for Prepared<T> {
     }
 }
 
+/// A QP's limits that a send request is checked against.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Limits {
+    max_sge: u32,
+    max_inline: u32,
+}
+
 /// What a checked request with `n` SGEs needs of a QP: SGEs, and inline bytes.
 fn needs<T: SendBuf>(wr: &SendWr<T>, n: usize) -> (u32, u32) {
     let inline = if wr.is_inline() { (wr.range.end - wr.range.start) as u32 } else { 0 };
@@ -175,8 +182,7 @@ pub struct PreparedQueue<T: SendBuf> {
     room: Option<CqReservation>,
     raw: *mut ffi::ibv_qp,
     qp_num: u32,
-    max_inline: u32,
-    max_sge: u32,
+    limits: Limits,
     tag: Tag,
     claim: Claim<crate::qp::QpInner>,
 }
@@ -203,8 +209,7 @@ impl QueuePair {
             room: Some(room),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
-            max_inline: caps.max_inline_data,
-            max_sge: caps.max_send_sge,
+            limits: Limits { max_sge: caps.max_send_sge, max_inline: caps.max_inline_data },
             tag: Tag::reserve()?,
             claim,
         })
@@ -216,7 +221,7 @@ impl<T: SendBuf> PreparedQueue<T> {
     /// here and not at post time). On refusal the work request comes back.
     #[allow(clippy::result_large_err)] // the refused request comes back by value
     pub fn prepare(&self, wr: SendWr<T>) -> Result<Prepared<T>, (Error, SendWr<T>)> {
-        Prepared::build(wr, (self.max_sge, self.max_inline))
+        Prepared::build(wr, self.limits)
     }
 
     /// Requests posted and not yet completed.
@@ -229,12 +234,17 @@ impl<T: SendBuf> PreparedQueue<T> {
         self.qp_num
     }
 
-    /// Whether this QP takes `p` (it may have been prepared for another QP).
+    /// Whether this QP takes `p`: certainly when it was checked against the same limits
+    /// (prepared here, or for a QP alike), else when what it needs fits.
     #[inline]
     fn takes(&self, p: &Prepared<T>) -> Result<()> {
+        if p.inner.limits == self.limits {
+            return Ok(());
+        }
         let (sges, inline) = p.inner.needs;
-        if sges > self.max_sge || inline > self.max_inline {
-            return Err(too_big_for(sges, inline, self.max_sge, self.max_inline));
+        let Limits { max_sge, max_inline } = self.limits;
+        if sges > max_sge || inline > max_inline {
+            return Err(too_big_for(sges, inline, max_sge, max_inline));
         }
         Ok(())
     }
@@ -293,7 +303,6 @@ impl<T: SendBuf> PreparedQueue<T> {
             let seq = send_wr_id(tag, self.ring.head + n as u64);
             let raw = self.ring.stage(n, p).raw();
             raw.wr_id = seq;
-            raw.next = std::ptr::null_mut();
             let raw: *mut ffi::ibv_send_wr = raw;
             if prev.is_null() {
                 first = raw;
@@ -308,6 +317,8 @@ impl<T: SendBuf> PreparedQueue<T> {
         let (posted, failure) = if n == 0 {
             (0, None)
         } else {
+            // SAFETY: `prev` is the C request of the last entry staged (n > 0).
+            unsafe { (*prev).next = std::ptr::null_mut() };
             let mut bad = std::ptr::null_mut();
             // SAFETY: first..prev is a chain of valid C requests linked above (the last
             // `next` NULL), each in the heap block of a request the ring keeps until its

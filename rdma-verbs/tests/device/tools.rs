@@ -276,6 +276,139 @@ fn write_bw_data_mismatch_fails_server_and_client() {
     assert!(client.stderr.contains("data check failed"), "{}", client.report("client"));
 }
 
+/// A bandwidth object with every key, the size and iterations asked for, positive
+/// numbers, and bandwidth and message rate that agree.
+fn check_bw_json(v: &Value, bytes: u64, iterations: u64, what: &str) {
+    assert_eq!(v["bytes"].as_u64(), Some(bytes), "{what}: bytes in {v}");
+    assert_eq!(v["iterations"].as_u64(), Some(iterations), "{what}: iterations in {v}");
+    for k in ["bw_peak_mib_s", "bw_avg_mib_s", "msg_rate_mpps"] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{what}: {k} in {v}");
+    }
+    let (peak, avg, rate) = (
+        v["bw_peak_mib_s"].as_f64().unwrap(),
+        v["bw_avg_mib_s"].as_f64().unwrap(),
+        v["msg_rate_mpps"].as_f64().unwrap(),
+    );
+    assert!(peak >= avg, "{what}: peak below average in {v}");
+    // Both are the same count over the same time: bytes x rate = bandwidth.
+    let bw = avg * f64::from(1 << 20);
+    assert!((bw - rate * 1e6 * bytes as f64).abs() <= bw * 1e-6, "{what}: bandwidth and rate disagree in {v}");
+}
+
+/// A bandwidth tool in `--loopback` (2 QPs, post lists of 4) and as server + client over
+/// TCP (2 QPs): sane JSON from both, and the server's data check passed.
+fn bandwidth_tool(name: &str, port: u16, passed: &str) {
+    let _leaks = LeakCheck::new();
+    let mut args = dev_args();
+    args.extend(["--loopback", "--json", "-s", "4096", "-n", "240", "-l", "4", "-q", "2"].map(String::from));
+    let done = run(name, &args);
+    assert!(done.status.success(), "{name} --loopback failed\n{}", done.report(name));
+    let objs = json_lines(&done.stdout);
+    assert_eq!(objs.len(), 1, "{name} --loopback: one JSON line expected\n{}", done.report(name));
+    check_bw_json(&objs[0], 4096, 240, &format!("{name} --loopback"));
+
+    let (server, client) = server_client(name, port, &["-s", "8192", "-n", "150", "-q", "2"], &["--json"]);
+    assert!(server.status.success(), "{name} server failed\n{}", server.report("server"));
+    assert!(client.status.success(), "{name} client failed\n{}", client.report("client"));
+    assert!(
+        server.stderr.contains(&format!("8192 B: {passed} passed on 2 QPs")),
+        "the {name} server did not report the data check\n{}",
+        server.report("server")
+    );
+    let objs = json_lines(&client.stdout);
+    assert_eq!(objs.len(), 1, "{name} client: one JSON line expected\n{}", client.report("client"));
+    check_bw_json(&objs[0], 8192, 150, &format!("{name} client"));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn read_bw_loopback_and_server_client_print_sane_json_and_pass_the_data_check() {
+    // The client checks what it read; the server reports the client's verdict.
+    bandwidth_tool("read_bw", 18616, "the client's data check");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn send_bw_loopback_and_server_client_print_sane_json_and_pass_the_data_check() {
+    bandwidth_tool("send_bw", 18617, "the data check");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn bw_tools_finish_when_post_lists_pools_or_credits_do_not_line_up_with_the_moderation() {
+    // Post lists of 8 into a depth of 100 stop at 96 requests in flight, none of them the
+    // 100th (the moderation's signal); send_bw's 4 receives let the client send 4 at a
+    // time against a moderation of 64. Each run needs a signaled request in flight
+    // whenever it waits, and send_bw needs the server's credits: without them the client
+    // overruns the 4 receives and the server answers receiver-not-ready (on rxe, 75 RNR
+    // NAKs in this run when the client ignored its credits), which the device counts.
+    let _leaks = LeakCheck::new();
+    let rnr_before = rnr_naks();
+    let cases: [(&str, &[&str]); 3] = [
+        ("write_bw", &["-t", "100", "-l", "8"]),
+        ("read_bw", &["-t", "100", "-l", "8"]),
+        ("send_bw", &["-r", "4", "-t", "64", "-l", "8"]),
+    ];
+    for (name, flags) in cases {
+        let mut args = dev_args();
+        args.extend(["--loopback", "--json", "-s", "64", "-n", "400"].map(String::from));
+        args.extend(flags.iter().map(|s| s.to_string()));
+        let what = format!("{name} {}", flags.join(" "));
+        let done = run(name, &args);
+        assert!(done.status.success(), "{what} failed\n{}", done.report(&what));
+        let objs = json_lines(&done.stdout);
+        assert_eq!(objs.len(), 1, "{what}: one JSON line expected\n{}", done.report(&what));
+        check_bw_json(&objs[0], 64, 400, &what);
+    }
+    match (rnr_before, rnr_naks()) {
+        (Some(before), Some(after)) => {
+            assert_eq!(after, before, "receiver-not-ready NAKs happened (hw_counters rcvd_rnr_err + send_rnr_err)")
+        }
+        _ => eprintln!("note: {} has no RNR counters in sysfs: receiver-not-ready not checked", device_name()),
+    }
+}
+
+/// The device's receiver-not-ready NAKs, sent and received, from rxe's port counters
+/// (`None` where the device has no such counters).
+fn rnr_naks() -> Option<u64> {
+    let dir = PathBuf::from(format!("/sys/class/infiniband/{}/ports/1/hw_counters", device_name()));
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok()?.trim().parse::<u64>().ok();
+    Some(read("rcvd_rnr_err")? + read("send_rnr_err")?)
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn read_bw_and_send_bw_data_mismatch_fails_server_and_client() {
+    let _leaks = LeakCheck::new();
+    // As for write_bw: the server runs 8 KiB, the client 4 KiB. read_bw's client reads
+    // the start of the 8 KiB pattern and must find it is not the 4 KiB one; send_bw's
+    // server receives 4 KiB messages where it expects 8 KiB ones.
+    let cases = [
+        ("read_bw", "18618", "client", "byte 0 of 4096"),
+        ("send_bw", "18619", "server", "message 1: 4096 bytes arrived, 8192 expected"),
+    ];
+    for (name, port, checker, where_) in cases {
+        let mut common = dev_args();
+        common.extend(["-p", port, "-n", "50"].map(String::from));
+        let mut s = common.clone();
+        s.extend(["-s", "8192"].map(String::from));
+        let mut server = Proc::spawn(name, &s);
+        server.wait_stderr("waiting for a client");
+        let mut c = common;
+        c.extend(["-s", "4096", "127.0.0.1"].map(String::from));
+        let client = run(name, &c);
+        let server = server.finish();
+        let both = format!("{}\n{}", server.report("server"), client.report("client"));
+        assert!(!server.status.success(), "{name}: the server passed a wrong pattern\n{both}");
+        assert!(!client.status.success(), "{name}: the client passed a failed check\n{both}");
+        assert!(server.stderr.contains("data check failed"), "{name}: server\n{both}");
+        assert!(client.stderr.contains("data check failed"), "{name}: client\n{both}");
+        // The side that checks says where.
+        let checked = if checker == "client" { &client.stderr } else { &server.stderr };
+        assert!(checked.contains(where_), "{name}: the {checker} does not say {where_:?}\n{both}");
+    }
+}
+
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
 fn every_nonsense_flag_exits_non_zero_naming_the_problem() {
@@ -294,6 +427,12 @@ fn every_nonsense_flag_exits_non_zero_naming_the_problem() {
         ("write_bw", vec!["-Q", "1000"], "CQ moderation 1000 (-Q) is larger than the tx depth"),
         ("write_bw", vec!["-n", "0"], "0 iterations"),
         ("write_bw", vec!["-D", "0"], "duration 0 (-D)"),
+        ("read_bw", vec!["-o", "0"], "0 outstanding reads (-o)"),
+        ("read_bw", vec!["-o", "100000"], "outstanding reads (-o) is beyond"),
+        ("read_bw", vec!["-t", "0"], "must be at least 1"),
+        ("send_bw", vec!["-r", "0"], "rx depth 0 (-r)"),
+        ("send_bw", vec!["-r", &over_device], "exceeds the device's max_qp_wr"),
+        ("send_bw", vec!["-Q", "1000"], "CQ moderation 1000 (-Q) is larger than the tx depth"),
         ("write_lat", vec!["-s", "0"], "size 0"),
         ("send_lat", vec!["-a", "-s", "8"], "cannot be combined with -s"),
         ("read_lat", vec!["-n", "0"], "0 iterations"),
@@ -308,7 +447,7 @@ fn every_nonsense_flag_exits_non_zero_naming_the_problem() {
         assert!(!done.status.success(), "{what} was accepted\n{}", done.report(&what));
         assert!(done.stderr.contains(needle), "{what}: stderr does not say {needle:?}\n{}", done.report(&what));
     }
-    for name in ["write_bw", "write_lat", "send_lat", "read_lat"] {
+    for name in ["write_bw", "read_bw", "send_bw", "write_lat", "send_lat", "read_lat"] {
         let done = run(name, &["--loopback".into(), "-d".into(), "no_such_dev".into()]);
         assert!(!done.status.success(), "{name} -d no_such_dev was accepted\n{}", done.report(name));
         assert!(done.stderr.contains("no_such_dev"), "{name}: the unknown device is not named\n{}", done.report(name));

@@ -1,0 +1,1125 @@
+//! The engine of the bandwidth tools `write_bw`, `read_bw` and `send_bw` (perftest's
+//! `ib_write_bw`, `ib_read_bw`, `ib_send_bw`) on the safe data path. Each tool is a thin
+//! `main` over [`bw_main`]; they share the flags, the checks, server/client/`--loopback`,
+//! the posting loop ([`Bw::post_loop`]), the progress lines, the table or JSON, and the
+//! data check, which differs by operation:
+//!
+//! - **write**: the client writes the pattern into one region per server QP; the server
+//!   checks every region at the end and sends its verdict to the client.
+//! - **read**: the server fills one region per QP with the pattern; the client reads it
+//!   into a pool of buffers (a READ needs a buffer of its own while in flight) and checks
+//!   every buffer it used at the end; its verdict goes to the server. The client's QP
+//!   may have `-o` READs outstanding at the responder (default: the device's
+//!   `max_qp_rd_atom`, at most 16, which the endpoint handshake gives the server's QP);
+//!   the requests beyond that wait in the send queue, so `-t` stays the send queue depth.
+//! - **send**: the server keeps `-r` receives posted per QP (default 512, at most the
+//!   device's `max_qp_wr`), re-posting each as it completes, and checks every message:
+//!   the pattern, with the message's number in its first and last 8 bytes (a receive
+//!   buffer is stamped with the complement before it is posted, so a buffer the message
+//!   did not overwrite fails). The client never has more messages sent than the server
+//!   has receives posted, so receiver-not-ready never happens: the server RDMA WRITEs
+//!   the number of receives it has posted in all into an 8-byte word the client
+//!   advertised (after connecting, then each time a quarter of its receives were
+//!   re-posted), and the client posts only up to that number. perftest's client instead
+//!   relies on RNR retries.
+//!
+//! Sources and receive buffers of read and send are pools of one buffer per request in
+//! flight, at most 64 MiB for all QPs of a side: with large messages fewer requests are
+//! in flight than `-t` (or `-r`) says.
+//!
+//! Whenever a lane cannot post again without a completion, one of its requests in flight
+//! is signaled, whatever `-Q` says (a post list that does not divide `-t` used to leave
+//! write_bw waiting forever), and a run that sees no completion for a minute stops with
+//! an error saying what it waited for.
+//!
+//! Only the client reports, for every operation (perftest's `ib_send_bw` reports on both
+//! sides): the server prints whether the data check passed on stderr.
+//!
+//! The exchange is rdma-verbs' endpoint handshake, not perftest's: these servers and
+//! clients talk to each other, not to perftest's tools.
+
+use std::ops::Range;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use rdma_verbs::{
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, DeviceAttr, Done, MemoryRegion, ProtectionDomain,
+    QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendBuf, SendQueue, SendWr, WcStatus,
+    WorkCompletion,
+};
+
+use crate::perftest::{self, BwRow, Common, Res, Role, Stream};
+
+/// Beyond these, a flag is a typo rather than a test (the device's own limits are checked
+/// once it is open).
+const MAX_DEPTH: u32 = 1 << 24;
+const MAX_QPS: u32 = 1024;
+/// The endpoint handshake gives the responder's QP this many incoming READs
+/// (`max_dest_rd_atomic`), so a requester may not have more outstanding.
+const MAX_OUTS: u32 = 16;
+/// perftest's receive depth of `ib_send_bw`.
+const DEFAULT_RX_DEPTH: u32 = 512;
+/// Bytes of buffers one side of read/send spends on its pool, all QPs together.
+const POOL_BYTES: usize = 64 << 20;
+/// Credit writes a send_bw server may have in flight per QP.
+const CREDIT_SLOTS: u32 = 8;
+/// Without a completion for this long a run is stuck: a peer stopped, or a credit never came.
+const STALL: Duration = Duration::from_secs(60);
+
+/// The three bandwidth tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BwTest {
+    /// The client RDMA WRITEs into the server's regions.
+    Write,
+    /// The client RDMA READs the server's regions.
+    Read,
+    /// The client SENDs into the server's receives.
+    Send,
+}
+
+impl BwTest {
+    fn title(self) -> &'static str {
+        match self {
+            BwTest::Write => "RDMA_Write BW Test",
+            BwTest::Read => "RDMA_Read BW Test",
+            BwTest::Send => "Send BW Test",
+        }
+    }
+
+    fn noun(self) -> &'static str {
+        match self {
+            BwTest::Write => "writes",
+            BwTest::Read => "reads",
+            BwTest::Send => "sends",
+        }
+    }
+}
+
+/// Command-line flags, named as perftest names them; `X` holds the flags of one test.
+#[derive(Parser, Debug)]
+struct Opts<X: clap::Args> {
+    #[command(flatten)]
+    common: Common,
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long = "duration")]
+    duration: Option<f64>,
+    /// Work requests in flight per QP.
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    tx_depth: u32,
+    /// Signal one completion every this many work requests (default 100, 1 above 8 KiB).
+    #[arg(short = 'Q', long = "cq-mod")]
+    cq_mod: Option<u32>,
+    /// Work requests posted per provider call (one doorbell each).
+    #[arg(short = 'l', long = "post_list", default_value_t = 1)]
+    post_list: u32,
+    /// Number of QPs.
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    qps: u32,
+    /// Report bandwidth in Gb/s.
+    #[arg(long = "report_gbits")]
+    report_gbits: bool,
+    #[command(flatten)]
+    extra: X,
+}
+
+/// write_bw has no flags of its own.
+#[derive(clap::Args, Debug)]
+struct WriteFlags {}
+
+/// read_bw's own flag.
+#[derive(clap::Args, Debug)]
+struct ReadFlags {
+    /// RDMA READs outstanding per QP (default: the device's max_qp_rd_atom, at most 16).
+    #[arg(short = 'o', long = "outs")]
+    outs: Option<u32>,
+}
+
+/// send_bw's own flag.
+#[derive(clap::Args, Debug)]
+struct SendFlags {
+    /// Receives the server keeps posted per QP (default 512, at most the device's max_qp_wr).
+    #[arg(short = 'r', long = "rx-depth")]
+    rx_depth: Option<u32>,
+}
+
+/// The flags of any of the tests, once parsed.
+#[derive(Debug)]
+struct Flags {
+    common: Common,
+    duration: Option<f64>,
+    tx_depth: u32,
+    cq_mod: Option<u32>,
+    post_list: u32,
+    qps: u32,
+    report_gbits: bool,
+    outs: Option<u32>,
+    rx_depth: Option<u32>,
+}
+
+impl<X: clap::Args> Opts<X> {
+    fn flags(self, outs: Option<u32>, rx_depth: Option<u32>) -> Flags {
+        Flags {
+            common: self.common,
+            duration: self.duration,
+            tx_depth: self.tx_depth,
+            cq_mod: self.cq_mod,
+            post_list: self.post_list,
+            qps: self.qps,
+            report_gbits: self.report_gbits,
+            outs,
+            rx_depth,
+        }
+    }
+}
+
+/// `main` of a bandwidth tool.
+pub fn bw_main(test: BwTest, name: &'static str, about: &'static str) -> ExitCode {
+    let f = match test {
+        BwTest::Write => perftest::parse::<Opts<WriteFlags>>(name, about).flags(None, None),
+        BwTest::Read => {
+            let o = perftest::parse::<Opts<ReadFlags>>(name, about);
+            let outs = o.extra.outs;
+            o.flags(outs, None)
+        }
+        BwTest::Send => {
+            let o = perftest::parse::<Opts<SendFlags>>(name, about);
+            let rx = o.extra.rx_depth;
+            o.flags(None, rx)
+        }
+    };
+    let bw = Bw { test, name, f, outs: 0, rx_depth: 0 };
+    perftest::exit_with(name, bw.run())
+}
+
+/// One tool's run: the test, its name for messages, the flags, and the limits settled
+/// once the device is open.
+struct Bw {
+    test: BwTest,
+    name: &'static str,
+    f: Flags,
+    /// read: RDMA READs outstanding per QP.
+    outs: u32,
+    /// send: the receive depth asked for (before the pool's limit).
+    rx_depth: u32,
+}
+
+/// What the posting loop measured.
+struct Measured {
+    /// Requests completed, all QPs.
+    finished: u64,
+    secs: f64,
+    /// Best window, bytes a second.
+    peak: f64,
+}
+
+/// What a client's run brought back, besides the numbers.
+struct Outcome {
+    row: BwRow,
+    /// Requests posted per QP (send_bw tells the server, which waits for that many).
+    posted: Vec<u64>,
+    /// read_bw: the client's own check of what it read.
+    check: Res<()>,
+}
+
+impl Bw {
+    /// Refuses nonsense before the device is touched.
+    fn check_flags(&self) -> Res<()> {
+        let o = &self.f;
+        if o.tx_depth == 0 || o.post_list == 0 || o.qps == 0 {
+            return Err("-t (tx depth), -l (post list) and -q (QPs) must be at least 1".into());
+        }
+        if o.tx_depth > MAX_DEPTH {
+            return Err(format!("tx depth {} (-t) is beyond {MAX_DEPTH}: no device takes that many", o.tx_depth).into());
+        }
+        if o.qps > MAX_QPS {
+            return Err(format!("{} QPs (-q) is beyond {MAX_QPS}", o.qps).into());
+        }
+        if o.post_list > o.tx_depth {
+            return Err(
+                format!("post list {} (-l) is larger than the tx depth {} (-t)", o.post_list, o.tx_depth).into()
+            );
+        }
+        match o.cq_mod {
+            Some(0) => return Err("CQ moderation 0 (-Q): signal at least every request (1)".into()),
+            Some(m) if m > o.tx_depth => {
+                return Err(format!(
+                    "CQ moderation {m} (-Q) is larger than the tx depth {} (-t): no completion would ever come",
+                    o.tx_depth
+                )
+                .into())
+            }
+            _ => {}
+        }
+        if let Some(d) = o.duration {
+            if !(d.is_finite() && d > 0.0 && d <= 86400.0) {
+                return Err(format!("duration {d} (-D) must be a positive number of seconds, at most a day").into());
+            }
+        }
+        if o.outs == Some(0) {
+            return Err("0 outstanding reads (-o): allow at least 1".into());
+        }
+        match o.rx_depth {
+            Some(0) => return Err("rx depth 0 (-r): the server needs at least 1 receive posted".into()),
+            Some(r) if r > MAX_DEPTH => {
+                return Err(format!("rx depth {r} (-r) is beyond {MAX_DEPTH}: no device takes that many").into())
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The limits that depend on the device: -t and -q against its queues, -o against
+    /// its READ resources, -r against its receive queue.
+    fn check_device(&mut self, dev: &DeviceAttr) -> Res<()> {
+        let o = &self.f;
+        if o.tx_depth > dev.max_qp_wr {
+            return Err(format!("tx depth {} (-t) exceeds the device's max_qp_wr {}", o.tx_depth, dev.max_qp_wr).into());
+        }
+        if u64::from(o.tx_depth) * u64::from(o.qps) > u64::from(dev.max_cqe) {
+            return Err(format!(
+                "tx depth {} x {} QPs exceeds the device's max_cqe {}: lower -t or -q",
+                o.tx_depth, o.qps, dev.max_cqe
+            )
+            .into());
+        }
+        if self.test == BwTest::Read {
+            let cap = MAX_OUTS.min(dev.max_qp_rd_atom).min(dev.max_qp_init_rd_atom);
+            if cap == 0 {
+                return Err("the device allows no outstanding RDMA READ (max_qp_rd_atom 0)".into());
+            }
+            self.outs = match o.outs {
+                Some(n) if n > cap => {
+                    return Err(format!(
+                        "{n} outstanding reads (-o) is beyond {cap}: the device's max_qp_rd_atom is {}, \
+                         max_qp_init_rd_atom {}, and the server's QP takes {MAX_OUTS}",
+                        dev.max_qp_rd_atom, dev.max_qp_init_rd_atom
+                    )
+                    .into())
+                }
+                Some(n) => n,
+                None => cap,
+            };
+        }
+        if self.test == BwTest::Send {
+            self.rx_depth = match o.rx_depth {
+                Some(r) if r > dev.max_qp_wr => {
+                    return Err(format!("rx depth {r} (-r) exceeds the device's max_qp_wr {}", dev.max_qp_wr).into())
+                }
+                Some(r) => r,
+                None => DEFAULT_RX_DEPTH.min(dev.max_qp_wr),
+            };
+            let cqes = (u64::from(self.rx_depth) + u64::from(CREDIT_SLOTS)) * u64::from(o.qps);
+            if cqes > u64::from(dev.max_cqe) {
+                return Err(format!(
+                    "rx depth {} x {} QPs exceeds the device's max_cqe {}: lower -r or -q",
+                    self.rx_depth, o.qps, dev.max_cqe
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    fn run(mut self) -> Res<()> {
+        let c = &self.f.common;
+        let role = c.role()?;
+        let sizes = c.sizes(65536)?;
+        let iters = c.iterations(5000)?;
+        self.check_flags()?;
+        let ctx = self.f.common.open(&sizes)?;
+        self.check_device(&ctx.query_device()?)?;
+        let c = &self.f.common;
+        let show = !c.json && role != Role::Server;
+        if show {
+            self.print_header(&ctx, &role);
+        }
+        let mut stream = perftest::open_stream(&role, c.tcp_port)?;
+        for &size in &sizes {
+            let row = match stream.as_deref_mut() {
+                None => perftest::loopback(|s| self.server(&ctx, size, s), |s| self.client(&ctx, size, iters, s))?,
+                Some(s) if role == Role::Server => {
+                    self.server(&ctx, size, s)?;
+                    let qps = self.f.qps;
+                    let whose = if self.test == BwTest::Read { "the client's data check" } else { "the data check" };
+                    eprintln!("{}: {size} B: {whose} passed on {qps} QP{}", self.name, if qps == 1 { "" } else { "s" });
+                    continue;
+                }
+                Some(s) => self.client(&ctx, size, iters, s)?,
+            };
+            perftest::print_bw_row(&row, self.f.report_gbits, c.json);
+        }
+        if show {
+            println!("{}", perftest::rule());
+        }
+        Ok(())
+    }
+
+    /// perftest's moderation rule: every 100th signaled, every one above 8 KiB unless -Q.
+    fn cq_mod(&self, size: usize) -> u32 {
+        let m = self.f.cq_mod.unwrap_or(if size > 8192 { 1 } else { 100 });
+        m.clamp(1, self.f.tx_depth)
+    }
+
+    /// Buffers per QP of a read/send pool of messages of `size`, at most `depth`.
+    fn pool_len(&self, size: usize, depth: u32) -> u32 {
+        let fit = POOL_BYTES / self.f.qps as usize / size;
+        u32::try_from(fit).unwrap_or(u32::MAX).clamp(1, depth)
+    }
+
+    // ---- the server ----------------------------------------------------------------
+
+    /// The server's side of one size.
+    fn server(&self, ctx: &Context, size: usize, stream: &mut dyn Stream) -> Res<()> {
+        match self.test {
+            BwTest::Write => self.write_server(ctx, size, stream),
+            BwTest::Read => self.read_server(ctx, size, stream),
+            BwTest::Send => self.send_server(ctx, size, stream),
+        }
+    }
+
+    /// A region per QP for the client to write, then the check of what arrived, whose
+    /// verdict goes back to the client.
+    fn write_server(&self, ctx: &Context, size: usize, stream: &mut dyn Stream) -> Res<()> {
+        let pd = ProtectionDomain::new(ctx)?;
+        let cq = CompletionQueue::new(ctx, 4)?;
+        let mut held = Vec::with_capacity(self.f.qps as usize);
+        for _ in 0..self.f.qps {
+            let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(1).build()?;
+            let region = pd.register_remote_writable(
+                AlignedBuf::new(size)?,
+                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            )?;
+            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(region.remote()).connect(stream)?;
+            held.push((qp, region));
+        }
+        perftest::barrier(stream, true).map_err(|e| format!("the client did not finish its run: {e}"))?;
+        let check = check_regions(held.iter().map(|(_, r)| r), size);
+        perftest::send_verdict(stream, check.is_ok())?;
+        check
+    }
+
+    /// A region per QP holding the pattern, for the client to read; the client checks
+    /// what it read and sends its verdict.
+    fn read_server(&self, ctx: &Context, size: usize, stream: &mut dyn Stream) -> Res<()> {
+        let pd = ProtectionDomain::new(ctx)?;
+        let cq = CompletionQueue::new(ctx, 4)?;
+        let mut held = Vec::with_capacity(self.f.qps as usize);
+        for _ in 0..self.f.qps {
+            let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(1).build()?;
+            let mut buf = AlignedBuf::new(size)?;
+            for (b, p) in buf.as_mut_slice().iter_mut().zip(pattern(size)) {
+                *b = p;
+            }
+            let region = pd.register(buf, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
+            self.f.common.handshake(&qp, QpAccess::REMOTE_READ).advertise(region.remote()).connect(stream)?;
+            held.push((qp, region));
+        }
+        perftest::barrier(stream, true).map_err(|e| format!("the client did not finish its run: {e}"))?;
+        if !perftest::read_verdict(stream)? {
+            return Err(format!(
+                "the client's data check failed at {size} B: what it read differs from what this side serves \
+                 (its log says where)"
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Receives kept posted on every QP, each message checked, credits written back to
+    /// the client, until the client says how many it sent and they all arrived.
+    fn send_server(&self, ctx: &Context, size: usize, stream: &mut dyn Stream) -> Res<()> {
+        let qps = self.f.qps as usize;
+        let depth = self.pool_len(size, self.rx_depth);
+        // Credits go out every quarter of the receive depth: the client, when it waits
+        // for one, has had all its messages received, so at least that many re-posted.
+        let step = u64::from((depth / 4).max(1));
+        let pd = ProtectionDomain::new(ctx)?;
+        let mut cq = CompletionQueue::new(ctx, (depth + CREDIT_SLOTS) * self.f.qps)?;
+        let mut lanes = Vec::with_capacity(qps);
+        for _ in 0..qps {
+            let qp =
+                QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(CREDIT_SLOTS).max_recv_wr(depth).build()?;
+            let hs = self.f.common.handshake(&qp, QpAccess::empty());
+            // Receives go in before the client can send.
+            hs.init()?;
+            let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
+            let bufs = pd.register(AlignedBuf::new(size * depth as usize)?, AccessFlags::LOCAL_WRITE)?;
+            for (i, mut b) in bufs.into_chunks(size)?.into_iter().enumerate() {
+                put_stamp(&mut b, !(i as u64 + 1));
+                rq.post(b, 0..size, 0).map_err(|(e, _)| e)?;
+            }
+            let conn = hs.connect(stream)?;
+            let peer = match conn.remote.mr {
+                Some(mr) if mr.len >= 8 => mr.slice(0..8)?,
+                _ => return Err("the client advertised no 8-byte credit word: is it send_bw?".into()),
+            };
+            let credit_bufs =
+                pd.register(AlignedBuf::new(8 * CREDIT_SLOTS as usize)?, AccessFlags::LOCAL_WRITE)?.into_chunks(8)?;
+            lanes.push(RxLane {
+                rq,
+                sq: qp.send_queue()?,
+                credit_bufs,
+                peer,
+                posted: u64::from(depth),
+                credited: 0,
+                received: 0,
+                _qp: qp,
+            });
+        }
+        for lane in &mut lanes {
+            lane.credit()?;
+        }
+
+        let want: Vec<u8> = pattern(size).collect();
+        let mut fault: Option<String> = None;
+        let run = std::thread::scope(|scope| -> Res<()> {
+            // The client's end of the run comes over the stream while this thread polls.
+            let mut waiter = Some(scope.spawn(|| client_counts(stream, qps)));
+            let mut counts: Option<Vec<u64>> = None;
+            let mut wcs = [WorkCompletion::EMPTY; 64];
+            let mut quiet_since: Option<Instant> = None;
+            let mut idle = 0u32;
+            loop {
+                if waiter.as_ref().is_some_and(|w| w.is_finished()) {
+                    let w = waiter.take().ok_or("no waiter")?;
+                    let got = w.join().map_err(|_| "the thread reading the client panicked")?;
+                    counts = Some(got.map_err(|e| format!("the client did not finish its run: {e}"))?);
+                }
+                if let Some(c) = &counts {
+                    if lanes.iter().zip(c).all(|(l, &n)| l.received >= n) {
+                        return Ok(());
+                    }
+                }
+                let n = cq.poll(&mut wcs)?.len();
+                for wc in &mut wcs[..n] {
+                    if wc.status() != WcStatus::Success {
+                        wc.ok()?;
+                    }
+                    let (q, lane) = lanes
+                        .iter_mut()
+                        .enumerate()
+                        .find(|(_, l)| l.rq.qp_num() == wc.qp_num())
+                        .ok_or("completion of an unknown QP")?;
+                    if !wc.opcode().is_recv() {
+                        let free = &mut lane.credit_bufs;
+                        lane.sq.complete(wc, |d| free.push(d.buf))?;
+                        continue;
+                    }
+                    let mut done = lane.rq.complete(wc)?;
+                    lane.received += 1;
+                    if fault.is_none() {
+                        fault = check_message(&done, &want, lane.received).err().map(|e| format!("QP {q}, {e}"));
+                    }
+                    put_stamp(&mut done.buf, !(lane.posted + 1));
+                    lane.rq.post(done.buf, 0..size, 0).map_err(|(e, _)| e)?;
+                    lane.posted += 1;
+                }
+                for lane in &mut lanes {
+                    if lane.posted - lane.credited >= step {
+                        lane.credit()?;
+                    }
+                }
+                if n > 0 {
+                    quiet_since = None;
+                    continue;
+                }
+                idle = idle.wrapping_add(1);
+                if idle % 4096 == 0 && counts.is_some() {
+                    let now = Instant::now();
+                    match quiet_since {
+                        None => quiet_since = Some(now),
+                        Some(t) if now.duration_since(t) > STALL => {
+                            let got: Vec<u64> = lanes.iter().map(|l| l.received).collect();
+                            return Err(format!(
+                                "the client sent {:?} messages per QP, {got:?} arrived within {STALL:?}",
+                                counts.unwrap_or_default()
+                            )
+                            .into());
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+        });
+        run?;
+        let check = fault.map_or(Ok(()), |e| Err(format!("data check failed on {e}")));
+        perftest::send_verdict(stream, check.is_ok())?;
+        Ok(check?)
+    }
+
+    // ---- the client ----------------------------------------------------------------
+
+    /// The client's side of one size: runs, meets the server, exchanges the verdict.
+    fn client(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<BwRow> {
+        let result = match self.test {
+            BwTest::Write => self.write_run(ctx, size, iters, stream),
+            BwTest::Read => self.read_run(ctx, size, iters, stream),
+            BwTest::Send => self.send_run(ctx, size, iters, stream),
+        };
+        perftest::barrier(stream, result.is_ok())?;
+        let out = result?;
+        match self.test {
+            BwTest::Read => {
+                perftest::send_verdict(stream, out.check.is_ok())?;
+                out.check?;
+            }
+            BwTest::Write | BwTest::Send => {
+                if self.test == BwTest::Send {
+                    let bytes: Vec<u8> = out.posted.iter().flat_map(|n| n.to_le_bytes()).collect();
+                    stream
+                        .write_all(&bytes)
+                        .and_then(|()| stream.flush())
+                        .map_err(|e| format!("telling the server how many messages were sent: {e}"))?;
+                }
+                if !perftest::read_verdict(stream)? {
+                    let verb = if self.test == BwTest::Write { "written" } else { "sent" };
+                    return Err(format!(
+                        "the server's data check failed at {size} B: what arrived differs from what was {verb} \
+                         (its log says where)"
+                    )
+                    .into());
+                }
+            }
+        }
+        Ok(out.row)
+    }
+
+    /// RDMA WRITEs of one registered source, shared by every request.
+    fn write_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
+        let pd = ProtectionDomain::new(ctx)?;
+        let mut cq = CompletionQueue::new(ctx, self.f.tx_depth * self.f.qps)?;
+        let mut src = pd.register(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE)?.into_chunks(size)?.remove(0);
+        for (b, p) in src.iter_mut().zip(pattern(size)) {
+            *b = p;
+        }
+        let src = Arc::new(src);
+        let mut lanes = Vec::with_capacity(self.f.qps as usize);
+        for _ in 0..self.f.qps {
+            let qp =
+                QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(self.f.tx_depth).max_recv_wr(1).build()?;
+            let conn = self.f.common.handshake(&qp, QpAccess::empty()).connect(stream)?;
+            let remote = perftest::check_remote(conn.remote.mr, size)?;
+            lanes.push(Lane::new(qp.send_queue()?, WriteSrc { buf: Arc::clone(&src), size, remote }, qp));
+        }
+        let m = self.post_loop(&mut cq, &mut lanes, size, iters, self.f.tx_depth)?;
+        Ok(self.outcome(size, m, &lanes, Ok(())))
+    }
+
+    /// RDMA READs into a pool of buffers, each checked at the end.
+    fn read_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
+        let pd = ProtectionDomain::new(ctx)?;
+        let mut cq = CompletionQueue::new(ctx, self.f.tx_depth * self.f.qps)?;
+        let pool = self.pool_len(size, self.f.tx_depth);
+        // RtsAttr's max_rd_atomic is a u8; -o is at most MAX_OUTS (checked).
+        let rts = RtsAttr { max_rd_atomic: u8::try_from(self.outs).unwrap_or(u8::MAX), ..RtsAttr::default() };
+        let mut lanes = Vec::with_capacity(self.f.qps as usize);
+        for _ in 0..self.f.qps {
+            let qp =
+                QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(self.f.tx_depth).max_recv_wr(1).build()?;
+            let conn = self.f.common.handshake(&qp, QpAccess::empty()).rts(rts).connect(stream)?;
+            let remote = perftest::check_remote(conn.remote.mr, size)?;
+            let bufs = pd.register(AlignedBuf::new(size * pool as usize)?, AccessFlags::LOCAL_WRITE)?;
+            let slots: Vec<Option<Chunk>> = bufs.into_chunks(size)?.into_iter().map(Some).collect();
+            let src = ReadSrc { free: (0..slots.len()).collect(), used: vec![false; slots.len()], slots, size, remote };
+            lanes.push(Lane::new(qp.send_queue()?, src, qp));
+        }
+        let m = self.post_loop(&mut cq, &mut lanes, size, iters, pool)?;
+        let want: Vec<u8> = pattern(size).collect();
+        let check = lanes.iter().enumerate().try_for_each(|(q, l)| l.src.check(q, &want));
+        Ok(self.outcome(size, m, &lanes, check))
+    }
+
+    /// SENDs from a pool of buffers, each stamped with its message's number, never more
+    /// than the server's credit word allows.
+    fn send_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
+        let pd = ProtectionDomain::new(ctx)?;
+        let mut cq = CompletionQueue::new(ctx, self.f.tx_depth * self.f.qps)?;
+        let pool = self.pool_len(size, self.f.tx_depth);
+        let mut lanes = Vec::with_capacity(self.f.qps as usize);
+        for _ in 0..self.f.qps {
+            let qp =
+                QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(self.f.tx_depth).max_recv_wr(1).build()?;
+            let credit =
+                pd.register_remote_writable(AlignedBuf::new(8)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+            credit.atomic_u64(0)?;
+            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(credit.remote()).connect(stream)?;
+            let bufs = pd.register(AlignedBuf::new(size * pool as usize)?, AccessFlags::LOCAL_WRITE)?;
+            let mut free = bufs.into_chunks(size)?;
+            for b in &mut free {
+                for (b, p) in b.iter_mut().zip(pattern(size)) {
+                    *b = p;
+                }
+            }
+            lanes.push(Lane::new(qp.send_queue()?, SendSrc { free, size, credit }, qp));
+        }
+        let m = self.post_loop(&mut cq, &mut lanes, size, iters, pool)?;
+        Ok(self.outcome(size, m, &lanes, Ok(())))
+    }
+
+    fn outcome<S: Source>(&self, size: usize, m: Measured, lanes: &[Lane<S>], check: Res<()>) -> Outcome {
+        let avg = m.finished as f64 * size as f64 / m.secs;
+        let row = BwRow {
+            bytes: size,
+            iterations: m.finished / u64::from(self.f.qps),
+            bw_peak_mib_s: m.peak.max(avg) / f64::from(1 << 20),
+            bw_avg_mib_s: avg / f64::from(1 << 20),
+            msg_rate_mpps: m.finished as f64 / m.secs / 1e6,
+        };
+        Outcome { row, posted: lanes.iter().map(|l| l.posted).collect(), check }
+    }
+
+    /// The posting loop: keeps every lane's send queue at most `-t` deep (and within
+    /// what its source allows, at most `depth`), posts `-l` requests per call, signals
+    /// one in `-Q`, polls the shared CQ, and runs for `-n` requests per QP or `-D`
+    /// seconds. Returns how many completed, over how long, and the best window.
+    fn post_loop<S: Source>(
+        &self,
+        cq: &mut CompletionQueue,
+        lanes: &mut [Lane<S>],
+        size: usize,
+        iters: u64,
+        depth: u32,
+    ) -> Res<Measured> {
+        let o = &self.f;
+        // A pool source frees its buffers only on a signaled completion: signal within it.
+        let moderation = u64::from(self.cq_mod(size).min(depth));
+        let tx_depth = o.tx_depth as usize;
+        let post_list = u64::from(o.post_list);
+        let deadline = o.duration.map(Duration::from_secs_f64);
+        let limit = if deadline.is_some() { u64::MAX } else { iters };
+        let started = Instant::now();
+        let mut progress_at = started + Duration::from_secs(3);
+        let mut last = (started, 0u64);
+        let mut peak = 0f64;
+        let mut wcs = [WorkCompletion::EMPTY; 64];
+        let total_target = iters * u64::from(o.qps);
+        let mut finished = 0u64;
+        let mut stop_posting = false;
+        let mut quiet_since: Option<Instant> = None;
+        let mut idle = 0u32;
+
+        loop {
+            if let Some(d) = deadline {
+                stop_posting = stop_posting || started.elapsed() >= d;
+            }
+            for lane in lanes.iter_mut() {
+                while !stop_posting && lane.posted < limit {
+                    let room = (tx_depth - lane.sq.outstanding()) as u64;
+                    let left = limit - lane.posted;
+                    if room < post_list.min(left) {
+                        break; // wait for a whole post list's room, as perftest does
+                    }
+                    let k = post_list.min(left).min(lane.src.available(lane.posted) as u64);
+                    if k == 0 {
+                        break;
+                    }
+                    let first = lane.posted;
+                    // A request in flight must be signaled whenever the lane cannot post
+                    // again without a completion (send queue or buffers full), or none
+                    // would ever come: the moderation's own signals may all be further on
+                    // (a post list that does not divide -t, a pool, credits).
+                    let stuck_after =
+                        left > k && (room - k < post_list.min(left - k) || lane.src.buffers_free() <= k as usize);
+                    let signal_in_flight = lane.last_signaled > first - lane.sq.outstanding() as u64;
+                    let batch_signals = (first / moderation + 1) * moderation <= first + k || first + k >= limit;
+                    let force_last = stuck_after && !signal_in_flight && !batch_signals;
+                    let src = &mut lane.src;
+                    let mut last_signaled = lane.last_signaled;
+                    let wrs = (0..k).map_while(|j| {
+                        let n = first + j + 1;
+                        let signaled = n % moderation == 0 || n == limit || (force_last && j + 1 == k);
+                        if signaled {
+                            last_signaled = n;
+                        }
+                        src.wr(n).map(|wr| wr.signaled(signaled))
+                    });
+                    lane.posted += lane.sq.post_batch(wrs).map_err(|(e, _)| e)? as u64;
+                    lane.last_signaled = last_signaled;
+                    lane.tail_signaled = last_signaled == lane.posted;
+                }
+                // An unsignaled tail completes only behind a signaled request: a timed
+                // run ends with one more, signaled.
+                if stop_posting
+                    && !lane.tail_signaled
+                    && lane.sq.outstanding() < tx_depth
+                    && lane.src.available(lane.posted) > 0
+                {
+                    if let Some(wr) = lane.src.wr(lane.posted + 1) {
+                        lane.sq.post(wr).map_err(|(e, _)| e)?;
+                        lane.posted += 1;
+                        lane.last_signaled = lane.posted;
+                        lane.tail_signaled = true;
+                    }
+                }
+            }
+            let n = cq.poll(&mut wcs)?.len();
+            for wc in &mut wcs[..n] {
+                if wc.status() != WcStatus::Success {
+                    wc.ok()?;
+                }
+                let lane =
+                    lanes.iter_mut().find(|l| l.sq.qp_num() == wc.qp_num()).ok_or("completion of an unknown QP")?;
+                let src = &mut lane.src;
+                finished += lane.sq.complete(wc, |d| src.done(d))? as u64;
+            }
+            if n > 0 {
+                quiet_since = None;
+                let now = Instant::now();
+                let dt = now.duration_since(last.0).as_secs_f64();
+                // Peak: the best window of at least a full pipeline (tx depth) of completions;
+                // shorter windows only measure how completions bunch up.
+                if finished - last.1 >= moderation.max(u64::from(o.tx_depth)) && dt > 0.0 {
+                    peak = peak.max((finished - last.1) as f64 * size as f64 / dt);
+                    last = (now, finished);
+                }
+                if now >= progress_at {
+                    self.report_progress(finished, total_target, started);
+                    progress_at = now + Duration::from_secs(1);
+                }
+            } else {
+                idle = idle.wrapping_add(1);
+                if idle % 4096 == 0 {
+                    let waits = || lanes.iter().map(|l| l.src.waiting(l.posted)).collect::<Vec<_>>().join(", ");
+                    self.check_stall(&mut quiet_since, finished, total_target, waits)?;
+                }
+            }
+            let all_posted_done = lanes.iter().all(|l| l.sq.outstanding() == 0);
+            if deadline.is_some() {
+                if stop_posting && all_posted_done {
+                    break;
+                }
+            } else if finished >= total_target {
+                break;
+            }
+        }
+        Ok(Measured { finished, secs: started.elapsed().as_secs_f64(), peak })
+    }
+
+    /// An error once no completion came for [`STALL`].
+    fn check_stall(
+        &self,
+        quiet_since: &mut Option<Instant>,
+        finished: u64,
+        total: u64,
+        waits: impl FnOnce() -> String,
+    ) -> Res<()> {
+        let now = Instant::now();
+        match *quiet_since {
+            None => *quiet_since = Some(now),
+            Some(t) if now.duration_since(t) > STALL => {
+                let why = match self.test {
+                    BwTest::Send => format!(" (no credit from the server: is it still receiving? {})", waits()),
+                    _ => " (is the server still running?)".to_owned(),
+                };
+                let of = if self.f.duration.is_some() { String::new() } else { format!(" of {total}") };
+                return Err(
+                    format!("no completion for {STALL:?}: {finished}{of} {} completed{why}", self.test.noun()).into()
+                );
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
+
+    fn report_progress(&self, finished: u64, total: u64, started: Instant) {
+        match self.f.duration {
+            Some(d) => eprintln!("{}: {:.0} of {d} s", self.name, started.elapsed().as_secs_f64()),
+            None => eprintln!(
+                "{}: {finished} of {total} {} ({:.0}%)",
+                self.name,
+                self.test.noun(),
+                finished as f64 * 100.0 / total as f64
+            ),
+        }
+    }
+
+    fn print_header(&self, ctx: &Context, role: &Role) {
+        let o = &self.f;
+        println!("{}", perftest::rule());
+        println!("                    {}", self.test.title());
+        println!(" Device         : {}", ctx.name());
+        println!(" Number of qps  : {}\t\tTransport type : IB", o.qps);
+        println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+        println!(" TX depth        : {}", o.tx_depth);
+        match self.test {
+            BwTest::Read => println!(" Outstand reads  : {}", self.outs),
+            BwTest::Send => println!(" RX depth        : {}", self.rx_depth),
+            BwTest::Write => {}
+        }
+        println!(" CQ Moderation   : {}", o.cq_mod.map_or("100 (1 above 8 KiB)".into(), |m| m.to_string()));
+        println!(" Post List       : {}", o.post_list);
+        println!(" Mode            : {}", role.describe());
+        println!("{}", perftest::rule());
+        perftest::print_bw_header(o.report_gbits);
+    }
+}
+
+// ---- what the client posts -----------------------------------------------------------
+
+/// One client QP and what its requests are made of.
+struct Lane<S: Source> {
+    sq: SendQueue<S::Buf>,
+    src: S,
+    posted: u64,
+    /// The number (from 1) of the last signaled request posted.
+    last_signaled: u64,
+    // Whether the last posted request was signaled: an unsignaled tail completes only
+    // behind a signaled one, so a timed run ends with one more signaled request.
+    tail_signaled: bool,
+    _qp: QueuePair,
+}
+
+impl<S: Source> Lane<S> {
+    fn new(sq: SendQueue<S::Buf>, src: S, qp: QueuePair) -> Self {
+        Lane { sq, src, posted: 0, last_signaled: 0, tail_signaled: true, _qp: qp }
+    }
+}
+
+/// Makes a lane's requests and takes their buffers back.
+trait Source {
+    /// What a request lends to the send queue.
+    type Buf: SendBuf;
+    /// How many more requests may be posted now, `posted` being posted so far (the
+    /// send queue's room is the loop's business).
+    fn available(&self, posted: u64) -> usize;
+    /// The request for message `n` (from 1) of the lane; `None` when no buffer is free.
+    fn wr(&mut self, n: u64) -> Option<SendWr<Self::Buf>>;
+    /// A request finished: its buffer is free again.
+    fn done(&mut self, done: Done<Self::Buf>);
+    /// Buffers free for requests (a pool's; `usize::MAX` when requests share one).
+    fn buffers_free(&self) -> usize {
+        usize::MAX
+    }
+    /// What a stuck lane waits for, for the error message.
+    fn waiting(&self, posted: u64) -> String {
+        format!("{posted} posted")
+    }
+}
+
+/// write_bw: every request writes the same source into the server's region.
+struct WriteSrc {
+    buf: Arc<Chunk>,
+    size: usize,
+    remote: RemoteMr,
+}
+
+impl Source for WriteSrc {
+    type Buf = Arc<Chunk>;
+
+    fn available(&self, _posted: u64) -> usize {
+        usize::MAX
+    }
+
+    #[inline]
+    fn wr(&mut self, _n: u64) -> Option<SendWr<Arc<Chunk>>> {
+        Some(SendWr::write(Arc::clone(&self.buf), 0..self.size, self.remote))
+    }
+
+    fn done(&mut self, _done: Done<Arc<Chunk>>) {}
+}
+
+/// read_bw: every request reads the server's region into a free buffer of the pool;
+/// the ones used are checked at the end.
+struct ReadSrc {
+    slots: Vec<Option<Chunk>>,
+    free: Vec<usize>,
+    used: Vec<bool>,
+    size: usize,
+    remote: RemoteMr,
+}
+
+impl Source for ReadSrc {
+    type Buf = Chunk;
+
+    fn available(&self, _posted: u64) -> usize {
+        self.free.len()
+    }
+
+    fn buffers_free(&self) -> usize {
+        self.free.len()
+    }
+
+    #[inline]
+    fn wr(&mut self, _n: u64) -> Option<SendWr<Chunk>> {
+        let i = self.free.pop()?;
+        let buf = self.slots[i].take()?;
+        self.used[i] = true;
+        Some(SendWr::read(buf, 0..self.size, self.remote).id(i as u64))
+    }
+
+    fn done(&mut self, done: Done<Chunk>) {
+        let i = done.id as usize;
+        self.slots[i] = Some(done.buf);
+        self.free.push(i);
+    }
+}
+
+impl ReadSrc {
+    /// Every buffer a READ landed in holds the server's pattern.
+    fn check(&self, q: usize, want: &[u8]) -> Res<()> {
+        for (i, slot) in self.slots.iter().enumerate().filter(|(i, _)| self.used[*i]) {
+            let got: &[u8] = slot.as_deref().ok_or_else(|| format!("QP {q}: read buffer {i} never came back"))?;
+            if let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) {
+                return Err(format!(
+                    "data check failed on QP {q}: byte {at} of {} read into buffer {i} is {:#04x}, the pattern has {:#04x}",
+                    want.len(),
+                    got[at],
+                    want[at]
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// send_bw: every request sends a free buffer of the pool, stamped with its number;
+/// the server's credit word says how many may be sent in all.
+struct SendSrc {
+    free: Vec<Chunk>,
+    size: usize,
+    credit: MemoryRegion<AlignedBuf, RemoteWritable>,
+}
+
+impl Source for SendSrc {
+    type Buf = Chunk;
+
+    fn available(&self, posted: u64) -> usize {
+        // Aligned 8 bytes (checked when the lane was made), written whole by the server's WRITE.
+        let granted = self.credit.atomic_u64(0).map_or(0, |w| u64::from_le(w.load(Ordering::Acquire)));
+        let credits = usize::try_from(granted.saturating_sub(posted)).unwrap_or(usize::MAX);
+        credits.min(self.free.len())
+    }
+
+    fn buffers_free(&self) -> usize {
+        self.free.len()
+    }
+
+    #[inline]
+    fn wr(&mut self, n: u64) -> Option<SendWr<Chunk>> {
+        let mut buf = self.free.pop()?;
+        put_stamp(&mut buf, n);
+        Some(SendWr::send(buf, 0..self.size))
+    }
+
+    fn done(&mut self, done: Done<Chunk>) {
+        self.free.push(done.buf);
+    }
+
+    fn waiting(&self, posted: u64) -> String {
+        let granted = self.credit.atomic_u64(0).map_or(0, |w| u64::from_le(w.load(Ordering::Acquire)));
+        format!("{posted} sent, {granted} allowed, {} buffers free", self.free.len())
+    }
+}
+
+// ---- the send server's queues --------------------------------------------------------
+
+/// One server QP of send_bw: its receives, and the credit writes to the client.
+struct RxLane {
+    rq: RecvQueue<Chunk>,
+    sq: SendQueue<Chunk>,
+    credit_bufs: Vec<Chunk>,
+    /// The client's credit word.
+    peer: RemoteMr,
+    /// Receives posted in all: how many messages the client may have sent.
+    posted: u64,
+    /// The last `posted` written to the client.
+    credited: u64,
+    received: u64,
+    _qp: QueuePair,
+}
+
+impl RxLane {
+    /// Writes `posted` into the client's credit word, when a credit buffer is free (else
+    /// a later call does; the client waits).
+    fn credit(&mut self) -> Res<()> {
+        let Some(mut buf) = self.credit_bufs.pop() else {
+            return Ok(());
+        };
+        buf.copy_from_slice(&self.posted.to_le_bytes());
+        self.sq.post(SendWr::write(buf, 0..8, self.peer)).map_err(|(e, _)| e)?;
+        self.credited = self.posted;
+        Ok(())
+    }
+}
+
+/// The server's thread on the stream: meets the client at the end of its run, then
+/// reads how many messages it sent on each QP.
+fn client_counts(stream: &mut dyn Stream, qps: usize) -> Res<Vec<u64>> {
+    perftest::barrier(stream, true)?;
+    let mut bytes = vec![0u8; 8 * qps];
+    stream.read_exact(&mut bytes).map_err(|e| format!("reading how many messages the client sent: {e}"))?;
+    Ok(bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default())).collect())
+}
+
+// ---- the data ------------------------------------------------------------------------
+
+/// What a client writes or sends, what a read_bw server serves. Several bits of the size
+/// go in, so that a region of another size never matches.
+fn pattern(size: usize) -> impl Iterator<Item = u8> {
+    let salt = (size ^ (size >> 8) ^ (size >> 16) ^ (size >> 24)) as u8;
+    (0..size).map(move |i| (i as u8).wrapping_mul(13).wrapping_add(salt))
+}
+
+/// Every region holds the pattern of `size` (write_bw's server).
+fn check_regions<'a>(
+    regions: impl Iterator<Item = &'a MemoryRegion<AlignedBuf, RemoteWritable>>,
+    size: usize,
+) -> Res<()> {
+    let want: Vec<u8> = pattern(size).collect();
+    let mut got = vec![0u8; size];
+    for (i, region) in regions.enumerate() {
+        region.read_at(0, &mut got)?;
+        if got != want {
+            let at = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(format!(
+                "data check failed on QP {i}: byte {at} of {size} is {:#04x}, the pattern has {:#04x}",
+                got[at], want[at]
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Where a send_bw message carries its number: its first 8 bytes (fewer in a shorter
+/// message) and, from 16 bytes on, its last 8.
+fn stamp_spans(size: usize) -> [Range<usize>; 2] {
+    [0..size.min(8), if size >= 16 { size - 8..size } else { 0..0 }]
+}
+
+/// Writes the (little-endian) number `n` into the stamp spans of `buf`.
+fn put_stamp(buf: &mut [u8], n: u64) {
+    let bytes = n.to_le_bytes();
+    for span in stamp_spans(buf.len()) {
+        let len = span.len();
+        buf[span].copy_from_slice(&bytes[..len]);
+    }
+}
+
+/// A received message is `want.len()` bytes of the pattern stamped with `n`.
+fn check_message(done: &Done<Chunk>, want: &[u8], n: u64) -> Result<(), String> {
+    let size = want.len();
+    if done.byte_len as usize != size {
+        return Err(format!("message {n}: {} bytes arrived, {size} expected", done.byte_len));
+    }
+    let got: &[u8] = &done.buf;
+    let [head, tail] = stamp_spans(size);
+    let body = head.end..if tail.is_empty() { size } else { tail.start };
+    let stamp = n.to_le_bytes();
+    let stamp_ok = [&head, &tail].iter().all(|s| got[(*s).clone()] == stamp[..s.len()]);
+    if stamp_ok && got[body.clone()] == want[body.clone()] {
+        return Ok(());
+    }
+    let mut expect = want.to_vec();
+    put_stamp(&mut expect, n);
+    let at = got.iter().zip(&expect).position(|(a, b)| a != b).unwrap_or(0);
+    Err(format!(
+        "message {n}: byte {at} of {size} is {:#04x}, expected {:#04x} (the pattern, the message's number in \
+         the first and last 8 bytes)",
+        got[at], expect[at]
+    ))
+}

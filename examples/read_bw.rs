@@ -1,0 +1,23 @@
+//! RDMA READ bandwidth, like perftest's `ib_read_bw`, on the safe data path.
+//!
+//! ```text
+//! read_bw [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS | -D SECS] [-t DEPTH] [-o OUTS] [-Q MOD] [-l LIST]
+//!         [-q QPS] [-p TCP_PORT] [--report_gbits] [--json] (--loopback | [HOST])
+//! ```
+//!
+//! Without a host argument it is the server: it waits on the TCP port (`-p`, default
+//! 18515) and gives each client QP a remote-readable region holding a pattern. With a
+//! host it is the client: it reads (at most `-o` READs outstanding per QP, default the
+//! device's `max_qp_rd_atom` up to 16), checks every buffer it read into, and prints
+//! perftest's table or, with `--json`, one object per size. A data mismatch fails both
+//! sides (the client tells the server). `--loopback` runs both ends in one process.
+//! Give both sides the same `-s`/`-a` and `-q`. The engine is `examples/common/bw.rs`.
+
+#[path = "common/bw.rs"]
+mod bw;
+#[path = "common/perftest.rs"]
+mod perftest;
+
+fn main() -> std::process::ExitCode {
+    bw::bw_main(bw::BwTest::Read, "read_bw", "RDMA READ bandwidth (perftest's ib_read_bw, on rdma-verbs)")
+}

@@ -1,0 +1,24 @@
+//! SEND bandwidth, like perftest's `ib_send_bw`, on the safe data path.
+//!
+//! ```text
+//! send_bw [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS | -D SECS] [-t DEPTH] [-r RX_DEPTH] [-Q MOD]
+//!         [-l LIST] [-q QPS] [-p TCP_PORT] [--report_gbits] [--json] (--loopback | [HOST])
+//! ```
+//!
+//! Without a host argument it is the server: it waits on the TCP port (`-p`, default
+//! 18515), keeps `-r` receives posted per QP (default 512) and checks every message
+//! (the pattern and the message's number). With a host it is the client: it sends, never
+//! more than the server has receives posted (the server writes it credits), and prints
+//! perftest's table or, with `--json`, one object per size; unlike `ib_send_bw`, only
+//! the client reports. A data mismatch fails both sides (the server tells the client).
+//! `--loopback` runs both ends in one process. Give both sides the same `-s`/`-a` and
+//! `-q`. The engine is `examples/common/bw.rs`.
+
+#[path = "common/bw.rs"]
+mod bw;
+#[path = "common/perftest.rs"]
+mod perftest;
+
+fn main() -> std::process::ExitCode {
+    bw::bw_main(bw::BwTest::Send, "send_bw", "SEND bandwidth (perftest's ib_send_bw, on rdma-verbs)")
+}

@@ -16,6 +16,9 @@
 //! syscall_probe raw-match-send-batch N K  the prebuilt chain of raw-send-batch, with
 //!                                 each completion matched back to its buffer by wr_id
 //!                                 (the bookkeeping the safe queues do for you)
+//! syscall_probe scoped-send-batch N K  the same sends in a send_scope: a chain of K
+//!                                 SENDs from a borrowed source, built once, posted each
+//!                                 round, completions counted
 //! syscall_probe prepared-send-batch N K  the same sends as K prepared requests
 //!                                 (PreparedQueue), built once and posted again each round
 //! ```
@@ -40,7 +43,7 @@ use rdma_verbs::{
 
 const USAGE: &str =
     "usage: syscall_probe poll N | recv N | send-batch N K | raw-send-batch N K | raw-build-send-batch N K \
-     | raw-match-send-batch N K | prepared-send-batch N K";
+     | raw-match-send-batch N K | prepared-send-batch N K | scoped-send-batch N K";
 /// Receive queue depth, and the most receives the `recv` phase posts.
 const RECV_DEPTH: usize = 4096;
 /// Send queue depth, and the largest batch.
@@ -78,6 +81,12 @@ enum Phase {
         n: usize,
         k: usize,
     },
+    /// The safe API with a send scope: a chain of borrowed sources built once, posted
+    /// every round.
+    ScopedSendBatch {
+        n: usize,
+        k: usize,
+    },
     /// The safe API with prepared requests: built once (outside the rounds), posted
     /// again every round.
     PreparedSendBatch {
@@ -98,6 +107,7 @@ fn parse(args: &[String]) -> Res<Phase> {
         Some("raw-send-batch") => (Phase::RawSendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("raw-build-send-batch") => (Phase::RawBuildSendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("raw-match-send-batch") => (Phase::RawMatchSendBatch { n: num(1)?, k: num(2)? }, 3),
+        Some("scoped-send-batch") => (Phase::ScopedSendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("prepared-send-batch") => (Phase::PreparedSendBatch { n: num(1)?, k: num(2)? }, 3),
         _ => return Err(USAGE.into()),
     };
@@ -109,6 +119,7 @@ fn parse(args: &[String]) -> Res<Phase> {
         | Phase::RawBuildSendBatch { k, .. }
         | Phase::RawMatchSendBatch { k, .. }
         | Phase::PreparedSendBatch { k, .. }
+        | Phase::ScopedSendBatch { k, .. }
             if k == 0 || k > SEND_DEPTH =>
         {
             Err(format!("send-batch: K from 1 to {SEND_DEPTH}").into())
@@ -153,16 +164,20 @@ fn setup() -> Res<(Loopback, Arc<Chunk>, Vec<Chunk>)> {
     Ok((lo, Arc::new(src), bufs))
 }
 
-/// Polls `cq` until `want` completions have been handed to `each`. It reads the clock
-/// only after a long run of empty polls: where the clock is not in the vDSO (a VM without
-/// a stable TSC), each reading is a system call that would count as the data path's.
-fn drain(cq: &mut CompletionQueue, want: usize, mut each: impl FnMut(&mut WorkCompletion) -> Res<()>) -> Res<()> {
-    // SYSCALL_PROBE_SETTLE=1 (scripts/instructions): let the device finish first, so the
-    // number of empty polls, which depends on timing, does not enter an instruction count.
+/// SYSCALL_PROBE_SETTLE=1 (scripts/instructions): lets the device finish first, so the
+/// number of empty polls, which depends on timing, does not enter an instruction count.
+fn settle() {
     static SETTLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if *SETTLE.get_or_init(|| std::env::var_os("SYSCALL_PROBE_SETTLE").is_some()) {
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Polls `cq` until `want` completions have been handed to `each`. It reads the clock
+/// only after a long run of empty polls: where the clock is not in the vDSO (a VM without
+/// a stable TSC), each reading is a system call that would count as the data path's.
+fn drain(cq: &mut CompletionQueue, want: usize, mut each: impl FnMut(&mut WorkCompletion) -> Res<()>) -> Res<()> {
+    settle();
     let mut wcs = [WorkCompletion::EMPTY; 16];
     let (mut got, mut empty, mut deadline) = (0, 0u32, None);
     while got < want {
@@ -288,6 +303,31 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
                 receive(lo, k, src, free)?;
             }
         }
+        Phase::ScopedSendBatch { n, k } => {
+            drop(lo.sq.take());
+            let Loopback { cq_a, cq_b, rq, qps, .. } = lo;
+            let src: &Chunk = src;
+            qps.0.send_scope(cq_a, SEND_DEPTH as u32, |s| -> Res<()> {
+                let mut chain = s.chain();
+                for _ in 0..k {
+                    chain.send(src, 0..LEN)?;
+                }
+                for _ in 0..n {
+                    for i in 0..k {
+                        let buf = free.pop().ok_or("out of receive buffers")?;
+                        rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+                    }
+                    s.post(&mut chain)?;
+                    settle();
+                    let mut done = 0;
+                    while done < k {
+                        done += s.poll()?;
+                    }
+                    receive_into(rq, cq_b, k, src, free)?;
+                }
+                Ok(())
+            })??;
+        }
         Phase::PreparedSendBatch { n, k } => {
             drop(lo.sq.take());
             let mut pq = lo.qps.0.prepared_queue::<Arc<Chunk>>()?;
@@ -316,8 +356,17 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
 
 /// Takes `k` receive completions, checks the bytes, and keeps the buffers for reuse.
 fn receive(lo: &mut Loopback, k: usize, src: &Arc<Chunk>, free: &mut Vec<Chunk>) -> Res<()> {
-    let rq = &mut lo.rq;
-    drain(&mut lo.cq_b, k, |wc| {
+    receive_into(&mut lo.rq, &mut lo.cq_b, k, src, free)
+}
+
+fn receive_into(
+    rq: &mut RecvQueue<Chunk>,
+    cq_b: &mut CompletionQueue,
+    k: usize,
+    src: &Chunk,
+    free: &mut Vec<Chunk>,
+) -> Res<()> {
+    drain(cq_b, k, |wc| {
         let done = rq.complete(wc)?;
         if done.byte_len as usize != LEN || done.buf[..] != src[..] {
             return Err(format!("received {} bytes that differ from those sent", done.byte_len).into());

@@ -68,14 +68,16 @@ use crate::cq::CqReservation;
 use crate::error::{Error, Plane, Result};
 use crate::ffi;
 use crate::mr::RemoteMr;
-use crate::qp::{QueuePair, SendOps};
+use crate::qp::{QpType, QueuePair, SendOps};
 use crate::srq::SharedReceiveQueue;
 use crate::wc::{WcStatus, WorkCompletion};
 use crate::wr::Op;
 pub use crate::wr::{Done, SendWr};
 
 mod prepared;
+mod scope;
 pub use prepared::{Prepared, PreparedQueue};
+pub use scope::{ScopedChain, SendScope};
 
 // A wr_id is ours: bit 63 says receive side, bits 40..63 carry the posting queue's tag,
 // unique in this process among live queues and queues whose requests are still posted,
@@ -353,8 +355,7 @@ pub struct SendQueue<T: Send + 'static> {
     room: Option<CqReservation>,
     raw: *mut ffi::ibv_qp,
     qp_num: u32,
-    max_inline: u32,
-    max_sge: u32,
+    limits: SendLimits,
     /// The extended QP, when it was built with send ops: then `ibv_wr_*` posts what
     /// those ops cover and [`compat::quirks`] allows, and `ibv_post_send` the rest.
     ext: Option<(NonNull<ffi::ibv_qp_ex>, SendOps)>,
@@ -365,6 +366,22 @@ pub struct SendQueue<T: Send + 'static> {
 // SAFETY: the queue owns its buffers (T: Send) and posts through the thread-safe
 // ibv_post_send; the raw pointer is the QP that `claim` keeps alive.
 unsafe impl<T: Send + 'static> Send for SendQueue<T> {}
+
+/// What a QP's send side takes, as the safe path checks it before calling the provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SendLimits {
+    pub(crate) max_sge: u32,
+    pub(crate) max_inline: u32,
+    /// A UD QP: every request needs an address handle, and none other may have one.
+    pub(crate) ud: bool,
+}
+
+impl QueuePair {
+    pub(crate) fn send_limits(&self) -> SendLimits {
+        let caps = self.inner.caps;
+        SendLimits { max_sge: caps.max_send_sge, max_inline: caps.max_inline_data, ud: self.qp_type() == QpType::Ud }
+    }
+}
 
 /// Checks a queue depth asked of a QP side that holds `max` work requests.
 fn depth(verb: &'static str, asked: u32, max: u32, what: &str) -> Result<u32> {
@@ -387,15 +404,13 @@ impl QueuePair {
     /// completions: so a CQ shared by several queues can never overrun.
     pub fn send_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<SendQueue<T>> {
         let (claim, room, depth) = self.claim_send_side("send_queue", depth)?;
-        let caps = self.inner.caps;
         Ok(SendQueue {
             scratch: SendScratch::new(),
             room: Some(room),
             ring: Ring::new(depth),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
-            max_inline: caps.max_inline_data,
-            max_sge: caps.max_send_sge,
+            limits: self.send_limits(),
             ext: self.inner.qp_ex.map(|q| (q, self.inner.send_ops)),
             tag: Tag::reserve()?,
             claim,
@@ -470,7 +485,7 @@ impl<T: SendBuf> SendQueue<T> {
     /// Checks `wr` and writes its SGEs into `sges`; returns how many.
     #[inline]
     fn check(&self, wr: &SendWr<T>, sges: &mut Sges) -> Result<usize> {
-        check_send(self.max_sge, self.max_inline, wr, sges)
+        check_send(self.limits, wr, sges)
     }
 
     /// Whether the extended API takes this request (checked, `n` SGEs).
@@ -629,8 +644,8 @@ impl<T: SendBuf> SendQueue<T> {
         I: IntoIterator<Item = SendWr<T>>,
     {
         // Split borrows: the scratch space is filled while the ring takes the requests.
-        let SendQueue { ring, scratch, raw, max_inline, max_sge, ext, tag, .. } = self;
-        let (raw, max_inline, max_sge, ext, tag) = (*raw, *max_inline, *max_sge, *ext, tag.bits());
+        let SendQueue { ring, scratch, raw, limits, ext, tag, .. } = self;
+        let (raw, limits, ext, tag) = (*raw, *limits, *ext, tag.bits());
         let SendScratch { sges, raws } = &mut **scratch;
         let mut counts = [0u8; MAX_BATCH];
         let room = MAX_BATCH.min(ring.free());
@@ -646,7 +661,7 @@ impl<T: SendBuf> SendQueue<T> {
                 refused = Some((e, wr));
                 break;
             }
-            let k = match check_send(max_sge, max_inline, &wr, &mut sges[n]) {
+            let k = match check_send(limits, &wr, &mut sges[n]) {
                 Ok(k) => k,
                 Err(e) => {
                     refused = Some((e, wr));
@@ -744,7 +759,12 @@ impl SendScratch {
 /// Checks `wr` against a queue's limits and writes its SGEs into `sges`; returns how
 /// many. No allocation; the error paths are out of line.
 #[inline]
-fn check_send<T: SendBuf>(max_sge: u32, max_inline: u32, wr: &SendWr<T>, sges: &mut Sges) -> Result<usize> {
+fn check_send<T: SendBuf>(limits: SendLimits, wr: &SendWr<T>, sges: &mut Sges) -> Result<usize> {
+    let SendLimits { max_sge, max_inline, ud } = limits;
+    // A UD send without an address handle would have the provider read a NULL one.
+    if wr.ud.is_some() != ud {
+        return Err(refused(SendRefusal::Transport { ud }));
+    }
     let n = wr.buf.sges(wr.range.clone(), sges)?;
     if n as u32 > max_sge {
         return Err(refused(SendRefusal::Sges { n, max: max_sge }));
@@ -838,6 +858,7 @@ enum SendRefusal {
     Inline { len: usize, max: u32 },
     Remote { len: usize, remote: u64 },
     Atomic,
+    Transport { ud: bool },
 }
 
 #[cold]
@@ -848,6 +869,12 @@ fn refused(why: SendRefusal) -> Error {
         SendRefusal::Inline { len, max } => format!("{len} bytes inline, but the QP allows {max} (max_inline_data)"),
         SendRefusal::Remote { len, remote } => format!("{len} bytes do not fit the remote region of {remote} bytes"),
         SendRefusal::Atomic => "an atomic needs an 8-byte aligned remote address with 8 bytes".into(),
+        SendRefusal::Transport { ud: true } => {
+            "a UD QP sends only datagrams with an address handle (SendWr::send_ud)".into()
+        }
+        SendRefusal::Transport { ud: false } => {
+            "an address handle (SendWr::send_ud) is for UD QPs; this QP is connected".into()
+        }
     };
     Error::invalid("ibv_post_send", what)
 }

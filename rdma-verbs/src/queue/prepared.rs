@@ -4,7 +4,10 @@ use std::fmt;
 use std::mem::MaybeUninit;
 use std::ops::{DerefMut, Range};
 
-use super::{bury, check_send, not_ours, queue_full, send_wr_id, Claim, Ring, SendQueue, Sges, Tag, LOW_MASK, NO_SGES};
+use super::{
+    bury, check_send, not_ours, queue_full, send_wr_id, Claim, Ring, SendLimits as Limits, SendQueue, Sges, Tag,
+    LOW_MASK, NO_SGES,
+};
 use crate::buf::SendBuf;
 use crate::cq::CqReservation;
 use crate::error::{Error, Plane, Result};
@@ -41,7 +44,7 @@ impl<T: SendBuf> Prepared<T> {
     #[allow(clippy::result_large_err)] // the refused request comes back by value
     fn build(wr: SendWr<T>, limits: Limits) -> Result<Self, (Error, SendWr<T>)> {
         let mut sges = NO_SGES;
-        let n = match check_send(limits.max_sge, limits.max_inline, &wr, &mut sges) {
+        let n = match check_send(limits, &wr, &mut sges) {
             Ok(n) => n,
             Err(e) => return Err((e, wr)),
         };
@@ -57,7 +60,7 @@ impl<T: SendBuf> Prepared<T> {
     fn rebuild(&mut self) -> Result<()> {
         let inner = &mut *self.inner;
         let mut sges = NO_SGES;
-        let n = check_send(inner.limits.max_sge, inner.limits.max_inline, &inner.wr, &mut sges)?;
+        let n = check_send(inner.limits, &inner.wr, &mut sges)?;
         inner.sges = sges;
         inner.needs = needs(&inner.wr, n);
         let Inner { raw, sges, wr, .. } = inner;
@@ -68,6 +71,19 @@ impl<T: SendBuf> Prepared<T> {
     fn raw(&mut self) -> &mut ffi::ibv_send_wr {
         // SAFETY: `raw` is initialized by build() and kept so.
         unsafe { self.inner.raw.assume_init_mut() }
+    }
+
+    /// The C request, ready to post as `wr_id`: its SGE pointer taken afresh from this
+    /// borrow of the block (so no pointer from an earlier borrow is used), its `next` NULL.
+    #[inline]
+    fn stamp(&mut self, wr_id: u64) -> *mut ffi::ibv_send_wr {
+        let inner = &mut *self.inner;
+        // SAFETY: `raw` is initialized by build() and kept so.
+        let raw = unsafe { inner.raw.assume_init_mut() };
+        raw.wr_id = wr_id;
+        raw.sg_list = inner.sges.as_mut_ptr().cast();
+        raw.next = std::ptr::null_mut();
+        raw
     }
 
     /// The caller's identifier, handed back with the completion.
@@ -139,13 +155,6 @@ impl<T: SendBuf> fmt::Debug for Prepared<T> {
     }
 }
 
-/// A QP's limits that a send request is checked against.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Limits {
-    max_sge: u32,
-    max_inline: u32,
-}
-
 /// What a checked request with `n` SGEs needs of a QP: SGEs, and inline bytes.
 fn needs<T: SendBuf>(wr: &SendWr<T>, n: usize) -> (u32, u32) {
     let inline = if wr.is_inline() { (wr.range.end - wr.range.start) as u32 } else { 0 };
@@ -203,13 +212,12 @@ impl QueuePair {
     /// [`send_queue_with_depth`](Self::send_queue_with_depth) does.
     pub fn prepared_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<PreparedQueue<T>> {
         let (claim, room, depth) = self.claim_send_side("prepared_queue", depth)?;
-        let caps = self.inner.caps;
         Ok(PreparedQueue {
             ring: Ring::new(depth),
             room: Some(room),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
-            limits: Limits { max_sge: caps.max_send_sge, max_inline: caps.max_inline_data },
+            limits: self.send_limits(),
             tag: Tag::reserve()?,
             claim,
         })
@@ -242,7 +250,13 @@ impl<T: SendBuf> PreparedQueue<T> {
             return Ok(());
         }
         let (sges, inline) = p.inner.needs;
-        let Limits { max_sge, max_inline } = self.limits;
+        let Limits { max_sge, max_inline, ud } = self.limits;
+        if p.inner.limits.ud != ud {
+            return Err(Error::invalid(
+                "ibv_post_send",
+                "a request prepared for a QP of another transport (UD or not)",
+            ));
+        }
         if sges > max_sge || inline > max_inline {
             return Err(too_big_for(sges, inline, max_sge, max_inline));
         }
@@ -260,9 +274,7 @@ impl<T: SendBuf> PreparedQueue<T> {
             return Err((e, p));
         }
         let seq = send_wr_id(self.tag.bits(), self.ring.head);
-        let raw = self.ring.stage(0, p).raw();
-        raw.wr_id = seq;
-        raw.next = std::ptr::null_mut();
+        let raw = self.ring.stage(0, p).stamp(seq);
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is alive (claim); the request is a valid C request whose SGEs
         // name bytes of the buffer it owns, and the ring keeps it until the completion.
@@ -301,9 +313,7 @@ impl<T: SendBuf> PreparedQueue<T> {
                 break;
             }
             let seq = send_wr_id(tag, self.ring.head + n as u64);
-            let raw = self.ring.stage(n, p).raw();
-            raw.wr_id = seq;
-            let raw: *mut ffi::ibv_send_wr = raw;
+            let raw = self.ring.stage(n, p).stamp(seq);
             if prev.is_null() {
                 first = raw;
             } else {
@@ -317,8 +327,6 @@ impl<T: SendBuf> PreparedQueue<T> {
         let (posted, failure) = if n == 0 {
             (0, None)
         } else {
-            // SAFETY: `prev` is the C request of the last entry staged (n > 0).
-            unsafe { (*prev).next = std::ptr::null_mut() };
             let mut bad = std::ptr::null_mut();
             // SAFETY: first..prev is a chain of valid C requests linked above (the last
             // `next` NULL), each in the heap block of a request the ring keeps until its

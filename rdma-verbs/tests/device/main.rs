@@ -36,6 +36,7 @@ mod faults;
 mod mr;
 mod prepared;
 mod qp;
+mod scope;
 mod tools;
 
 use rdma_verbs::Context;

@@ -263,3 +263,43 @@ fn a_full_prepared_queue_refuses_before_c_and_a_dropped_one_keeps_its_requests_u
     drop(rest);
     drop((qp, cq));
 }
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn a_ud_qp_refuses_a_send_without_an_address_handle_and_an_rc_qp_one_with_it_before_c() {
+    let _leaks = LeakCheck::new();
+    let ctx = crate::open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let mut cq = CompletionQueue::new(&ctx, 64).unwrap();
+    let ud = QueuePair::builder(&pd, rdma_verbs::QpType::Ud, &cq, &cq).max_send_wr(8).max_recv_wr(8).build().unwrap();
+    ud.ready_ud(&rdma_verbs::InitAttr { qkey: 0x11, ..Default::default() }, 0).unwrap();
+    let ah_attr =
+        rdma_verbs::AhAttr::global(1, ud.local_info(1, 0).unwrap().gid, u8::try_from(crate::gid_index()).unwrap());
+    let ah = rdma_verbs::AddressHandle::new(&pd, &ah_attr).unwrap();
+    let mut bufs = chunks(&pd, 2, 64, AccessFlags::LOCAL_WRITE);
+    let what = |e: &Error| e.to_string();
+
+    // The provider would read a NULL address handle: refused before C, by every path.
+    let mut sq = ud.send_queue::<Chunk>().unwrap();
+    let (e, wr) = sq.post(SendWr::send(bufs.pop().unwrap(), 0..64)).unwrap_err();
+    assert!(what(&e).contains("UD QP sends only datagrams with an address handle"), "{e}");
+    let (e, _) = sq.post_batch([wr]).unwrap_err();
+    assert!(what(&e).contains("address handle"), "{e}");
+    drop(sq);
+    let pq = ud.prepared_queue::<Chunk>().unwrap();
+    let (e, _) = pq.prepare(SendWr::send(bufs.pop().unwrap(), 0..64)).unwrap_err();
+    assert!(what(&e).contains("address handle"), "{e}");
+    drop(pq);
+    let e = ud.send_scope(&mut cq, 8, |_| ()).unwrap_err();
+    assert!(what(&e).contains("RC and UC"), "{e}");
+
+    // And a connected QP refuses a datagram's address.
+    let (pd2, a, _b) = rc_pair::<Chunk>(QpAccess::empty());
+    let mut a = prepared(a);
+    let src = chunks(&pd2, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
+    let ah2 = rdma_verbs::AddressHandle::new(&pd2, &ah_attr).unwrap();
+    let (e, _) = a.pq.prepare(SendWr::send_ud(src, 0..64, &ah2, 1, 0x11)).unwrap_err();
+    assert!(what(&e).contains("is for UD QPs"), "{e}");
+    assert_eq!(a.pq.outstanding(), 0);
+    let _ = (&mut a.cq, &a.qp, &ah);
+}

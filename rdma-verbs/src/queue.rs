@@ -49,6 +49,11 @@
 //! Requests posted again and again are cheaper as [`Prepared`] requests through a
 //! [`PreparedQueue`]: checked and built into their C form once, then posted with only the
 //! `wr_id` stamped ([`PreparedQueue`] says how, and why it is as sound).
+//!
+//! The other shape the borrow checker allows, for sources only: a send scope
+//! ([`QueuePair::send_scope`], like `std::thread::scope`) borrows its sources for the
+//! whole call and drains every request before it returns, so nothing moves per post and a
+//! completion only advances a counter; it costs what the raw API costs.
 
 //! Shared receive queues get a [`SrqQueue`]: receives complete out of order there (any
 //! QP may take the next one), so it keeps its buffers in a slot table with a free list.

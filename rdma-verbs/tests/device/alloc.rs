@@ -434,3 +434,54 @@ fn prepared_requests_post_post_batch_and_poll_allocate_nothing_in_steady_state()
     }
     assert_eq!(pq.outstanding() + b.rq.outstanding(), 0);
 }
+
+// ---- send scopes ------------------------------------------------------------------
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn a_send_scope_posts_and_polls_without_allocating_in_steady_state() {
+    let _leaks = LeakCheck::new();
+    let (pd, a, mut b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let Side { cq: mut a_cq, sq, rq, qp: a_qp } = a;
+    drop((sq, rq));
+    let target = write_target(&pd);
+    let mut bufs = chunks(&pd, 3, LEN, AccessFlags::LOCAL_WRITE);
+    let mut rbuf = bufs.pop();
+    let (mut send_src, mut write_src) = (bufs.pop().unwrap(), bufs.pop().unwrap());
+    // A scope per round of fills: the sources are borrowed while a scope runs. Within one,
+    // the chain is built once (where it allocates) and then posted many times.
+    for fill in 0..2u64 {
+        send_src.fill(fill_byte(fill, 0));
+        write_src.fill(fill_byte(fill, 1));
+        let (send_src, write_src) = (&send_src, &write_src);
+        a_qp.send_scope(&mut a_cq, 8, |s| {
+            let mut chain = s.chain();
+            chain.send(send_src, 0..LEN).unwrap().write(write_src, 0..LEN, target.remote()).unwrap();
+            let label = format!("send scope, scope {fill}");
+            assert_steady_state_allocates_nothing(&label, |r, ops| {
+                b.rq.post(rbuf.take().unwrap(), 0..LEN, r).map_err(|(e, _)| e).unwrap();
+                s.post(&mut chain).unwrap();
+                ops.posts += 2;
+                let (mut sent, mut got) = (0, 0);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let mut wcs = [WorkCompletion::EMPTY; 4];
+                while sent < 2 || got < 1 {
+                    sent += s.poll().unwrap();
+                    for wc in b.cq.poll(&mut wcs).unwrap().iter_mut() {
+                        let d = b.rq.complete(wc).unwrap();
+                        assert_eq!((d.id, d.byte_len as usize), (r, LEN));
+                        let want = fill_byte(fill, 0);
+                        assert!(d.buf.iter().all(|&x| x == want), "received {:?}, not {want}", &d.buf[..8]);
+                        rbuf = Some(d.buf);
+                        got += 1;
+                    }
+                    ops.polls += 2;
+                    assert!(Instant::now() < deadline, "no completion within 10 s");
+                }
+                ops.completions += 3;
+                assert_written(&target, fill_byte(fill, 1));
+            });
+        })
+        .unwrap();
+    }
+}

@@ -13,15 +13,16 @@ use crate::cq::{CompletionQueue, CqReservation};
 use crate::error::{Error, Plane, Result};
 use crate::ffi;
 use crate::mr::{AccessMode, RemoteMr};
-use crate::qp::QueuePair;
+use crate::qp::{QpState, QueuePair};
 use crate::wc::WorkCompletion;
 
 /// How long the drain at the end of a scope waits for the device before it moves the QP
 /// to the error state (which flushes everything still posted).
 const DRAIN_PATIENCE: Duration = Duration::from_secs(30);
-/// How long it then waits for the flush before it aborts the process: returning would
-/// free buffers the device may still read.
-const FLUSH_PATIENCE: Duration = Duration::from_secs(60);
+/// How long, once flushing, no completion may arrive before the rest counts as discarded
+/// (if the QP is in the error or reset state; else the process aborts rather than return
+/// while the device may still read the sources).
+const FLUSH_QUIET: Duration = Duration::from_secs(5);
 
 /// Sends from borrowed sources, inside [`QueuePair::send_scope`]: chains built once with
 /// [`SendScope::chain`], posted with [`SendScope::post`], completions counted by
@@ -167,8 +168,10 @@ impl QueuePair {
     /// so it cannot be leaked to skip the end: after `f` returns (or panics), this
     /// function polls `cq` until every posted request has completed. Should the device
     /// stay silent for 30 s, the QP is moved to the error state, which flushes what is
-    /// posted; should even that not come within a minute, the process aborts rather than
-    /// return while the device may still read the sources.
+    /// posted; what is still counted 5 s after the last flushed completion was discarded
+    /// by a reset (the QP is in the error or reset state then, and the device reads none
+    /// of it). Should the QP be in any other state, the process aborts rather than return
+    /// while the device may still read the sources.
     ///
     /// The scope takes the send side (no [`SendQueue`](crate::SendQueue) or
     /// [`PreparedQueue`](crate::PreparedQueue) may exist) and the whole CQ: `cq` must be
@@ -312,18 +315,31 @@ impl<'scope, 'env> SendScope<'scope, 'env> {
 
     /// The end of the scope: polls until nothing is outstanding (see `send_scope`).
     fn drain(&self) {
-        let started = Instant::now();
-        let mut flushed = None;
+        // SAFETY: the QP outlives the scope (borrowed by send_scope).
+        let qp = unsafe { &*self.qp };
+        let mut progress = Instant::now();
+        let mut flushed = false;
         while self.outstanding() > 0 {
+            let before = self.tail.get();
             let _ = self.poll();
-            let waited = started.elapsed();
-            if flushed.is_none() && waited > DRAIN_PATIENCE {
-                log::warn!("send_scope: {} requests still posted after {waited:?}: flushing them", self.outstanding());
-                // SAFETY: the QP outlives the scope (borrowed by send_scope).
-                let _ = unsafe { &*self.qp }.to_error();
-                flushed = Some(Instant::now());
+            if self.tail.get() != before {
+                progress = Instant::now();
+                continue;
             }
-            if flushed.is_some_and(|t| t.elapsed() > FLUSH_PATIENCE) {
+            let quiet = progress.elapsed();
+            if !flushed && quiet > DRAIN_PATIENCE {
+                log::warn!("send_scope: {} requests still posted after {quiet:?}: flushing them", self.outstanding());
+                let _ = qp.to_error();
+                flushed = true;
+                progress = Instant::now();
+            } else if flushed && quiet > FLUSH_QUIET {
+                // In the error state a QP flushes everything it holds, promptly: what is
+                // still counted was discarded (the QP was reset meanwhile), and the device
+                // no longer reads it. Anything else is a device that cannot be trusted.
+                if matches!(qp.state(), Ok(QpState::Err | QpState::Reset)) {
+                    log::warn!("send_scope: {} requests were discarded by a reset", self.outstanding());
+                    return;
+                }
                 eprintln!("send_scope: the device did not flush {} requests: aborting", self.outstanding());
                 std::process::abort();
             }

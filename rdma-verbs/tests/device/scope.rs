@@ -179,3 +179,32 @@ fn an_errored_qp_inside_a_scope_flushes_every_request_and_the_scope_counts_them_
     let mut wcs = [rdma_verbs::WorkCompletion::EMPTY; 4];
     assert!(cq.poll(&mut wcs).unwrap().is_empty());
 }
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn a_qp_reset_inside_a_scope_discards_its_requests_and_the_scope_still_ends_after_its_patience() {
+    let _leaks = LeakCheck::new();
+    let (pd, a, b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let (mut cq, qp) = bare(a);
+    let t = target(&pd, 64);
+    let src = chunks(&pd, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
+    b.qp.reset().unwrap();
+    let started = std::time::Instant::now();
+    qp.send_scope(&mut cq, 32, |s| {
+        let mut chain = s.chain();
+        chain.write(&src, 0..64, t.remote()).unwrap();
+        for _ in 0..4 {
+            s.post(&mut chain).unwrap();
+        }
+        // Reset discards what is posted without a completion: the scope cannot count it
+        // down, and must neither hang nor return while the device could still read.
+        qp.reset().unwrap();
+    })
+    .unwrap();
+    let took = started.elapsed();
+    // 30 s of silence, the flush, 5 s of quiet: then the QP is in reset or error.
+    assert!(took >= std::time::Duration::from_secs(30), "returned after {took:?}, before its patience ran out");
+    assert!(took < std::time::Duration::from_secs(60), "took {took:?}");
+    assert!(matches!(qp.state().unwrap(), rdma_verbs::QpState::Err | rdma_verbs::QpState::Reset));
+    assert_eq!(read_back(&t, 0, 64), vec![0u8; 64], "no write ran");
+}

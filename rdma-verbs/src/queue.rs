@@ -239,6 +239,83 @@ impl<E> Ring<E> {
         unsafe { self.slot(seq).assume_init_read() }
     }
 
+    /// Ends a post of the one entry staged at the head: committed when the provider took
+    /// it (`rc` 0), else taken back and returned with the provider's error.
+    #[inline]
+    fn finish_one(&mut self, rc: i32) -> Result<(), (Error, E)> {
+        if rc != 0 {
+            // SAFETY: the caller staged the entry at the head and did not commit it.
+            let e = unsafe { self.unstage(0) };
+            return Err((Error::verb("ibv_post_send", Plane::Data, rc.abs()), e));
+        }
+        self.commit(1);
+        Ok(())
+    }
+
+    /// Ends a batch of `n` staged entries of which the provider took the first `posted`:
+    /// commits those, and on a failure (`failure`, the provider's, outranks `refused`, the
+    /// check that stopped the batch) returns the error with every entry not posted, in
+    /// order: the staged ones, the refused one, then `rest`.
+    fn finish_batch(
+        &mut self,
+        (n, posted): (usize, usize),
+        failure: Option<Error>,
+        refused: Option<(Error, E)>,
+        rest: impl Iterator<Item = E>,
+    ) -> Result<usize, (Error, Vec<E>)> {
+        if failure.is_none() && refused.is_none() {
+            self.commit(n);
+            return Ok(n);
+        }
+        let mut unposted = Vec::new();
+        for i in posted..n {
+            // SAFETY: the caller staged 0..n and did not commit them; each is read once.
+            unposted.push(unsafe { self.unstage(i) });
+        }
+        self.commit(posted);
+        let error = match (failure, refused) {
+            (Some(e), refused) => {
+                unposted.extend(refused.map(|(_, e)| e));
+                e
+            }
+            (None, Some((e, entry))) => {
+                unposted.push(entry);
+                e
+            }
+            (None, None) => unreachable!("handled above"),
+        };
+        unposted.extend(rest);
+        Err((error, unposted))
+    }
+
+    /// Takes the send completion `wc` of the queue with `tag` on QP `qp_num`: hands each
+    /// entry it finishes to `done`, in posting order (the unsignaled ones before it as
+    /// successes, then its own with its status and length), and returns how many.
+    #[inline]
+    fn complete_sends(
+        &mut self,
+        wc: &mut WorkCompletion,
+        tag: &Tag,
+        qp_num: u32,
+        mut done: impl FnMut(E, WcStatus, u32),
+    ) -> Result<usize> {
+        // How far past the oldest outstanding request this one is (sequence numbers wrap
+        // at 40 bits; at most a ring's worth is outstanding).
+        let ahead = ours(wc, false, tag)
+            .filter(|_| wc.qp_num() == qp_num)
+            .map(|low| low.wrapping_sub(self.tail) & LOW_MASK)
+            .filter(|&d| d < self.outstanding());
+        let Some(ahead) = ahead else {
+            return Err(not_ours("send", wc));
+        };
+        wc.consume();
+        for _ in 0..ahead {
+            done(self.pop(), WcStatus::Success, 0);
+        }
+        done(self.pop(), wc.status(), wc.byte_len());
+        Ok(ahead as usize + 1)
+    }
+
     /// Everything still posted, for the graveyard.
     fn take_all(&mut self) -> Vec<E> {
         let mut all = Vec::with_capacity(self.outstanding() as usize);
@@ -630,13 +707,7 @@ impl<T: SendBuf> SendQueue<T> {
                 unsafe { ffi::ibv_post_send(self.raw, raw, &mut bad) }
             }
         };
-        if rc != 0 {
-            // SAFETY: staged above, not committed.
-            let wr = unsafe { self.ring.unstage(0) };
-            return Err((Error::verb("ibv_post_send", Plane::Data, rc.abs()), wr));
-        }
-        self.ring.commit(1);
-        Ok(())
+        self.ring.finish_one(rc)
     }
 
     /// Posts up to [`MAX_BATCH`] work requests with one provider call (one doorbell),
@@ -720,30 +791,7 @@ impl<T: SendBuf> SendQueue<T> {
                 (at, Some(Error::verb("ibv_post_send", Plane::Data, rc.abs())))
             }
         };
-        if failure.is_none() && refused.is_none() {
-            ring.commit(n);
-            return Ok(n);
-        }
-        let mut unposted = Vec::new();
-        for i in posted..n {
-            // SAFETY: posted..n were staged above and not committed; each is read once.
-            unposted.push(unsafe { ring.unstage(i) });
-        }
-        ring.commit(posted);
-        // The provider's error outranks the check that stopped the batch after it.
-        let error = match (failure, refused) {
-            (Some(e), refused) => {
-                unposted.extend(refused.map(|(_, wr)| wr));
-                e
-            }
-            (None, Some((e, wr))) => {
-                unposted.push(wr);
-                e
-            }
-            (None, None) => unreachable!("handled above"),
-        };
-        unposted.extend(wrs);
-        Err((error, unposted))
+        ring.finish_batch((n, posted), failure, refused, wrs)
     }
 }
 
@@ -837,23 +885,9 @@ impl<T: SendBuf> SendQueue<T> {
     /// Returns how many finished. A completion that is not this queue's is an error.
     #[inline]
     pub fn complete(&mut self, wc: &mut WorkCompletion, mut done: impl FnMut(Done<T>)) -> Result<usize> {
-        // How far past the oldest outstanding request this one is (sequence numbers wrap
-        // at 40 bits; at most a ring's worth is outstanding).
-        let ahead = ours(wc, false, &self.tag)
-            .filter(|_| wc.qp_num() == self.qp_num)
-            .map(|low| low.wrapping_sub(self.ring.tail) & LOW_MASK)
-            .filter(|&d| d < self.ring.outstanding());
-        let Some(ahead) = ahead else {
-            return Err(not_ours("send", wc));
-        };
-        wc.consume();
-        for _ in 0..ahead {
-            let wr = self.ring.pop();
-            done(Done { id: wr.id, buf: wr.buf, status: WcStatus::Success, byte_len: 0 });
-        }
-        let wr = self.ring.pop();
-        done(Done { id: wr.id, buf: wr.buf, status: wc.status(), byte_len: wc.byte_len() });
-        Ok(ahead as usize + 1)
+        self.ring.complete_sends(wc, &self.tag, self.qp_num, |wr, status, byte_len| {
+            done(Done { id: wr.id, buf: wr.buf, status, byte_len })
+        })
     }
 }
 

@@ -5,8 +5,7 @@ use std::mem::MaybeUninit;
 use std::ops::{DerefMut, Range};
 
 use super::{
-    bury, check_send, not_ours, queue_full, send_wr_id, Claim, Ring, SendLimits as Limits, SendQueue, Sges, Tag,
-    LOW_MASK, NO_SGES,
+    bury, check_send, queue_full, send_wr_id, Claim, Ring, SendLimits as Limits, SendQueue, Sges, Tag, NO_SGES,
 };
 use crate::buf::SendBuf;
 use crate::cq::CqReservation;
@@ -14,7 +13,7 @@ use crate::error::{Error, Plane, Result};
 use crate::ffi;
 use crate::mr::RemoteMr;
 use crate::qp::QueuePair;
-use crate::wc::{WcStatus, WorkCompletion};
+use crate::wc::WorkCompletion;
 use crate::wr::{Done, SendWr};
 
 /// A send work request checked and built once, to be posted many times through a
@@ -279,13 +278,7 @@ impl<T: SendBuf> PreparedQueue<T> {
         // SAFETY: the QP is alive (claim); the request is a valid C request whose SGEs
         // name bytes of the buffer it owns, and the ring keeps it until the completion.
         let rc = unsafe { ffi::ibv_post_send(self.raw, raw, &mut bad) };
-        if rc != 0 {
-            // SAFETY: staged above, not committed.
-            let p = unsafe { self.ring.unstage(0) };
-            return Err((Error::verb("ibv_post_send", Plane::Data, rc.abs()), p));
-        }
-        self.ring.commit(1);
-        Ok(())
+        self.ring.finish_one(rc)
     }
 
     /// Posts prepared requests as one chain, with one provider call (one doorbell); as
@@ -345,31 +338,7 @@ impl<T: SendBuf> PreparedQueue<T> {
                 (at, Some(Error::verb("ibv_post_send", Plane::Data, rc.abs())))
             }
         };
-        if failure.is_none() && refused.is_none() {
-            self.ring.commit(n);
-            return Ok(n);
-        }
-        let mut unposted: Vec<_> = (posted..n)
-            .map(|i| {
-                // SAFETY: posted..n were staged above and not committed; each is read out
-                // once (the range is walked once, then committed past or left behind).
-                unsafe { self.ring.unstage(i) }
-            })
-            .collect();
-        self.ring.commit(posted);
-        let error = match (failure, refused) {
-            (Some(e), refused) => {
-                unposted.extend(refused.map(|(_, p)| p));
-                e
-            }
-            (None, Some((e, p))) => {
-                unposted.push(p);
-                e
-            }
-            (None, None) => unreachable!("handled above"),
-        };
-        unposted.extend(ps);
-        Err((error, unposted))
+        self.ring.finish_batch((n, posted), failure, refused, ps)
     }
 
     /// Takes a completion of this queue and hands each finished request back to `done`
@@ -378,21 +347,9 @@ impl<T: SendBuf> PreparedQueue<T> {
     /// not this queue's is an error.
     #[inline]
     pub fn complete(&mut self, wc: &mut WorkCompletion, mut done: impl FnMut(Done<Prepared<T>>)) -> Result<usize> {
-        let ahead = super::ours(wc, false, &self.tag)
-            .filter(|_| wc.qp_num() == self.qp_num)
-            .map(|low| low.wrapping_sub(self.ring.tail) & LOW_MASK)
-            .filter(|&d| d < self.ring.outstanding());
-        let Some(ahead) = ahead else {
-            return Err(not_ours("send", wc));
-        };
-        wc.consume();
-        for _ in 0..ahead {
-            let p = self.ring.pop();
-            done(Done { id: p.id(), buf: p, status: WcStatus::Success, byte_len: 0 });
-        }
-        let p = self.ring.pop();
-        done(Done { id: p.id(), buf: p, status: wc.status(), byte_len: wc.byte_len() });
-        Ok(ahead as usize + 1)
+        self.ring.complete_sends(wc, &self.tag, self.qp_num, |p, status, byte_len| {
+            done(Done { id: p.id(), buf: p, status, byte_len })
+        })
     }
 }
 

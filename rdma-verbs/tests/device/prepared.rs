@@ -27,12 +27,17 @@ fn prepared(side: Side<Chunk>) -> PSide {
     PSide { cq, pq, _rq: rq, qp }
 }
 
-fn target(pd: &ProtectionDomain, len: usize) -> MemoryRegion<AlignedBuf, RemoteWritable> {
+/// A region peers may write and read.
+pub type Target = MemoryRegion<AlignedBuf, RemoteWritable>;
+
+/// A zeroed region of `len` bytes that peers may write and read.
+pub fn target(pd: &ProtectionDomain, len: usize) -> Target {
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     pd.register_remote_writable(AlignedBuf::new(len).unwrap(), access).unwrap()
 }
 
-fn read_back(t: &MemoryRegion<AlignedBuf, RemoteWritable>, offset: usize, len: usize) -> Vec<u8> {
+/// `len` bytes of `t` at `offset`.
+pub fn read_back(t: &Target, offset: usize, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     t.read_at(offset, &mut v).unwrap();
     v

@@ -2,12 +2,10 @@
 //! request completed before the scope returns, whatever the closure does.
 
 use rdma_verbs::buf::Chunk;
-use rdma_verbs::{
-    AccessFlags, AlignedBuf, CompletionQueue, MemoryRegion, ProtectionDomain, QpAccess, QueuePair, RemoteWritable,
-    WcStatus,
-};
+use rdma_verbs::{AccessFlags, CompletionQueue, ProtectionDomain, QpAccess, QueuePair, WcStatus};
 
 use crate::datapath::{chunks, poll_one, rc_pair, Side};
+use crate::prepared::{read_back, target, Target};
 use crate::LeakCheck;
 
 /// A side with nothing claimed: the scope takes the send side and the whole CQ.
@@ -17,15 +15,15 @@ fn bare(side: Side<Chunk>) -> (CompletionQueue, QueuePair) {
     (cq, qp)
 }
 
-fn target(pd: &ProtectionDomain, len: usize) -> MemoryRegion<AlignedBuf, RemoteWritable> {
-    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
-    pd.register_remote_writable(AlignedBuf::new(len).unwrap(), access).unwrap()
-}
-
-fn read_back(t: &MemoryRegion<AlignedBuf, RemoteWritable>, offset: usize, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    t.read_at(offset, &mut v).unwrap();
-    v
+/// A bare QP whose peer is reset (nothing it is sent is ever acknowledged), a 64-byte
+/// target on the peer's side and a 64-byte source.
+fn writer_to_a_reset_peer() -> (ProtectionDomain, CompletionQueue, QueuePair, Target, Chunk) {
+    let (pd, a, b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let (cq, qp) = bare(a);
+    let t = target(&pd, 64);
+    let src = chunks(&pd, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
+    b.qp.reset().unwrap();
+    (pd, cq, qp, t, src)
 }
 
 fn bytes(r: u64, k: u64, len: usize) -> Vec<u8> {
@@ -154,12 +152,7 @@ fn a_scope_refuses_another_cq_a_shared_cq_and_a_full_depth_before_c() {
 #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
 fn an_errored_qp_inside_a_scope_flushes_every_request_and_the_scope_counts_them_all() {
     let _leaks = LeakCheck::new();
-    let (pd, a, b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
-    let (mut cq, qp) = bare(a);
-    let t = target(&pd, 64);
-    let src = chunks(&pd, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
-    // Nothing the peer is sent is ever acknowledged.
-    b.qp.reset().unwrap();
+    let (_pd, mut cq, qp, t, src) = writer_to_a_reset_peer();
     qp.send_scope(&mut cq, 32, |s| {
         let mut chain = s.chain();
         for _ in 0..8 {
@@ -184,11 +177,7 @@ fn an_errored_qp_inside_a_scope_flushes_every_request_and_the_scope_counts_them_
 #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
 fn a_qp_reset_inside_a_scope_discards_its_requests_and_the_scope_still_ends_after_its_patience() {
     let _leaks = LeakCheck::new();
-    let (pd, a, b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
-    let (mut cq, qp) = bare(a);
-    let t = target(&pd, 64);
-    let src = chunks(&pd, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
-    b.qp.reset().unwrap();
+    let (_pd, mut cq, qp, t, src) = writer_to_a_reset_peer();
     let started = std::time::Instant::now();
     qp.send_scope(&mut cq, 32, |s| {
         let mut chain = s.chain();

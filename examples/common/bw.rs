@@ -27,6 +27,9 @@
 //! flight, at most 64 MiB for all QPs of a side: with large messages fewer requests are
 //! in flight than `-t` (or `-r`) says.
 //!
+//! Client requests are prepared once per size (one per `-t` for write, per pool buffer
+//! for read and send) and posted again and again.
+//!
 //! Whenever a lane cannot post again without a completion, one of its requests in flight
 //! is signaled, whatever `-Q` says (a post list that does not divide `-t` used to leave
 //! write_bw waiting forever), and a run that sees no completion for a minute stops with
@@ -46,9 +49,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, DeviceAttr, Done, MemoryRegion, ProtectionDomain,
-    QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendBuf, SendQueue, SendWr, WcStatus,
-    WorkCompletion,
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, DeviceAttr, Done, MemoryRegion, Prepared, PreparedQueue,
+    ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendBuf, SendQueue,
+    SendWr, WcStatus, WorkCompletion,
 };
 
 use crate::perftest::{self, BwRow, Common, Res, Role, Stream};
@@ -602,7 +605,8 @@ impl Bw {
                 QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(self.f.tx_depth).max_recv_wr(1).build()?;
             let conn = self.f.common.handshake(&qp, QpAccess::empty()).connect(stream)?;
             let remote = perftest::check_remote(conn.remote.mr, size)?;
-            lanes.push(Lane::new(qp.send_queue()?, WriteSrc { buf: Arc::clone(&src), size, remote }, qp));
+            let wrs = (0..self.f.tx_depth).map(|_| SendWr::write(Arc::clone(&src), 0..size, remote));
+            lanes.push(Lane::new(qp, wrs, |free| WriteSrc { free })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, self.f.tx_depth)?;
         Ok(self.outcome(size, m, &lanes, Ok(())))
@@ -622,9 +626,9 @@ impl Bw {
             let conn = self.f.common.handshake(&qp, QpAccess::empty()).rts(rts).connect(stream)?;
             let remote = perftest::check_remote(conn.remote.mr, size)?;
             let bufs = pd.register(AlignedBuf::new(size * pool as usize)?, AccessFlags::LOCAL_WRITE)?;
-            let slots: Vec<Option<Chunk>> = bufs.into_chunks(size)?.into_iter().map(Some).collect();
-            let src = ReadSrc { free: (0..slots.len()).collect(), used: vec![false; slots.len()], slots, size, remote };
-            lanes.push(Lane::new(qp.send_queue()?, src, qp));
+            let wrs = bufs.into_chunks(size)?.into_iter().enumerate();
+            let wrs = wrs.map(|(i, b)| SendWr::read(b, 0..size, remote).id(i as u64));
+            lanes.push(Lane::new(qp, wrs, |free| ReadSrc { used: vec![false; free.len()], free })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, pool)?;
         let want: Vec<u8> = pattern(size).collect();
@@ -647,13 +651,14 @@ impl Bw {
             credit.atomic_u64(0)?;
             self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(credit.remote()).connect(stream)?;
             let bufs = pd.register(AlignedBuf::new(size * pool as usize)?, AccessFlags::LOCAL_WRITE)?;
-            let mut free = bufs.into_chunks(size)?;
-            for b in &mut free {
+            let mut bufs = bufs.into_chunks(size)?;
+            for b in &mut bufs {
                 for (b, p) in b.iter_mut().zip(pattern(size)) {
                     *b = p;
                 }
             }
-            lanes.push(Lane::new(qp.send_queue()?, SendSrc { free, size, credit }, qp));
+            let wrs = bufs.into_iter().map(|b| SendWr::send(b, 0..size));
+            lanes.push(Lane::new(qp, wrs, |free| SendSrc { free, credit })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, pool)?;
         Ok(self.outcome(size, m, &lanes, Ok(())))
@@ -734,7 +739,7 @@ impl Bw {
                         if signaled {
                             last_signaled = n;
                         }
-                        src.wr(n).map(|wr| wr.signaled(signaled))
+                        src.next(n, signaled)
                     });
                     lane.posted += lane.sq.post_batch(wrs).map_err(|(e, _)| e)? as u64;
                     lane.last_signaled = last_signaled;
@@ -747,8 +752,8 @@ impl Bw {
                     && lane.sq.outstanding() < tx_depth
                     && lane.src.available(lane.posted) > 0
                 {
-                    if let Some(wr) = lane.src.wr(lane.posted + 1) {
-                        lane.sq.post(wr).map_err(|(e, _)| e)?;
+                    if let Some(p) = lane.src.next(lane.posted + 1, true) {
+                        lane.sq.post(p).map_err(|(e, _)| e)?;
                         lane.posted += 1;
                         lane.last_signaled = lane.posted;
                         lane.tail_signaled = true;
@@ -861,7 +866,7 @@ impl Bw {
 
 /// One client QP and what its requests are made of.
 struct Lane<S: Source> {
-    sq: SendQueue<S::Buf>,
+    sq: PreparedQueue<S::Buf>,
     src: S,
     posted: u64,
     /// The number (from 1) of the last signaled request posted.
@@ -873,22 +878,35 @@ struct Lane<S: Source> {
 }
 
 impl<S: Source> Lane<S> {
-    fn new(sq: SendQueue<S::Buf>, src: S, qp: QueuePair) -> Self {
-        Lane { sq, src, posted: 0, last_signaled: 0, tail_signaled: true, _qp: qp }
+    /// The lane of `qp`, its requests `wrs` prepared once and handed to its source.
+    fn new(
+        qp: QueuePair,
+        wrs: impl Iterator<Item = SendWr<S::Buf>>,
+        src: impl FnOnce(Vec<Prepared<S::Buf>>) -> S,
+    ) -> Res<Self> {
+        let sq = qp.prepared_queue()?;
+        let free = wrs.map(|wr| sq.prepare(wr).map_err(|(e, _)| e.into())).collect::<Res<_>>()?;
+        Ok(Lane { sq, src: src(free), posted: 0, last_signaled: 0, tail_signaled: true, _qp: qp })
     }
 }
 
-/// Makes a lane's requests and takes their buffers back.
+/// Hands out a lane's prepared requests and takes them back.
 trait Source {
     /// What a request lends to the send queue.
     type Buf: SendBuf;
     /// How many more requests may be posted now, `posted` being posted so far (the
     /// send queue's room is the loop's business).
     fn available(&self, posted: u64) -> usize;
-    /// The request for message `n` (from 1) of the lane; `None` when no buffer is free.
-    fn wr(&mut self, n: u64) -> Option<SendWr<Self::Buf>>;
-    /// A request finished: its buffer is free again.
-    fn done(&mut self, done: Done<Self::Buf>);
+    /// A free request for message `n` (from 1) of the lane; `None` when none is free.
+    fn take(&mut self, n: u64) -> Option<Prepared<Self::Buf>>;
+    /// [`take`](Self::take), signaled or not.
+    fn next(&mut self, n: u64, signaled: bool) -> Option<Prepared<Self::Buf>> {
+        let mut p = self.take(n)?;
+        p.set_signaled(signaled);
+        Some(p)
+    }
+    /// A request finished: it is free again.
+    fn done(&mut self, done: Done<Prepared<Self::Buf>>);
     /// Buffers free for requests (a pool's; `usize::MAX` when requests share one).
     fn buffers_free(&self) -> usize {
         usize::MAX
@@ -899,36 +917,34 @@ trait Source {
     }
 }
 
-/// write_bw: every request writes the same source into the server's region.
+/// write_bw: every request writes the same source into the server's region; one per
+/// request in flight (`-t`), so one is free whenever the queue has room.
 struct WriteSrc {
-    buf: Arc<Chunk>,
-    size: usize,
-    remote: RemoteMr,
+    free: Vec<Prepared<Arc<Chunk>>>,
 }
 
 impl Source for WriteSrc {
     type Buf = Arc<Chunk>;
 
     fn available(&self, _posted: u64) -> usize {
-        usize::MAX
+        self.free.len()
     }
 
     #[inline]
-    fn wr(&mut self, _n: u64) -> Option<SendWr<Arc<Chunk>>> {
-        Some(SendWr::write(Arc::clone(&self.buf), 0..self.size, self.remote))
+    fn take(&mut self, _n: u64) -> Option<Prepared<Arc<Chunk>>> {
+        self.free.pop()
     }
 
-    fn done(&mut self, _done: Done<Arc<Chunk>>) {}
+    fn done(&mut self, done: Done<Prepared<Arc<Chunk>>>) {
+        self.free.push(done.buf);
+    }
 }
 
-/// read_bw: every request reads the server's region into a free buffer of the pool;
-/// the ones used are checked at the end.
+/// read_bw: every request reads the server's region into its own buffer of the pool;
+/// the ones used (by id) are checked at the end.
 struct ReadSrc {
-    slots: Vec<Option<Chunk>>,
-    free: Vec<usize>,
+    free: Vec<Prepared<Chunk>>,
     used: Vec<bool>,
-    size: usize,
-    remote: RemoteMr,
 }
 
 impl Source for ReadSrc {
@@ -943,25 +959,25 @@ impl Source for ReadSrc {
     }
 
     #[inline]
-    fn wr(&mut self, _n: u64) -> Option<SendWr<Chunk>> {
-        let i = self.free.pop()?;
-        let buf = self.slots[i].take()?;
-        self.used[i] = true;
-        Some(SendWr::read(buf, 0..self.size, self.remote).id(i as u64))
+    fn take(&mut self, _n: u64) -> Option<Prepared<Chunk>> {
+        let p = self.free.pop()?;
+        self.used[p.id() as usize] = true;
+        Some(p)
     }
 
-    fn done(&mut self, done: Done<Chunk>) {
-        let i = done.id as usize;
-        self.slots[i] = Some(done.buf);
-        self.free.push(i);
+    fn done(&mut self, done: Done<Prepared<Chunk>>) {
+        self.free.push(done.buf);
     }
 }
 
 impl ReadSrc {
     /// Every buffer a READ landed in holds the server's pattern.
     fn check(&self, q: usize, want: &[u8]) -> Res<()> {
-        for (i, slot) in self.slots.iter().enumerate().filter(|(i, _)| self.used[*i]) {
-            let got: &[u8] = slot.as_deref().ok_or_else(|| format!("QP {q}: read buffer {i} never came back"))?;
+        if self.free.len() < self.used.len() {
+            return Err(format!("QP {q}: {} read buffers never came back", self.used.len() - self.free.len()).into());
+        }
+        for (i, p) in self.free.iter().map(|p| (p.id(), p)).filter(|&(i, _)| self.used[i as usize]) {
+            let got: &[u8] = p.buf();
             if let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) {
                 return Err(format!(
                     "data check failed on QP {q}: byte {at} of {} read into buffer {i} is {:#04x}, the pattern has {:#04x}",
@@ -979,8 +995,7 @@ impl ReadSrc {
 /// send_bw: every request sends a free buffer of the pool, stamped with its number;
 /// the server's credit word says how many may be sent in all.
 struct SendSrc {
-    free: Vec<Chunk>,
-    size: usize,
+    free: Vec<Prepared<Chunk>>,
     credit: MemoryRegion<AlignedBuf, RemoteWritable>,
 }
 
@@ -999,13 +1014,13 @@ impl Source for SendSrc {
     }
 
     #[inline]
-    fn wr(&mut self, n: u64) -> Option<SendWr<Chunk>> {
-        let mut buf = self.free.pop()?;
-        put_stamp(&mut buf, n);
-        Some(SendWr::send(buf, 0..self.size))
+    fn take(&mut self, n: u64) -> Option<Prepared<Chunk>> {
+        let mut p = self.free.pop()?;
+        put_stamp(p.bytes_mut(), n);
+        Some(p)
     }
 
-    fn done(&mut self, done: Done<Chunk>) {
+    fn done(&mut self, done: Done<Prepared<Chunk>>) {
         self.free.push(done.buf);
     }
 

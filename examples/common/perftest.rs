@@ -238,7 +238,9 @@ pub fn loopback<T: Send>(
         let server = server.join().map_err(|_| "the server thread panicked")?;
         match (client, server) {
             (Ok(v), Ok(())) => Ok(v),
-            (Err(e), _) => Err(e),
+            (Err(e), Ok(())) => Err(e),
+            // Both: the server's says what it found (a data check names the byte).
+            (Err(e), Err(s)) => Err(format!("{e}; server: {s}").into()),
             (Ok(_), Err(e)) => Err(format!("server: {e}").into()),
         }
     })

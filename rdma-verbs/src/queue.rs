@@ -256,6 +256,7 @@ impl<E> Ring<E> {
     /// commits those, and on a failure (`failure`, the provider's, outranks `refused`, the
     /// check that stopped the batch) returns the error with every entry not posted, in
     /// order: the staged ones, the refused one, then `rest`.
+    #[inline]
     fn finish_batch(
         &mut self,
         (n, posted): (usize, usize),
@@ -267,6 +268,19 @@ impl<E> Ring<E> {
             self.commit(n);
             return Ok(n);
         }
+        self.batch_failed((n, posted), failure, refused, rest)
+    }
+
+    /// The failure path of [`finish_batch`](Self::finish_batch), out of line.
+    #[cold]
+    #[inline(never)]
+    fn batch_failed(
+        &mut self,
+        (n, posted): (usize, usize),
+        failure: Option<Error>,
+        refused: Option<(Error, E)>,
+        rest: impl Iterator<Item = E>,
+    ) -> Result<usize, (Error, Vec<E>)> {
         let mut unposted = Vec::new();
         for i in posted..n {
             // SAFETY: the caller staged 0..n and did not commit them; each is read once.
@@ -456,6 +470,17 @@ pub(crate) struct SendLimits {
     pub(crate) max_inline: u32,
     /// A UD QP: every request needs an address handle, and none other may have one.
     pub(crate) ud: bool,
+}
+
+impl SendLimits {
+    /// The limits as one word, to tell in one comparison whether two QPs take the same
+    /// requests: equal keys, equal `max_inline` and `ud`, and `max_sge` equal or both at
+    /// least [`MAX_SGE`] (no safe request has more SGEs).
+    #[inline]
+    pub(crate) fn key(self) -> u64 {
+        let sge = self.max_sge.min(MAX_SGE as u32);
+        u64::from(self.max_inline) << 32 | u64::from(sge) << 1 | u64::from(self.ud)
+    }
 }
 
 impl QueuePair {

@@ -29,6 +29,8 @@ struct Inner<T> {
     wr: SendWr<T>,
     /// The limits it was checked against (the preparing QP's max_send_sge, max_inline_data).
     limits: Limits,
+    /// `limits.key()`, compared at each post.
+    key: u64,
     /// What it needs of a QP: SGEs, and bytes inline (0 when not inline).
     needs: (u32, u32),
 }
@@ -48,7 +50,8 @@ impl<T: SendBuf> Prepared<T> {
             Err(e) => return Err((e, wr)),
         };
         let needs = needs(&wr, n);
-        let mut inner = Box::new(Inner { raw: MaybeUninit::uninit(), sges, wr, limits, needs });
+        let key = limits.key();
+        let mut inner = Box::new(Inner { raw: MaybeUninit::uninit(), sges, wr, limits, key, needs });
         let Inner { raw, sges, wr, .. } = &mut *inner;
         SendQueue::classic(wr, 0, sges, n, raw);
         Ok(Prepared { inner })
@@ -191,6 +194,8 @@ pub struct PreparedQueue<T: SendBuf> {
     raw: *mut ffi::ibv_qp,
     qp_num: u32,
     limits: Limits,
+    /// `limits.key()`.
+    key: u64,
     tag: Tag,
     claim: Claim<crate::qp::QpInner>,
 }
@@ -217,6 +222,7 @@ impl QueuePair {
             raw: self.as_raw(),
             qp_num: self.qp_num(),
             limits: self.send_limits(),
+            key: self.send_limits().key(),
             tag: Tag::reserve()?,
             claim,
         })
@@ -245,7 +251,7 @@ impl<T: SendBuf> PreparedQueue<T> {
     /// (prepared here, or for a QP alike), else when what it needs fits.
     #[inline]
     fn takes(&self, p: &Prepared<T>) -> Result<()> {
-        if p.inner.limits == self.limits {
+        if p.inner.key == self.key {
             return Ok(());
         }
         let (sges, inline) = p.inner.needs;

@@ -22,7 +22,7 @@ use rdma_verbs::{
 };
 
 use crate::datapath::{chunks, poll_one};
-use crate::{device_name, LeakCheck};
+use crate::{device_name, example, LeakCheck};
 
 /// The bound on every wait of these tests.
 const T: Duration = Duration::from_secs(10);
@@ -32,7 +32,8 @@ const STARTUP: Duration = Duration::from_secs(60);
 /// How long a child process may take to do its whole exchange and exit.
 const CHILD: Duration = Duration::from_secs(30);
 
-fn rdma_ip() -> IpAddr {
+/// The IP address of the netdev under the device (scripts/rxe exports RDMA_IP).
+pub(crate) fn rdma_ip() -> IpAddr {
     let ip = std::env::var("RDMA_IP").unwrap_or_default();
     ip.parse().unwrap_or_else(|_| {
         panic!(
@@ -93,7 +94,7 @@ fn isolated(test: &str, body: impl FnOnce()) {
 /// librdmacm opens a device's context the first time one of its ids binds to that
 /// device and keeps it open for the life of the process. Open it before the leak check
 /// takes its snapshot, so that the check sees only what a test leaves behind.
-fn cm_leak_check() -> LeakCheck {
+pub(crate) fn cm_leak_check() -> LeakCheck {
     static OPEN: Once = Once::new();
     OPEN.call_once(|| {
         let channel = EventChannel::new().unwrap();
@@ -437,19 +438,6 @@ fn a_udp_id_learns_the_peers_qp_number_qkey_and_address_and_a_datagram_arrives()
 }
 
 // ---- processes: our examples and librdmacm's -----------------------------------------
-
-/// An example binary of this workspace, built on the host beforehand.
-fn example(name: &str) -> PathBuf {
-    // target/<profile>/deps/device-<hash> -> target/<profile>/examples/<name>
-    let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().and_then(|deps| deps.parent()).unwrap().join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the examples first (`cargo build --examples` on the host)",
-        path.display()
-    );
-    path
-}
 
 /// One of librdmacm's example programs (Debian: rdmacm-utils).
 fn librdmacm_tool(name: &str) -> PathBuf {

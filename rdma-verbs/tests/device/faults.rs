@@ -12,9 +12,9 @@
 //! on a shared one), and the disconnecting side's posted receives come back flushed.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{mpsc, Once};
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -26,8 +26,9 @@ use rdma_verbs::{
     RtsAttr, WcStatus, WorkCompletion,
 };
 
+use crate::cm::{cm_leak_check, rdma_ip};
 use crate::datapath::{chunks, poll_one};
-use crate::{device_name, open, LeakCheck, ResourceCounts};
+use crate::{open, LeakCheck, ResourceCounts};
 
 /// Which part a re-executed test binary plays.
 const ROLE: &str = "RDMA_VERBS_FAULTS_ROLE";
@@ -383,27 +384,6 @@ fn peer_killed_mid_transfer_fails_every_outstanding_request_exactly_once_within_
 const CM_BOUND: Duration = Duration::from_secs(10);
 const CM_ADDR: &str = "RDMA_VERBS_FAULTS_CM_ADDR";
 const CONNECTED: &str = "peer-connected";
-
-fn rdma_ip() -> IpAddr {
-    let ip = std::env::var("RDMA_IP").unwrap_or_default();
-    ip.parse().unwrap_or_else(|_| {
-        panic!("RDMA_IP is {ip:?}: rdma_cm tests need the address of the netdev under the device (scripts/rxe sets it)")
-    })
-}
-
-/// librdmacm opens the device's context the first time an id binds to it and keeps it for
-/// the life of the process: open it before the leak check takes its snapshot (as cm.rs
-/// does).
-fn cm_leak_check() -> LeakCheck {
-    static OPEN: Once = Once::new();
-    OPEN.call_once(|| {
-        let channel = EventChannel::new().unwrap();
-        let id = CmId::new(&channel, PortSpace::Tcp).unwrap();
-        id.bind(SocketAddr::new(rdma_ip(), 0)).unwrap();
-        assert_eq!(id.context().unwrap().name(), device_name(), "rdma_cm picked the device under RDMA_IP");
-    });
-    LeakCheck::new()
-}
 
 /// The peer: connects to the survivor, says so, and waits to be killed.
 fn cm_peer() {

@@ -41,6 +41,21 @@ mod tools;
 
 use rdma_verbs::Context;
 
+/// An example binary of this workspace, next to this test binary (built on the host
+/// beforehand: `cargo build --examples`, which scripts/test does).
+pub fn example(name: &str) -> std::path::PathBuf {
+    // target/<profile>/deps/device-<hash> -> target/<profile>/examples/<name>
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(std::path::Path::parent).expect("test binary in target/<profile>/deps");
+    let path = profile_dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the examples first (`cargo build --examples`; scripts/test does)",
+        path.display()
+    );
+    path
+}
+
 /// Skipping is not an option: name the device or fail.
 pub fn device_name() -> String {
     if let Ok(name) = std::env::var("RDMA_DEVICE") {

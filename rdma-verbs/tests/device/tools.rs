@@ -4,7 +4,7 @@
 //! iterations each: the test bed emulates its CPU.
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
@@ -12,25 +12,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{device_name, gid_index, open, LeakCheck};
+use crate::{device_name, example, gid_index, open, LeakCheck};
 
 /// A run never takes this long, even when the first start of a debug binary from the
 /// shared folder takes seconds under emulation.
 const LIMIT: Duration = Duration::from_secs(180);
-
-/// An example of this workspace, next to this test binary.
-fn tool(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/device-<hash> -> target/<profile>/examples/<name>
-    let profile_dir = exe.parent().and_then(Path::parent).expect("test binary in target/<profile>/deps");
-    let path = profile_dir.join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the examples first (`cargo build --examples`; scripts/test does)",
-        path.display()
-    );
-    path
-}
 
 /// The device flags every run takes.
 fn dev_args() -> Vec<String> {
@@ -62,7 +48,7 @@ impl Finished {
 
 impl Proc {
     fn spawn(name: &str, args: &[String]) -> Proc {
-        let path = tool(name);
+        let path = example(name);
         let mut child = Command::new(&path)
             .args(args)
             .stdin(Stdio::null())

@@ -148,7 +148,7 @@ impl Loops {
             .iter()
             .map(|&b| {
                 let wr = |i| SendWr::write(Arc::clone(&src), 0..LEN, remote).signaled(i + 1 == b);
-                (0..b).map(|i| pq.prepare(wr(i)).map_err(|(e, _)| e).unwrap()).collect()
+                (0..b).map(|i| pq.prepare(wr(i)).unwrap()).collect()
             })
             .collect();
         let raw = pair(ctx, pd);
@@ -158,7 +158,7 @@ impl Loops {
     fn prepared(&mut self, batch: usize) {
         let i = BATCHES.iter().position(|&b| b == batch).unwrap();
         let ps = &mut self.preps[i];
-        self.pq.post_batch(ps.drain(..)).map_err(|(e, _)| e).unwrap();
+        self.pq.post_batch(ps.drain(..)).unwrap();
         let n = poll_until_one(&mut self.prepared.cq, &mut self.wcs);
         for wc in &mut self.wcs[..n] {
             // In posting order: the batch comes back as it was.
@@ -169,7 +169,7 @@ impl Loops {
     fn safe(&mut self, batch: usize) {
         let (src, remote) = (&self.src, self.remote);
         let wrs = (0..batch).map(|i| SendWr::write(Arc::clone(src), 0..LEN, remote).signaled(i + 1 == batch));
-        self.sq.post_batch(wrs).map_err(|(e, _)| e).unwrap();
+        self.sq.post_batch(wrs).unwrap();
         let n = poll_until_one(&mut self.safe.cq, &mut self.wcs);
         for wc in &mut self.wcs[..n] {
             self.sq.complete(wc, drop).unwrap();
@@ -346,12 +346,12 @@ fn benches(c: &mut Criterion) {
                 let t = Instant::now();
                 for _ in 0..k {
                     let buf = bufs.pop().unwrap();
-                    rq.post(buf, 0..64, 0).map_err(|(e, _)| e).unwrap();
+                    rq.post(buf, 0..64, 0).unwrap();
                 }
                 total += t.elapsed();
                 // Drain: A sends k messages into them.
                 for _ in 0..k {
-                    sq.post(SendWr::send(Arc::clone(&src), 0..8)).map_err(|(e, _)| e).unwrap();
+                    sq.post(SendWr::send(Arc::clone(&src), 0..8)).unwrap();
                     let n = poll_until_one(&mut safe.cq, &mut wcs);
                     for wc in &mut wcs[..n] {
                         sq.complete(wc, drop).unwrap();

@@ -388,7 +388,7 @@ fn run(o: &Options) -> Result<(), AnyError> {
     let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
     let mut sq: SendQueue<Chunk> = qp.send_queue()?;
     for c in chunks {
-        rq.post(c, 0..o.size, 0).map_err(|(e, _)| e)?;
+        rq.post(c, 0..o.size, 0)?;
     }
     if o.events {
         cq.arm(false)?;
@@ -413,7 +413,7 @@ fn run(o: &Options) -> Result<(), AnyError> {
             let mut buf = buf.ok_or("the send buffer is still posted")?;
             messages.fill(n, &mut buf[..o.size]);
             let wr = SendWr::send(buf, 0..o.size);
-            sq.post(if inline { wr.inline() } else { wr }).map_err(|(e, _)| e)?;
+            sq.post(if inline { wr.inline() } else { wr })?;
             Ok(())
         };
 
@@ -448,7 +448,7 @@ fn run(o: &Options) -> Result<(), AnyError> {
             if wc.opcode().is_recv() {
                 let done = rq.complete(wc)?;
                 messages.check(rcnt, done.byte_len, &done.buf[..o.size])?;
-                rq.post(done.buf, 0..o.size, 0).map_err(|(e, _)| e)?;
+                rq.post(done.buf, 0..o.size, 0)?;
                 rcnt += 1;
                 pending &= !RECV;
             } else {

@@ -93,12 +93,12 @@ fn run(opts: &Options) -> Result<(), String> {
     send_buf.copy_from_slice(MESSAGE);
     let mut rq: RecvQueue<Chunk> = qp.recv_queue().map_err(err)?;
     let mut sq: SendQueue<Chunk> = qp.send_queue().map_err(err)?;
-    rq.post(recv_buf, 0..MSG_LEN, 1).map_err(|(e, _)| err(e))?;
+    rq.post(recv_buf, 0..MSG_LEN, 1).map_err(|r| err(r.error))?;
 
     id.connect(&ConnParam::new(), opts.timeout).map_err(err)?;
 
     let wr = SendWr::send(send_buf, 0..MSG_LEN).id(2);
-    sq.post(if inline { wr.inline() } else { wr }).map_err(|(e, _)| err(e))?;
+    sq.post(if inline { wr.inline() } else { wr }).map_err(|r| err(r.error))?;
     let mut wc = wait_one(&mut cq, opts.timeout, "send")?;
     sq.complete(&mut wc, drop).map_err(err)?;
     let mut wc = wait_one(&mut cq, opts.timeout, "receive")?;

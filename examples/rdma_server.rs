@@ -93,7 +93,7 @@ fn run(opts: &Options) -> Result<(), String> {
     let (mut send_buf, recv_buf) = (bufs.remove(0), bufs.remove(0));
     let mut rq: RecvQueue<Chunk> = qp.recv_queue().map_err(err)?;
     let mut sq: SendQueue<Chunk> = qp.send_queue().map_err(err)?;
-    rq.post(recv_buf, 0..MSG_LEN, 1).map_err(|(e, _)| err(e))?;
+    rq.post(recv_buf, 0..MSG_LEN, 1).map_err(|r| err(r.error))?;
 
     id.accept(&ConnParam::new(), opts.timeout).map_err(err)?;
 
@@ -105,7 +105,7 @@ fn run(opts: &Options) -> Result<(), String> {
     send_buf[..n].copy_from_slice(&msg[..n]);
 
     let wr = SendWr::send(send_buf, 0..MSG_LEN).id(2);
-    sq.post(if inline { wr.inline() } else { wr }).map_err(|(e, _)| err(e))?;
+    sq.post(if inline { wr.inline() } else { wr }).map_err(|r| err(r.error))?;
     let mut wc = wait_one(&mut cq, opts.timeout, "send")?;
     sq.complete(&mut wc, drop).map_err(err)?;
     // Like librdmacm's example: the client may be gone already, which is no failure.

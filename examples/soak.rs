@@ -42,7 +42,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpAccess,
-    QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, SendQueue, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    QpType, QueuePair, RecvQueue, Refused, RemoteMr, RemoteWritable, SendQueue, SendWr, WcOpcode, WcStatus,
+    WorkCompletion,
 };
 
 /// The largest message, and the size of each lane's buffers.
@@ -322,7 +323,7 @@ impl Pair {
             _a_qp: a,
         };
         for (i, c) in b_chunks.into_iter().enumerate() {
-            pair.b_rq.post(c, 0..SLOT, i as u64).map_err(|(e, _)| e)?;
+            pair.b_rq.post(c, 0..SLOT, i as u64)?;
             pair.rq.posts += 1;
         }
         Ok(pair)
@@ -389,7 +390,7 @@ impl Pair {
                     self.lanes[lane].flight =
                         Some(Flight { kind, len, crc, sent: false, checked: false, since: Instant::now() });
                 }
-                Err((e, wr)) => {
+                Err(Refused { error: e, value: wr }) => {
                     self.lanes[lane].chunk = Some(wr.into_buf());
                     self.fail(format!("lane {lane}: posting a {kind:?} of {len} bytes: {e}"));
                 }
@@ -461,7 +462,7 @@ impl Pair {
             self.check_landed(sh, opcode, imm, &d.buf, d.byte_len);
             match self.b_rq.post(d.buf, 0..SLOT, d.id) {
                 Ok(()) => self.rq.posts += 1,
-                Err((e, _)) => self.fail(format!("reposting a receive: {e}")),
+                Err(Refused { error: e, .. }) => self.fail(format!("reposting a receive: {e}")),
             }
         }
         Ok(n)

@@ -212,18 +212,18 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
         Phase::Recv { n } => {
             for i in 0..n {
                 let buf = free.pop().ok_or("out of receive buffers")?;
-                lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+                lo.rq.post(buf, 0..LEN, i as u64)?;
             }
         }
         Phase::SendBatch { n, k } => {
             for _ in 0..n {
                 for i in 0..k {
                     let buf = free.pop().ok_or("out of receive buffers")?;
-                    lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+                    lo.rq.post(buf, 0..LEN, i as u64)?;
                 }
                 let wrs = (0..k).map(|i| SendWr::send(Arc::clone(src), 0..LEN).id(i as u64));
                 let sq = lo.sq.as_mut().ok_or("no send queue")?;
-                let posted = sq.post_batch(wrs).map_err(|(e, _)| e)?;
+                let posted = sq.post_batch(wrs)?;
                 assert_eq!(posted, k, "post_batch reports every request posted or an error");
                 drain(&mut lo.cq_a, k, |wc| {
                     sq.complete(wc, drop)?;
@@ -250,7 +250,7 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
             for _ in 0..n {
                 for i in 0..k {
                     let buf = free.pop().ok_or("out of receive buffers")?;
-                    lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+                    lo.rq.post(buf, 0..LEN, i as u64)?;
                 }
                 if matching {
                     lent[..k].fill(Some(&**src));
@@ -279,7 +279,7 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
             for _ in 0..n {
                 for i in 0..k {
                     let buf = free.pop().ok_or("out of receive buffers")?;
-                    lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+                    lo.rq.post(buf, 0..LEN, i as u64)?;
                 }
                 for i in 0..k {
                     sges[i] = ffi::ibv_sge { addr: src.addr(), length: LEN as u32, lkey: src.lkey() };
@@ -315,7 +315,7 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
                 for _ in 0..n {
                     for i in 0..k {
                         let buf = free.pop().ok_or("out of receive buffers")?;
-                        rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+                        rq.post(buf, 0..LEN, i as u64)?;
                     }
                     s.post(&mut chain)?;
                     settle();
@@ -333,14 +333,14 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
             let mut pq = lo.qps.0.prepared_queue::<Arc<Chunk>>()?;
             let mut ps = Vec::with_capacity(k);
             for i in 0..k {
-                ps.push(pq.prepare(SendWr::send(Arc::clone(src), 0..LEN).id(i as u64)).map_err(|(e, _)| e)?);
+                ps.push(pq.prepare(SendWr::send(Arc::clone(src), 0..LEN).id(i as u64))?);
             }
             for _ in 0..n {
                 for i in 0..k {
                     let buf = free.pop().ok_or("out of receive buffers")?;
-                    lo.rq.post(buf, 0..LEN, i as u64).map_err(|(e, _)| e)?;
+                    lo.rq.post(buf, 0..LEN, i as u64)?;
                 }
-                let posted = pq.post_batch(ps.drain(..)).map_err(|(e, _)| e)?;
+                let posted = pq.post_batch(ps.drain(..))?;
                 assert_eq!(posted, k, "post_batch reports every request posted or an error");
                 drain(&mut lo.cq_a, k, |wc| {
                     // Completions come in posting order: `ps` keeps its order.

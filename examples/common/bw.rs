@@ -452,7 +452,7 @@ impl Bw {
             let bufs = pd.register(AlignedBuf::new(size * depth as usize)?, AccessFlags::LOCAL_WRITE)?;
             for (i, mut b) in bufs.into_chunks(size)?.into_iter().enumerate() {
                 put_stamp(&mut b, !(i as u64 + 1));
-                rq.post(b, 0..size, 0).map_err(|(e, _)| e)?;
+                rq.post(b, 0..size, 0)?;
             }
             let conn = hs.connect(stream)?;
             let peer = match conn.remote.mr {
@@ -517,7 +517,7 @@ impl Bw {
                         fault = check_message(&done, &want, lane.received).err().map(|e| format!("QP {q}, {e}"));
                     }
                     put_stamp(&mut done.buf, !(lane.posted + 1));
-                    lane.rq.post(done.buf, 0..size, 0).map_err(|(e, _)| e)?;
+                    lane.rq.post(done.buf, 0..size, 0)?;
                     lane.posted += 1;
                 }
                 for lane in &mut lanes {
@@ -741,7 +741,7 @@ impl Bw {
                         }
                         src.next(n, signaled)
                     });
-                    lane.posted += lane.sq.post_batch(wrs).map_err(|(e, _)| e)? as u64;
+                    lane.posted += lane.sq.post_batch(wrs).map_err(rdma_verbs::Error::from)? as u64;
                     lane.last_signaled = last_signaled;
                     lane.tail_signaled = last_signaled == lane.posted;
                 }
@@ -753,7 +753,7 @@ impl Bw {
                     && lane.src.available(lane.posted) > 0
                 {
                     if let Some(p) = lane.src.next(lane.posted + 1, true) {
-                        lane.sq.post(p).map_err(|(e, _)| e)?;
+                        lane.sq.post(p).map_err(rdma_verbs::Error::from)?;
                         lane.posted += 1;
                         lane.last_signaled = lane.posted;
                         lane.tail_signaled = true;
@@ -885,7 +885,7 @@ impl<S: Source> Lane<S> {
         src: impl FnOnce(Vec<Prepared<S::Buf>>) -> S,
     ) -> Res<Self> {
         let sq = qp.prepared_queue()?;
-        let free = wrs.map(|wr| sq.prepare(wr).map_err(|(e, _)| e.into())).collect::<Res<_>>()?;
+        let free = wrs.map(|wr| sq.prepare(wr).map_err(|r| rdma_verbs::Error::from(r).into())).collect::<Res<_>>()?;
         Ok(Lane { sq, src: src(free), posted: 0, last_signaled: 0, tail_signaled: true, _qp: qp })
     }
 }
@@ -1055,7 +1055,7 @@ impl RxLane {
             return Ok(());
         };
         buf.copy_from_slice(&self.posted.to_le_bytes());
-        self.sq.post(SendWr::write(buf, 0..8, self.peer)).map_err(|(e, _)| e)?;
+        self.sq.post(SendWr::write(buf, 0..8, self.peer))?;
         self.credited = self.posted;
         Ok(())
     }

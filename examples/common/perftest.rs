@@ -610,7 +610,7 @@ fn lat_side(
     if test == LatTest::Send {
         let bufs = pd.register(AlignedBuf::new(size * LAT_DEPTH as usize)?, AccessFlags::LOCAL_WRITE)?;
         for (i, b) in bufs.into_chunks(size)?.into_iter().enumerate() {
-            rq.post(b, 0..size, i as u64).map_err(|(e, _)| e)?;
+            rq.post(b, 0..size, i as u64)?;
         }
     }
     let conn = hs.connect(stream)?;
@@ -645,7 +645,7 @@ fn lat_side(
     let free = pool
         .into_chunks(size)?
         .into_iter()
-        .map(|buf| sq.prepare(make(buf)?).map_err(|(e, _)| e.into()))
+        .map(|buf| sq.prepare(make(buf)?).map_err(Into::into))
         .collect::<Res<Vec<_>>>()?;
     let mut ping = Pinger {
         sq,
@@ -767,7 +767,7 @@ impl Pinger {
         }
         self.posted += 1;
         p.set_signaled(last || self.posted % self.moderation == 0);
-        self.sq.post(p).map_err(|(e, _)| e)?;
+        self.sq.post(p).map_err(rdma_verbs::Error::from)?;
         Ok(())
     }
 
@@ -780,7 +780,7 @@ impl Pinger {
             if wc.opcode().is_recv() {
                 let done = rq.complete(wc)?;
                 let len = done.buf.len();
-                rq.post(done.buf, 0..len, done.id).map_err(|(e, _)| e)?;
+                rq.post(done.buf, 0..len, done.id)?;
                 self.recvs += 1;
             } else {
                 let free = &mut self.free;

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
 use crate::pd::ProtectionDomain;
@@ -114,7 +114,7 @@ impl AhAttr {
 
     /// Checks the address against the port before any C code sees it: the port exists,
     /// RoCE ports are addressed by GID, the source GID slot is in use, the fields fit.
-    pub(crate) fn check(&self, ctx: &Context, verb: &'static str) -> Result<PortAttr> {
+    pub(crate) fn check(&self, ctx: &Context, verb: Verb) -> Result<PortAttr> {
         let bad = |what: String| Err(Error::invalid(verb, what));
         let port = ctx.query_port(self.port)?;
         if self.sl > 15 {
@@ -178,12 +178,12 @@ impl AddressHandle {
     /// port first; on RoCE the kernel resolves the remote MAC address here.
     #[doc(alias = "ibv_create_ah")]
     pub fn new(pd: &ProtectionDomain, attr: &AhAttr) -> Result<AddressHandle> {
-        attr.check(pd.context(), "ibv_create_ah")?;
+        attr.check(pd.context(), Verb::CreateAh)?;
         let mut raw_attr = attr.to_ffi();
         // SAFETY: the PD is live and `raw_attr` is a valid address vector for the call.
         let raw = unsafe { ffi::ibv_create_ah(pd.as_raw(), &mut raw_attr) };
         // SAFETY: a new AH that only this Owned destroys.
-        let raw = unsafe { Owned::new(raw, "ibv_create_ah") }.map_err(|e| match e.errno() {
+        let raw = unsafe { Owned::new(raw, Verb::CreateAh) }.map_err(|e| match e.errno() {
             Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::ENODATA) => {
                 e.with_hint("the kernel found no route or neighbour for the remote GID from this source GID")
             }
@@ -211,7 +211,7 @@ impl AddressHandle {
     /// Destroys the handle now and reports the result (`ibv_destroy_ah`). Fails with
     /// EBUSY, destroying nothing yet, while clones are alive.
     pub fn destroy(self) -> Result<()> {
-        destroy_shared(self.inner, "ibv_destroy_ah", |inner| inner.raw.destroy())
+        destroy_shared(self.inner, Verb::DestroyAh, |inner| inner.raw.destroy())
     }
 }
 

@@ -19,7 +19,7 @@ use std::ops::{Deref, DerefMut, Range};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::mr::{AccessMode, Local, MemoryRegion, RegisterableBuffer, RemoteMr};
 
@@ -54,7 +54,7 @@ where
     /// The region is kept registered until the last chunk is dropped.
     pub fn into_chunks(self, chunk_len: usize) -> Result<Vec<Chunk<A>>> {
         if chunk_len == 0 {
-            return Err(Error::invalid("into_chunks", "chunk length 0"));
+            return Err(Error::invalid(Verb::IntoChunks, "chunk length 0"));
         }
         let (base, len, lkey, rkey) = (self.as_ptr(), self.len(), self.lkey(), self.rkey());
         let region: Arc<dyn KeepAlive> = Arc::new(self);
@@ -211,13 +211,13 @@ pub trait ExclusiveBuf: SendBuf {}
 #[cold]
 #[inline(never)]
 fn out_of_range(range: &Range<usize>, len: usize) -> Error {
-    Error::invalid("ibv_post_send", format!("range {range:?} is outside a {len}-byte buffer"))
+    Error::invalid(Verb::PostSend, format!("range {range:?} is outside a {len}-byte buffer"))
 }
 
 #[cold]
 #[inline(never)]
 fn too_long() -> Error {
-    Error::invalid("ibv_post_send", "an SGE is at most 4 GiB - 1")
+    Error::invalid(Verb::PostSend, "an SGE is at most 4 GiB - 1")
 }
 
 #[inline]
@@ -271,7 +271,7 @@ impl<S: Segment + Send + 'static, const N: usize> SendBuf for [S; N] {
             let (lo, hi) = (range.start.max(base), range.end.min(base + len));
             if lo < hi {
                 if n == MAX_SGE {
-                    return Err(Error::invalid("ibv_post_send", format!("more than {MAX_SGE} SGEs in one request")));
+                    return Err(Error::invalid(Verb::PostSend, format!("more than {MAX_SGE} SGEs in one request")));
                 }
                 out[n].write(seg.seg_sge(lo - base..hi - base)?);
                 n += 1;

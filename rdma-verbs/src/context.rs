@@ -1,12 +1,13 @@
 //! An open device (`struct ibv_context`): the root every other object hangs from.
 
-use std::ffi::{c_int, CStr};
+use std::ffi::CStr;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::conv;
 use crate::device::{devices, DeviceAttr};
-use crate::error::{Error, Plane, Result};
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
 use crate::port::{choose_roce_gid, GidEntry, PortAttr};
@@ -60,7 +61,7 @@ impl Context {
         // SAFETY: the caller guarantees `dev` is valid.
         let raw = unsafe { ffi::ibv_open_device(dev) };
         // SAFETY: a new context that only this Owned closes.
-        let raw = unsafe { Owned::new(raw, "ibv_open_device")? };
+        let raw = unsafe { Owned::new(raw, Verb::OpenDevice)? };
         Self::with_raw(RawContext::Owned(raw), name.to_owned())
     }
 
@@ -94,7 +95,7 @@ impl Context {
     /// A context from a CM id ([`CmId::context`](crate::cm::CmId::context)) is librdmacm's:
     /// this releases the handle and leaves the device open.
     pub fn destroy(self) -> Result<()> {
-        destroy_shared(self.inner, "ibv_close_device", |inner| match inner.raw {
+        destroy_shared(self.inner, Verb::CloseDevice, |inner| match inner.raw {
             RawContext::Owned(raw) => raw.destroy(),
             RawContext::Borrowed { .. } => Ok(()),
         })
@@ -120,30 +121,26 @@ impl Context {
         let mut attr: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: the context is open and `attr` is a valid out-pointer.
         let rc = unsafe { ffi::ibv_query_device(self.as_raw(), &mut attr) };
-        if rc != 0 {
-            return Err(Error::verb("ibv_query_device", Plane::Control, rc));
-        }
+        conv::rc(Verb::QueryDevice, rc)?;
         Ok(DeviceAttr::from_raw(&attr))
     }
 
     /// Port attributes (`ibv_query_port`). Ports are numbered from 1.
     #[doc(alias = "ibv_query_port")]
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
-        self.check_port("ibv_query_port", port)?;
+        self.check_port(Verb::QueryPort, port)?;
         // SAFETY: ibv_port_attr is plain data; all-zero is a valid value.
         let mut attr: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: the context is open, the port exists, `attr` is a valid out-pointer.
         let rc = unsafe { ffi::ibv_query_port(self.as_raw(), port, &mut attr) };
-        if rc != 0 {
-            return Err(Error::verb("ibv_query_port", Plane::Control, rc));
-        }
+        conv::rc(Verb::QueryPort, rc)?;
         Ok(PortAttr::from_raw(&attr))
     }
 
     /// The port's GID table, empty slots left out (one `ibv_query_gid_table` call).
     #[doc(alias = "ibv_query_gid_table")]
     pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
-        self.check_port("ibv_query_gid_table", port)?;
+        self.check_port(Verb::QueryGidTable, port)?;
         // The call returns the valid entries of every port; size the buffer for all.
         let mut max = 0usize;
         for p in 1..=self.inner.ports {
@@ -154,7 +151,7 @@ impl Context {
         // SAFETY: the context is open and `entries` has room for `max` entries.
         let n = unsafe { ffi::ibv_query_gid_table(self.as_raw(), entries.as_mut_ptr(), max, 0) };
         if n < 0 {
-            return Err(Error::verb("ibv_query_gid_table", Plane::Control, (-n) as i32));
+            return Err(Error::verb(Verb::QueryGidTable, (-n) as i32));
         }
         entries.truncate(n as usize);
         Ok(entries.iter().filter(|e| e.port_num == u32::from(port)).map(GidEntry::from_raw).collect())
@@ -165,7 +162,7 @@ impl Context {
         let len = self.query_port(port)?.gid_tbl_len;
         if index >= len {
             return Err(Error::invalid(
-                "ibv_query_gid_ex",
+                Verb::QueryGidEx,
                 format!("GID index {index} is past the table of port {port} ({len} entries)"),
             ));
         }
@@ -177,9 +174,7 @@ impl Context {
         let mut entry: ffi::ibv_gid_entry = unsafe { std::mem::zeroed() };
         // SAFETY: the context is open and `entry` is a valid out-pointer of the size given.
         let rc = unsafe { ffi::ibv_query_gid_ex(self.as_raw(), u32::from(port), index, &mut entry, 0) };
-        if rc != 0 {
-            return Err(Error::verb("ibv_query_gid_ex", Plane::Control, rc));
-        }
+        conv::rc(Verb::QueryGidEx, rc)?;
         Ok(entry)
     }
 
@@ -195,7 +190,7 @@ impl Context {
         choose_roce_gid(&table).cloned().ok_or_else(|| Error::NoRoceV2Gid { device: self.name().to_owned(), port })
     }
 
-    fn check_port(&self, verb: &'static str, port: u8) -> Result<()> {
+    fn check_port(&self, verb: Verb, port: u8) -> Result<()> {
         let ports = self.inner.ports;
         if port == 0 || port > ports {
             return Err(Error::invalid(
@@ -204,15 +199,6 @@ impl Context {
             ));
         }
         Ok(())
-    }
-
-    /// Raw errno-style return to Result, for the modules of this crate.
-    pub(crate) fn check(verb: &'static str, plane: Plane, rc: c_int) -> Result<()> {
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(Error::verb(verb, plane, rc))
-        }
     }
 }
 

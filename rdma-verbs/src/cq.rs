@@ -53,7 +53,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::context::Context;
-use crate::error::{Error, Plane, Result};
+use crate::conv;
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
 use crate::wc::WorkCompletion;
@@ -152,7 +153,7 @@ pub(crate) struct CqReservation {
 impl CqReservation {
     /// Sets `n` entries of `cq` aside for `what`, or refuses when the CQ cannot hold them
     /// on top of what the other queues on it reserved.
-    pub(crate) fn take(cq: &Arc<CqInner>, n: u64, verb: &'static str, what: &str) -> Result<Self> {
+    pub(crate) fn take(cq: &Arc<CqInner>, n: u64, verb: Verb, what: &str) -> Result<Self> {
         let mut reserved = cq.reserved.lock().unwrap_or_else(|p| p.into_inner());
         let entries = cq.entries();
         if *reserved + n > entries {
@@ -210,7 +211,7 @@ impl CqBuilder<'_> {
     /// the device's `max_cqe`, or `comp_vector` is not below the device's vector count.
     #[doc(alias = "ibv_create_cq")]
     pub fn build(self) -> Result<CompletionQueue> {
-        const VERB: &str = "ibv_create_cq";
+        const VERB: Verb = Verb::CreateCq;
         let ctx = self.ctx;
         if self.cqe == 0 {
             return Err(Error::invalid(VERB, "cqe 0: a CQ needs at least one entry"));
@@ -262,14 +263,14 @@ fn new_channel(ctx: &Context) -> Result<Owned<ffi::ibv_comp_channel>> {
     // SAFETY: the context is open.
     let raw = unsafe { ffi::ibv_create_comp_channel(ctx.as_raw()) };
     // SAFETY: a new channel that only this Owned destroys.
-    let channel = unsafe { Owned::new(raw, "ibv_create_comp_channel")? };
+    let channel = unsafe { Owned::new(raw, Verb::CreateCompChannel)? };
     // SAFETY: the channel is live; its fd is open for as long as the channel is.
     let fd = unsafe { (*channel.as_ptr()).fd };
     // SAFETY: fcntl on an open fd with integer arguments.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     // SAFETY: as above.
     if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(Error::last_os("fcntl(O_NONBLOCK) on the completion channel", Plane::Control));
+        return Err(Error::last_os(Verb::SetFl));
     }
     Ok(channel)
 }
@@ -358,11 +359,11 @@ impl CompletionQueue {
     /// one event; arm again after each. See the [module docs](self) for the order.
     #[doc(alias = "ibv_req_notify_cq")]
     pub fn arm(&mut self, solicited_only: bool) -> Result<()> {
-        self.channel("ibv_req_notify_cq")?;
+        self.channel(Verb::ReqNotifyCq)?;
         // SAFETY: the CQ is live and `&mut self` keeps a poll of it from running meanwhile
         // (providers read the consumer index when arming).
         let rc = unsafe { ffi::ibv_req_notify_cq(self.as_raw(), c_int::from(solicited_only)) };
-        Context::check("ibv_req_notify_cq", Plane::Data, rc)
+        conv::rc(Verb::ReqNotifyCq, rc)
     }
 
     /// Sleeps until the armed CQ raises an event, or for at most `timeout`
@@ -371,7 +372,7 @@ impl CompletionQueue {
     /// next one. Completions are not returned here: poll for them.
     #[doc(alias = "ibv_get_cq_event")]
     pub fn wait(&mut self, timeout: Option<Duration>) -> Result<()> {
-        let fd = self.channel_fd_or("ibv_get_cq_event")?;
+        let fd = self.channel_fd_or(Verb::GetCqEvent)?;
         // A timeout too large for the clock is no timeout.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
@@ -387,7 +388,7 @@ impl CompletionQueue {
             // SAFETY: one valid pollfd.
             let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
             if rc < 0 {
-                let e = Error::last_os("poll on the completion channel", Plane::Control);
+                let e = Error::last_os(Verb::Poll);
                 if e.errno() == Some(libc::EINTR) {
                     continue;
                 }
@@ -397,7 +398,7 @@ impl CompletionQueue {
                 return Ok(());
             }
             if rc == 0 && ms == 0 {
-                return Err(Error::Timeout { verb: "ibv_get_cq_event", timeout: timeout.unwrap_or_default() });
+                return Err(Error::Timeout { verb: Verb::GetCqEvent, timeout: timeout.unwrap_or_default() });
             }
             // Woken with nothing to read (another reader of the fd took it), or the
             // rounded-up sleep ended a hair early: look again with the time left.
@@ -408,13 +409,12 @@ impl CompletionQueue {
     /// `Ok(false)` when not. For event loops that saw the [file descriptor](AsRawFd)
     /// become readable.
     pub fn try_wait(&mut self) -> Result<bool> {
-        let channel = self.channel("ibv_get_cq_event")?;
+        let channel = self.channel(Verb::GetCqEvent)?;
         let mut cq = ptr::null_mut();
         let mut cq_context = ptr::null_mut();
         // SAFETY: the channel is live; its fd is non-blocking, so this returns at once.
         let rc = unsafe { ffi::ibv_get_cq_event(channel, &mut cq, &mut cq_context) };
-        if rc != 0 {
-            let e = Error::last_os("ibv_get_cq_event", Plane::Control);
+        if let Err(e) = conv::rc(Verb::GetCqEvent, rc) {
             return match e.errno() {
                 Some(libc::EAGAIN | libc::EINTR) => Ok(false),
                 _ => Err(e),
@@ -450,23 +450,23 @@ impl CompletionQueue {
     /// Destroys the CQ now, then its channel, and reports the result (`ibv_destroy_cq`).
     /// Fails with EBUSY, freeing nothing yet, while QPs or SRQs that use the CQ are alive.
     pub fn destroy(self) -> Result<()> {
-        destroy_shared(self.inner, "ibv_destroy_cq", CqInner::destroy)
+        destroy_shared(self.inner, Verb::DestroyCq, CqInner::destroy)
     }
 
-    fn channel(&self, verb: &'static str) -> Result<*mut ffi::ibv_comp_channel> {
+    fn channel(&self, verb: Verb) -> Result<*mut ffi::ibv_comp_channel> {
         match &self.inner.channel {
             Some(ch) => Ok(ch.as_ptr()),
             None => Err(no_channel(verb)),
         }
     }
 
-    fn channel_fd_or(&self, verb: &'static str) -> Result<RawFd> {
+    fn channel_fd_or(&self, verb: Verb) -> Result<RawFd> {
         self.channel_fd().ok_or_else(|| no_channel(verb))
     }
 }
 
 #[cold]
-fn no_channel(verb: &'static str) -> Error {
+fn no_channel(verb: Verb) -> Error {
     Error::invalid(verb, "this CQ has no completion channel: build it with CompletionQueue::builder(..).with_channel()")
 }
 
@@ -475,7 +475,7 @@ fn no_channel(verb: &'static str) -> Error {
 fn poll_error(rc: c_int) -> Error {
     // Providers return a negative number, not always an errno (mlx5 returns -2).
     let errno = if rc == -libc::EOPNOTSUPP { libc::EOPNOTSUPP } else { libc::EIO };
-    Error::verb("ibv_poll_cq", Plane::Data, errno).with_hint(format!(
+    Error::verb(Verb::PollCq, errno).with_hint(format!(
         "the provider returned {rc}: the CQ is unusable, usually because it overran \
          (more completions outstanding than its cqe entries) or the device failed"
     ))
@@ -491,7 +491,7 @@ impl AsRawFd for CompletionQueue {
     fn as_raw_fd(&self) -> RawFd {
         match self.channel_fd() {
             Some(fd) => fd,
-            None => panic!("{}", no_channel("CompletionQueue::as_raw_fd")),
+            None => panic!("{}", no_channel(Verb::CqFd)),
         }
     }
 }

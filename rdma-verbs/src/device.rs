@@ -5,7 +5,8 @@ use std::fmt;
 use std::ptr::NonNull;
 
 use crate::context::Context;
-use crate::error::{Error, Plane, Result};
+use crate::conv;
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 
 /// The devices present when [`devices`] was called (`ibv_get_device_list`).
@@ -24,7 +25,7 @@ pub fn devices() -> Result<DeviceList> {
     let mut n = 0;
     // SAFETY: `n` is a valid out-pointer; the list is freed by DeviceList's Drop.
     let raw = unsafe { ffi::ibv_get_device_list(&mut n) };
-    let raw = NonNull::new(raw).ok_or_else(|| Error::last_os("ibv_get_device_list", Plane::Control))?;
+    let raw = conv::ptr(Verb::GetDeviceList, raw)?;
     Ok(DeviceList { raw, len: usize::try_from(n).unwrap_or(0) })
 }
 

@@ -64,7 +64,7 @@ use std::io::{self, Read, Write};
 use std::time::{Instant, SystemTime};
 
 use crate::ah::{AddressHandle, AhAttr, Remote};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Verb};
 use crate::mr::RemoteMr;
 use crate::port::{Gid, Mtu, PortAttr};
 use crate::qp::{InitAttr, QpAccess, QpState, QpType, QueuePair, RemoteQpInfo, RtrAttr, RtsAttr, MAX_PSN};
@@ -459,7 +459,7 @@ impl Status {
 fn io_error(e: io::Error, what: &'static str, started: Instant) -> Error {
     match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-            Error::Timeout { verb: what, timeout: started.elapsed() }
+            Error::Timeout { verb: Verb::Handshake, timeout: started.elapsed() }
         }
         io::ErrorKind::UnexpectedEof => {
             Error::Io { what, source: io::Error::new(io::ErrorKind::UnexpectedEof, "the peer closed the connection") }
@@ -698,7 +698,7 @@ impl<'a> Handshake<'a> {
 
     /// The port's attributes, the GID index to send from, and the endpoint to send.
     fn local(&self) -> Result<(PortAttr, u8, Endpoint)> {
-        const VERB: &str = "Handshake";
+        const VERB: Verb = Verb::Handshake;
         let ctx = self.qp.context();
         let port_num = self.init.port;
         let port = ctx.query_port(port_num)?;
@@ -765,7 +765,7 @@ impl<'a> Handshake<'a> {
     /// error on both. A read timeout set on the stream bounds each read.
     pub fn connect<S: Read + Write + ?Sized>(&self, stream: &mut S) -> Result<Connection> {
         if self.qp.qp_type() == QpType::Ud {
-            return Err(Error::invalid("Handshake::connect", "UD QPs are not connected: call ready_ud()"));
+            return Err(Error::invalid(Verb::Handshake, "UD QPs are not connected: call ready_ud()"));
         }
         let (port, sgid_index, local) = self.local()?;
         self.init()?;
@@ -794,12 +794,12 @@ impl<'a> Handshake<'a> {
     pub fn ready_ud<S: Read + Write + ?Sized>(&self, stream: &mut S) -> Result<UdPeer> {
         if self.qp.qp_type() != QpType::Ud {
             return Err(Error::invalid(
-                "Handshake::ready_ud",
+                Verb::Handshake,
                 format!("ready_ud() is for UD QPs; a {} QP is connected with connect()", self.qp.qp_type()),
             ));
         }
         if self.mr.is_some() {
-            return Err(Error::invalid("Handshake::ready_ud", "UD QPs cannot do RDMA: advertise no memory region"));
+            return Err(Error::invalid(Verb::Handshake, "UD QPs cannot do RDMA: advertise no memory region"));
         }
         let (port, sgid_index, local) = self.local()?;
         self.init()?;
@@ -1149,7 +1149,7 @@ mod tests {
         let (mut a, _b) = pair();
         a.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
         let e = exchange(&mut a, &rc()).unwrap_err();
-        assert!(matches!(e, Error::Timeout { verb: "reading the peer's endpoint", .. }), "{e}");
+        assert!(matches!(e, Error::Timeout { verb: Verb::Handshake, .. }), "{e}");
     }
 
     #[test]

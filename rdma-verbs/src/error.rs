@@ -1,13 +1,19 @@
-//! One error type for the whole crate.
+//! One error type for the whole crate, at the bottom of it: nothing here names a module
+//! above (see `docs/architecture.md`).
 //!
-//! Every error names the verb that failed. Errors from C carry the errno as a
-//! [`std::io::Error`], say which plane of the RDMA stack they came from, and, where the
-//! usual cause is known, give a one-line hint.
+//! Every error names the [`Verb`] that failed, a C call or the method of ours that checks
+//! arguments before one. Errors from C carry the errno as a [`std::io::Error`], say which
+//! plane of the RDMA stack they came from, and, where the usual cause is known, give a
+//! one-line hint. A value that a call did not take comes back with its error in a
+//! [`Refused`].
 
 use std::borrow::Cow;
 use std::fmt;
 use std::io;
 use std::time::Duration;
+
+use crate::endpoint::WireError;
+use crate::wc::{WcOpcode, WcStatus};
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -32,17 +38,191 @@ impl fmt::Display for Plane {
     }
 }
 
+macro_rules! verbs {
+    ($($(#[$m:meta])* $v:ident = $name:literal, $plane:ident;)*) => {
+        /// What failed: a C call of libibverbs or librdmacm, or the method of this crate that
+        /// checks arguments before one. Its [`Display`](fmt::Display) is the C name (or the
+        /// method's path); the hints of [`Error`] are chosen per variant, so the compiler
+        /// checks every one of them.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum Verb {
+            $($(#[$m])* #[doc = concat!("`", $name, "`")] $v,)*
+        }
+
+        impl Verb {
+            /// The C function's name, or the method's path.
+            pub const fn name(self) -> &'static str {
+                match self { $(Verb::$v => $name,)* }
+            }
+
+            /// The plane of the RDMA stack this call takes.
+            pub const fn plane(self) -> Plane {
+                match self { $(Verb::$v => Plane::$plane,)* }
+            }
+        }
+    };
+}
+
+verbs! {
+    GetDeviceList = "ibv_get_device_list", Control;
+    OpenDevice = "ibv_open_device", Control;
+    CloseDevice = "ibv_close_device", Control;
+    QueryDevice = "ibv_query_device", Control;
+    QueryPort = "ibv_query_port", Control;
+    QueryGidTable = "ibv_query_gid_table", Control;
+    QueryGidEx = "ibv_query_gid_ex", Control;
+    AllocPd = "ibv_alloc_pd", Control;
+    DeallocPd = "ibv_dealloc_pd", Control;
+    RegMr = "ibv_reg_mr", Control;
+    RegMrIova2 = "ibv_reg_mr_iova2", Control;
+    DeregMr = "ibv_dereg_mr", Control;
+    CreateCompChannel = "ibv_create_comp_channel", Control;
+    DestroyCompChannel = "ibv_destroy_comp_channel", Control;
+    CreateCq = "ibv_create_cq", Control;
+    DestroyCq = "ibv_destroy_cq", Control;
+    ReqNotifyCq = "ibv_req_notify_cq", Control;
+    GetCqEvent = "ibv_get_cq_event", Control;
+    CreateQp = "ibv_create_qp", Control;
+    CreateQpEx = "ibv_create_qp_ex", Control;
+    QpToQpEx = "ibv_qp_to_qp_ex", Control;
+    ModifyQp = "ibv_modify_qp", Control;
+    QueryQp = "ibv_query_qp", Control;
+    DestroyQp = "ibv_destroy_qp", Control;
+    CreateSrq = "ibv_create_srq", Control;
+    ModifySrq = "ibv_modify_srq", Control;
+    QuerySrq = "ibv_query_srq", Control;
+    DestroySrq = "ibv_destroy_srq", Control;
+    CreateAh = "ibv_create_ah", Control;
+    DestroyAh = "ibv_destroy_ah", Control;
+    GetAsyncEvent = "ibv_get_async_event", Control;
+    PostSend = "ibv_post_send", Data;
+    PostRecv = "ibv_post_recv", Data;
+    PostSrqRecv = "ibv_post_srq_recv", Data;
+    PollCq = "ibv_poll_cq", Data;
+    WrStart = "ibv_wr_start", Data;
+    CreateEventChannel = "rdma_create_event_channel", Control;
+    GetCmEvent = "rdma_get_cm_event", Control;
+    CreateId = "rdma_create_id", Control;
+    DestroyId = "rdma_destroy_id", Control;
+    BindAddr = "rdma_bind_addr", Control;
+    Listen = "rdma_listen", Control;
+    ResolveAddr = "rdma_resolve_addr", Control;
+    ResolveRoute = "rdma_resolve_route", Control;
+    CmCreateQp = "rdma_create_qp_ex", Control;
+    Connect = "rdma_connect", Control;
+    Accept = "rdma_accept", Control;
+    Reject = "rdma_reject", Control;
+    Disconnect = "rdma_disconnect", Control;
+    /// Reading the file descriptor flags of a channel.
+    GetFl = "fcntl(F_GETFL)", Control;
+    /// Making a channel's file descriptor non-blocking.
+    SetFl = "fcntl(F_SETFL)", Control;
+    /// Waiting on a channel's file descriptor.
+    Poll = "poll", Control;
+    /// Claiming a queue of a QP or SRQ ([`crate::QueuePair::send_queue`] and friends).
+    Claim = "claiming a queue", Data;
+    /// Allocating page-aligned memory.
+    AlignedBufNew = "AlignedBuf::new", Control;
+    /// Cutting a region into chunks.
+    IntoChunks = "MemoryRegion::into_chunks", Control;
+    /// Building a scatter/gather entry of a region.
+    MrSge = "MemoryRegion::sge", Data;
+    /// An atomic view of 8 bytes of a region.
+    MrAtomicU64 = "MemoryRegion::atomic_u64", Data;
+    /// Copying bytes into a region.
+    MrWriteAt = "MemoryRegion::write_at", Data;
+    /// Copying bytes out of a region.
+    MrReadAt = "MemoryRegion::read_at", Data;
+    /// Handing out a remote descriptor of a region.
+    MrRemote = "MemoryRegion::remote", Control;
+    /// A part of a remote region.
+    RemoteSlice = "RemoteMr::slice", Data;
+    /// Decoding a remote region a peer sent.
+    RemoteFromBytes = "RemoteMr::from_bytes", Control;
+    /// The file descriptor of a CQ's completion channel.
+    CqFd = "CompletionQueue::as_raw_fd", Control;
+    /// The device context of a CM id.
+    CmContext = "CmId::context", Control;
+    /// The endpoint exchange over a byte stream ([`crate::Handshake`]).
+    Handshake = "endpoint handshake", Control;
+}
+
+impl fmt::Display for Verb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Verb {
+    /// The usual causes of an errno from this verb, as operators meet them.
+    fn hint(self, errno: i32) -> Option<&'static str> {
+        use Verb as V;
+        Some(match (self, errno) {
+            (V::RegMr | V::RegMrIova2, libc::ENOMEM | libc::EAGAIN) => {
+                "the locked-memory limit is too low for this registration: raise `ulimit -l` \
+                 (memlock in /etc/security/limits.conf, LimitMEMLOCK= for systemd services)"
+            }
+            (V::RegMr | V::RegMrIova2, libc::EFAULT) => "the buffer is not mapped memory of this process",
+            (V::RegMr | V::RegMrIova2, libc::EINVAL) => {
+                "remote write or atomic access also needs local write access, or the device refuses these flags"
+            }
+            (V::OpenDevice, libc::EACCES | libc::EPERM) => {
+                "no permission on /dev/infiniband/uverbs*: add the user to the rdma group or fix the udev rules"
+            }
+            (V::OpenDevice, libc::ENOSYS | libc::EOPNOTSUPP) => {
+                "no user-space provider for this device: install the provider library (ibverbs-providers / rdma-core)"
+            }
+            (V::AllocPd | V::CreateCq | V::CreateQp | V::CreateQpEx | V::CreateSrq | V::CreateAh, libc::EAGAIN) => {
+                "the kernel refused more objects: the device's limits, or an rdma cgroup limit (rdma.max)"
+            }
+            (V::ModifyQp, libc::EINVAL) => {
+                "an attribute is missing or not allowed for this state transition (RESET->INIT->RTR->RTS)"
+            }
+            (V::PostSend | V::PostRecv | V::PostSrqRecv, libc::ENOMEM) => {
+                "the queue is full: poll completions before posting more"
+            }
+            (V::PostSend | V::PostRecv | V::PostSrqRecv, libc::EINVAL) => {
+                "the work request is malformed for this QP (too many SGEs, inline data too large, or wrong QP state)"
+            }
+            (_, libc::ENOMEM) => {
+                "the device or the kernel ran out of resources: check the device limits (max_qp, max_cqe, ...)"
+            }
+            (_, libc::EOPNOTSUPP | libc::ENOSYS) => "the provider or the kernel does not support this operation",
+            (_, libc::ETIMEDOUT) => "the peer did not answer: check the link, the GID and the remote QP state",
+            _ => return None,
+        })
+    }
+
+    /// The usual cause of a wait on this verb that ran out of time.
+    fn timeout_hint(self) -> Option<&'static str> {
+        Some(match self {
+            Verb::GetCqEvent => {
+                "no completion arrived: was the CQ armed (req_notify) before the request completed, \
+                 and was a signaled request posted at all?"
+            }
+            Verb::GetAsyncEvent => "the device reported nothing: usual for a healthy device",
+            Verb::GetCmEvent | Verb::ResolveAddr | Verb::ResolveRoute | Verb::Connect | Verb::Accept => {
+                "the peer or the fabric did not answer: check the address and port, that the server \
+                 listens, and the route (ping the peer's IP over the RDMA netdev)"
+            }
+            Verb::Handshake => {
+                "the peer sent nothing in time: is it running, on the same port, and past its own setup?"
+            }
+            _ => return None,
+        })
+    }
+}
+
 /// Everything that can go wrong in this crate.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A verb returned an error.
-    #[error("{verb} failed ({plane}): {source}{}", Hint(.hint))]
+    #[error("{verb} failed ({}): {source}{}", .verb.plane(), Hint(.hint.as_deref()))]
     Verb {
-        /// The C function that failed, e.g. `ibv_reg_mr`.
-        verb: &'static str,
-        /// Which path through the stack the verb took.
-        plane: Plane,
+        /// The call that failed.
+        verb: Verb,
         /// The errno the verb reported.
         #[source]
         source: io::Error,
@@ -53,7 +233,7 @@ pub enum Error {
     #[error("{verb}: invalid argument: {what}")]
     InvalidArgument {
         /// The verb the argument was meant for.
-        verb: &'static str,
+        verb: Verb,
         /// What is wrong with it.
         what: Cow<'static, str>,
     },
@@ -82,18 +262,27 @@ pub enum Error {
         /// The port number.
         port: u8,
     },
-    /// A work request completed with an error status (see
-    /// [`WorkCompletion::ok`](crate::wc::WorkCompletion::ok)). A data-plane failure: the
-    /// provider and the hardware (or the peer) ended the request, no errno is involved.
+    /// A work request completed with an error status. A data-plane failure: the provider
+    /// and the hardware (or the peer) ended the request, no errno is involved.
+    ///
+    /// Made by a queue's completion ([`Done::result`](crate::Done::result)), it names the
+    /// operation and the caller's id; made from a bare completion
+    /// ([`WorkCompletion::ok`](crate::WorkCompletion::ok)) it can name only the `wr_id`.
     #[error(
-        "work request wr_id {wr_id} on QP {qp_num} failed: {status} (vendor_err {vendor_err:#x}; {plane}){}",
-        Hint(&.status.hint().map(Cow::Borrowed)),
-        plane = Plane::Data
+        "{} on QP {qp_num:#x} failed: {status} (vendor_err {vendor_err:#x}; {}){}",
+        WhatFailed { op: *.op, id: *.id, wr_id: *.wr_id },
+        Plane::Data,
+        Hint(.status.hint())
     )]
     WorkCompletion {
         /// The completion status.
-        status: crate::wc::WcStatus,
-        /// The `wr_id` of the failed work request.
+        status: WcStatus,
+        /// The operation, when the queue that posted it says (a failed completion's own
+        /// opcode field is undefined).
+        op: Option<WcOpcode>,
+        /// The caller's id of the request, when the queue that posted it says.
+        id: Option<u64>,
+        /// The `wr_id` the request was posted with (a safe queue's own, not the caller's).
         wr_id: u64,
         /// The local QP number.
         qp_num: u32,
@@ -105,7 +294,7 @@ pub enum Error {
     #[error("{verb}: connection rejected (reject reason {status}: {reason})")]
     Rejected {
         /// The call that asked for the connection, e.g. `rdma_connect`.
-        verb: &'static str,
+        verb: Verb,
         /// The transport's reason code: on InfiniBand and RoCE the IB CM reject reason
         /// (see [`RejectReason`](crate::cm::RejectReason)), on iWARP a negative errno.
         status: i32,
@@ -115,10 +304,10 @@ pub enum Error {
         private_data: Vec<u8>,
     },
     /// A wait ran out of time.
-    #[error("{verb}: timed out after {timeout:?}")]
+    #[error("{verb}: timed out after {timeout:?}{}", Hint(.verb.timeout_hint()))]
     Timeout {
         /// What was being waited for.
-        verb: &'static str,
+        verb: Verb,
         /// How long we waited.
         timeout: Duration,
     },
@@ -140,11 +329,11 @@ pub enum Error {
         what: &'static str,
         /// What is wrong.
         #[source]
-        source: crate::endpoint::WireError,
+        source: WireError,
     },
 }
 
-struct Hint<'a>(&'a Option<Cow<'static, str>>);
+struct Hint<'a>(Option<&'a str>);
 
 impl fmt::Display for Hint<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -155,22 +344,35 @@ impl fmt::Display for Hint<'_> {
     }
 }
 
+/// "RDMA WRITE id 7" when the queue said, "work request wr_id 0x..." when not.
+struct WhatFailed {
+    op: Option<WcOpcode>,
+    id: Option<u64>,
+    wr_id: u64,
+}
+
+impl fmt::Display for WhatFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.op, self.id) {
+            (Some(op), Some(id)) => write!(f, "{op} id {id}"),
+            (Some(op), None) => write!(f, "{op} (wr_id {:#x})", self.wr_id),
+            (None, Some(id)) => write!(f, "work request id {id}"),
+            (None, None) => write!(f, "work request wr_id {:#x}", self.wr_id),
+        }
+    }
+}
+
 impl Error {
     /// An error from a verb that reported `errno`, with the usual hint for that pair.
-    pub fn verb(verb: &'static str, plane: Plane, errno: i32) -> Self {
-        Error::Verb {
-            verb,
-            plane,
-            source: io::Error::from_raw_os_error(errno),
-            hint: known_hint(verb, errno).map(Cow::Borrowed),
-        }
+    pub fn verb(verb: Verb, errno: i32) -> Self {
+        Error::Verb { verb, source: io::Error::from_raw_os_error(errno), hint: verb.hint(errno).map(Cow::Borrowed) }
     }
 
     /// An error from a verb that signalled failure and left the cause in `errno`.
-    pub fn last_os(verb: &'static str, plane: Plane) -> Self {
+    pub fn last_os(verb: Verb) -> Self {
         let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
         // Some verbs fail without setting errno; 0 would print as "Success".
-        Self::verb(verb, plane, if errno == 0 { libc::EIO } else { errno })
+        Self::verb(verb, if errno == 0 { libc::EIO } else { errno })
     }
 
     /// Replaces the hint (for callers that know more than the errno says).
@@ -182,7 +384,7 @@ impl Error {
     }
 
     /// An argument rejected before calling C.
-    pub fn invalid(verb: &'static str, what: impl Into<Cow<'static, str>>) -> Self {
+    pub fn invalid(verb: Verb, what: impl Into<Cow<'static, str>>) -> Self {
         Error::InvalidArgument { verb, what: what.into() }
     }
 
@@ -197,58 +399,85 @@ impl Error {
     /// The plane a failed verb belongs to, for errors that came from C.
     pub fn plane(&self) -> Option<Plane> {
         match self {
-            Error::Verb { plane, .. } => Some(*plane),
+            Error::Verb { verb, .. } => Some(verb.plane()),
             Error::WorkCompletion { .. } => Some(Plane::Data),
             _ => None,
         }
     }
 
     /// The verb this error is about, when there is one.
-    pub fn verb_name(&self) -> Option<&'static str> {
+    pub fn verb_of(&self) -> Option<Verb> {
         match self {
             Error::Verb { verb, .. }
             | Error::InvalidArgument { verb, .. }
             | Error::Timeout { verb, .. }
-            | Error::Rejected { verb, .. } => Some(verb),
-            Error::WorkCompletion { .. } => Some("ibv_poll_cq"),
+            | Error::Rejected { verb, .. } => Some(*verb),
+            Error::WorkCompletion { .. } => Some(Verb::PollCq),
             _ => None,
         }
     }
+
+    /// The name of the verb this error is about, when there is one.
+    pub fn verb_name(&self) -> Option<&'static str> {
+        self.verb_of().map(Verb::name)
+    }
 }
 
-/// The usual causes of an errno from a verb, as operators meet them.
-fn known_hint(verb: &str, errno: i32) -> Option<&'static str> {
-    Some(match (verb, errno) {
-        ("ibv_reg_mr" | "ibv_reg_mr_iova2", libc::ENOMEM | libc::EAGAIN) => {
-            "the locked-memory limit is too low for this registration: raise `ulimit -l` \
-             (memlock in /etc/security/limits.conf, LimitMEMLOCK= for systemd services)"
-        }
-        ("ibv_reg_mr" | "ibv_reg_mr_iova2", libc::EFAULT) => "the buffer is not mapped memory of this process",
-        ("ibv_reg_mr" | "ibv_reg_mr_iova2", libc::EINVAL) => {
-            "remote write or atomic access also needs local write access, or the device refuses these flags"
-        }
-        ("ibv_open_device", libc::EACCES | libc::EPERM) => {
-            "no permission on /dev/infiniband/uverbs*: add the user to the rdma group or fix the udev rules"
-        }
-        ("ibv_open_device", libc::ENOSYS | libc::EOPNOTSUPP) => {
-            "no user-space provider for this device: install the provider library (ibverbs-providers / rdma-core)"
-        }
-        ("ibv_modify_qp", libc::EINVAL) => {
-            "an attribute is missing or not allowed for this state transition (RESET->INIT->RTR->RTS)"
-        }
-        ("ibv_post_send" | "ibv_post_recv" | "ibv_post_srq_recv", libc::ENOMEM) => {
-            "the queue is full: poll completions before posting more"
-        }
-        ("ibv_post_send" | "ibv_post_recv" | "ibv_post_srq_recv", libc::EINVAL) => {
-            "the work request is malformed for this QP (too many SGEs, inline data too large, or wrong QP state)"
-        }
-        (_, libc::ENOMEM) => {
-            "the device or the kernel ran out of resources: check the device limits (max_qp, max_cqe, ...)"
-        }
-        (_, libc::EOPNOTSUPP | libc::ENOSYS) => "the provider or the kernel does not support this operation",
-        (_, libc::ETIMEDOUT) => "the peer did not answer: check the link, the GID and the remote QP state",
-        _ => return None,
-    })
+/// A value that a call did not take, handed back with the reason: a refused post brings
+/// back its work request (and buffer), a failed completion its buffer. Like std's
+/// [`TrySendError<T>`](std::sync::mpsc::TrySendError), it is an [`Error`](std::error::Error)
+/// and converts into this crate's [`Error`] (dropping the value), so `?` works.
+pub struct Refused<T> {
+    /// Why.
+    pub error: Error,
+    /// What comes back.
+    pub value: T,
+}
+
+impl<T> Refused<T> {
+    /// The reason and the value.
+    pub fn new(error: Error, value: T) -> Self {
+        Refused { error, value }
+    }
+
+    /// The value, dropping the reason.
+    pub fn into_value(self) -> T {
+        self.value
+    }
+
+    /// The reason and the value, apart.
+    pub fn into_parts(self) -> (Error, T) {
+        (self.error, self.value)
+    }
+
+    /// The same reason with the value changed by `f`.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Refused<U> {
+        Refused { error: self.error, value: f(self.value) }
+    }
+}
+
+impl<T> fmt::Debug for Refused<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Refused").field("error", &self.error).finish_non_exhaustive()
+    }
+}
+
+impl<T> fmt::Display for Refused<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<T> std::error::Error for Refused<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<T> From<Refused<T>> for Error {
+    fn from(r: Refused<T>) -> Error {
+        r.error
+    }
 }
 
 #[cfg(test)]
@@ -257,7 +486,7 @@ mod tests {
 
     #[test]
     fn reg_mr_enomem_names_the_verb_the_plane_and_memlock() {
-        let e = Error::verb("ibv_reg_mr", Plane::Control, libc::ENOMEM);
+        let e = Error::verb(Verb::RegMr, libc::ENOMEM);
         let text = e.to_string();
         assert!(text.starts_with("ibv_reg_mr failed (control plane"), "{text}");
         assert!(text.contains("ulimit -l"), "{text}");
@@ -267,14 +496,55 @@ mod tests {
 
     #[test]
     fn post_send_error_is_data_plane() {
-        let e = Error::verb("ibv_post_send", Plane::Data, libc::EINVAL);
+        let e = Error::verb(Verb::PostSend, libc::EINVAL);
         assert!(e.to_string().contains("data plane"), "{e}");
         assert!(e.to_string().contains("malformed"), "{e}");
     }
 
     #[test]
     fn unknown_errno_has_no_hint() {
-        let e = Error::verb("ibv_alloc_pd", Plane::Control, libc::EXDEV);
+        let e = Error::verb(Verb::AllocPd, libc::EXDEV);
         assert!(!e.to_string().contains("hint"), "{e}");
+    }
+
+    #[test]
+    fn eagain_on_create_points_at_the_rdma_cgroup() {
+        let e = Error::verb(Verb::CreateQpEx, libc::EAGAIN);
+        assert!(e.to_string().contains("rdma cgroup"), "{e}");
+    }
+
+    #[test]
+    fn a_failed_completion_from_a_queue_names_the_operation_the_callers_id_the_qp_and_a_hint() {
+        let e = Error::WorkCompletion {
+            status: WcStatus::RemAccessErr,
+            op: Some(WcOpcode::RdmaWrite),
+            id: Some(7),
+            wr_id: 1 << 40,
+            qp_num: 0x11,
+            vendor_err: 0,
+        };
+        let text = e.to_string();
+        assert!(text.starts_with("RDMA WRITE id 7 on QP 0x11 failed: remote access error"), "{text}");
+        assert!(text.contains("hint: the peer refused the memory access"), "{text}");
+        assert!(!text.contains("1099511627776"), "the queue's wr_id stays out: {text}");
+    }
+
+    #[test]
+    fn timeouts_carry_a_hint() {
+        let e = Error::Timeout { verb: Verb::GetCqEvent, timeout: Duration::from_millis(5) };
+        assert!(e.to_string().contains("hint: no completion arrived"), "{e}");
+    }
+
+    #[test]
+    fn a_refusal_converts_with_question_mark_and_keeps_the_value_until_then() {
+        fn post() -> Result<(), Refused<Vec<u8>>> {
+            Err(Refused::new(Error::invalid(Verb::PostSend, "full"), vec![1, 2]))
+        }
+        fn caller() -> Result<()> {
+            post()?;
+            Ok(())
+        }
+        assert_eq!(post().unwrap_err().into_value(), vec![1, 2]);
+        assert!(matches!(caller(), Err(Error::InvalidArgument { verb: Verb::PostSend, .. })));
     }
 }

@@ -22,11 +22,12 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use crate::context::Context;
-use crate::error::{Error, Plane, Result};
+use crate::conv;
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::port::c_enum;
 
-const VERB: &str = "ibv_get_async_event";
+const VERB: Verb = Verb::GetAsyncEvent;
 
 c_enum! {
     /// What happened (`enum ibv_event_type`).
@@ -225,12 +226,12 @@ impl Context {
         // SAFETY: fcntl on a descriptor the open context owns; F_GETFL reads flags only.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
         if flags < 0 {
-            return Err(Error::last_os("fcntl(F_GETFL)", Plane::Control));
+            return Err(Error::last_os(Verb::GetFl));
         }
         if flags & libc::O_NONBLOCK == 0 {
             // SAFETY: as above; adds O_NONBLOCK to the file status flags.
             if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-                return Err(Error::last_os("fcntl(F_SETFL)", Plane::Control));
+                return Err(Error::last_os(Verb::SetFl));
             }
         }
         Ok(AsyncEvents { ctx: self.clone() })
@@ -265,8 +266,7 @@ impl AsyncEvents {
             // SAFETY: the context is open and `ev` is a valid out-pointer; the descriptor
             // is non-blocking (set when this handle was made), so this does not block.
             let rc = unsafe { ffi::ibv_get_async_event(self.ctx.as_raw(), &mut ev) };
-            if rc != 0 {
-                let err = Error::last_os(VERB, Plane::Control);
+            if let Err(err) = conv::rc(VERB, rc) {
                 match err.errno() {
                     Some(libc::EAGAIN) => return Ok(None),
                     Some(libc::EINTR) => continue,
@@ -307,7 +307,7 @@ impl AsyncEvents {
             // SAFETY: one valid pollfd.
             let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
             if rc < 0 {
-                let err = Error::last_os("poll", Plane::Control);
+                let err = Error::last_os(Verb::Poll);
                 if err.errno() != Some(libc::EINTR) {
                     return Err(err);
                 }

@@ -5,13 +5,14 @@ use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use crate::error::{Error, Plane, Result};
+use crate::conv;
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 
 /// A C object with a destroy verb.
 pub(crate) trait RawObject {
     /// The destroy verb's name, for errors.
-    const DESTROY: &'static str;
+    const DESTROY: Verb;
     /// Calls the destroy verb, returning 0 or an errno (or -1 with errno set).
     ///
     /// # Safety
@@ -29,8 +30,8 @@ impl<T: RawObject> Owned<T> {
     ///
     /// # Safety
     /// `raw` must be NULL or a live object that nothing else destroys.
-    pub(crate) unsafe fn new(raw: *mut T, create_verb: &'static str) -> Result<Self> {
-        NonNull::new(raw).map(Owned).ok_or_else(|| Error::last_os(create_verb, Plane::Control))
+    pub(crate) unsafe fn new(raw: *mut T, create_verb: Verb) -> Result<Self> {
+        conv::ptr(create_verb, raw).map(Owned)
     }
 
     pub(crate) fn as_ptr(&self) -> *mut T {
@@ -42,11 +43,7 @@ impl<T: RawObject> Owned<T> {
         let me = ManuallyDrop::new(self);
         // SAFETY: `me` is never dropped, so this is the one destroy of a live object.
         let rc = unsafe { T::destroy(me.0.as_ptr()) };
-        match rc {
-            0 => Ok(()),
-            -1 => Err(Error::last_os(T::DESTROY, Plane::Control)),
-            errno => Err(Error::verb(T::DESTROY, Plane::Control, errno.abs())),
-        }
+        conv::rc(T::DESTROY, rc)
     }
 }
 
@@ -61,14 +58,10 @@ impl<T: RawObject> Drop for Owned<T> {
 
 /// `destroy(self)` for an Arc-shared object: destroys it when this is the last handle,
 /// and otherwise says who still holds it (the last holder frees it on drop).
-pub(crate) fn destroy_shared<I>(
-    inner: Arc<I>,
-    verb: &'static str,
-    destroy: impl FnOnce(I) -> Result<()>,
-) -> Result<()> {
+pub(crate) fn destroy_shared<I>(inner: Arc<I>, verb: Verb, destroy: impl FnOnce(I) -> Result<()>) -> Result<()> {
     match Arc::try_unwrap(inner) {
         Ok(inner) => destroy(inner),
-        Err(shared) => Err(Error::verb(verb, Plane::Control, libc::EBUSY).with_hint(format!(
+        Err(shared) => Err(Error::verb(verb, libc::EBUSY).with_hint(format!(
             "{} other handles or child objects still use it; it is freed when the last of them is dropped",
             Arc::strong_count(&shared) - 1
         ))),
@@ -76,9 +69,9 @@ pub(crate) fn destroy_shared<I>(
 }
 
 macro_rules! raw_object {
-    ($($t:ty => $verb:ident),* $(,)?) => {$(
+    ($($t:ty => $verb:ident, $name:ident);* $(;)?) => {$(
         impl RawObject for $t {
-            const DESTROY: &'static str = stringify!($verb);
+            const DESTROY: Verb = Verb::$name;
             unsafe fn destroy(raw: *mut Self) -> c_int {
                 // SAFETY: forwarded from the caller's contract.
                 unsafe { ffi::$verb(raw) }
@@ -88,12 +81,12 @@ macro_rules! raw_object {
 }
 
 raw_object! {
-    ffi::ibv_context => ibv_close_device,
-    ffi::ibv_pd => ibv_dealloc_pd,
-    ffi::ibv_mr => ibv_dereg_mr,
-    ffi::ibv_cq => ibv_destroy_cq,
-    ffi::ibv_qp => ibv_destroy_qp,
-    ffi::ibv_srq => ibv_destroy_srq,
-    ffi::ibv_ah => ibv_destroy_ah,
-    ffi::ibv_comp_channel => ibv_destroy_comp_channel,
+    ffi::ibv_context => ibv_close_device, CloseDevice;
+    ffi::ibv_pd => ibv_dealloc_pd, DeallocPd;
+    ffi::ibv_mr => ibv_dereg_mr, DeregMr;
+    ffi::ibv_cq => ibv_destroy_cq, DestroyCq;
+    ffi::ibv_qp => ibv_destroy_qp, DestroyQp;
+    ffi::ibv_srq => ibv_destroy_srq, DestroySrq;
+    ffi::ibv_ah => ibv_destroy_ah, DestroyAh;
+    ffi::ibv_comp_channel => ibv_destroy_comp_channel, DestroyCompChannel;
 }

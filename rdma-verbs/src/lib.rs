@@ -23,8 +23,8 @@
 //!
 //! let mut rq = qp.recv_queue::<Chunk>()?;
 //! let mut sq = qp.send_queue::<Chunk>()?;
-//! rq.post(dst, 0..4096, 1).map_err(|(e, _buf)| e)?; // the queue owns `dst` now
-//! sq.post(SendWr::send(src, 0..5)).map_err(|(e, _wr)| e)?;
+//! rq.post(dst, 0..4096, 1)?; // the queue owns `dst` now
+//! sq.post(SendWr::send(src, 0..5))?;
 //!
 //! let mut wcs = [WorkCompletion::EMPTY; 4];
 //! let mut got = None;
@@ -72,6 +72,7 @@ pub mod buf;
 pub mod cm;
 pub mod compat;
 pub mod context;
+mod conv;
 pub mod cq;
 pub mod device;
 pub mod diag;
@@ -95,7 +96,7 @@ pub use context::Context;
 pub use cq::{CompletionQueue, CqBuilder};
 pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
 pub use endpoint::{Connection, Endpoint, Handshake, UdPeer, WireError};
-pub use error::{Error, Plane, Result};
+pub use error::{Error, Plane, Refused, Result, Verb};
 pub use event::{AsyncEvent, AsyncEventKind, AsyncEvents, EventSource};
 pub use mr::{AccessFlags, AccessMode, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr, RemoteWritable};
 pub use pd::ProtectionDomain;

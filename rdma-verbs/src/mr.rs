@@ -68,7 +68,7 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use crate::error::{Error, Plane, Result};
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::Owned;
 use crate::pd::ProtectionDomain;
@@ -176,7 +176,7 @@ fn effective_access<A: AccessMode>(access: AccessFlags) -> Result<AccessFlags> {
             names.push(format!("unknown bits {:#x}", unknown.bits()));
         }
         return Err(Error::invalid(
-            "ibv_reg_mr",
+            Verb::RegMr,
             format!(
                 "{} would let peers write this memory at any time, which plain Rust slices cannot allow: \
                  register it with `register_remote_writable` (volatile and atomic access instead of slices)",
@@ -304,7 +304,7 @@ impl AlignedBuf {
         // SAFETY: the layout has a non-zero size (checked in layout()).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).ok_or_else(|| {
-            Error::verb("AlignedBuf::new", Plane::Control, libc::ENOMEM)
+            Error::verb(Verb::AlignedBufNew, libc::ENOMEM)
                 .with_hint(format!("the allocator could not provide {} bytes", layout.size()))
         })?;
         Ok(AlignedBuf { ptr, len })
@@ -312,14 +312,14 @@ impl AlignedBuf {
 
     fn layout(len: usize) -> Result<Layout> {
         if len == 0 {
-            return Err(Error::invalid("AlignedBuf::new", "a zero-length buffer cannot be registered"));
+            return Err(Error::invalid(Verb::AlignedBufNew, "a zero-length buffer cannot be registered"));
         }
         let page = page_size();
         len.checked_add(page - 1)
             .map(|n| n & !(page - 1))
             .and_then(|size| Layout::from_size_align(size, page).ok())
             .ok_or_else(|| {
-                Error::invalid("AlignedBuf::new", format!("{len} bytes rounded up to whole pages is too large"))
+                Error::invalid(Verb::AlignedBufNew, format!("{len} bytes rounded up to whole pages is too large"))
             })
     }
 
@@ -416,7 +416,7 @@ impl RemoteMr {
     /// `addr..addr + len` that does not overflow; anything else is an error.
     pub fn from_bytes(bytes: &[u8]) -> Result<RemoteMr> {
         let bytes: &[u8; Self::WIRE_LEN] = bytes.try_into().map_err(|_| {
-            Error::invalid("RemoteMr::from_bytes", format!("expected {} bytes, got {}", Self::WIRE_LEN, bytes.len()))
+            Error::invalid(Verb::RemoteFromBytes, format!("expected {} bytes, got {}", Self::WIRE_LEN, bytes.len()))
         })?;
         let mut addr = [0u8; 8];
         let mut len = [0u8; 8];
@@ -428,7 +428,7 @@ impl RemoteMr {
             RemoteMr { addr: u64::from_be_bytes(addr), len: u64::from_be_bytes(len), rkey: u32::from_be_bytes(rkey) };
         if mr.addr.checked_add(mr.len).is_none() {
             return Err(Error::invalid(
-                "RemoteMr::from_bytes",
+                Verb::RemoteFromBytes,
                 format!("address {:#x} plus length {} overflows", mr.addr, mr.len),
             ));
         }
@@ -438,13 +438,13 @@ impl RemoteMr {
     /// A part of the region (offsets from its start), for a work request that targets
     /// only that part. Out-of-range or reversed ranges are errors.
     pub fn slice(&self, range: impl RangeBounds<u64>) -> Result<RemoteMr> {
-        let r = resolve("RemoteMr::slice", range.start_bound().cloned(), range.end_bound().cloned(), self.len)?;
+        let r = resolve(Verb::RemoteSlice, range.start_bound().cloned(), range.end_bound().cloned(), self.len)?;
         Ok(RemoteMr { addr: self.addr + r.start, len: r.end - r.start, rkey: self.rkey })
     }
 }
 
 /// `start..end` of a range over `len` bytes, checked.
-fn resolve(verb: &'static str, start: Bound<u64>, end: Bound<u64>, len: u64) -> Result<Range<u64>> {
+fn resolve(verb: Verb, start: Bound<u64>, end: Bound<u64>, len: u64) -> Result<Range<u64>> {
     let s = match start {
         Bound::Included(s) => Some(s),
         Bound::Excluded(s) => s.checked_add(1),
@@ -573,7 +573,7 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
     ) -> Result<(Owned<ffi::ibv_mr>, AccessFlags)> {
         let access = effective_access::<A>(access)?;
         if len == 0 {
-            return Err(Error::invalid("ibv_reg_mr", "a memory region cannot be empty (length 0)"));
+            return Err(Error::invalid(Verb::RegMr, "a memory region cannot be empty (length 0)"));
         }
         let max = pd.context().query_device()?.max_mr_size;
         check_len(len, max)?;
@@ -584,7 +584,7 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
         // RegisterableBuffer contract).
         let raw = unsafe { ffi::ibv_reg_mr(pd.as_raw(), ptr.as_ptr().cast(), len, bits) };
         // SAFETY: a new region that only this Owned deregisters.
-        let raw = unsafe { Owned::new(raw, "ibv_reg_mr")? };
+        let raw = unsafe { Owned::new(raw, Verb::RegMr)? };
         Ok((raw, access))
     }
 
@@ -649,17 +649,10 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
     /// completion.
     #[inline]
     pub fn sge(&self, range: impl RangeBounds<usize>) -> Result<ffi::ibv_sge> {
-        let r = resolve(
-            "MemoryRegion::sge",
-            usize_bound(range.start_bound()),
-            usize_bound(range.end_bound()),
-            self.len as u64,
-        )?;
+        let r =
+            resolve(Verb::MrSge, usize_bound(range.start_bound()), usize_bound(range.end_bound()), self.len as u64)?;
         let length = u32::try_from(r.end - r.start).map_err(|_| {
-            Error::invalid(
-                "MemoryRegion::sge",
-                format!("{} bytes exceed a scatter/gather entry's 4 GiB", r.end - r.start),
-            )
+            Error::invalid(Verb::MrSge, format!("{} bytes exceed a scatter/gather entry's 4 GiB", r.end - r.start))
         })?;
         Ok(ffi::ibv_sge { addr: self.addr() + r.start, length, lkey: self.lkey })
     }
@@ -682,7 +675,7 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
         result
     }
 
-    fn check_span(&self, verb: &'static str, offset: usize, n: usize) -> Result<()> {
+    fn check_span(&self, verb: Verb, offset: usize, n: usize) -> Result<()> {
         match offset.checked_add(n) {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(Error::invalid(
@@ -733,7 +726,7 @@ impl<B: RegisterableBuffer> MemoryRegion<B, RemoteWritable> {
     /// perform as written (a peer may be writing). Aligned 8-byte words are read in one
     /// load each, so a word updated by a remote atomic is never torn.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.check_span("MemoryRegion::read_at", offset, dst.len())?;
+        self.check_span(Verb::MrReadAt, offset, dst.len())?;
         // SAFETY: the span is inside the region, which stays valid while `self` is
         // borrowed; Rust code reaches remote-writable memory only through same-size
         // atomics (read_at, atomic_u64) or with &mut self.
@@ -746,7 +739,7 @@ impl<B: RegisterableBuffer> MemoryRegion<B, RemoteWritable> {
     /// for the duration; a peer writing the same bytes at the same time wins or loses
     /// byte by byte, as on any shared memory.
     pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
-        self.check_span("MemoryRegion::write_at", offset, src.len())?;
+        self.check_span(Verb::MrWriteAt, offset, src.len())?;
         // SAFETY: the span is inside the region; &mut self excludes every other Rust
         // access for the duration.
         unsafe { copy_in(self.ptr.as_ptr(), offset, src) };
@@ -759,12 +752,12 @@ impl<B: RegisterableBuffer> MemoryRegion<B, RemoteWritable> {
     /// the region, are errors. Values are in host byte order, as the device reads and
     /// writes them.
     pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
-        self.check_span("MemoryRegion::atomic_u64", offset, 8)?;
+        self.check_span(Verb::MrAtomicU64, offset, 8)?;
         // SAFETY: offset is within the region (checked span).
         let p = unsafe { self.ptr.as_ptr().add(offset) };
         if (p as usize) % 8 != 0 {
             return Err(Error::invalid(
-                "MemoryRegion::atomic_u64",
+                Verb::MrAtomicU64,
                 format!("address {p:p} (offset {offset}) is not 8-byte aligned, as atomics require"),
             ));
         }
@@ -863,7 +856,7 @@ unsafe fn copy_in(base: *mut u8, offset: usize, src: &[u8]) {
 /// Rejects lengths above the device's largest region.
 fn check_len(len: usize, max_mr_size: u64) -> Result<()> {
     if len as u64 > max_mr_size {
-        return Err(Error::invalid("ibv_reg_mr", format!("{len} bytes exceed the device's max_mr_size {max_mr_size}")));
+        return Err(Error::invalid(Verb::RegMr, format!("{len} bytes exceed the device's max_mr_size {max_mr_size}")));
     }
     Ok(())
 }

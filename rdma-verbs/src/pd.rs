@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::context::Context;
-use crate::error::Result;
+use crate::error::{Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
 
@@ -32,7 +32,7 @@ impl ProtectionDomain {
         // SAFETY: the context is open.
         let raw = unsafe { ffi::ibv_alloc_pd(ctx.as_raw()) };
         // SAFETY: a new PD that only this Owned deallocates.
-        let raw = unsafe { Owned::new(raw, "ibv_alloc_pd")? };
+        let raw = unsafe { Owned::new(raw, Verb::AllocPd)? };
         Ok(ProtectionDomain { inner: Arc::new(PdInner { raw, ctx: ctx.clone() }) })
     }
 
@@ -49,7 +49,7 @@ impl ProtectionDomain {
     /// Deallocates now and reports the result (`ibv_dealloc_pd`). Fails with EBUSY,
     /// freeing nothing yet, while clones or objects created in this PD are alive.
     pub fn destroy(self) -> Result<()> {
-        destroy_shared(self.inner, "ibv_dealloc_pd", |inner| inner.raw.destroy())
+        destroy_shared(self.inner, Verb::DeallocPd, |inner| inner.raw.destroy())
     }
 }
 

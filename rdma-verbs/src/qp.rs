@@ -28,13 +28,14 @@ use std::sync::{Arc, Mutex};
 
 use crate::ah::{AhAttr, Remote};
 use crate::context::Context;
+use crate::conv;
 use crate::cq::{CompletionQueue, CqInner};
-use crate::error::{Error, Plane, Result};
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
 use crate::pd::ProtectionDomain;
 use crate::port::{c_enum, Gid, Mtu};
-use crate::srq::{self, SharedReceiveQueue, SrqInner};
+use crate::srq::{SharedReceiveQueue, SrqInner};
 
 /// Work requests per queue when the builder is not told otherwise.
 pub const DEFAULT_MAX_WR: u32 = 128;
@@ -267,7 +268,7 @@ struct CapRequest {
 impl CapRequest {
     /// Checks the sizes against the device and returns the C capabilities to ask for.
     fn check(&self, max_qp_wr: u32, max_sge: u32) -> Result<ffi::ibv_qp_cap> {
-        const VERB: &str = "ibv_create_qp_ex";
+        const VERB: Verb = Verb::CreateQpEx;
         let bad = |what: String| Err(Error::invalid(VERB, what));
         if self.has_srq {
             if let Some(n) = self.max_recv_wr.filter(|&n| n > 0) {
@@ -385,13 +386,13 @@ impl<'a> QueuePairBuilder<'a> {
     #[doc(alias = "ibv_create_qp_ex")]
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
-        const VERB: &str = "ibv_create_qp_ex";
+        const VERB: Verb = Verb::CreateQpEx;
         let ctx = self.pd.context().clone();
         self.build_with(VERB, |attr| {
             // SAFETY: the context, PD, CQs and SRQ in `attr` are live (borrowed by the
             // builder) and belong to one context; `attr` is valid for reading and writing.
             let raw = unsafe { ffi::ibv_create_qp_ex(ctx.as_raw(), attr) };
-            Ok((NonNull::new(raw).ok_or_else(|| Error::last_os(VERB, Plane::Control))?, None))
+            Ok((conv::ptr(VERB, raw)?, None))
         })
     }
 
@@ -401,10 +402,10 @@ impl<'a> QueuePairBuilder<'a> {
     /// through a CM id, the link that takes it off the id first.
     pub(crate) fn build_with(
         self,
-        verb: &'static str,
+        verb: Verb,
         create: impl FnOnce(&mut ffi::ibv_qp_init_attr_ex) -> Result<(NonNull<ffi::ibv_qp>, Option<crate::cm::CmQpLink>)>,
     ) -> Result<QueuePair> {
-        const VERB: &str = "ibv_create_qp_ex";
+        const VERB: Verb = Verb::CreateQpEx;
         let ctx = self.pd.context();
         let same = |other: &Context, what: &str| {
             if other.as_raw() == ctx.as_raw() {
@@ -469,7 +470,7 @@ impl<'a> QueuePairBuilder<'a> {
         if self.req.send_ops.is_some() && qp_ex.is_none() {
             // Detach from the CM id before `raw` destroys the QP.
             drop(cm);
-            return Err(Error::verb("ibv_qp_to_qp_ex", Plane::Control, libc::EOPNOTSUPP)
+            return Err(Error::verb(Verb::QpToQpEx, libc::EOPNOTSUPP)
                 .with_hint("the provider created the QP without the extended send API"));
         }
         let rd_atom = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
@@ -795,7 +796,7 @@ fn check_transition(qpn: u32, qp_type: QpType, from: QpState, to: QpState) -> Re
     }
     let list: Vec<String> = allowed.iter().map(ToString::to_string).collect();
     Err(Error::invalid(
-        "ibv_modify_qp",
+        Verb::ModifyQp,
         format!(
             "{qp_type} QP {qpn:#x} is in {from}; {to} can be reached only from {} \
              (RESET -> INIT -> RTR -> RTS; reset() and to_error() work from any state)",
@@ -807,7 +808,7 @@ fn check_transition(qpn: u32, qp_type: QpType, from: QpState, to: QpState) -> Re
 /// Keeps a value within `bits` bits or says which field does not fit.
 fn fits(value: u32, max: u32, what: &str) -> Result<()> {
     if value > max {
-        return Err(Error::invalid("ibv_modify_qp", format!("{what} {value:#x} is above its maximum {max:#x}")));
+        return Err(Error::invalid(Verb::ModifyQp, format!("{what} {value:#x} is above its maximum {max:#x}")));
     }
     Ok(())
 }
@@ -948,7 +949,7 @@ impl QueuePair {
         let mut init = ffi::ibv_qp_init_attr::default();
         // SAFETY: the QP is live; both out-structs are valid for writing.
         let rc = unsafe { ffi::ibv_query_qp(self.as_raw(), &mut attr, mask.0 as c_int, &mut init) };
-        srq::check(rc, "ibv_query_qp")?;
+        conv::rc(Verb::QueryQp, rc)?;
         Ok(attr)
     }
 
@@ -964,7 +965,7 @@ impl QueuePair {
         attr.qp_state = ffi::ibv_qp_state(to.to_raw());
         // SAFETY: the QP is live and `attr` is valid for the call.
         let rc = unsafe { ffi::ibv_modify_qp(self.as_raw(), &mut attr, mask.0 as c_int) };
-        srq::check(rc, "ibv_modify_qp").map_err(|e| match e.errno() {
+        conv::rc(Verb::ModifyQp, rc).map_err(|e| match e.errno() {
             Some(libc::EINVAL) => e.with_hint(format!(
                 "{from}->{to} of {} QP {:#x} with attribute mask {}: the kernel refused an attribute \
                  value or the mask for this transition",
@@ -982,7 +983,7 @@ impl QueuePair {
         let from = self.begin(QpState::Init)?;
         if self.qp_type() == QpType::Ud && !attr.access.is_empty() {
             return Err(Error::invalid(
-                "ibv_modify_qp",
+                Verb::ModifyQp,
                 format!("UD QPs take no remote access ({:?}): RDMA READ, WRITE and atomics need RC", attr.access),
             ));
         }
@@ -990,7 +991,7 @@ impl QueuePair {
         let pkeys = u32::from(port.raw.pkey_tbl_len);
         if u32::from(attr.pkey_index) >= pkeys {
             return Err(Error::invalid(
-                "ibv_modify_qp",
+                Verb::ModifyQp,
                 format!(
                     "pkey_index {} is past the P_Key table of port {} ({pkeys} entries)",
                     attr.pkey_index, attr.port
@@ -1013,14 +1014,14 @@ impl QueuePair {
     pub fn to_rtr(&self, attr: &RtrAttr) -> Result<()> {
         if self.qp_type() == QpType::Ud {
             return Err(Error::invalid(
-                "ibv_modify_qp",
+                Verb::ModifyQp,
                 "a UD QP has no remote at RTR (each send names its address handle): call to_rtr_ud()",
             ));
         }
         let from = self.begin(QpState::Rtr)?;
         if attr.dest_qpn <= 1 {
             return Err(Error::invalid(
-                "ibv_modify_qp",
+                Verb::ModifyQp,
                 format!("dest_qpn {} is a management QP: set the remote QP's number", attr.dest_qpn),
             ));
         }
@@ -1028,10 +1029,10 @@ impl QueuePair {
         fits(attr.rq_psn, MAX_PSN, "rq_psn")?;
         fits(attr.min_rnr_timer.into(), 31, "min_rnr_timer")?;
         let path = AhAttr { port: attr.port, remote: attr.remote, sl: attr.sl, static_rate: 0 };
-        let port = path.check(self.context(), "ibv_modify_qp")?;
+        let port = path.check(self.context(), Verb::ModifyQp)?;
         let mtu = match (attr.path_mtu, port.active_mtu) {
             (Mtu::Unknown(v), _) => {
-                return Err(Error::invalid("ibv_modify_qp", format!("path MTU code {v} is not an IB MTU")));
+                return Err(Error::invalid(Verb::ModifyQp, format!("path MTU code {v} is not an IB MTU")));
             }
             (want, Mtu::Unknown(_)) => want,
             (want, active) => {
@@ -1058,7 +1059,7 @@ impl QueuePair {
     pub fn to_rtr_ud(&self) -> Result<()> {
         if self.qp_type() != QpType::Ud {
             return Err(Error::invalid(
-                "ibv_modify_qp",
+                Verb::ModifyQp,
                 format!("to_rtr_ud() is for UD QPs; a {} QP needs to_rtr() with its remote", self.qp_type()),
             ));
         }
@@ -1116,14 +1117,14 @@ impl QueuePair {
     /// For other paths or timeouts, call the three transitions yourself.
     pub fn connect(&self, init: &InitAttr, sq_psn: u32, remote: &RemoteQpInfo) -> Result<()> {
         if self.qp_type() == QpType::Ud {
-            return Err(Error::invalid("ibv_modify_qp", "UD QPs are not connected: call ready_ud()"));
+            return Err(Error::invalid(Verb::ModifyQp, "UD QPs are not connected: call ready_ud()"));
         }
         let ctx = self.context();
         let port = ctx.query_port(init.port)?;
         let path = if port.is_ethernet() {
             let sgid = ctx.default_gid(init.port)?.index;
             let sgid = u8::try_from(sgid).map_err(|_| {
-                Error::invalid("ibv_modify_qp", format!("the default GID index {sgid} does not fit in 8 bits"))
+                Error::invalid(Verb::ModifyQp, format!("the default GID index {sgid} does not fit in 8 bits"))
             })?;
             Remote::gid(remote.gid, sgid)
         } else {
@@ -1145,7 +1146,7 @@ impl QueuePair {
     /// Destroys the QP now and reports the result (`ibv_destroy_qp`). Fails with EBUSY,
     /// destroying nothing yet, while another handle of this crate still holds it.
     pub fn destroy(self) -> Result<()> {
-        destroy_shared(self.inner, "ibv_destroy_qp", |mut inner| {
+        destroy_shared(self.inner, Verb::DestroyQp, |mut inner| {
             // A QP made through a CM id leaves it first.
             drop(inner.cm.take());
             inner.raw.destroy()

@@ -69,8 +69,9 @@ use std::sync::{Arc, Mutex};
 use crate::buf::MAX_SGE;
 pub use crate::buf::{ExclusiveBuf, SendBuf};
 use crate::compat;
+use crate::conv;
 use crate::cq::CqReservation;
-use crate::error::{Error, Plane, Result};
+use crate::error::{Error, Refused, Result, Verb};
 use crate::ffi;
 use crate::mr::RemoteMr;
 use crate::qp::{QpType, QueuePair, SendOps};
@@ -102,7 +103,7 @@ static TAGS: Mutex<(u32, Option<HashSet<u32>>)> = Mutex::new((0, None));
 
 impl Tag {
     fn reserve() -> Result<Tag> {
-        let mut guard = TAGS.lock().map_err(|_| Error::invalid("claim", "the queue tag registry is poisoned"))?;
+        let mut guard = TAGS.lock().map_err(|_| Error::invalid(Verb::Claim, "the queue tag registry is poisoned"))?;
         let (next, used) = &mut *guard;
         let used = used.get_or_insert_with(HashSet::new);
         for _ in 0..TAG_LIMIT {
@@ -111,7 +112,7 @@ impl Tag {
                 return Ok(Tag(*next));
             }
         }
-        Err(Error::invalid("claim", "every queue tag is in use: too many queues or buried requests"))
+        Err(Error::invalid(Verb::Claim, "every queue tag is in use: too many queues or buried requests"))
     }
 
     #[inline]
@@ -242,11 +243,10 @@ impl<E> Ring<E> {
     /// Ends a post of the one entry staged at the head: committed when the provider took
     /// it (`rc` 0), else taken back and returned with the provider's error.
     #[inline]
-    fn finish_one(&mut self, rc: i32) -> Result<(), (Error, E)> {
-        if rc != 0 {
+    fn finish_one(&mut self, rc: i32) -> Result<(), Refused<E>> {
+        if let Err(error) = conv::errno(Verb::PostSend, rc) {
             // SAFETY: the caller staged the entry at the head and did not commit it.
-            let e = unsafe { self.unstage(0) };
-            return Err((Error::verb("ibv_post_send", Plane::Data, rc.abs()), e));
+            return Err(Refused::new(error, unsafe { self.unstage(0) }));
         }
         self.commit(1);
         Ok(())
@@ -261,9 +261,9 @@ impl<E> Ring<E> {
         &mut self,
         (n, posted): (usize, usize),
         failure: Option<Error>,
-        refused: Option<(Error, E)>,
+        refused: Option<Refused<E>>,
         rest: impl Iterator<Item = E>,
-    ) -> Result<usize, (Error, Vec<E>)> {
+    ) -> Result<usize, Refused<Vec<E>>> {
         if failure.is_none() && refused.is_none() {
             self.commit(n);
             return Ok(n);
@@ -278,9 +278,9 @@ impl<E> Ring<E> {
         &mut self,
         (n, posted): (usize, usize),
         failure: Option<Error>,
-        refused: Option<(Error, E)>,
+        refused: Option<Refused<E>>,
         rest: impl Iterator<Item = E>,
-    ) -> Result<usize, (Error, Vec<E>)> {
+    ) -> Result<usize, Refused<Vec<E>>> {
         let mut unposted = Vec::new();
         for i in posted..n {
             // SAFETY: the caller staged 0..n and did not commit them; each is read once.
@@ -289,17 +289,17 @@ impl<E> Ring<E> {
         self.commit(posted);
         let error = match (failure, refused) {
             (Some(e), refused) => {
-                unposted.extend(refused.map(|(_, e)| e));
+                unposted.extend(refused.map(Refused::into_value));
                 e
             }
-            (None, Some((e, entry))) => {
-                unposted.push(entry);
-                e
+            (None, Some(Refused { error, value })) => {
+                unposted.push(value);
+                error
             }
             (None, None) => unreachable!("handled above"),
         };
         unposted.extend(rest);
-        Err((error, unposted))
+        Err(Refused::new(error, unposted))
     }
 
     /// Takes the send completion `wc` of the queue with `tag` on QP `qp_num`: hands each
@@ -311,7 +311,7 @@ impl<E> Ring<E> {
         wc: &mut WorkCompletion,
         tag: &Tag,
         qp_num: u32,
-        mut done: impl FnMut(E, WcStatus, u32),
+        mut done: impl FnMut(E, WcStatus, u32, u32),
     ) -> Result<usize> {
         // How far past the oldest outstanding request this one is (sequence numbers wrap
         // at 40 bits; at most a ring's worth is outstanding).
@@ -324,9 +324,9 @@ impl<E> Ring<E> {
         };
         wc.consume();
         for _ in 0..ahead {
-            done(self.pop(), WcStatus::Success, 0);
+            done(self.pop(), WcStatus::Success, 0, 0);
         }
-        done(self.pop(), wc.status(), wc.byte_len());
+        done(self.pop(), wc.status(), wc.byte_len(), wc.vendor_err());
         Ok(ahead as usize + 1)
     }
 
@@ -380,7 +380,7 @@ impl ClaimOwner for crate::srq::SrqInner {
 impl<O: ClaimOwner> Claim<O> {
     fn take(owner: &Arc<O>, flag: fn(&O) -> &AtomicBool, what: &'static str) -> Result<Self> {
         if flag(owner).swap(true, Ordering::AcqRel) {
-            return Err(Error::invalid("claim", format!("{what} already has an owner")));
+            return Err(Error::invalid(Verb::Claim, format!("{what} already has an owner")));
         }
         Ok(Claim { owner: Arc::clone(owner), flag })
     }
@@ -411,13 +411,13 @@ fn fill_recv<T: ExclusiveBuf>(
 #[cold]
 #[inline(never)]
 fn too_many_recv_sges(n: usize, max_sge: u32) -> Error {
-    Error::invalid("ibv_post_recv", format!("{n} SGEs, but the queue takes {max_sge} (max_recv_sge)"))
+    Error::invalid(Verb::PostRecv, format!("{n} SGEs, but the queue takes {max_sge} (max_recv_sge)"))
 }
 
 /// Posts a chain of C receive requests through `post` and returns how many went in.
 #[inline]
 fn post_recv_chain(
-    verb: &'static str,
+    verb: Verb,
     raws: &mut [MaybeUninit<ffi::ibv_recv_wr>],
     post: impl FnOnce(*mut ffi::ibv_recv_wr, &mut *mut ffi::ibv_recv_wr) -> i32,
 ) -> (usize, Option<Error>) {
@@ -436,7 +436,7 @@ fn post_recv_chain(
         return (n, None);
     }
     let posted = (0..n).find(|&i| raws[i].as_mut_ptr() == bad).unwrap_or(0);
-    (posted, Some(Error::verb(verb, Plane::Data, rc.abs())))
+    (posted, Some(Error::verb(verb, rc.abs())))
 }
 
 // ---- send side ------------------------------------------------------------------
@@ -491,7 +491,7 @@ impl QueuePair {
 }
 
 /// Checks a queue depth asked of a QP side that holds `max` work requests.
-fn depth(verb: &'static str, asked: u32, max: u32, what: &str) -> Result<u32> {
+fn depth(verb: Verb, asked: u32, max: u32, what: &str) -> Result<u32> {
     if asked == 0 || asked > max {
         return Err(Error::invalid(verb, format!("depth {asked}: the QP's {what} allows 1 to {max}")));
     }
@@ -510,7 +510,7 @@ impl QueuePair {
     /// granted `max_send_wr`), and sets `depth` entries of the send CQ aside for their
     /// completions: so a CQ shared by several queues can never overrun.
     pub fn send_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<SendQueue<T>> {
-        let (claim, room, depth) = self.claim_send_side("send_queue", depth)?;
+        let (claim, room, depth) = self.claim_send_side(Verb::Claim, depth)?;
         Ok(SendQueue {
             scratch: SendScratch::new(),
             room: Some(room),
@@ -526,11 +526,7 @@ impl QueuePair {
 
     /// Claims the send side (one poster at a time, whichever queue type) and sets `depth`
     /// entries of the send CQ aside for it.
-    fn claim_send_side(
-        &self,
-        verb: &'static str,
-        depth: u32,
-    ) -> Result<(Claim<crate::qp::QpInner>, CqReservation, u32)> {
+    fn claim_send_side(&self, verb: Verb, depth: u32) -> Result<(Claim<crate::qp::QpInner>, CqReservation, u32)> {
         let depth = self::depth(verb, depth, self.inner.caps.max_send_wr, "max_send_wr")?;
         let claim = Claim::take(&self.inner, |q| &q.send_claimed, "this QP's send side")?;
         let room = CqReservation::take(&self.inner.send_cq, depth.into(), verb, "this send queue")?;
@@ -548,7 +544,7 @@ impl QueuePair {
     /// Takes the receive side with room for `depth` posted receives (1 up to the QP's
     /// granted `max_recv_wr`), and sets `depth` entries of the receive CQ aside for them.
     pub fn recv_queue_with_depth<T: ExclusiveBuf>(&self, depth: u32) -> Result<RecvQueue<T>> {
-        const VERB: &str = "recv_queue";
+        const VERB: Verb = Verb::Claim;
         if self.has_srq() {
             return Err(Error::invalid(VERB, "this QP receives through its SRQ"));
         }
@@ -698,14 +694,14 @@ impl<T: SendBuf> SendQueue<T> {
     /// request (with its buffer) comes back in the error.
     #[inline]
     #[allow(clippy::result_large_err)] // the refused request comes back by value: no allocation
-    pub fn post(&mut self, wr: SendWr<T>) -> Result<(), (Error, SendWr<T>)> {
+    pub fn post(&mut self, wr: SendWr<T>) -> Result<(), Refused<SendWr<T>>> {
         if self.ring.free() == 0 {
-            return Err((queue_full("ibv_post_send", self.ring.cap), wr));
+            return Err(Refused::new(queue_full(Verb::PostSend, self.ring.cap), wr));
         }
         let mut sges = NO_SGES;
         let n = match self.check(&wr, &mut sges) {
             Ok(n) => n,
-            Err(e) => return Err((e, wr)),
+            Err(e) => return Err(Refused::new(e, wr)),
         };
         let seq = self.wr_id(self.ring.head);
         let ext = self.ext.filter(|_| self.ext_takes(&wr, n));
@@ -740,7 +736,7 @@ impl<T: SendBuf> SendQueue<T> {
     /// refused (by our checks or by the provider), the ones before it are posted, and the
     /// error comes back with the work requests that were not posted, in order (that path
     /// allocates, the fast path does not).
-    pub fn post_batch<I>(&mut self, wrs: I) -> Result<usize, (Error, Vec<SendWr<T>>)>
+    pub fn post_batch<I>(&mut self, wrs: I) -> Result<usize, Refused<Vec<SendWr<T>>>>
     where
         I: IntoIterator<Item = SendWr<T>>,
     {
@@ -758,14 +754,14 @@ impl<T: SendBuf> SendQueue<T> {
         let mut wrs = wrs.into_iter();
         for wr in wrs.by_ref() {
             if n == room {
-                let e = if room == MAX_BATCH { batch_too_long() } else { queue_full("ibv_post_send", ring.cap) };
-                refused = Some((e, wr));
+                let e = if room == MAX_BATCH { batch_too_long() } else { queue_full(Verb::PostSend, ring.cap) };
+                refused = Some(Refused::new(e, wr));
                 break;
             }
             let k = match check_send(limits, &wr, &mut sges[n]) {
                 Ok(k) => k,
                 Err(e) => {
-                    refused = Some((e, wr));
+                    refused = Some(Refused::new(e, wr));
                     break;
                 }
             };
@@ -813,7 +809,7 @@ impl<T: SendBuf> SendQueue<T> {
             } else {
                 // Nothing from `bad` on went in.
                 let at = (0..n).find(|&i| raws[i].as_mut_ptr() == bad).unwrap_or(0);
-                (at, Some(Error::verb("ibv_post_send", Plane::Data, rc.abs())))
+                (at, Some(Error::verb(Verb::PostSend, rc.abs())))
             }
         };
         ring.finish_batch((n, posted), failure, refused, wrs)
@@ -882,7 +878,7 @@ fn post_staged_extended<T: SendBuf>(
     sges: &[Sges; MAX_BATCH],
     counts: &[u8; MAX_BATCH],
 ) -> (usize, Option<Error>) {
-    let Some((qpx, _)) = ext else { return (0, Some(Error::invalid("ibv_wr_start", "not an extended QP"))) };
+    let Some((qpx, _)) = ext else { return (0, Some(Error::invalid(Verb::WrStart, "not an extended QP"))) };
     let qpx = qpx.as_ptr();
     let head = ring.head;
     // SAFETY: the caller is the queue, the QP's only poster (&mut, claimed), so the batch
@@ -900,7 +896,7 @@ fn post_staged_extended<T: SendBuf>(
         (n, None)
     } else {
         // A failed ibv_wr_complete posts nothing of the batch.
-        (0, Some(Error::verb("ibv_post_send", Plane::Data, rc.abs())))
+        (0, Some(Error::verb(Verb::PostSend, rc.abs())))
     }
 }
 
@@ -910,8 +906,10 @@ impl<T: SendBuf> SendQueue<T> {
     /// Returns how many finished. A completion that is not this queue's is an error.
     #[inline]
     pub fn complete(&mut self, wc: &mut WorkCompletion, mut done: impl FnMut(Done<T>)) -> Result<usize> {
-        self.ring.complete_sends(wc, &self.tag, self.qp_num, |wr, status, byte_len| {
-            done(Done { id: wr.id, buf: wr.buf, status, byte_len })
+        let qp_num = self.qp_num;
+        self.ring.complete_sends(wc, &self.tag, qp_num, |wr, status, byte_len, vendor_err| {
+            let op = wr.wc_opcode();
+            done(Done { id: wr.id, buf: wr.buf, status, byte_len, op, qp_num, vendor_err })
         })
     }
 }
@@ -940,7 +938,7 @@ fn refused(why: SendRefusal) -> Error {
             "an address handle (SendWr::send_ud) is for UD QPs; this QP is connected".into()
         }
     };
-    Error::invalid("ibv_post_send", what)
+    Error::invalid(Verb::PostSend, what)
 }
 
 fn atomic(remote: &RemoteMr, compare_add: u64, swap: u64) -> ffi::ibv_send_wr__bindgen_ty_2 {
@@ -1006,21 +1004,21 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     /// Posts a receive into `range` of `buf` (one provider call, no allocation, no
     /// syscall). On refusal the buffer comes back in the error.
     #[inline]
-    pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), (Error, T)> {
+    pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), Refused<T>> {
         if self.ring.free() == 0 {
-            return Err((queue_full("ibv_post_recv", self.ring.cap), buf));
+            return Err(Refused::new(queue_full(Verb::PostRecv, self.ring.cap), buf));
         }
         let mut sges = NO_SGES;
         let mut wr = match fill_recv(&buf, range, self.wr_id(self.ring.head), self.max_sge, &mut sges) {
             Ok(wr) => wr,
-            Err(e) => return Err((e, buf)),
+            Err(e) => return Err(Refused::new(e, buf)),
         };
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is alive (claim); the SGEs name bytes of `buf`, which the ring
         // owns until the completion and nobody else can reach (ExclusiveBuf).
         let rc = unsafe { ffi::ibv_post_recv(self.raw, &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err((Error::verb("ibv_post_recv", Plane::Data, rc.abs()), buf));
+        if let Err(e) = conv::errno(Verb::PostRecv, rc) {
+            return Err(Refused::new(e, buf));
         }
         self.ring.push((buf, id));
         Ok(())
@@ -1028,7 +1026,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 
     /// Posts up to [`MAX_BATCH`] receives `(buffer, range, id)` with one provider call.
     /// Returns how many were posted; on refusal, the error and the unposted buffers.
-    pub fn post_batch<I>(&mut self, recvs: I) -> Result<usize, (Error, Vec<T>)>
+    pub fn post_batch<I>(&mut self, recvs: I) -> Result<usize, Refused<Vec<T>>>
     where
         I: IntoIterator<Item = (T, Range<usize>, u64)>,
     {
@@ -1039,7 +1037,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         let mut recvs = recvs.into_iter();
         for (buf, range, id) in recvs.by_ref() {
             if n == room {
-                refused = Some((queue_full("ibv_post_recv", self.ring.cap), buf));
+                refused = Some(Refused::new(queue_full(Verb::PostRecv, self.ring.cap), buf));
                 break;
             }
             match fill_recv(&buf, range, self.wr_id(self.ring.head + n as u64), self.max_sge, &mut sges[n]) {
@@ -1049,7 +1047,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
                     n += 1;
                 }
                 Err(e) => {
-                    refused = Some((e, buf));
+                    refused = Some(Refused::new(e, buf));
                     break;
                 }
             }
@@ -1057,7 +1055,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         let raw = self.raw;
         // SAFETY: the QP is alive; a valid chain whose buffers the ring keeps.
         let (posted, failure) =
-            post_recv_chain("ibv_post_recv", &mut raws[..n], |wr, bad| unsafe { ffi::ibv_post_recv(raw, wr, bad) });
+            post_recv_chain(Verb::PostRecv, &mut raws[..n], |wr, bad| unsafe { ffi::ibv_post_recv(raw, wr, bad) });
         if failure.is_none() && refused.is_none() {
             self.ring.commit(n);
             return Ok(n);
@@ -1069,13 +1067,13 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         }
         self.ring.commit(posted);
         let (error, stopped) = match (failure, refused) {
-            (Some(e), refused) => (e, refused.map(|(_, buf)| buf)),
-            (None, Some((e, buf))) => (e, Some(buf)),
+            (Some(e), refused) => (e, refused.map(Refused::into_value)),
+            (None, Some(Refused { error, value })) => (error, Some(value)),
             (None, None) => unreachable!("handled above"),
         };
         unposted.extend(stopped);
         unposted.extend(recvs.map(|(buf, _, _)| buf));
-        Err((error, unposted))
+        Err(Refused::new(error, unposted))
     }
 
     /// Takes a completion of this receive queue and returns the finished receive with
@@ -1089,7 +1087,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         }
         let (buf, id) = self.ring.pop();
         wc.consume();
-        Ok(Done { id, buf, status: wc.status(), byte_len: wc.byte_len() })
+        Ok(Done::received(id, buf, wc))
     }
 }
 
@@ -1157,9 +1155,9 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
 
     /// Posts a receive into `range` of `buf`. On refusal the buffer comes back.
     #[inline]
-    pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), (Error, T)> {
+    pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), Refused<T>> {
         if self.nfree == 0 {
-            return Err((queue_full("ibv_post_srq_recv", self.slots.len() as u64), buf));
+            return Err(Refused::new(queue_full(Verb::PostSrqRecv, self.slots.len() as u64), buf));
         }
         let index = self.free[self.nfree - 1];
         let slot = &mut self.slots[index as usize];
@@ -1167,14 +1165,14 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
         let mut sges = NO_SGES;
         let mut wr = match fill_recv(&buf, range, wr_id, self.max_sge, &mut sges) {
             Ok(wr) => wr,
-            Err(e) => return Err((e, buf)),
+            Err(e) => return Err(Refused::new(e, buf)),
         };
         let mut bad = std::ptr::null_mut();
         // SAFETY: the SRQ is alive (claim); the SGEs name bytes of `buf`, which the slot
         // owns until the completion and nobody else can reach (ExclusiveBuf).
         let rc = unsafe { ffi::ibv_post_srq_recv(self.raw, &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err((Error::verb("ibv_post_srq_recv", Plane::Data, rc.abs()), buf));
+        if let Err(e) = conv::errno(Verb::PostSrqRecv, rc) {
+            return Err(Refused::new(e, buf));
         }
         slot.buf = Some((buf, id));
         self.nfree -= 1;
@@ -1198,7 +1196,7 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
         self.free[self.nfree] = index as u32;
         self.nfree += 1;
         wc.consume();
-        Ok(Done { id: user_id, buf, status: wc.status(), byte_len: wc.byte_len() })
+        Ok(Done::received(user_id, buf, wc))
     }
 }
 
@@ -1218,12 +1216,12 @@ impl<T: Send + 'static> fmt::Debug for SrqQueue<T> {
 #[cold]
 #[inline(never)]
 fn batch_too_long() -> Error {
-    Error::invalid("ibv_post_send", format!("a batch holds at most {MAX_BATCH} work requests"))
+    Error::invalid(Verb::PostSend, format!("a batch holds at most {MAX_BATCH} work requests"))
 }
 
 #[cold]
 #[inline(never)]
-fn queue_full(verb: &'static str, depth: u64) -> Error {
+fn queue_full(verb: Verb, depth: u64) -> Error {
     Error::invalid(verb, format!("the queue is full ({depth} outstanding): poll completions first"))
 }
 
@@ -1231,7 +1229,7 @@ fn queue_full(verb: &'static str, depth: u64) -> Error {
 #[inline(never)]
 fn not_ours(side: &str, wc: &WorkCompletion) -> Error {
     Error::invalid(
-        "ibv_poll_cq",
+        Verb::PollCq,
         format!("completion wr_id {:#x} of QP {:#x} is not outstanding on this {side} queue", wc.wr_id(), wc.qp_num()),
     )
 }

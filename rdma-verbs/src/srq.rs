@@ -4,7 +4,8 @@ use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use crate::error::{Error, Plane, Result};
+use crate::conv;
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
 use crate::pd::ProtectionDomain;
@@ -50,7 +51,7 @@ impl SharedReceiveQueue {
     /// (`ibv_create_srq`), checked first against the device's `max_srq_wr` and `max_srq_sge`.
     #[doc(alias = "ibv_create_srq")]
     pub fn new(pd: &ProtectionDomain, max_wr: u32, max_sge: u32) -> Result<SharedReceiveQueue> {
-        const VERB: &str = "ibv_create_srq";
+        const VERB: Verb = Verb::CreateSrq;
         let dev = pd.context().query_device()?;
         let max_srq_sge = u32::try_from(dev.raw.max_srq_sge).unwrap_or(0);
         if dev.max_srq == 0 {
@@ -105,13 +106,13 @@ impl SharedReceiveQueue {
     pub fn arm(&self, limit: u32) -> Result<()> {
         let max = self.inner.granted.max_wr;
         if limit > max {
-            return Err(Error::invalid("ibv_modify_srq", format!("srq_limit {limit} exceeds the SRQ's max_wr {max}")));
+            return Err(Error::invalid(Verb::ModifySrq, format!("srq_limit {limit} exceeds the SRQ's max_wr {max}")));
         }
         let mut attr = ffi::ibv_srq_attr { max_wr: 0, max_sge: 0, srq_limit: limit };
         let mask = ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as i32;
         // SAFETY: the SRQ is live and `attr` is valid for the call.
         let rc = unsafe { ffi::ibv_modify_srq(self.as_raw(), &mut attr, mask) };
-        check(rc, "ibv_modify_srq")
+        conv::rc(Verb::ModifySrq, rc)
     }
 
     /// The SRQ's current attributes (`ibv_query_srq`).
@@ -120,7 +121,7 @@ impl SharedReceiveQueue {
         let mut attr = ffi::ibv_srq_attr::default();
         // SAFETY: the SRQ is live and `attr` is a valid out-pointer.
         let rc = unsafe { ffi::ibv_query_srq(self.as_raw(), &mut attr) };
-        check(rc, "ibv_query_srq")?;
+        conv::rc(Verb::QuerySrq, rc)?;
         Ok(SrqAttr { max_wr: attr.max_wr, max_sge: attr.max_sge, srq_limit: attr.srq_limit })
     }
 
@@ -137,16 +138,7 @@ impl SharedReceiveQueue {
     /// Destroys the SRQ now and reports the result (`ibv_destroy_srq`). Fails with EBUSY,
     /// destroying nothing yet, while a QP uses it.
     pub fn destroy(self) -> Result<()> {
-        destroy_shared(self.inner, "ibv_destroy_srq", |inner| inner.raw.destroy())
-    }
-}
-
-/// 0, or an errno, or -1 with errno set: the conventions of the SRQ and QP verbs.
-pub(crate) fn check(rc: i32, verb: &'static str) -> Result<()> {
-    match rc {
-        0 => Ok(()),
-        -1 => Err(Error::last_os(verb, Plane::Control)),
-        errno => Err(Error::verb(verb, Plane::Control, errno.abs())),
+        destroy_shared(self.inner, Verb::DestroySrq, |inner| inner.raw.destroy())
     }
 }
 

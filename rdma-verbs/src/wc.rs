@@ -211,6 +211,29 @@ impl WcOpcode {
     }
 }
 
+impl fmt::Display for WcOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WcOpcode::Send => "SEND",
+            WcOpcode::RdmaWrite => "RDMA WRITE",
+            WcOpcode::RdmaRead => "RDMA READ",
+            WcOpcode::CompSwap => "atomic compare-and-swap",
+            WcOpcode::FetchAdd => "atomic fetch-and-add",
+            WcOpcode::BindMw => "memory window bind",
+            WcOpcode::LocalInv => "local invalidate",
+            WcOpcode::Tso => "TSO send",
+            WcOpcode::AtomicWrite => "atomic write",
+            WcOpcode::Recv => "receive",
+            WcOpcode::RecvRdmaWithImm => "receive (RDMA WRITE with immediate)",
+            WcOpcode::TmAdd | WcOpcode::TmDel | WcOpcode::TmSync | WcOpcode::TmRecv | WcOpcode::TmNoTag => {
+                "tag-matching operation"
+            }
+            WcOpcode::Driver1 | WcOpcode::Driver2 | WcOpcode::Driver3 => "provider-specific operation",
+            WcOpcode::Unknown(v) => return write!(f, "unknown operation {v}"),
+        })
+    }
+}
+
 bitflags::bitflags! {
     /// Flags of a work completion (`enum ibv_wc_flags`). Bits this crate does not name
     /// are kept, not dropped.
@@ -315,6 +338,8 @@ impl WorkCompletion {
     fn to_error(&self) -> Error {
         Error::WorkCompletion {
             status: self.status(),
+            op: None,
+            id: None,
             wr_id: self.wr_id(),
             qp_num: self.qp_num(),
             vendor_err: self.vendor_err(),
@@ -485,7 +510,7 @@ mod tests {
         let e = wc(ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR, 0, 0).ok().unwrap_err();
         let text = e.to_string();
         assert!(text.contains("remote access error"), "{text}");
-        assert!(text.contains("wr_id 42"), "{text}");
+        assert!(text.contains("wr_id 0x2a"), "{text}");
         assert!(text.contains("data plane"), "{text}");
         assert!(text.contains("rkey"), "{text}");
         assert_eq!(e.plane(), Some(crate::Plane::Data));

@@ -10,12 +10,13 @@ use std::ops::Range;
 
 use crate::ah::AddressHandle;
 use crate::buf::{ExclusiveBuf, SendBuf};
-use crate::error::{Error, Plane, Result};
+use crate::conv;
+use crate::error::{Error, Refused, Result, Verb};
 use crate::ffi;
 use crate::mr::RemoteMr;
 use crate::qp::{QueuePair, SendOps};
 use crate::srq::SharedReceiveQueue;
-use crate::wc::WcStatus;
+use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 
 /// A post that the provider refused: the error, and which work request of the chain it
 /// stopped at (the ones before it were posted; it and the ones after it were not).
@@ -46,12 +47,8 @@ impl<W> From<PostError<W>> for Error {
     }
 }
 
-fn check<W>(verb: &'static str, rc: i32, bad: *mut W) -> Result<(), PostError<W>> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(PostError { error: Error::verb(verb, Plane::Data, rc.abs()), bad_wr: bad })
-    }
+fn check<W>(verb: Verb, rc: i32, bad: *mut W) -> Result<(), PostError<W>> {
+    conv::errno(verb, rc).map_err(|error| PostError { error, bad_wr: bad })
 }
 
 impl QueuePair {
@@ -71,7 +68,7 @@ impl QueuePair {
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is live (self); the caller vouches for the chain.
         let rc = unsafe { ffi::ibv_post_send(self.as_raw(), wr, &mut bad) };
-        check("ibv_post_send", rc, bad)
+        check(Verb::PostSend, rc, bad)
     }
 
     /// Posts a chain of receive work requests (`ibv_post_recv`).
@@ -87,7 +84,7 @@ impl QueuePair {
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is live (self); the caller vouches for the chain.
         let rc = unsafe { ffi::ibv_post_recv(self.as_raw(), wr, &mut bad) };
-        check("ibv_post_recv", rc, bad)
+        check(Verb::PostRecv, rc, bad)
     }
 }
 
@@ -102,7 +99,7 @@ impl SharedReceiveQueue {
         let mut bad = std::ptr::null_mut();
         // SAFETY: the SRQ is live (self); the caller vouches for the chain.
         let rc = unsafe { ffi::ibv_post_srq_recv(self.as_raw(), wr, &mut bad) };
-        check("ibv_post_srq_recv", rc, bad)
+        check(Verb::PostSrqRecv, rc, bad)
     }
 }
 
@@ -206,6 +203,17 @@ impl<T: SendBuf> SendWr<T> {
         self.buf
     }
 
+    /// The completion opcode this request completes with.
+    pub(crate) fn wc_opcode(&self) -> WcOpcode {
+        match self.op {
+            Op::Send => WcOpcode::Send,
+            Op::Write => WcOpcode::RdmaWrite,
+            Op::Read => WcOpcode::RdmaRead,
+            Op::CompSwap { .. } => WcOpcode::CompSwap,
+            Op::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+
     pub(crate) fn is_inline(&self) -> bool {
         self.flags.0 & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0
     }
@@ -249,6 +257,10 @@ impl<T: ExclusiveBuf> SendWr<T> {
 }
 
 /// A finished work request, with the buffer it lent.
+///
+/// [`Done::result`] turns it into a `Result`: the request back on success, its buffer
+/// with an [`Error::WorkCompletion`] that names the operation, your id, the QP, the
+/// status and the usual cause on failure.
 #[derive(Debug)]
 pub struct Done<T> {
     /// The caller's identifier ([`SendWr::id`], [`RecvQueue::post`](crate::RecvQueue::post)).
@@ -259,4 +271,58 @@ pub struct Done<T> {
     pub status: WcStatus,
     /// Bytes received (receives), or as the completion says.
     pub byte_len: u32,
+    /// What the request was, as the queue that posted it knows (a failed completion's own
+    /// opcode is undefined): [`WcOpcode::Recv`] for every receive.
+    pub op: WcOpcode,
+    /// The local QP number (for an SRQ, the QP that took the receive).
+    pub qp_num: u32,
+    /// The provider's own error code (0 when it gives none).
+    pub vendor_err: u32,
+}
+
+impl<T> Done<T> {
+    /// A receive `wc` finished for the caller's `id`, with its buffer.
+    #[inline]
+    pub(crate) fn received(id: u64, buf: T, wc: &WorkCompletion) -> Self {
+        Done {
+            id,
+            buf,
+            status: wc.status(),
+            byte_len: wc.byte_len(),
+            op: WcOpcode::Recv,
+            qp_num: wc.qp_num(),
+            vendor_err: wc.vendor_err(),
+        }
+    }
+
+    /// True when the request completed without error.
+    #[inline]
+    pub fn is_success(&self) -> bool {
+        self.status.is_success()
+    }
+
+    /// Itself when the request succeeded; else its buffer, with the error that names the
+    /// operation, the caller's id, the QP, the status and the usual cause.
+    #[inline]
+    #[allow(clippy::result_large_err)] // the buffer comes back by value: no allocation
+    pub fn result(self) -> Result<Self, Refused<T>> {
+        if self.status.is_success() {
+            Ok(self)
+        } else {
+            Err(self.into_failure())
+        }
+    }
+
+    #[cold]
+    fn into_failure(self) -> Refused<T> {
+        let error = Error::WorkCompletion {
+            status: self.status,
+            op: Some(self.op),
+            id: Some(self.id),
+            wr_id: 0,
+            qp_num: self.qp_num,
+            vendor_err: self.vendor_err,
+        };
+        Refused::new(error, self.buf)
+    }
 }

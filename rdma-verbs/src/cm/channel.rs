@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use super::event::{CmEvent, CmEventKind, EventData};
 use super::id::{next_serial, ChildId, CmId};
-use crate::error::{Error, Plane, Result};
+use crate::conv;
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 
 /// How long one reader sleeps in poll(2) before it looks at the queue again: another
@@ -105,8 +106,7 @@ impl ChannelInner {
             // SAFETY: the channel is live and its descriptor non-blocking, so this returns
             // EAGAIN instead of sleeping; `ev` is a valid out-pointer.
             let rc = unsafe { ffi::rdma_get_cm_event(self.as_ptr(), &mut ev) };
-            if rc != 0 {
-                let err = Error::last_os("rdma_get_cm_event", Plane::Control);
+            if let Err(err) = conv::rc(Verb::GetCmEvent, rc) {
                 match err.errno() {
                     Some(libc::EAGAIN) => return Ok(()),
                     Some(libc::EINTR) => continue,
@@ -126,7 +126,7 @@ impl ChannelInner {
         self: &Arc<Self>,
         want: impl Fn(&EventData) -> bool,
         timeout: Duration,
-        verb: &'static str,
+        verb: Verb,
     ) -> Result<CmEvent> {
         let start = Instant::now();
         let mut st = self.lock();
@@ -230,7 +230,7 @@ fn poll_readable(fd: RawFd, timeout: Duration) -> Result<()> {
     // SAFETY: one valid pollfd.
     let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
     if rc < 0 {
-        let err = Error::last_os("poll", Plane::Control);
+        let err = Error::last_os(Verb::Poll);
         if err.errno() != Some(libc::EINTR) {
             return Err(err);
         }
@@ -243,11 +243,11 @@ impl EventChannel {
     /// non-blocking, so that every wait can time out.
     #[doc(alias = "rdma_create_event_channel")]
     pub fn new() -> Result<EventChannel> {
-        const VERB: &str = "rdma_create_event_channel";
+        const VERB: Verb = Verb::CreateEventChannel;
         // SAFETY: no arguments; returns NULL with errno set on failure.
         let raw = unsafe { ffi::rdma_create_event_channel() };
         let Some(raw) = NonNull::new(raw) else {
-            let e = Error::last_os(VERB, Plane::Control);
+            let e = Error::last_os(VERB);
             return Err(match e.errno() {
                 Some(libc::ENODEV | libc::ENOENT | libc::ENXIO) => e.with_hint(
                     "no RDMA connection manager device (/dev/infiniband/rdma_cm): load rdma_ucm \
@@ -269,7 +269,7 @@ impl EventChannel {
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
         // SAFETY: as above; adds O_NONBLOCK to the file status flags.
         if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-            return Err(Error::last_os("fcntl(O_NONBLOCK) on the rdma_cm event channel", Plane::Control));
+            return Err(Error::last_os(Verb::SetFl));
         }
         Ok(EventChannel { inner })
     }
@@ -283,7 +283,7 @@ impl EventChannel {
     /// Waits at most `timeout` for the next event of any id on the channel.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn next_event(&self, timeout: Duration) -> Result<CmEvent> {
-        self.inner.wait(|_| true, timeout, "rdma_get_cm_event")
+        self.inner.wait(|_| true, timeout, Verb::GetCmEvent)
     }
 
     /// The next event of any id on the channel, or `None` at once when there is none:

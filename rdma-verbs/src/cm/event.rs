@@ -5,7 +5,7 @@ use std::fmt;
 
 use super::id::CmId;
 use crate::ah::AhAttr;
-use crate::error::{Error, Plane};
+use crate::error::{Error, Verb};
 use crate::ffi;
 use crate::port::c_enum;
 
@@ -340,7 +340,7 @@ impl CmEvent {
 
     /// This event as an error, for code that waited for something else: the error events
     /// with their errno, a rejection with its reason and private data.
-    pub(super) fn into_error(self, verb: &'static str, expected: CmEventKind) -> Error {
+    pub(super) fn into_error(self, verb: Verb, expected: CmEventKind) -> Error {
         let status = self.data.status;
         let errno = |fallback: i32| if status < 0 { -status } else { fallback };
         match self.data.kind {
@@ -352,20 +352,20 @@ impl CmEvent {
                 Error::Rejected { verb, status, reason, private_data: self.data.private_data }
             }
             kind @ (CmEventKind::AddrError | CmEventKind::RouteError) => {
-                Error::verb(verb, Plane::Control, errno(libc::EIO)).with_hint(format!(
+                Error::verb(verb, errno(libc::EIO)).with_hint(format!(
                     "rdma_cm reported {kind}: no RDMA device serves a route to that address, or the \
                      address does not answer (for RoCE use an IP of a netdev under an RDMA device)"
                 ))
             }
-            CmEventKind::Unreachable => Error::verb(verb, Plane::Control, errno(libc::EHOSTUNREACH))
+            CmEventKind::Unreachable => Error::verb(verb, errno(libc::EHOSTUNREACH))
                 .with_hint("rdma_cm reported UNREACHABLE: the peer's connection manager did not answer"),
-            CmEventKind::ConnectError => Error::verb(verb, Plane::Control, errno(libc::ECONNABORTED))
+            CmEventKind::ConnectError => Error::verb(verb, errno(libc::ECONNABORTED))
                 .with_hint("rdma_cm reported CONNECT_ERROR: setting up the connection failed"),
-            CmEventKind::DeviceRemoval => Error::verb(verb, Plane::Control, libc::ENODEV)
+            CmEventKind::DeviceRemoval => Error::verb(verb, libc::ENODEV)
                 .with_hint("rdma_cm reported DEVICE_REMOVAL: destroy the id and everything made from it"),
-            CmEventKind::Disconnected => Error::verb(verb, Plane::Control, libc::ECONNRESET)
+            CmEventKind::Disconnected => Error::verb(verb, libc::ECONNRESET)
                 .with_hint(format!("the connection went down while waiting for {expected}")),
-            other => Error::verb(verb, Plane::Control, libc::EPROTO)
+            other => Error::verb(verb, libc::EPROTO)
                 .with_hint(format!("rdma_cm reported {other} (status {status}) while waiting for {expected}")),
         }
     }
@@ -484,7 +484,7 @@ mod tests {
         // SAFETY: the id and the data outlive the call.
         let event = CmEvent { data: unsafe { EventData::capture(&ev) }, request: None };
         assert_eq!(event.reject_reason(), Some(RejectReason::ConsumerDefined));
-        match event.into_error("rdma_connect", CmEventKind::Established) {
+        match event.into_error(Verb::Connect, CmEventKind::Established) {
             Error::Rejected { status, private_data, reason, .. } => {
                 assert_eq!((status, private_data.as_slice()), (28, &b"busy"[..]));
                 assert!(reason.contains("application"), "{reason}");

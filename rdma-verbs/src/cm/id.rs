@@ -14,7 +14,8 @@ use super::channel::{ChannelInner, EventChannel};
 use super::event::{CmEvent, CmEventKind, ConnectRequest};
 use super::{check_private_data, ConnParam, PortSpace, PrivateDataOp};
 use crate::context::Context;
-use crate::error::{Error, Plane, Result};
+use crate::conv;
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::destroy_shared;
 use crate::qp::{QueuePair, QueuePairBuilder};
@@ -60,7 +61,7 @@ impl Drop for ChildId {
     fn drop(&mut self) {
         // SAFETY: owned, live, and no event is being read (the contract of `new`).
         if unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) } != 0 {
-            log::error!("{}", Error::last_os("rdma_destroy_id", Plane::Control));
+            log::error!("{}", Error::last_os(Verb::DestroyId));
         }
     }
 }
@@ -102,7 +103,7 @@ impl CmIdInner {
         // SAFETY: the id is live and destroyed once (the flag above); the QP made through
         // it, which holds this struct, is gone.
         let rc = unsafe { ffi::rdma_destroy_id(self.raw.as_ptr()) };
-        let result = if rc == 0 { Ok(()) } else { Err(Error::last_os("rdma_destroy_id", Plane::Control)) };
+        let result = conv::rc(Verb::DestroyId, rc);
         drop(st);
         result
     }
@@ -154,15 +155,6 @@ impl Drop for CmQpLink {
     }
 }
 
-/// A librdmacm return code (0, or -1 with errno) as a Result; read errno at once.
-fn check(rc: c_int, verb: &'static str) -> Result<()> {
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(Error::last_os(verb, Plane::Control))
-    }
-}
-
 /// Milliseconds for librdmacm: at least 1, at most what fits in a C int.
 fn millis(timeout: Duration) -> c_int {
     c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX).max(1)
@@ -178,8 +170,8 @@ impl CmId {
         // the serial, never dereferenced.
         let rc =
             unsafe { ffi::rdma_create_id(channel.as_raw(), &mut raw, serial as usize as *mut c_void, ps.to_ffi()) };
-        check(rc, "rdma_create_id")?;
-        let raw = NonNull::new(raw).ok_or_else(|| Error::verb("rdma_create_id", Plane::Control, libc::EIO))?;
+        conv::rc(Verb::CreateId, rc)?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::verb(Verb::CreateId, libc::EIO))?;
         Ok(CmId {
             inner: Arc::new(CmIdInner {
                 raw,
@@ -284,7 +276,7 @@ impl CmId {
     pub fn bind(&self, addr: SocketAddr) -> Result<()> {
         let mut sa = SockAddr::new(addr);
         // SAFETY: the id is live; `sa` is a valid sockaddr for the call.
-        let rc = self.locked(|id| check(unsafe { ffi::rdma_bind_addr(id, sa.as_ffi()) }, "rdma_bind_addr"));
+        let rc = self.locked(|id| conv::rc(Verb::BindAddr, unsafe { ffi::rdma_bind_addr(id, sa.as_ffi()) }));
         rc.map_err(|e| match e.errno() {
             Some(libc::EADDRINUSE) => e.with_hint(format!(
                 "port {} on {} is taken by another rdma_cm id (of this process or another): \
@@ -308,7 +300,7 @@ impl CmId {
     pub fn listen(&self, backlog: u32) -> Result<()> {
         let backlog = c_int::try_from(backlog).unwrap_or(c_int::MAX);
         // SAFETY: the id is live.
-        let rc = self.locked(|id| check(unsafe { ffi::rdma_listen(id, backlog) }, "rdma_listen"));
+        let rc = self.locked(|id| conv::rc(Verb::Listen, unsafe { ffi::rdma_listen(id, backlog) }));
         rc.map_err(|e| match e.errno() {
             Some(libc::EADDRINUSE) => {
                 e.with_hint("another rdma_cm id already listens on this port and address (or on the wildcard address)")
@@ -326,13 +318,15 @@ impl CmId {
     /// this id. Drop the id rather than reuse it.
     #[doc(alias = "rdma_resolve_addr")]
     pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<()> {
-        const VERB: &str = "rdma_resolve_addr";
+        const VERB: Verb = Verb::ResolveAddr;
         let mut src = src.map(SockAddr::new);
         let mut dst_c = SockAddr::new(dst);
         let src_ptr = src.as_mut().map_or(ptr::null_mut(), SockAddr::as_ffi);
-        // SAFETY: the id is live; the addresses are valid sockaddrs for the call.
-        let rc = self
-            .locked(|id| check(unsafe { ffi::rdma_resolve_addr(id, src_ptr, dst_c.as_ffi(), millis(timeout)) }, VERB));
+        let rc = self.locked(|id| {
+            // SAFETY: the id is live; the addresses are valid sockaddrs for the call.
+            let rc = unsafe { ffi::rdma_resolve_addr(id, src_ptr, dst_c.as_ffi(), millis(timeout)) };
+            conv::rc(VERB, rc)
+        });
         rc.map_err(|e| match e.errno() {
             Some(libc::EINVAL) => {
                 e.with_hint("the id is already resolved or listening, or the address is not IPv4/IPv6")
@@ -353,12 +347,12 @@ impl CmId {
     /// [`resolve_addr`](Self::resolve_addr), waiting as it does.
     #[doc(alias = "rdma_resolve_route")]
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
-        const VERB: &str = "rdma_resolve_route";
+        const VERB: Verb = Verb::ResolveRoute;
         if self.verbs().is_null() {
             return Err(Error::invalid(VERB, "the address is not resolved: call resolve_addr() first"));
         }
         // SAFETY: the id is live and bound to a device.
-        self.locked(|id| check(unsafe { ffi::rdma_resolve_route(id, millis(timeout)) }, VERB))?;
+        self.locked(|id| conv::rc(VERB, unsafe { ffi::rdma_resolve_route(id, millis(timeout)) }))?;
         self.expect(CmEventKind::RouteResolved, timeout + RESOLVE_GRACE, VERB).map(drop)
     }
 
@@ -374,7 +368,7 @@ impl CmId {
     pub fn context(&self) -> Result<Context> {
         let verbs = NonNull::new(self.verbs()).ok_or_else(|| {
             Error::invalid(
-                "rdma_cm",
+                Verb::CmContext,
                 "the id is bound to no device yet: resolve_addr() on the client, or use the id of a \
                  connection request on the server (a listener on the wildcard address has none)",
             )
@@ -392,7 +386,7 @@ impl CmId {
     #[doc(alias = "rdma_create_qp")]
     #[doc(alias = "rdma_create_qp_ex")]
     pub fn create_qp(&self, builder: QueuePairBuilder<'_>) -> Result<QueuePair> {
-        const VERB: &str = "rdma_create_qp_ex";
+        const VERB: Verb = Verb::CmCreateQp;
         let want = self.inner.ps.qp_type();
         builder.build_with(VERB, |attr| {
             if attr.qp_type != want.to_ffi() {
@@ -426,14 +420,14 @@ impl CmId {
             // SAFETY: the id is live, under the CM lock; `attr` names a live PD and CQs of
             // the id's context (checked above and by the builder) and is valid to write.
             let rc = unsafe { ffi::rdma_create_qp_ex(id, attr) };
-            check(rc, VERB)?;
+            conv::rc(VERB, rc)?;
             // SAFETY: as above; rdma_create_qp_ex set `qp` on success.
-            let qp = NonNull::new(unsafe { (*id).qp }).ok_or_else(|| Error::verb(VERB, Plane::Control, libc::EIO))?;
+            let qp = NonNull::new(unsafe { (*id).qp }).ok_or_else(|| Error::verb(VERB, libc::EIO))?;
             Ok((qp, Some(CmQpLink { id: Arc::clone(&self.inner), qp: qp.as_ptr(), pd })))
         })
     }
 
-    fn conn_param(&self, verb: &'static str, p: &ConnParam<'_>, op: PrivateDataOp) -> Result<ffi::rdma_conn_param> {
+    fn conn_param(&self, verb: Verb, p: &ConnParam<'_>, op: PrivateDataOp) -> Result<ffi::rdma_conn_param> {
         check_private_data(verb, p.private_data, self.inner.ps, op, self.ib_transport())?;
         for (name, v) in [("retry_count", p.retry_count), ("rnr_retry_count", p.rnr_retry_count)] {
             if v > 7 {
@@ -453,7 +447,7 @@ impl CmId {
         })
     }
 
-    fn require_qp(&self, verb: &'static str) -> Result<()> {
+    fn require_qp(&self, verb: Verb) -> Result<()> {
         // SAFETY: the id is live; its fields are read under the CM lock.
         if self.locked(|id| unsafe { (*id).qp.is_null() }) {
             return Err(Error::invalid(verb, "the id has no QP: make it with create_qp() first"));
@@ -471,7 +465,7 @@ impl CmId {
     /// nothing listens on the port. After a timeout, drop the id.
     #[doc(alias = "rdma_connect")]
     pub fn connect(&self, param: &ConnParam<'_>, timeout: Duration) -> Result<CmEvent> {
-        const VERB: &str = "rdma_connect";
+        const VERB: Verb = Verb::Connect;
         if self.verbs().is_null() {
             return Err(Error::invalid(VERB, "the route is not resolved: resolve_addr() and resolve_route() first"));
         }
@@ -479,7 +473,7 @@ impl CmId {
         let mut c = self.conn_param(VERB, param, PrivateDataOp::Connect)?;
         // SAFETY: the id is live, under the CM lock; `c` and its private data are valid
         // for the call (librdmacm copies them).
-        let rc = self.locked(|id| check(unsafe { ffi::rdma_connect(id, &mut c) }, VERB));
+        let rc = self.locked(|id| conv::rc(VERB, unsafe { ffi::rdma_connect(id, &mut c) }));
         rc.map_err(|e| match e.errno() {
             Some(libc::EINVAL) => e.with_hint(
                 "the route is not resolved, the id is already connecting, or responder_resources / \
@@ -494,8 +488,8 @@ impl CmId {
     /// with its new id. Other events of the listener are errors.
     #[doc(alias = "rdma_get_request")]
     pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
-        let mut event = self.expect(CmEventKind::ConnectRequest, timeout, "rdma_get_cm_event")?;
-        let id = event.take_request().ok_or_else(|| Error::verb("rdma_get_cm_event", Plane::Control, libc::EPROTO))?;
+        let mut event = self.expect(CmEventKind::ConnectRequest, timeout, Verb::GetCmEvent)?;
+        let id = event.take_request().ok_or_else(|| Error::verb(Verb::GetCmEvent, libc::EPROTO))?;
         Ok(ConnectRequest { id, event })
     }
 
@@ -505,11 +499,11 @@ impl CmId {
     /// ends at once.
     #[doc(alias = "rdma_accept")]
     pub fn accept(&self, param: &ConnParam<'_>, timeout: Duration) -> Result<()> {
-        const VERB: &str = "rdma_accept";
+        const VERB: Verb = Verb::Accept;
         self.require_qp(VERB)?;
         let mut c = self.conn_param(VERB, param, PrivateDataOp::Accept)?;
         // SAFETY: the id is live, under the CM lock; `c` is valid for the call.
-        let rc = self.locked(|id| check(unsafe { ffi::rdma_accept(id, &mut c) }, VERB));
+        let rc = self.locked(|id| conv::rc(VERB, unsafe { ffi::rdma_accept(id, &mut c) }));
         rc.map_err(|e| match e.errno() {
             Some(libc::EINVAL) => e.with_hint(
                 "the id is not a connection request's, or responder_resources / initiator_depth exceed \
@@ -529,13 +523,13 @@ impl CmId {
     /// 148 on InfiniBand and RoCE, 136 for UD).
     #[doc(alias = "rdma_reject")]
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
-        const VERB: &str = "rdma_reject";
+        const VERB: Verb = Verb::Reject;
         check_private_data(VERB, private_data, self.inner.ps, PrivateDataOp::Reject, self.ib_transport())?;
         let data = if private_data.is_empty() { ptr::null() } else { private_data.as_ptr().cast() };
         // The length fits: checked above (at most 255).
         let len = private_data.len() as u8;
         // SAFETY: the id is live, under the CM lock; the data is valid for the call.
-        self.locked(|id| check(unsafe { ffi::rdma_reject(id, data, len) }, VERB))
+        self.locked(|id| conv::rc(VERB, unsafe { ffi::rdma_reject(id, data, len) }))
     }
 
     /// Disconnects (`rdma_disconnect`): the QP goes to the error state (outstanding work
@@ -543,9 +537,9 @@ impl CmId {
     /// [`CmEventKind::Disconnected`], and so does this side once the peer answers.
     #[doc(alias = "rdma_disconnect")]
     pub fn disconnect(&self) -> Result<()> {
-        const VERB: &str = "rdma_disconnect";
+        const VERB: Verb = Verb::Disconnect;
         // SAFETY: the id is live, under the CM lock (librdmacm changes the QP's state).
-        let rc = self.locked(|id| check(unsafe { ffi::rdma_disconnect(id) }, VERB));
+        let rc = self.locked(|id| conv::rc(VERB, unsafe { ffi::rdma_disconnect(id) }));
         rc.map_err(|e| match e.errno() {
             Some(libc::EINVAL) => e.with_hint("the id is not connected (or is bound to no device)"),
             _ => e,
@@ -557,12 +551,12 @@ impl CmId {
     #[doc(alias = "rdma_get_cm_event")]
     pub fn next_event(&self, timeout: Duration) -> Result<CmEvent> {
         let serial = self.inner.serial;
-        self.inner.channel.wait(|d| d.target == serial, timeout, "rdma_get_cm_event")
+        self.inner.channel.wait(|d| d.target == serial, timeout, Verb::GetCmEvent)
     }
 
     /// The next event of this id, which must be `kind`: any other becomes the error it
     /// stands for.
-    fn expect(&self, kind: CmEventKind, timeout: Duration, verb: &'static str) -> Result<CmEvent> {
+    fn expect(&self, kind: CmEventKind, timeout: Duration, verb: Verb) -> Result<CmEvent> {
         let serial = self.inner.serial;
         let event = self.inner.channel.wait(|d| d.target == serial, timeout, verb)?;
         if event.kind() == kind {
@@ -577,7 +571,7 @@ impl CmId {
     /// about it are dropped (and the ids of unclaimed connection requests destroyed).
     #[doc(alias = "rdma_destroy_id")]
     pub fn destroy(self) -> Result<()> {
-        destroy_shared(self.inner, "rdma_destroy_id", |inner| inner.destroy_now())
+        destroy_shared(self.inner, Verb::DestroyId, |inner| inner.destroy_now())
     }
 }
 

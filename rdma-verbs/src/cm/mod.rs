@@ -70,7 +70,7 @@ pub use event::{CmEvent, CmEventKind, ConnInfo, ConnectRequest, RejectReason, Ud
 pub use id::CmId;
 pub(crate) use id::CmQpLink;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::qp::QpType;
 
@@ -130,7 +130,7 @@ pub(crate) fn max_private_data(ps: PortSpace, op: PrivateDataOp, ib_transport: b
 
 /// Refuses private data longer than the message can carry, before any C call.
 pub(crate) fn check_private_data(
-    verb: &'static str,
+    verb: Verb,
     data: &[u8],
     ps: PortSpace,
     op: PrivateDataOp,
@@ -232,8 +232,8 @@ mod tests {
 
     #[test]
     fn too_much_private_data_is_refused_naming_the_limit() {
-        check_private_data("rdma_connect", &[0; 56], PortSpace::Tcp, PrivateDataOp::Connect, true).unwrap();
-        let e = check_private_data("rdma_connect", &[0; 57], PortSpace::Tcp, PrivateDataOp::Connect, true)
+        check_private_data(Verb::Connect, &[0; 56], PortSpace::Tcp, PrivateDataOp::Connect, true).unwrap();
+        let e = check_private_data(Verb::Connect, &[0; 57], PortSpace::Tcp, PrivateDataOp::Connect, true)
             .unwrap_err()
             .to_string();
         assert!(e.contains("57 bytes of private data exceed the 56 a Connect message carries"), "{e}");

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::buf::SendBuf;
 use crate::cq::CqReservation;
-use crate::error::{Error, Plane, Result};
+use crate::error::{Error, Refused, Result, Verb};
 use crate::ffi;
 use crate::mr::RemoteMr;
 use crate::qp::QueuePair;
@@ -43,11 +43,11 @@ unsafe impl<T: SendBuf> Send for Prepared<T> {}
 impl<T: SendBuf> Prepared<T> {
     /// Checks `wr` against `limits` (max SGEs, max inline bytes) and builds it.
     #[allow(clippy::result_large_err)] // the refused request comes back by value
-    fn build(wr: SendWr<T>, limits: Limits) -> Result<Self, (Error, SendWr<T>)> {
+    fn build(wr: SendWr<T>, limits: Limits) -> Result<Self, Refused<SendWr<T>>> {
         let mut sges = NO_SGES;
         let n = match check_send(limits, &wr, &mut sges) {
             Ok(n) => n,
-            Err(e) => return Err((e, wr)),
+            Err(e) => return Err(Refused::new(e, wr)),
         };
         let needs = needs(&wr, n);
         let key = limits.key();
@@ -124,7 +124,7 @@ impl<T: SendBuf> Prepared<T> {
     /// refusal the request is unchanged. A request without a remote side refuses.
     pub fn set_remote(&mut self, remote: RemoteMr) -> Result<()> {
         let Some(old) = self.inner.wr.remote else {
-            return Err(Error::invalid("ibv_post_send", "this request has no remote side (a SEND)"));
+            return Err(Error::invalid(Verb::PostSend, "this request has no remote side (a SEND)"));
         };
         self.inner.wr.remote = Some(remote);
         self.rebuild().inspect_err(|_| self.inner.wr.remote = Some(old))
@@ -215,7 +215,7 @@ impl QueuePair {
     /// requests, setting `depth` entries of the send CQ aside, as
     /// [`send_queue_with_depth`](Self::send_queue_with_depth) does.
     pub fn prepared_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<PreparedQueue<T>> {
-        let (claim, room, depth) = self.claim_send_side("prepared_queue", depth)?;
+        let (claim, room, depth) = self.claim_send_side(Verb::Claim, depth)?;
         Ok(PreparedQueue {
             ring: Ring::new(depth),
             room: Some(room),
@@ -233,7 +233,7 @@ impl<T: SendBuf> PreparedQueue<T> {
     /// Checks `wr` against this QP's limits and builds its C request (one allocation,
     /// here and not at post time). On refusal the work request comes back.
     #[allow(clippy::result_large_err)] // the refused request comes back by value
-    pub fn prepare(&self, wr: SendWr<T>) -> Result<Prepared<T>, (Error, SendWr<T>)> {
+    pub fn prepare(&self, wr: SendWr<T>) -> Result<Prepared<T>, Refused<SendWr<T>>> {
         Prepared::build(wr, self.limits)
     }
 
@@ -257,10 +257,7 @@ impl<T: SendBuf> PreparedQueue<T> {
         let (sges, inline) = p.inner.needs;
         let Limits { max_sge, max_inline, ud } = self.limits;
         if p.inner.limits.ud != ud {
-            return Err(Error::invalid(
-                "ibv_post_send",
-                "a request prepared for a QP of another transport (UD or not)",
-            ));
+            return Err(Error::invalid(Verb::PostSend, "a request prepared for a QP of another transport (UD or not)"));
         }
         if sges > max_sge || inline > max_inline {
             return Err(too_big_for(sges, inline, max_sge, max_inline));
@@ -271,12 +268,12 @@ impl<T: SendBuf> PreparedQueue<T> {
     /// Posts one prepared request: its `wr_id` stamped, one provider call, no allocation.
     /// On refusal the request comes back in the error.
     #[inline]
-    pub fn post(&mut self, p: Prepared<T>) -> Result<(), (Error, Prepared<T>)> {
+    pub fn post(&mut self, p: Prepared<T>) -> Result<(), Refused<Prepared<T>>> {
         if self.ring.free() == 0 {
-            return Err((queue_full("ibv_post_send", self.ring.cap), p));
+            return Err(Refused::new(queue_full(Verb::PostSend, self.ring.cap), p));
         }
         if let Err(e) = self.takes(&p) {
-            return Err((e, p));
+            return Err(Refused::new(e, p));
         }
         let seq = send_wr_id(self.tag.bits(), self.ring.head);
         let raw = self.ring.stage(0, p).stamp(seq);
@@ -292,7 +289,7 @@ impl<T: SendBuf> PreparedQueue<T> {
     /// posted. When one is refused (by our checks or by the provider), the ones before it
     /// are posted and the error comes back with the rest, in order (that path allocates,
     /// the fast path does not).
-    pub fn post_batch<I>(&mut self, ps: I) -> Result<usize, (Error, Vec<Prepared<T>>)>
+    pub fn post_batch<I>(&mut self, ps: I) -> Result<usize, Refused<Vec<Prepared<T>>>>
     where
         I: IntoIterator<Item = Prepared<T>>,
     {
@@ -304,11 +301,11 @@ impl<T: SendBuf> PreparedQueue<T> {
         let mut ps = ps.into_iter();
         for p in ps.by_ref() {
             if n == room {
-                refused = Some((queue_full("ibv_post_send", self.ring.cap), p));
+                refused = Some(Refused::new(queue_full(Verb::PostSend, self.ring.cap), p));
                 break;
             }
             if let Err(e) = self.takes(&p) {
-                refused = Some((e, p));
+                refused = Some(Refused::new(e, p));
                 break;
             }
             let seq = send_wr_id(tag, self.ring.head + n as u64);
@@ -341,7 +338,7 @@ impl<T: SendBuf> PreparedQueue<T> {
                         std::ptr::eq(p.raw(), bad)
                     })
                     .unwrap_or(0);
-                (at, Some(Error::verb("ibv_post_send", Plane::Data, rc.abs())))
+                (at, Some(Error::verb(Verb::PostSend, rc.abs())))
             }
         };
         self.ring.finish_batch((n, posted), failure, refused, ps)
@@ -353,8 +350,10 @@ impl<T: SendBuf> PreparedQueue<T> {
     /// not this queue's is an error.
     #[inline]
     pub fn complete(&mut self, wc: &mut WorkCompletion, mut done: impl FnMut(Done<Prepared<T>>)) -> Result<usize> {
-        self.ring.complete_sends(wc, &self.tag, self.qp_num, |p, status, byte_len| {
-            done(Done { id: p.id(), buf: p, status, byte_len })
+        let qp_num = self.qp_num;
+        self.ring.complete_sends(wc, &self.tag, qp_num, |p, status, byte_len, vendor_err| {
+            let op = p.inner.wr.wc_opcode();
+            done(Done { id: p.id(), buf: p, status, byte_len, op, qp_num, vendor_err })
         })
     }
 }
@@ -363,7 +362,7 @@ impl<T: SendBuf> PreparedQueue<T> {
 #[inline(never)]
 fn too_big_for(sges: u32, inline: u32, max_sge: u32, max_inline: u32) -> Error {
     Error::invalid(
-        "ibv_post_send",
+        Verb::PostSend,
         format!(
             "a request prepared for another QP: it needs {sges} SGEs and {inline} bytes inline, this QP takes \
              {max_sge} (max_send_sge) and {max_inline} (max_inline_data)"

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::{not_ours, queue_full, send_wr_id, Tag, LOW_MASK};
 use crate::buf::Chunk;
 use crate::cq::{CompletionQueue, CqReservation};
-use crate::error::{Error, Plane, Result};
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::mr::{AccessMode, RemoteMr};
 use crate::qp::{QpState, QueuePair};
@@ -79,7 +79,7 @@ impl<'env> ScopedChain<'env> {
         if let Some(r) = remote {
             if len as u64 > r.len {
                 return Err(Error::invalid(
-                    "ibv_post_send",
+                    Verb::PostSend,
                     format!("{len} bytes do not fit the remote region of {} bytes", r.len),
                 ));
             }
@@ -181,7 +181,7 @@ impl QueuePair {
     where
         F: for<'scope> FnOnce(&'scope SendScope<'scope, 'env>) -> R,
     {
-        const VERB: &str = "send_scope";
+        const VERB: Verb = Verb::Claim;
         if self.qp_type() == crate::qp::QpType::Ud {
             // A chain carries no address handle, which every UD send needs.
             return Err(Error::invalid(VERB, "a send scope is for RC and UC QPs: UD sends need an address handle"));
@@ -240,10 +240,10 @@ impl<'scope, 'env> SendScope<'scope, 'env> {
         }
         let head = self.head.get();
         if head - self.tail.get() + k > self.depth {
-            return Err(queue_full("ibv_post_send", self.depth));
+            return Err(queue_full(Verb::PostSend, self.depth));
         }
         if chain.limits != self.limits {
-            return Err(Error::invalid("ibv_post_send", "a chain built for another QP"));
+            return Err(Error::invalid(Verb::PostSend, "a chain built for another QP"));
         }
         if chain.dirty {
             chain.link();
@@ -263,7 +263,7 @@ impl<'scope, 'env> SendScope<'scope, 'env> {
             // The ones before `bad` went in.
             let posted = (0..chain.wrs.len()).find(|&i| std::ptr::eq(first.wrapping_add(i), bad)).unwrap_or(0);
             self.head.set(head + posted as u64);
-            return Err(Error::verb("ibv_post_send", Plane::Data, rc.abs()));
+            return Err(Error::verb(Verb::PostSend, rc.abs()));
         }
         self.head.set(head + k);
         Ok(())

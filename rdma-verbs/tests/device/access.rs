@@ -81,7 +81,7 @@ fn run(pd: &ProtectionDomain, a: &mut Side<Chunk>, op: Op, remote: RemoteMr) -> 
         Op::Cas => SendWr::compare_swap(src, 0, remote, word(), 0x1111),
         Op::Faa => SendWr::fetch_add(src, 0, remote, 1),
     };
-    a.sq.post(wr.id(77)).map_err(|(e, _)| e).unwrap();
+    a.sq.post(wr.id(77)).unwrap();
     let mut wc = poll_one(&mut a.cq);
     let mut done = None;
     a.sq.complete(&mut wc, |d| done = Some(d)).unwrap();

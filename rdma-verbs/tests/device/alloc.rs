@@ -234,15 +234,15 @@ fn safe_round<T: Source>(
 ) {
     T::fill(&mut srcs[0], fill_byte(r, 0));
     T::fill(&mut srcs[1], fill_byte(r, 1));
-    b.rq.post(rbuf.take().unwrap(), 0..LEN, r).map_err(|(e, _)| e).unwrap();
+    b.rq.post(rbuf.take().unwrap(), 0..LEN, r).unwrap();
     let send = SendWr::send(T::lend(&mut srcs[0]), 0..LEN).id(0);
     let write = SendWr::write(T::lend(&mut srcs[1]), 0..LEN, target.remote()).id(1);
     if batch {
-        assert_eq!(a.sq.post_batch([send, write]).map_err(|(e, _)| e).unwrap(), 2);
+        assert_eq!(a.sq.post_batch([send, write]).unwrap(), 2);
         ops.posts += 2;
     } else {
-        a.sq.post(send).map_err(|(e, _)| e).unwrap();
-        a.sq.post(write).map_err(|(e, _)| e).unwrap();
+        a.sq.post(send).unwrap();
+        a.sq.post(write).unwrap();
         ops.posts += 3;
     }
     let (sq, rq) = (&mut a.sq, &mut b.rq);
@@ -391,7 +391,7 @@ fn prepared_requests_post_post_batch_and_poll_allocate_nothing_in_steady_state()
     let mut bufs = chunks(&pd, 3, LEN, AccessFlags::LOCAL_WRITE);
     let mut rbuf = bufs.pop();
     // Built once, before the measured loop (that is where a prepared request allocates).
-    let prep = |wr| pq.prepare(wr).map_err(|(e, _)| e).unwrap();
+    let prep = |wr| pq.prepare(wr).unwrap();
     let send = prep(SendWr::send(bufs.pop().unwrap(), 0..LEN).id(0));
     let write = prep(SendWr::write(bufs.pop().unwrap(), 0..LEN, target.remote()).id(1));
     let mut ps = [Some(send), Some(write)];
@@ -401,14 +401,14 @@ fn prepared_requests_post_post_batch_and_poll_allocate_nothing_in_steady_state()
             for (which, p) in ps.iter_mut().enumerate() {
                 p.as_mut().unwrap().bytes_mut().fill(fill_byte(r, which));
             }
-            b.rq.post(rbuf.take().unwrap(), 0..LEN, r).map_err(|(e, _)| e).unwrap();
+            b.rq.post(rbuf.take().unwrap(), 0..LEN, r).unwrap();
             let [send, write] = [ps[0].take().unwrap(), ps[1].take().unwrap()];
             if batch {
-                assert_eq!(pq.post_batch([send, write]).map_err(|(e, _)| e).unwrap(), 2);
+                assert_eq!(pq.post_batch([send, write]).unwrap(), 2);
                 ops.posts += 2;
             } else {
-                pq.post(send).map_err(|(e, _)| e).unwrap();
-                pq.post(write).map_err(|(e, _)| e).unwrap();
+                pq.post(send).unwrap();
+                pq.post(write).unwrap();
                 ops.posts += 3;
             }
             let (pq, rq) = (&mut pq, &mut b.rq);
@@ -459,7 +459,7 @@ fn a_send_scope_posts_and_polls_without_allocating_in_steady_state() {
             chain.send(send_src, 0..LEN).unwrap().write(write_src, 0..LEN, target.remote()).unwrap();
             let label = format!("send scope, scope {fill}");
             assert_steady_state_allocates_nothing(&label, |r, ops| {
-                b.rq.post(rbuf.take().unwrap(), 0..LEN, r).map_err(|(e, _)| e).unwrap();
+                b.rq.post(rbuf.take().unwrap(), 0..LEN, r).unwrap();
                 s.post(&mut chain).unwrap();
                 ops.posts += 2;
                 let (mut sent, mut got) = (0, 0);

@@ -10,7 +10,7 @@ use std::ptr;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::ffi;
-use rdma_verbs::{CompletionQueue, Error, ProtectionDomain, WcOpcode, WcStatus, WorkCompletion};
+use rdma_verbs::{CompletionQueue, Error, ProtectionDomain, Verb, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::{open, LeakCheck};
 
@@ -54,7 +54,7 @@ fn cqe_past_max_cqe_zero_cqe_and_a_bad_comp_vector_are_rejected_and_the_context_
     let max_cqe = ctx.query_device().unwrap().max_cqe;
 
     let err = CompletionQueue::new(&ctx, max_cqe + 1).unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument { verb: "ibv_create_cq", .. }), "{err:?}");
+    assert!(matches!(err, Error::InvalidArgument { verb: Verb::CreateCq, .. }), "{err:?}");
     let text = err.to_string();
     assert!(text.contains(&format!("cqe {} exceeds the device's max_cqe {max_cqe}", max_cqe + 1)), "{text}");
 
@@ -102,7 +102,7 @@ fn wait_on_an_armed_empty_cq_times_out_and_needs_a_channel() {
     let start = Instant::now();
     let err = cq.wait(Some(timeout)).unwrap_err();
     let waited = start.elapsed();
-    assert!(matches!(err, Error::Timeout { verb: "ibv_get_cq_event", timeout: t } if t == timeout), "{err:?}");
+    assert!(matches!(err, Error::Timeout { verb: Verb::GetCqEvent, timeout: t } if t == timeout), "{err:?}");
     assert!(waited >= timeout, "returned after {waited:?}, before the timeout");
     assert!(waited < timeout + Duration::from_secs(5), "slept {waited:?}");
 

@@ -4,7 +4,7 @@
 
 use rdma_verbs::{
     AccessFlags, Chunk, CompletionQueue, Error, InitAttr, ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue,
-    SendQueue, SendWr,
+    Refused, SendQueue, SendWr,
 };
 
 use crate::datapath::{chunks, rc_pair, Side};
@@ -57,14 +57,14 @@ fn a_queue_never_has_more_requests_outstanding_than_its_depth() {
     let mut sq: SendQueue<Chunk> = qp.send_queue_with_depth(4).unwrap();
     let mut bufs = chunks(&pd, 8, 64, AccessFlags::LOCAL_WRITE);
     for (i, buf) in chunks(&pd, 8, 64, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
-        b.rq.post(buf, 0..64, i as u64).map_err(|(e, _)| e).unwrap();
+        b.rq.post(buf, 0..64, i as u64).unwrap();
     }
     for i in 0..4u8 {
         let mut buf = bufs.pop().unwrap();
         buf.fill(i);
-        sq.post(SendWr::send(buf, 0..64).id(u64::from(i))).map_err(|(e, _)| e).unwrap();
+        sq.post(SendWr::send(buf, 0..64).id(u64::from(i))).unwrap();
     }
-    let (e, wr) = sq.post(SendWr::send(bufs.pop().unwrap(), 0..64)).unwrap_err();
+    let Refused { error: e, value: wr } = sq.post(SendWr::send(bufs.pop().unwrap(), 0..64)).unwrap_err();
     assert!(invalid_message(e).contains("full"), "the fifth request must be refused");
     bufs.push(wr.into_buf());
     // One completion makes room for one more request.
@@ -73,7 +73,7 @@ fn a_queue_never_has_more_requests_outstanding_than_its_depth() {
     sq.complete(&mut wc, |d| back.push(d)).unwrap();
     assert_eq!(back.len(), 1);
     assert_eq!(back[0].id, 0);
-    sq.post(SendWr::send(bufs.pop().unwrap(), 0..64)).map_err(|(e, _)| e).unwrap();
+    sq.post(SendWr::send(bufs.pop().unwrap(), 0..64)).unwrap();
     // The receiver got the first requests' bytes in order.
     for i in 0..4u8 {
         let mut wc = crate::datapath::poll_one(&mut b.cq);
@@ -95,7 +95,7 @@ fn a_dropped_queue_keeps_its_cq_share_until_its_posted_requests_cannot_complete(
     qp.to_init(&InitAttr::default()).unwrap(); // receives are posted from INIT on
     let mut rq: RecvQueue<Chunk> = qp.recv_queue().unwrap();
     for (i, buf) in chunks(&pd, 2, 64, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
-        rq.post(buf, 0..64, i as u64).map_err(|(e, _)| e).unwrap();
+        rq.post(buf, 0..64, i as u64).unwrap();
     }
     // Dropped with receives posted: they may still complete into the CQ, so its share stays.
     drop(rq);

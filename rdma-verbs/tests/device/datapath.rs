@@ -87,8 +87,8 @@ fn send_delivers_exact_bytes_and_both_buffers_come_back() {
     let (mut src, dst) = (bufs.remove(0), bufs.remove(0));
     let data = pattern(7, 3000);
     src[..3000].copy_from_slice(&data);
-    b.rq.post(dst, 0..4096, 42).map_err(|(e, _)| e).unwrap();
-    a.sq.post(SendWr::send(src, 0..3000).imm(0xfeed).id(9)).map_err(|(e, _)| e).unwrap();
+    b.rq.post(dst, 0..4096, 42).unwrap();
+    a.sq.post(SendWr::send(src, 0..3000).imm(0xfeed).id(9)).unwrap();
 
     let sent = send_done(&mut a);
     assert_eq!(sent.len(), 1);
@@ -127,7 +127,7 @@ fn rdma_write_read_and_atomics_move_the_right_bytes() {
     src.copy_from_slice(&data);
 
     // WRITE 4096 bytes at offset 100 of the target.
-    a.sq.post(SendWr::write(src, 0..4096, remote.slice(100..).unwrap())).map_err(|(e, _)| e).unwrap();
+    a.sq.post(SendWr::write(src, 0..4096, remote.slice(100..).unwrap())).unwrap();
     let src = send_done(&mut a).pop().unwrap().buf;
     let mut got = vec![0u8; 4096];
     target.read_at(100, &mut got).unwrap();
@@ -137,7 +137,7 @@ fn rdma_write_read_and_atomics_move_the_right_bytes() {
     assert_eq!(edge, [0u8; 100], "bytes before the write are untouched");
 
     // READ them back into a local chunk.
-    a.sq.post(SendWr::read(rd, 0..4096, remote.slice(100..).unwrap())).map_err(|(e, _)| e).unwrap();
+    a.sq.post(SendWr::read(rd, 0..4096, remote.slice(100..).unwrap())).unwrap();
     let rd = send_done(&mut a).pop().unwrap();
     assert_eq!(rd.status, WcStatus::Success);
     assert_eq!(&rd.buf[..], &data[..]);
@@ -145,10 +145,10 @@ fn rdma_write_read_and_atomics_move_the_right_bytes() {
     // Atomics on the 8 bytes at offset 8192-8: old values land in the local chunk.
     let word = remote.slice(8184..).unwrap();
     target.atomic_u64(8184).unwrap().store(100, std::sync::atomic::Ordering::SeqCst);
-    a.sq.post(SendWr::fetch_add(atom, 0, word, 5)).map_err(|(e, _)| e).unwrap();
+    a.sq.post(SendWr::fetch_add(atom, 0, word, 5)).unwrap();
     let atom = send_done(&mut a).pop().unwrap().buf;
     assert_eq!(u64::from_ne_bytes(atom[..8].try_into().unwrap()), 100);
-    a.sq.post(SendWr::compare_swap(atom, 0, word, 105, 7)).map_err(|(e, _)| e).unwrap();
+    a.sq.post(SendWr::compare_swap(atom, 0, word, 105, 7)).unwrap();
     let atom = send_done(&mut a).pop().unwrap().buf;
     assert_eq!(u64::from_ne_bytes(atom[..8].try_into().unwrap()), 105);
     assert_eq!(target.atomic_u64(8184).unwrap().load(std::sync::atomic::Ordering::SeqCst), 7);
@@ -173,7 +173,7 @@ fn a_batch_of_unsignaled_writes_is_released_by_its_one_signaled_completion() {
     // 32 writes of the same shared source, one provider call, only the last signaled.
     let wrs = (0..32u64)
         .map(|i| SendWr::write(Arc::clone(&src), 0..64, remote.slice(i * 64..).unwrap()).id(i).signaled(i == 31));
-    assert_eq!(a.sq.post_batch(wrs).map_err(|(e, _)| e).unwrap(), 32);
+    assert_eq!(a.sq.post_batch(wrs).unwrap(), 32);
     assert_eq!(a.sq.outstanding(), 32);
     let done = send_done(&mut a);
     assert_eq!(done.iter().map(|d| d.id).collect::<Vec<_>>(), (0..32).collect::<Vec<_>>());
@@ -193,7 +193,7 @@ fn error_state_flushes_every_outstanding_receive_once_and_returns_the_buffers() 
     let _leaks = LeakCheck::new();
     let (pd, _a, mut b) = rc_pair::<Chunk>(QpAccess::empty());
     for (i, c) in chunks(&pd, 5, 256, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
-        b.rq.post(c, 0..256, i as u64).map_err(|(e, _)| e).unwrap();
+        b.rq.post(c, 0..256, i as u64).unwrap();
     }
     b.qp.to_error().unwrap();
     let mut ids = Vec::new();
@@ -215,7 +215,7 @@ fn dropping_queues_with_receives_posted_frees_them_after_the_qp() {
     let _leaks = LeakCheck::new();
     let (pd, a, mut b) = rc_pair::<Chunk>(QpAccess::empty());
     for c in chunks(&pd, 4, 128, AccessFlags::LOCAL_WRITE) {
-        b.rq.post(c, 0..128, 0).map_err(|(e, _)| e).unwrap();
+        b.rq.post(c, 0..128, 0).unwrap();
     }
     // The queue goes first, the QP later: the buffers wait for ibv_destroy_qp.
     drop(b.rq);

@@ -12,7 +12,7 @@ use rdma_verbs::qp::QueuePairBuilder;
 use rdma_verbs::queue::{Done, ExclusiveBuf, RecvQueue, SendBuf, SendQueue, SendWr};
 use rdma_verbs::{
     AccessFlags, AddressHandle, AhAttr, AlignedBuf, CompletionQueue, Error, InitAttr, ProtectionDomain, QpAccess,
-    QpType, QueuePair, SharedReceiveQueue, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    QpType, QueuePair, Refused, SharedReceiveQueue, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::datapath::{chunks, poll_one, rc_pair, Side};
@@ -123,8 +123,8 @@ fn read_back(
 }
 
 #[track_caller]
-fn posted<X>(r: Result<(), (Error, X)>) {
-    if let Err((e, _)) = r {
+fn posted<X>(r: Result<(), Refused<X>>) {
+    if let Err(Refused { error: e, .. }) = r {
         panic!("post refused: {e}");
     }
 }
@@ -295,7 +295,7 @@ fn a_message_gathered_from_two_regions_is_scattered_into_two_other_regions_by_se
     assert!((2..8).contains(&max), "max_send_sge {max}: this test needs 2..8");
     let segs: [Chunk; 8] = chunks(&pd, 8, 100, AccessFlags::LOCAL_WRITE).try_into().unwrap();
     let text = match sq8.post(SendWr::write(segs, 0..(max + 1) * 100, remote)) {
-        Err((e, _)) => invalid_text(&e),
+        Err(Refused { error: e, .. }) => invalid_text(&e),
         Ok(()) => panic!("{} SGEs posted on a QP that takes {max}", max + 1),
     };
     assert!(text.contains("max_send_sge"), "{text}");
@@ -881,7 +881,7 @@ fn inline_sends_up_to_max_inline_data_arrive_and_one_byte_more_is_refused_before
     dst.fill(UNTOUCHED);
     posted(b.rq.post(dst, 0..max + 64, 9));
     let text = match a.sq.post(SendWr::send(srcs.pop().unwrap(), 0..max + 1).inline()) {
-        Err((e, _wr)) => invalid_text(&e),
+        Err(Refused { error: e, value: _wr }) => invalid_text(&e),
         Ok(()) => panic!("{} bytes inline posted on a QP with max_inline_data {max}", max + 1),
     };
     assert!(text.contains("max_inline_data") && text.contains(&max.to_string()), "{text}");
@@ -915,7 +915,7 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     let bad = [(0..4097, remote, "4096"), (5000..5000, remote, "4096")];
     for (range, r, what) in bad.into_iter().chain([(0..4096, remote.slice(..100).unwrap(), "100 bytes")]) {
         let text = match a.sq.post(SendWr::read(bufs.pop().unwrap(), range.clone(), r)) {
-            Err((e, _wr)) => invalid_text(&e),
+            Err(Refused { error: e, value: _wr }) => invalid_text(&e),
             Ok(()) => panic!("READ into {range:?} posted"),
         };
         assert!(text.contains(what), "READ into {range:?}: {text}");
@@ -931,7 +931,7 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     c.fill(UNTOUCHED);
     let addr = c.addr();
     let c = match b.rq.post(c, 0..4097, 7) {
-        Err((e, c)) => {
+        Err(Refused { error: e, value: c }) => {
             assert!(invalid_text(&e).contains("4096"), "{e}");
             c
         }
@@ -956,7 +956,7 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     let mut shared_sq = a.qp.send_queue::<Arc<Chunk>>().unwrap();
     let shared = Arc::new(got.buf);
     match shared_sq.post(SendWr::write(Arc::clone(&shared), 0..4097, remote)) {
-        Err((e, wr)) => {
+        Err(Refused { error: e, value: wr }) => {
             assert!(invalid_text(&e).contains("4096"), "{e}");
             assert_eq!(Arc::strong_count(&shared), 2, "the refused request holds the clone");
             drop(wr);
@@ -976,14 +976,14 @@ fn reversed_ranges_are_refused_before_c_for_receive_send_and_read() {
     #[allow(clippy::reversed_empty_ranges)]
     let reversed = 10..5;
     match b.rq.post(bufs.pop().unwrap(), reversed.clone(), 1) {
-        Err((e, _c)) => assert!(invalid_text(&e).contains("10..5"), "{e}"),
+        Err(Refused { error: e, value: _c }) => assert!(invalid_text(&e).contains("10..5"), "{e}"),
         Ok(()) => panic!("a receive into 10..5 of a chunk was posted (as a zero-length receive)"),
     }
     let wrs =
         [SendWr::send(bufs.pop().unwrap(), reversed.clone()), SendWr::read(bufs.pop().unwrap(), reversed, t.remote())];
     for (wr, what) in wrs.into_iter().zip(["SEND", "READ"]) {
         match a.sq.post(wr) {
-            Err((e, _)) => assert!(invalid_text(&e).contains("10..5"), "{what}: {e}"),
+            Err(Refused { error: e, .. }) => assert!(invalid_text(&e).contains("10..5"), "{what}: {e}"),
             Ok(()) => panic!("a {what} of 10..5 of a chunk was posted"),
         }
     }
@@ -1004,7 +1004,7 @@ fn full_queues_refuse_before_c_and_take_the_refused_work_once_completions_free_a
     }
     let extra = bufs.pop().unwrap();
     let extra = match b.rq.post(extra, 0..64, 999) {
-        Err((e, c)) => {
+        Err(Refused { error: e, value: c }) => {
             assert!(invalid_text(&e).contains("full"), "{e}");
             c
         }
@@ -1035,7 +1035,7 @@ fn full_queues_refuse_before_c_and_take_the_refused_work_once_completions_free_a
         posted(a.sq.post(wr.signaled(i + 1 == depth)));
     }
     let refused = match a.sq.post(SendWr::write(last, 0..64, remote.slice(depth as u64 * 64..).unwrap()).id(999)) {
-        Err((e, wr)) => {
+        Err(Refused { error: e, value: wr }) => {
             assert!(invalid_text(&e).contains("full"), "{e}");
             wr
         }
@@ -1167,7 +1167,7 @@ fn a_fenced_write_batched_after_a_read_of_the_same_bytes_lets_the_read_return_th
     let (mut src, rd) = (bufs.pop().unwrap(), bufs.pop().unwrap());
     src.copy_from_slice(&new);
     let wrs = [SendWr::read(rd, 0..1024, t.remote()).id(1), SendWr::write(src, 0..1024, t.remote()).fence().id(2)];
-    assert_eq!(a.sq.post_batch(wrs).map_err(|(e, _)| e).unwrap(), 2);
+    assert_eq!(a.sq.post_batch(wrs).unwrap(), 2);
     let mut done = Vec::new();
     while done.len() < 2 {
         done.extend(sent(&mut a.sq, &mut a.cq));

@@ -50,8 +50,8 @@ fn extended_qp_sends_inline_data_with_immediate_intact() {
     let (mut s1, dst) = (c.remove(0), c.remove(0));
     s1[..48].copy_from_slice(&[0x5a; 48]);
     // Inline SEND with immediate (ibv_wr_send_imm + ibv_wr_set_inline_data).
-    b.rq.post(dst, 0..1024, 1).map_err(|(e, _)| e).unwrap();
-    a.sq.post(SendWr::send(s1, 0..48).inline().imm(77)).map_err(|(e, _)| e).unwrap();
+    b.rq.post(dst, 0..1024, 1).unwrap();
+    a.sq.post(SendWr::send(s1, 0..48).inline().imm(77)).unwrap();
     let s1 = sent(&mut a).pop().unwrap().buf;
     let mut wc = poll_one(&mut b.cq);
     let got = b.rq.complete(&mut wc).unwrap();
@@ -70,8 +70,8 @@ fn extended_qp_sends_a_message_spanning_chunks_of_two_regions() {
     let (mut x, mut y) = (chunks(&pd, 1, 1024).pop().unwrap(), chunks(&pd, 1, 1024).pop().unwrap());
     x.fill(1);
     y.fill(2);
-    b.rq.post(chunks(&pd, 1, 1024).pop().unwrap(), 0..1024, 2).map_err(|(e, _)| e).unwrap();
-    a.sq.post(SendWr::send([x, y], 1000..1030)).map_err(|(e, _)| e).unwrap();
+    b.rq.post(chunks(&pd, 1, 1024).pop().unwrap(), 0..1024, 2).unwrap();
+    a.sq.post(SendWr::send([x, y], 1000..1030)).unwrap();
     let back = sent(&mut a).pop().unwrap();
     assert_eq!(back.status, WcStatus::Success);
     let got = b.rq.complete(&mut poll_one(&mut b.cq)).unwrap();
@@ -103,7 +103,7 @@ fn extended_qp_writes_reads_and_atomics_in_one_batch() {
         SendWr::read(rd, 0..512, remote).fence().signaled(false),
         SendWr::fetch_add(atom, 0, remote.slice(1024..).unwrap(), 3).fence(),
     ];
-    assert_eq!(a.sq.post_batch(wrs).map_err(|(e, _)| e).unwrap(), 3);
+    assert_eq!(a.sq.post_batch(wrs).unwrap(), 3);
     let done = sent(&mut a);
     assert_eq!(done.len(), 3);
     assert!(done.iter().all(|d| d.status == WcStatus::Success), "{done:?}");

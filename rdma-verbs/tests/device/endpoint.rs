@@ -84,7 +84,7 @@ fn rc_side(mut tcp: TcpStream, seed: u8, peer_seed: u8, mtu: Mtu) -> rdma_verbs:
     let mut sq: SendQueue<Chunk> = qp.send_queue().unwrap();
     let mut bufs = chunks(&pd, 5, 4096, AccessFlags::LOCAL_WRITE);
     for (i, c) in bufs.drain(..2).enumerate() {
-        rq.post(c, 0..4096, i as u64).map_err(|(e, _)| e).unwrap();
+        rq.post(c, 0..4096, i as u64).unwrap();
     }
     let conn = hs.connect(&mut tcp).unwrap();
     assert_eq!(qp.state().unwrap(), rdma_verbs::QpState::Rts);
@@ -94,10 +94,10 @@ fn rc_side(mut tcp: TcpStream, seed: u8, peer_seed: u8, mtu: Mtu) -> rdma_verbs:
     let (mut data, mut written, notify) = (bufs.remove(0), bufs.remove(0), bufs.remove(0));
     data[..3000].copy_from_slice(&pattern(seed, 3000));
     written.copy_from_slice(&pattern(seed.wrapping_add(1), 4096));
-    sq.post(SendWr::send(data, 0..3000)).map_err(|(e, _)| e).unwrap();
-    sq.post(SendWr::write(written, 0..4096, peer_mr)).map_err(|(e, _)| e).unwrap();
+    sq.post(SendWr::send(data, 0..3000)).unwrap();
+    sq.post(SendWr::write(written, 0..4096, peer_mr)).unwrap();
     // RC delivers in order: the notice arrives after the WRITE has landed.
-    sq.post(SendWr::send(notify, 0..0).imm(0xc0ffee)).map_err(|(e, _)| e).unwrap();
+    sq.post(SendWr::send(notify, 0..0).imm(0xc0ffee)).unwrap();
 
     let got = drain(&mut cq, &mut sq, &mut rq, 3, 2);
     let (first, _, _) = &got[0];
@@ -139,7 +139,7 @@ fn ud_side(mut tcp: TcpStream, seed: u8, peer_seed: u8) -> rdma_verbs::endpoint:
     let mut rq: RecvQueue<Chunk> = qp.recv_queue().unwrap();
     let mut sq: SendQueue<Chunk> = qp.send_queue().unwrap();
     let mut bufs = chunks(&pd, 2, 4096 + GRH, AccessFlags::LOCAL_WRITE);
-    rq.post(bufs.remove(0), 0..4096 + GRH, 7).map_err(|(e, _)| e).unwrap();
+    rq.post(bufs.remove(0), 0..4096 + GRH, 7).unwrap();
     let peer = hs.ready_ud(&mut tcp).unwrap();
     assert_eq!(peer.qkey, 0x1234_0000 | u32::from(peer_seed));
     let n = (peer.max_payload() as usize).min(1000);
@@ -147,7 +147,7 @@ fn ud_side(mut tcp: TcpStream, seed: u8, peer_seed: u8) -> rdma_verbs::endpoint:
 
     let mut src = bufs.remove(0);
     src[..n].copy_from_slice(&pattern(seed, n));
-    sq.post(SendWr::send_ud(src, 0..n, &peer.ah, peer.qpn, peer.qkey)).map_err(|(e, _)| e).unwrap();
+    sq.post(SendWr::send_ud(src, 0..n, &peer.ah, peer.qpn, peer.qkey)).unwrap();
     let got = drain(&mut cq, &mut sq, &mut rq, 1, 1);
     let (d, _, src_qp) = &got[0];
     assert_eq!(d.byte_len as usize, GRH + n, "a UD receive starts with the 40-byte GRH");

@@ -5,7 +5,7 @@ use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::{AsyncEvent, AsyncEventKind, AsyncEvents, Context, Error, EventSource, GidEntry, PortState};
+use rdma_verbs::{AsyncEvent, AsyncEventKind, AsyncEvents, Context, Error, EventSource, GidEntry, PortState, Verb};
 
 use crate::{open, LeakCheck};
 
@@ -27,7 +27,7 @@ fn waiting_for_an_async_event_with_none_pending_times_out() {
     let start = Instant::now();
     let err = events.wait(Some(wait)).unwrap_err();
     let took = start.elapsed();
-    assert!(matches!(err, Error::Timeout { verb: "ibv_get_async_event", timeout } if timeout == wait), "{err:?}");
+    assert!(matches!(err, Error::Timeout { verb: Verb::GetAsyncEvent, timeout } if timeout == wait), "{err:?}");
     assert!(took >= wait, "returned after {took:?}, before the timeout");
     assert!(took < wait + Duration::from_secs(5), "took {took:?}");
 

@@ -198,7 +198,7 @@ fn qp_peer() {
     qp.connect(&init, me.psn, &them).unwrap();
     // Receives need a QP out of RESET; the parent sends nothing before READY.
     for buf in chunks(&pd, PEER_RECVS, SEND_LEN, AccessFlags::LOCAL_WRITE) {
-        rq.post(buf, 0..SEND_LEN, 0).map_err(|(e, _)| e).unwrap();
+        rq.post(buf, 0..SEND_LEN, 0).unwrap();
     }
     println!("{READY}");
     // Killed while blocked here; if the parent goes away instead, stdin ends and so do we.
@@ -232,7 +232,7 @@ impl Stream {
         while let Some(buf) = self.free.pop() {
             let id = self.next_id;
             let wr = if id % 2 == 0 { SendWr::write(buf, 0..MSG, self.remote) } else { SendWr::send(buf, 0..SEND_LEN) };
-            self.sq.post(wr.id(id)).map_err(|(e, _)| e).unwrap();
+            self.sq.post(wr.id(id)).unwrap();
             self.next_id += 1;
             n += 1;
         }
@@ -421,7 +421,7 @@ fn cm_survivor(test: &str) {
     let qp = id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(4).max_recv_wr(4)).unwrap();
     let mut rq: RecvQueue<Chunk> = qp.recv_queue().unwrap();
     for (i, c) in chunks(&pd, 2, 256, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
-        rq.post(c, 0..256, i as u64).map_err(|(e, _)| e).unwrap();
+        rq.post(c, 0..256, i as u64).unwrap();
     }
     id.accept(&ConnParam::new(), CM_BOUND).unwrap();
     peer.expect(CONNECTED, CM_BOUND);
@@ -591,7 +591,7 @@ impl Active {
         let mut me = Active { events, cq, cq_b, sq, rq, a, _b: b, bufs, pd };
         for i in 0..4 {
             let buf = me.bufs.pop().unwrap();
-            me.rq.post(buf, 0..4096, i).map_err(|(e, _)| e).unwrap();
+            me.rq.post(buf, 0..4096, i).unwrap();
         }
         assert_eq!(me.send(7), (7, WcStatus::Success));
         let mut wc = poll_one(&mut me.cq_b);
@@ -604,7 +604,7 @@ impl Active {
     /// A SEND of 1000 bytes from A to B; its completion (bounded wait).
     fn send(&mut self, id: u64) -> (u64, WcStatus) {
         let buf = self.bufs.pop().expect("a free buffer");
-        self.sq.post(SendWr::send(buf, 0..1000).id(id)).map_err(|(e, _)| e).unwrap();
+        self.sq.post(SendWr::send(buf, 0..1000).id(id)).unwrap();
         let mut wc = poll_one(&mut self.cq);
         let mut out = None;
         let bufs = &mut self.bufs;

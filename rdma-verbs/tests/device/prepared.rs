@@ -4,7 +4,7 @@
 use rdma_verbs::buf::Chunk;
 use rdma_verbs::queue::{Done, Prepared, PreparedQueue, RecvQueue, SendWr};
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, CompletionQueue, Error, MemoryRegion, ProtectionDomain, QpAccess, QueuePair,
+    AccessFlags, AlignedBuf, CompletionQueue, Error, MemoryRegion, ProtectionDomain, QpAccess, QueuePair, Refused,
     RemoteWritable, WcOpcode, WcStatus,
 };
 
@@ -50,12 +50,12 @@ fn bytes(r: u64, k: u64, len: usize) -> Vec<u8> {
 
 #[track_caller]
 fn prepare(pq: &PreparedQueue<Chunk>, wr: SendWr<Chunk>) -> Prepared<Chunk> {
-    pq.prepare(wr).map_err(|(e, _)| e).unwrap()
+    pq.prepare(wr).unwrap()
 }
 
 #[track_caller]
-fn posted<X>(r: Result<(), (Error, X)>) {
-    if let Err((e, _)) = r {
+fn posted<X>(r: Result<(), Refused<X>>) {
+    if let Err(Refused { error: e, .. }) = r {
         panic!("post refused: {e}");
     }
 }
@@ -121,7 +121,7 @@ fn a_batch_of_prepared_sends_arrives_in_order_round_after_round_and_unsignaled_o
             // Only the last of the batch makes a completion.
             p.set_signaled(k == K - 1);
         }
-        assert_eq!(a.pq.post_batch(ps.drain(..)).map_err(|(e, _)| e).unwrap(), K);
+        assert_eq!(a.pq.post_batch(ps.drain(..)).unwrap(), K);
         assert_eq!(a.pq.outstanding(), K);
         let mut wc = poll_one(&mut a.cq);
         let mut came = Vec::new();
@@ -170,7 +170,7 @@ fn changing_a_prepared_requests_range_or_target_is_checked_again_and_a_refusal_c
     write.bytes_mut()[..2000].copy_from_slice(&bytes(2, 0, 2000));
     let rb = chunks(&pd, 1, 4096, AccessFlags::LOCAL_WRITE).pop().unwrap();
     posted(b.rq.post(rb, 0..4096, 5));
-    assert_eq!(a.pq.post_batch([send, write]).map_err(|(e, _)| e).unwrap(), 2);
+    assert_eq!(a.pq.post_batch([send, write]).unwrap(), 2);
     back(&mut a, 2);
     let mut wc = poll_one(&mut b.cq);
     let d = b.rq.complete(&mut wc).unwrap();
@@ -193,7 +193,7 @@ fn a_request_prepared_for_a_qp_with_more_inline_room_is_refused_before_c_by_anot
     let mut src = chunks(&pd, 1, len, AccessFlags::LOCAL_WRITE).pop().unwrap();
     src.copy_from_slice(&bytes(3, 0, len));
     let p = prepare(&big.pq, SendWr::send(src, 0..len).inline().id(4));
-    let (e, p) = small.pq.post(p).unwrap_err();
+    let Refused { error: e, value: p } = small.pq.post(p).unwrap_err();
     assert!(e.to_string().contains("max_inline_data"), "{e}");
     assert_eq!(small.pq.outstanding(), 0);
     // Whole: it still posts where it was prepared, and its bytes arrive.
@@ -233,7 +233,7 @@ fn an_errored_qp_flushes_every_outstanding_prepared_request_once_none_as_success
         .collect();
     // Two batches and single posts, mixed.
     let mut ps = ps.into_iter();
-    assert_eq!(a.pq.post_batch(ps.by_ref().take(20)).map_err(|(e, _)| e).unwrap(), 20);
+    assert_eq!(a.pq.post_batch(ps.by_ref().take(20)).unwrap(), 20);
     for p in ps {
         posted(a.pq.post(p));
     }
@@ -260,7 +260,7 @@ fn a_full_prepared_queue_refuses_before_c_and_a_dropped_one_keeps_its_requests_u
         .into_iter()
         .map(|c| prepare(&pq, SendWr::write(c, 0..64, t.remote())))
         .collect();
-    let (e, rest) = pq.post_batch(ps).unwrap_err();
+    let Refused { error: e, value: rest } = pq.post_batch(ps).unwrap_err();
     assert!(e.to_string().contains("full"), "{e}");
     assert_eq!((rest.len(), pq.outstanding()), (2, 4), "four posted, two back");
     // Dropped with four outstanding: their buffers stay with the QP until it is destroyed.
@@ -286,13 +286,13 @@ fn a_ud_qp_refuses_a_send_without_an_address_handle_and_an_rc_qp_one_with_it_bef
 
     // The provider would read a NULL address handle: refused before C, by every path.
     let mut sq = ud.send_queue::<Chunk>().unwrap();
-    let (e, wr) = sq.post(SendWr::send(bufs.pop().unwrap(), 0..64)).unwrap_err();
+    let Refused { error: e, value: wr } = sq.post(SendWr::send(bufs.pop().unwrap(), 0..64)).unwrap_err();
     assert!(what(&e).contains("UD QP sends only datagrams with an address handle"), "{e}");
-    let (e, _) = sq.post_batch([wr]).unwrap_err();
+    let Refused { error: e, value: _ } = sq.post_batch([wr]).unwrap_err();
     assert!(what(&e).contains("address handle"), "{e}");
     drop(sq);
     let pq = ud.prepared_queue::<Chunk>().unwrap();
-    let (e, _) = pq.prepare(SendWr::send(bufs.pop().unwrap(), 0..64)).unwrap_err();
+    let Refused { error: e, value: _ } = pq.prepare(SendWr::send(bufs.pop().unwrap(), 0..64)).unwrap_err();
     assert!(what(&e).contains("address handle"), "{e}");
     drop(pq);
     let e = ud.send_scope(&mut cq, 8, |_| ()).unwrap_err();
@@ -303,7 +303,7 @@ fn a_ud_qp_refuses_a_send_without_an_address_handle_and_an_rc_qp_one_with_it_bef
     let mut a = prepared(a);
     let src = chunks(&pd2, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
     let ah2 = rdma_verbs::AddressHandle::new(&pd2, &ah_attr).unwrap();
-    let (e, _) = a.pq.prepare(SendWr::send_ud(src, 0..64, &ah2, 1, 0x11)).unwrap_err();
+    let Refused { error: e, value: _ } = a.pq.prepare(SendWr::send_ud(src, 0..64, &ah2, 1, 0x11)).unwrap_err();
     assert!(what(&e).contains("is for UD QPs"), "{e}");
     assert_eq!(a.pq.outstanding(), 0);
     let _ = (&mut a.cq, &a.qp, &ah);

@@ -172,7 +172,7 @@ fn connect_pair(a: &QueuePair, b: &QueuePair, psn_a: u32, psn_b: u32) {
 #[track_caller]
 fn invalid_text(err: Error, verb: &str) -> String {
     match &err {
-        Error::InvalidArgument { verb: v, .. } if *v == verb => err.to_string(),
+        Error::InvalidArgument { verb: v, .. } if v.name() == verb => err.to_string(),
         _ => panic!("expected an InvalidArgument for {verb} (refused before C), got {err:?}"),
     }
 }

@@ -96,7 +96,7 @@ fn a_scope_left_early_or_by_a_panic_drains_before_returning_and_frees_the_send_s
     // A panic inside: the scope still drains, then the panic goes on.
     src.copy_from_slice(&bytes(2, 0, 4096));
     let rbuf = chunks(&pd, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
-    b.rq.post(rbuf, 0..64, 7).map_err(|(e, _)| e).unwrap();
+    b.rq.post(rbuf, 0..64, 7).unwrap();
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         qp.send_scope(&mut cq, 32, |s| {
             let mut chain = s.chain();

@@ -3,9 +3,9 @@
 use rdma_verbs::{Chunk, Prepared, PreparedQueue};
 
 fn post_then_touch(pq: &mut PreparedQueue<Chunk>, mut p: Prepared<Chunk>) {
-    pq.post(p).map_err(|(e, _)| e).unwrap();
+    pq.post(p).unwrap();
     p.bytes_mut()[0] = 1;
-    pq.post(p).map_err(|(e, _)| e).unwrap();
+    pq.post(p).unwrap();
 }
 
 fn main() {

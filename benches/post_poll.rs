@@ -13,9 +13,7 @@
 //! under emulation) the speed drifts between them. So after the `write_poll` group the
 //! four loops also run in turns, `BENCH_ROUNDS` (default 15) rounds with the order
 //! rotating, and the ratios printed with the targets (safe <= 1.05 and raw <= 1.02 of C;
-//! prepared requests are safe code too) are of those interleaved medians. Last, a send
-//! scope's loop (`QueuePair::send_scope`, sources borrowed for the scope) runs interleaved
-//! with the C loop the same way.
+//! prepared requests are safe code too) are of those interleaved medians.
 
 use std::ffi::c_long;
 use std::hint::black_box;
@@ -188,48 +186,6 @@ impl Loops {
         c_write_poll(&self.raw, &self.src, self.remote, batch);
     }
 
-    /// A send scope's loop against the C loop, interleaved the same way: chains of
-    /// `batch` writes from the borrowed source, the last signaled, built once per scope.
-    fn scoped_interleaved(&mut self, scoped: &mut Pair, rounds: usize) {
-        const PER_TURN: u32 = 200;
-        let (raw, src, remote) = (&self.raw, &*self.src, self.remote);
-        let Pair { cq, a, .. } = scoped;
-        println!("\nwrite_poll interleaved, send scope against C: {rounds} rounds of {PER_TURN} iterations, ns per iteration");
-        println!("{:<6} {:>9} {:>9} {:>8}  target", "batch", "scoped", "C", "scoped/C");
-        a.send_scope(cq, 64, |s| {
-            for batch in BATCHES {
-                let mut chain = s.chain();
-                for _ in 0..batch {
-                    chain.write(src, 0..LEN, remote).unwrap();
-                }
-                chain.signal_last_only();
-                let mut times: [Vec<f64>; 2] = Default::default();
-                for round in 0..rounds {
-                    for k in 0..2 {
-                        let which = (round + k) % 2;
-                        let t = Instant::now();
-                        for _ in 0..PER_TURN {
-                            if which == 0 {
-                                s.post(&mut chain).unwrap();
-                                while s.poll().unwrap() == 0 {}
-                            } else {
-                                c_write_poll(raw, src, remote, batch);
-                            }
-                        }
-                        times[which].push(t.elapsed().as_nanos() as f64 / f64::from(PER_TURN));
-                    }
-                }
-                let [sc, c] = times.map(|mut v| {
-                    v.sort_by(f64::total_cmp);
-                    v[v.len() / 2]
-                });
-                let verdict = if sc / c <= 1.05 { "ok" } else { "MISS" };
-                println!("{batch:<6} {sc:>9.0} {c:>9.0} {:>8.3}  <= 1.05: {verdict}", sc / c);
-            }
-        })
-        .unwrap();
-    }
-
     /// The four loops in turns, ROUNDS times (the order rotating each round), so drift
     /// in the machine's speed reaches them alike; prints each one's median cost per round
     /// and the ratios against the C loop with the targets.
@@ -309,10 +265,6 @@ fn benches(c: &mut Criterion) {
     }
     g.finish();
     l.interleaved();
-    let mut scoped = pair(&ctx, &pd);
-    let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(15);
-    l.scoped_interleaved(&mut scoped, rounds);
-    drop(scoped);
     let Loops { sq, safe, raw, .. } = l;
     let mut sq = sq;
     let mut safe = safe;

@@ -16,9 +16,6 @@
 //! syscall_probe raw-match-send-batch N K  the prebuilt chain of raw-send-batch, with
 //!                                 each completion matched back to its buffer by wr_id
 //!                                 (the bookkeeping the safe queues do for you)
-//! syscall_probe scoped-send-batch N K  the same sends in a send_scope: a chain of K
-//!                                 SENDs from a borrowed source, built once, posted each
-//!                                 round, completions counted
 //! syscall_probe prepared-send-batch N K  the same sends as K prepared requests
 //!                                 (PreparedQueue), built once and posted again each round
 //! ```
@@ -43,7 +40,7 @@ use rdma_verbs::{
 
 const USAGE: &str =
     "usage: syscall_probe poll N | recv N | send-batch N K | raw-send-batch N K | raw-build-send-batch N K \
-     | raw-match-send-batch N K | prepared-send-batch N K | scoped-send-batch N K";
+     | raw-match-send-batch N K | prepared-send-batch N K";
 /// Receive queue depth, and the most receives the `recv` phase posts.
 const RECV_DEPTH: usize = 4096;
 /// Send queue depth, and the largest batch.
@@ -81,12 +78,6 @@ enum Phase {
         n: usize,
         k: usize,
     },
-    /// The safe API with a send scope: a chain of borrowed sources built once, posted
-    /// every round.
-    ScopedSendBatch {
-        n: usize,
-        k: usize,
-    },
     /// The safe API with prepared requests: built once (outside the rounds), posted
     /// again every round.
     PreparedSendBatch {
@@ -107,7 +98,6 @@ fn parse(args: &[String]) -> Res<Phase> {
         Some("raw-send-batch") => (Phase::RawSendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("raw-build-send-batch") => (Phase::RawBuildSendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("raw-match-send-batch") => (Phase::RawMatchSendBatch { n: num(1)?, k: num(2)? }, 3),
-        Some("scoped-send-batch") => (Phase::ScopedSendBatch { n: num(1)?, k: num(2)? }, 3),
         Some("prepared-send-batch") => (Phase::PreparedSendBatch { n: num(1)?, k: num(2)? }, 3),
         _ => return Err(USAGE.into()),
     };
@@ -119,7 +109,6 @@ fn parse(args: &[String]) -> Res<Phase> {
         | Phase::RawBuildSendBatch { k, .. }
         | Phase::RawMatchSendBatch { k, .. }
         | Phase::PreparedSendBatch { k, .. }
-        | Phase::ScopedSendBatch { k, .. }
             if k == 0 || k > SEND_DEPTH =>
         {
             Err(format!("send-batch: K from 1 to {SEND_DEPTH}").into())
@@ -302,31 +291,6 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
                 })?;
                 receive(lo, k, src, free)?;
             }
-        }
-        Phase::ScopedSendBatch { n, k } => {
-            drop(lo.sq.take());
-            let Loopback { cq_a, cq_b, rq, qps, .. } = lo;
-            let src: &Chunk = src;
-            qps.0.send_scope(cq_a, SEND_DEPTH as u32, |s| -> Res<()> {
-                let mut chain = s.chain();
-                for _ in 0..k {
-                    chain.send(src, 0..LEN)?;
-                }
-                for _ in 0..n {
-                    for i in 0..k {
-                        let buf = free.pop().ok_or("out of receive buffers")?;
-                        rq.post(buf, 0..LEN, i as u64)?;
-                    }
-                    s.post(&mut chain)?;
-                    settle();
-                    let mut done = 0;
-                    while done < k {
-                        done += s.poll()?;
-                    }
-                    receive_into(rq, cq_b, k, src, free)?;
-                }
-                Ok(())
-            })??;
         }
         Phase::PreparedSendBatch { n, k } => {
             drop(lo.sq.take());

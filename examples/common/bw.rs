@@ -245,6 +245,14 @@ impl Bw {
                 format!("post list {} (-l) is larger than the tx depth {} (-t)", o.post_list, o.tx_depth).into()
             );
         }
+        if o.post_list as usize > rdma_verbs::queue::MAX_BATCH {
+            return Err(format!(
+                "post list {} (-l) is longer than the {} requests one post takes",
+                o.post_list,
+                rdma_verbs::queue::MAX_BATCH
+            )
+            .into());
+        }
         match o.cq_mod {
             Some(0) => return Err("CQ moderation 0 (-Q): signal at least every request (1)".into()),
             Some(m) if m > o.tx_depth => {

@@ -33,6 +33,8 @@ pub struct Chunk<A: AccessMode = Local> {
     len: usize,
     lkey: u32,
     rkey: u32,
+    /// The protection domain it is registered in, as an identity (never dereferenced).
+    pd: usize,
     _region: Arc<dyn KeepAlive>,
     _mode: PhantomData<A>,
 }
@@ -57,6 +59,7 @@ where
             return Err(Error::invalid(Verb::IntoChunks, "chunk length 0"));
         }
         let (base, len, lkey, rkey) = (self.as_ptr(), self.len(), self.lkey(), self.rkey());
+        let pd = self.pd().as_raw() as usize;
         let region: Arc<dyn KeepAlive> = Arc::new(self);
         let mut chunks = Vec::with_capacity(len.div_ceil(chunk_len));
         let mut off = 0;
@@ -68,6 +71,7 @@ where
                 len: n,
                 lkey,
                 rkey,
+                pd,
                 _region: Arc::clone(&region),
                 _mode: PhantomData,
             });
@@ -160,11 +164,25 @@ impl<A: AccessMode> sealed::Sealed for Chunk<A> {}
 impl<A: AccessMode> sealed::Sealed for Arc<Chunk<A>> {}
 impl<S: Segment, const N: usize> sealed::Sealed for [S; N] {}
 
+/// The protection domain a queue posts in, as an identity: a buffer registered in another
+/// one is refused before C (the device would fail it as a local protection or QP
+/// operation error, far from its cause).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PdId(pub(crate) usize);
+
+impl PdId {
+    pub(crate) fn of(pd: &crate::pd::ProtectionDomain) -> Self {
+        PdId(pd.as_raw() as usize)
+    }
+}
+
 /// One contiguous piece of registered memory: a chunk, owned or shared. Sealed: only
 /// this crate's chunks are segments.
 pub trait Segment: sealed::Sealed {
     /// Length in bytes.
     fn seg_len(&self) -> usize;
+    /// The protection domain it is registered in.
+    fn seg_pd(&self) -> PdId;
     /// The SGE for `range` of the piece, bounds checked.
     fn seg_sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge>;
 }
@@ -173,6 +191,10 @@ impl<A: AccessMode> Segment for Chunk<A> {
     #[inline]
     fn seg_len(&self) -> usize {
         self.len
+    }
+    #[inline]
+    fn seg_pd(&self) -> PdId {
+        PdId(self.pd)
     }
     #[inline]
     fn seg_sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
@@ -184,6 +206,10 @@ impl<A: AccessMode> Segment for Arc<Chunk<A>> {
     #[inline]
     fn seg_len(&self) -> usize {
         self.len
+    }
+    #[inline]
+    fn seg_pd(&self) -> PdId {
+        PdId(self.pd)
     }
     #[inline]
     fn seg_sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
@@ -199,8 +225,8 @@ pub trait SendBuf: sealed::Sealed + Send + 'static {
     /// Total length in bytes.
     fn total_len(&self) -> usize;
     /// Writes the SGEs for `range` of the buffer into `out` and returns how many (0 for
-    /// an empty range).
-    fn sges(&self, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize>;
+    /// an empty range). Every piece must be registered in `pd`, the poster's.
+    fn sges(&self, range: Range<usize>, pd: PdId, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize>;
 }
 
 /// A buffer only the queue that posted it can reach: the device may write it (receive,
@@ -220,10 +246,28 @@ fn too_long() -> Error {
     Error::invalid(Verb::PostSend, "an SGE is at most 4 GiB - 1")
 }
 
+#[cold]
+#[inline(never)]
+fn other_pd() -> Error {
+    Error::invalid(
+        Verb::PostSend,
+        "the buffer is registered in another protection domain than the QP's (the device would fail it \
+         with a local protection or QP operation error): register it in the QP's PD",
+    )
+}
+
 #[inline]
-fn single<S: Segment>(s: &S, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
+fn single<S: Segment>(
+    s: &S,
+    range: Range<usize>,
+    pd: PdId,
+    out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE],
+) -> Result<usize> {
     if range.start > range.end || range.end > s.seg_len() {
         return Err(out_of_range(&range, s.seg_len()));
+    }
+    if s.seg_pd() != pd {
+        return Err(other_pd());
     }
     if range.is_empty() {
         return Ok(0);
@@ -238,8 +282,8 @@ impl<A: AccessMode> SendBuf for Chunk<A> {
         self.len
     }
     #[inline]
-    fn sges(&self, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
-        single(self, range, out)
+    fn sges(&self, range: Range<usize>, pd: PdId, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
+        single(self, range, pd, out)
     }
 }
 impl<A: AccessMode> ExclusiveBuf for Chunk<A> {}
@@ -250,8 +294,8 @@ impl<A: AccessMode> SendBuf for Arc<Chunk<A>> {
         self.len
     }
     #[inline]
-    fn sges(&self, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
-        single(self, range, out)
+    fn sges(&self, range: Range<usize>, pd: PdId, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
+        single(self, range, pd, out)
     }
 }
 
@@ -260,7 +304,7 @@ impl<S: Segment + Send + 'static, const N: usize> SendBuf for [S; N] {
         self.iter().map(Segment::seg_len).sum()
     }
 
-    fn sges(&self, range: Range<usize>, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
+    fn sges(&self, range: Range<usize>, pd: PdId, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
         let total = self.total_len();
         if range.start > range.end || range.end > total {
             return Err(out_of_range(&range, total));
@@ -270,6 +314,9 @@ impl<S: Segment + Send + 'static, const N: usize> SendBuf for [S; N] {
             let len = seg.seg_len();
             let (lo, hi) = (range.start.max(base), range.end.min(base + len));
             if lo < hi {
+                if seg.seg_pd() != pd {
+                    return Err(other_pd());
+                }
                 if n == MAX_SGE {
                     return Err(Error::invalid(Verb::PostSend, format!("more than {MAX_SGE} SGEs in one request")));
                 }

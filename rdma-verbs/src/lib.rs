@@ -102,7 +102,7 @@ pub use mr::{AccessFlags, AccessMode, AlignedBuf, Local, MemoryRegion, Registera
 pub use pd::ProtectionDomain;
 pub use port::{Gid, GidEntry, GidType, LinkLayer, Mtu, PhysState, PortAttr, PortState};
 pub use qp::{InitAttr, QpAccess, QpCaps, QpState, QpType, QueuePair, RemoteQpInfo, RtrAttr, RtsAttr, SendOps};
-pub use queue::{Prepared, PreparedQueue, RecvQueue, ScopedChain, SendQueue, SendScope, SrqQueue};
+pub use queue::{Prepared, PreparedQueue, RecvQueue, SendQueue, SendRequest, SrqQueue};
 pub use srq::SharedReceiveQueue;
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use wr::{Done, PostError, SendWr};

@@ -1,19 +1,15 @@
-//! Prepared requests: [`PreparedQueue`] and [`Prepared`] (documented there).
+//! Prepared requests: [`Prepared`], posted through a [`PreparedQueue`] (documented there).
 
 use std::fmt;
 use std::mem::MaybeUninit;
 use std::ops::{DerefMut, Range};
 
-use super::{
-    bury, check_send, queue_full, send_wr_id, Claim, Ring, SendLimits as Limits, SendQueue, Sges, Tag, NO_SGES,
-};
+use super::request::{check_send, classic, End, Ext, SendLimits as Limits, SendRequest, Token};
+use super::{SendQueue, Sges, NO_SGES};
 use crate::buf::SendBuf;
-use crate::cq::CqReservation;
 use crate::error::{Error, Refused, Result, Verb};
 use crate::ffi;
 use crate::mr::RemoteMr;
-use crate::qp::QueuePair;
-use crate::wc::WorkCompletion;
 use crate::wr::{Done, SendWr};
 
 /// A send work request checked and built once, to be posted many times through a
@@ -45,7 +41,7 @@ impl<T: SendBuf> Prepared<T> {
     #[allow(clippy::result_large_err)] // the refused request comes back by value
     fn build(wr: SendWr<T>, limits: Limits) -> Result<Self, Refused<SendWr<T>>> {
         let mut sges = NO_SGES;
-        let n = match check_send(limits, &wr, &mut sges) {
+        let n = match check_send(&limits, &wr, &mut sges) {
             Ok(n) => n,
             Err(e) => return Err(Refused::new(e, wr)),
         };
@@ -53,7 +49,7 @@ impl<T: SendBuf> Prepared<T> {
         let key = limits.key();
         let mut inner = Box::new(Inner { raw: MaybeUninit::uninit(), sges, wr, limits, key, needs });
         let Inner { raw, sges, wr, .. } = &mut *inner;
-        SendQueue::classic(wr, 0, sges, n, raw);
+        classic(wr, 0, sges, n, raw);
         Ok(Prepared { inner })
     }
 
@@ -62,11 +58,11 @@ impl<T: SendBuf> Prepared<T> {
     fn rebuild(&mut self) -> Result<()> {
         let inner = &mut *self.inner;
         let mut sges = NO_SGES;
-        let n = check_send(inner.limits, &inner.wr, &mut sges)?;
+        let n = check_send(&inner.limits, &inner.wr, &mut sges)?;
         inner.sges = sges;
         inner.needs = needs(&inner.wr, n);
         let Inner { raw, sges, wr, .. } = inner;
-        SendQueue::classic(wr, 0, sges, n, raw);
+        classic(wr, 0, sges, n, raw);
         Ok(())
     }
 
@@ -186,176 +182,93 @@ fn needs<T: SendBuf>(wr: &SendWr<T>, n: usize) -> (u32, u32) {
 /// extended send ops: a prebuilt C request is what makes this path cheap, and the
 /// `ibv_wr_*` calls build the request anew each time.
 ///
-/// It claims the send side as a [`SendQueue`] does (a QP has one or the other at a
-/// time), with the same CQ share.
-pub struct PreparedQueue<T: SendBuf> {
-    ring: Ring<Prepared<T>>,
-    room: Option<CqReservation>,
-    raw: *mut ffi::ibv_qp,
-    qp_num: u32,
-    limits: Limits,
-    /// `limits.key()`.
-    key: u64,
-    tag: Tag,
-    claim: Claim<crate::qp::QpInner>,
-}
+/// It is a [`SendQueue`] (one machine, whatever it posts): it claims the send side (a QP
+/// has one send queue at a time) with the same CQ share, posts and completes the same way.
+pub type PreparedQueue<T> = SendQueue<T, Prepared<T>>;
 
-// SAFETY: as for SendQueue: it owns its requests (Send) and posts through the thread-safe
-// ibv_post_send; the raw pointer is the QP that `claim` keeps alive.
-unsafe impl<T: SendBuf> Send for PreparedQueue<T> {}
-
-impl QueuePair {
-    /// Takes the send side for prepared requests, as deep as the `max_send_wr` the QP
-    /// was built with. Fails as [`send_queue`](Self::send_queue) does.
-    pub fn prepared_queue<T: SendBuf>(&self) -> Result<PreparedQueue<T>> {
-        self.prepared_queue_with_depth(self.inner.asked_depth.0)
-    }
-
-    /// Takes the send side for prepared requests with room for `depth` outstanding
-    /// requests, setting `depth` entries of the send CQ aside, as
-    /// [`send_queue_with_depth`](Self::send_queue_with_depth) does.
-    pub fn prepared_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<PreparedQueue<T>> {
-        let (claim, room, depth) = self.claim_send_side(Verb::Claim, depth)?;
-        Ok(PreparedQueue {
-            ring: Ring::new(depth),
-            room: Some(room),
-            raw: self.as_raw(),
-            qp_num: self.qp_num(),
-            limits: self.send_limits(),
-            key: self.send_limits().key(),
-            tag: Tag::reserve()?,
-            claim,
-        })
-    }
-}
-
-impl<T: SendBuf> PreparedQueue<T> {
+impl<T: SendBuf> SendQueue<T, Prepared<T>> {
     /// Checks `wr` against this QP's limits and builds its C request (one allocation,
     /// here and not at post time). On refusal the work request comes back.
     #[allow(clippy::result_large_err)] // the refused request comes back by value
     pub fn prepare(&self, wr: SendWr<T>) -> Result<Prepared<T>, Refused<SendWr<T>>> {
-        Prepared::build(wr, self.limits)
+        Prepared::build(wr, *self.limits())
     }
+}
 
-    /// Requests posted and not yet completed.
-    pub fn outstanding(&self) -> usize {
-        self.ring.outstanding() as usize
-    }
+impl<T: SendBuf> super::request::sealed::Sealed for Prepared<T> {}
 
-    /// The QP number, to route completions of a shared CQ.
-    pub fn qp_num(&self) -> u32 {
-        self.qp_num
-    }
+impl<T: SendBuf> SendRequest for Prepared<T> {
+    type Back = Prepared<T>;
 
-    /// Whether this QP takes `p`: certainly when it was checked against the same limits
+    /// Whether this QP takes it: certainly when it was checked against the same limits
     /// (prepared here, or for a QP alike), else when what it needs fits.
     #[inline]
-    fn takes(&self, p: &Prepared<T>) -> Result<()> {
-        if p.inner.key == self.key {
-            return Ok(());
+    fn check(&self, limits: &Limits, key: u64, _sges: &mut Sges, _: Token) -> Result<usize> {
+        let inner = &*self.inner;
+        if inner.key == key && inner.limits.pd == limits.pd {
+            return Ok(inner.needs.0 as usize);
         }
-        let (sges, inline) = p.inner.needs;
-        let Limits { max_sge, max_inline, ud } = self.limits;
-        if p.inner.limits.ud != ud {
-            return Err(Error::invalid(Verb::PostSend, "a request prepared for a QP of another transport (UD or not)"));
-        }
-        if sges > max_sge || inline > max_inline {
-            return Err(too_big_for(sges, inline, max_sge, max_inline));
-        }
-        Ok(())
+        takes(inner, limits)
     }
 
-    /// Posts one prepared request: its `wr_id` stamped, one provider call, no allocation.
-    /// On refusal the request comes back in the error.
     #[inline]
-    pub fn post(&mut self, p: Prepared<T>) -> Result<(), Refused<Prepared<T>>> {
-        if self.ring.free() == 0 {
-            return Err(Refused::new(queue_full(Verb::PostSend, self.ring.cap), p));
-        }
-        if let Err(e) = self.takes(&p) {
-            return Err(Refused::new(e, p));
-        }
-        let seq = send_wr_id(self.tag.bits(), self.ring.head);
-        let raw = self.ring.stage(0, p).stamp(seq);
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: the QP is alive (claim); the request is a valid C request whose SGEs
-        // name bytes of the buffer it owns, and the ring keeps it until the completion.
-        let rc = unsafe { ffi::ibv_post_send(self.raw, raw, &mut bad) };
-        self.ring.finish_one(rc)
+    fn c_request(
+        &mut self,
+        wr_id: u64,
+        _sges: &mut Sges,
+        _n: usize,
+        _out: &mut std::mem::MaybeUninit<ffi::ibv_send_wr>,
+        _: Token,
+    ) -> *mut ffi::ibv_send_wr {
+        self.stamp(wr_id)
     }
 
-    /// Posts prepared requests as one chain, with one provider call (one doorbell); as
-    /// many as the queue has room for, with no limit of its own. Returns how many were
-    /// posted. When one is refused (by our checks or by the provider), the ones before it
-    /// are posted and the error comes back with the rest, in order (that path allocates,
-    /// the fast path does not).
-    pub fn post_batch<I>(&mut self, ps: I) -> Result<usize, Refused<Vec<Prepared<T>>>>
-    where
-        I: IntoIterator<Item = Prepared<T>>,
-    {
-        let room = self.ring.free();
-        let tag = self.tag.bits();
-        let (mut n, mut refused) = (0, None);
-        let mut first: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-        let mut prev: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-        let mut ps = ps.into_iter();
-        for p in ps.by_ref() {
-            if n == room {
-                refused = Some(Refused::new(queue_full(Verb::PostSend, self.ring.cap), p));
-                break;
-            }
-            if let Err(e) = self.takes(&p) {
-                refused = Some(Refused::new(e, p));
-                break;
-            }
-            let seq = send_wr_id(tag, self.ring.head + n as u64);
-            let raw = self.ring.stage(n, p).stamp(seq);
-            if prev.is_null() {
-                first = raw;
-            } else {
-                // SAFETY: `prev` is the C request of the entry staged before this one,
-                // in its own heap block, which staging did not move.
-                unsafe { (*prev).next = raw };
-            }
-            prev = raw;
-            n += 1;
-        }
-        let (posted, failure) = if n == 0 {
-            (0, None)
-        } else {
-            let mut bad = std::ptr::null_mut();
-            // SAFETY: first..prev is a chain of valid C requests linked above (the last
-            // `next` NULL), each in the heap block of a request the ring keeps until its
-            // completion, with SGEs naming bytes of the buffer that request owns.
-            let rc = unsafe { ffi::ibv_post_send(self.raw, first, &mut bad) };
-            if rc == 0 {
-                (n, None)
-            } else {
-                let at = (0..n)
-                    .find(|&i| {
-                        // SAFETY: 0..n were staged above and not committed.
-                        let p = unsafe { self.ring.staged(i) };
-                        std::ptr::eq(p.raw(), bad)
-                    })
-                    .unwrap_or(0);
-                (at, Some(Error::verb(Verb::PostSend, rc.abs())))
-            }
-        };
-        self.ring.finish_batch((n, posted), failure, refused, ps)
-    }
-
-    /// Takes a completion of this queue and hands each finished request back to `done`
-    /// (as [`Done::buf`], ready to post again), in posting order: the unsignaled ones the
-    /// completion implies, then its own. Returns how many finished. A completion that is
-    /// not this queue's is an error.
+    /// Never: a prebuilt C request is what makes this path cheap, and the `ibv_wr_*`
+    /// calls build the request anew each time.
     #[inline]
-    pub fn complete(&mut self, wc: &mut WorkCompletion, mut done: impl FnMut(Done<Prepared<T>>)) -> Result<usize> {
-        let qp_num = self.qp_num;
-        self.ring.complete_sends(wc, &self.tag, qp_num, |p, status, byte_len, vendor_err| {
-            let op = p.inner.wr.wc_opcode();
-            done(Done { id: p.id(), buf: p, status, byte_len, op, qp_num, vendor_err })
-        })
+    fn ext_takes(&self, _ext: Ext, _n: usize, _: Token) -> bool {
+        false
     }
+
+    #[inline]
+    unsafe fn extended(&self, _qpx: *mut ffi::ibv_qp_ex, _wr_id: u64, _sges: &Sges, _n: usize, _: Token) {
+        // Not reached: `ext_takes` is false, so a batch with prepared requests is posted
+        // through their C requests.
+    }
+
+    #[inline]
+    fn finish(self, end: End, _: Token) -> Done<Prepared<T>> {
+        let (id, op) = (self.inner.wr.id, self.inner.wr.wc_opcode());
+        Done {
+            id,
+            buf: self,
+            status: end.status,
+            byte_len: end.byte_len,
+            op,
+            qp_num: end.qp_num,
+            vendor_err: end.vendor_err,
+        }
+    }
+}
+
+/// Whether a QP with `limits` takes a request prepared for another QP.
+#[cold]
+fn takes<T: SendBuf>(p: &Inner<T>, limits: &Limits) -> Result<usize> {
+    let (sges, inline) = p.needs;
+    let Limits { max_sge, max_inline, ud, pd } = *limits;
+    if p.limits.ud != ud {
+        return Err(Error::invalid(Verb::PostSend, "a request prepared for a QP of another transport (UD or not)"));
+    }
+    if p.limits.pd != pd {
+        return Err(Error::invalid(
+            Verb::PostSend,
+            "a request prepared for a QP of another protection domain: its buffer is not registered in this one",
+        ));
+    }
+    if sges > max_sge || inline > max_inline {
+        return Err(too_big_for(sges, inline, max_sge, max_inline));
+    }
+    Ok(sges as usize)
 }
 
 #[cold]
@@ -368,20 +281,4 @@ fn too_big_for(sges: u32, inline: u32, max_sge: u32, max_inline: u32) -> Error {
              {max_sge} (max_send_sge) and {max_inline} (max_inline_data)"
         ),
     )
-}
-
-impl<T: SendBuf> Drop for PreparedQueue<T> {
-    fn drop(&mut self) {
-        let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
-        bury(&self.claim.owner.graveyard, self.ring.take_all(), keep);
-    }
-}
-
-impl<T: SendBuf> fmt::Debug for PreparedQueue<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PreparedQueue")
-            .field("qp_num", &self.qp_num)
-            .field("outstanding", &self.ring.outstanding())
-            .finish()
-    }
 }

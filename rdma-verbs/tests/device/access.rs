@@ -18,7 +18,7 @@
 
 use rdma_verbs::mr::RemoteWritable;
 use rdma_verbs::queue::SendWr;
-use rdma_verbs::{AccessFlags, Chunk, MemoryRegion, ProtectionDomain, QpAccess, RemoteMr, WcStatus};
+use rdma_verbs::{AccessFlags, Chunk, Error, MemoryRegion, ProtectionDomain, QpAccess, Refused, RemoteMr, WcStatus};
 
 use crate::datapath::{chunks, poll_one, rc_pair, Side};
 use crate::LeakCheck;
@@ -88,7 +88,29 @@ fn run(pd: &ProtectionDomain, a: &mut Side<Chunk>, op: Op, remote: RemoteMr) -> 
     let done = done.expect("the completion hands back its request");
     assert_eq!(done.id, 77);
     eprintln!("{op:?} to {:#x}+{} rkey {:#x}: {:?}", remote.addr, remote.len, remote.rkey, done.status);
-    Attempt { status: done.status, local: done.buf[..len.max(8)].to_vec() }
+    let (status, qp_num) = (done.status, done.qp_num);
+    assert_eq!(qp_num, a.sq.qp_num());
+    // A failure turns into an error naming the operation, our id, the QP, the status and
+    // the usual cause, and the buffer still comes back with it.
+    let buf = match done.result() {
+        Ok(d) => d.buf,
+        Err(refused) => {
+            let text = refused.error.to_string();
+            let name = match op {
+                Op::Write => "RDMA WRITE",
+                Op::Read => "RDMA READ",
+                Op::Cas => "atomic compare-and-swap",
+                Op::Faa => "atomic fetch-and-add",
+            };
+            let head = format!("{name} id 77 on QP {qp_num:#x} failed: {status}");
+            assert!(text.starts_with(&head), "{text:?} does not start with {head:?}");
+            if status == WcStatus::RemAccessErr {
+                assert!(text.contains("hint: the peer refused the memory access"), "{text}");
+            }
+            refused.into_value()
+        }
+    };
+    Attempt { status, local: buf[..len.max(8)].to_vec() }
 }
 
 /// Where the request aims, relative to the region.
@@ -286,4 +308,38 @@ fn a_region_registered_with_the_default_access_grants_no_remote_right() {
         assert_refused(&format!("{op:?} on a default region"), got, &bytes);
         drop((a, b));
     }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn a_buffer_registered_in_another_protection_domain_is_refused_before_c_by_every_path() {
+    let _leaks = LeakCheck::new();
+    let (pd, mut a, mut b) = rc_pair::<Chunk>(ALL_QP);
+    let foreign = ProtectionDomain::new(pd.context()).unwrap();
+    let mut theirs = chunks(&foreign, 4, 64, AccessFlags::LOCAL_WRITE);
+    // Any remote region: the request never reaches the wire.
+    let remote = RemoteMr { addr: 0x1000, len: 64, rkey: 1 };
+    let says_other_pd = |e: &Error| {
+        assert!(matches!(e, Error::InvalidArgument { .. }), "refused before C: {e:?}");
+        assert!(e.to_string().contains("another protection domain"), "{e}");
+    };
+
+    // A SEND source, one post and a batch: refused, handed back, nothing posted.
+    let Refused { error, value } = a.sq.post(SendWr::send(theirs.pop().unwrap(), 0..64)).unwrap_err();
+    says_other_pd(&error);
+    let Refused { error, value } = a.sq.post_batch([value, SendWr::send(theirs.pop().unwrap(), 0..64)]).unwrap_err();
+    says_other_pd(&error);
+    assert_eq!(value.len(), 2, "both requests come back");
+    assert_eq!(a.sq.outstanding(), 0);
+    // A receive target on the other side.
+    let Refused { error, .. } = b.rq.post(theirs.pop().unwrap(), 0..64, 1).unwrap_err();
+    says_other_pd(&error);
+    assert_eq!(b.rq.outstanding(), 0);
+    // And a request prepared for this QP.
+    let Side { sq, qp, cq, .. } = a;
+    drop(sq);
+    let pq = qp.prepared_queue::<Chunk>().unwrap();
+    let Refused { error, .. } = pq.prepare(SendWr::write(theirs.pop().unwrap(), 0..64, remote)).unwrap_err();
+    says_other_pd(&error);
+    drop((pq, qp, cq, b));
 }

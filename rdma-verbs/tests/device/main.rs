@@ -36,7 +36,6 @@ mod faults;
 mod mr;
 mod prepared;
 mod qp;
-mod scope;
 mod tools;
 
 use rdma_verbs::Context;

@@ -1,0 +1,334 @@
+//! The receive side: [`RecvQueue`] (a QP's own receives, completing in order) and
+//! [`SrqQueue`] (a shared receive queue's, completing in any order).
+
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::ops::Range;
+
+use super::claim::{bury, Claim, ClaimOwner};
+use super::ring::{Batch, Ring};
+use super::tag::{ours, Tag, LOW_MASK, RECV_TAG, SLOT_BITS, TAG_SHIFT};
+use super::{depth, not_ours, queue_full, stopped_at, Sges, MAX_BATCH, NO_SGES};
+use crate::buf::{ExclusiveBuf, PdId};
+use crate::conv;
+use crate::cq::CqReservation;
+use crate::error::{Error, Refused, Result, Verb};
+use crate::ffi;
+use crate::qp::QueuePair;
+use crate::srq::SharedReceiveQueue;
+use crate::wc::WorkCompletion;
+use crate::wr::Done;
+
+impl QueuePair {
+    /// Takes the receive side, as deep as the `max_recv_wr` the QP was built with. Fails
+    /// if a [`RecvQueue`] of this QP already exists, if the QP takes its receives from an
+    /// SRQ (use [`SharedReceiveQueue::queue`]), or if the receive CQ cannot hold that many
+    /// completions besides those reserved by the other queues on it.
+    pub fn recv_queue<T: ExclusiveBuf>(&self) -> Result<RecvQueue<T>> {
+        self.recv_queue_with_depth(self.inner.asked_depth.1.max(1))
+    }
+
+    /// Takes the receive side with room for `depth` posted receives (1 up to the QP's
+    /// granted `max_recv_wr`), and sets `depth` entries of the receive CQ aside for them.
+    pub fn recv_queue_with_depth<T: ExclusiveBuf>(&self, depth: u32) -> Result<RecvQueue<T>> {
+        const VERB: Verb = Verb::Claim;
+        if self.has_srq() {
+            return Err(Error::invalid(VERB, "this QP receives through its SRQ"));
+        }
+        let depth = self::depth(VERB, depth, self.inner.caps.max_recv_wr, "max_recv_wr")?;
+        let claim = Claim::take(&self.inner, |q| &q.recv_claimed, "this QP's receive side")?;
+        let room = CqReservation::take(&self.inner.recv_cq, depth.into(), VERB, "this receive queue")?;
+        Ok(RecvQueue {
+            room: Some(room),
+            ring: Ring::new(depth),
+            raw: self.as_raw(),
+            qp_num: self.qp_num(),
+            max_sge: self.inner.caps.max_recv_sge,
+            pd: PdId::of(self.pd()),
+            tag: Tag::reserve()?,
+            claim,
+        })
+    }
+}
+
+/// Builds the C receive work request for `range` of `buf` into `wr`, its SGEs into `sges`.
+#[inline]
+fn fill_recv<T: ExclusiveBuf>(
+    buf: &T,
+    range: Range<usize>,
+    wr_id: u64,
+    (max_sge, pd): (u32, PdId),
+    sges: &mut Sges,
+) -> Result<ffi::ibv_recv_wr> {
+    let n = buf.sges(range, pd, sges)?;
+    if n as u32 > max_sge {
+        return Err(too_many_recv_sges(n, max_sge));
+    }
+    Ok(ffi::ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: sges.as_mut_ptr().cast(), num_sge: n as i32 })
+}
+
+#[cold]
+#[inline(never)]
+fn too_many_recv_sges(n: usize, max_sge: u32) -> Error {
+    Error::invalid(Verb::PostRecv, format!("{n} SGEs, but the queue takes {max_sge} (max_recv_sge)"))
+}
+
+/// Links `raws` into one chain and posts it through `post`; returns how many went in
+/// and the provider's error.
+#[inline]
+fn post_recv_chain(
+    verb: Verb,
+    raws: &mut [MaybeUninit<ffi::ibv_recv_wr>],
+    post: impl FnOnce(*mut ffi::ibv_recv_wr, &mut *mut ffi::ibv_recv_wr) -> i32,
+) -> (usize, Option<Error>) {
+    let n = raws.len();
+    if n == 0 {
+        return (0, None);
+    }
+    for i in 1..n {
+        let next = raws[i].as_mut_ptr();
+        // SAFETY: the caller initialized raws[..n].
+        unsafe { raws[i - 1].assume_init_mut() }.next = next;
+    }
+    let first = raws[0].as_mut_ptr();
+    let mut bad = std::ptr::null_mut();
+    match conv::errno(verb, post(first, &mut bad)) {
+        Ok(()) => (n, None),
+        // SAFETY: `first` heads the chain linked above, whose last `next` is NULL (fill_recv).
+        Err(e) => (unsafe { stopped_at(first, bad) }, Some(e)),
+    }
+}
+
+// ---- receive side ---------------------------------------------------------------
+
+/// The receive side of a QP, owning the buffers it has posted. See the [module docs](self).
+pub struct RecvQueue<T: Send + 'static> {
+    ring: Ring<(T, u64)>,
+    /// This queue's share of the receive CQ (buried with what is still posted).
+    room: Option<CqReservation>,
+    raw: *mut ffi::ibv_qp,
+    qp_num: u32,
+    max_sge: u32,
+    pd: PdId,
+    tag: Tag,
+    claim: Claim<crate::qp::QpInner>,
+}
+
+// SAFETY: as for SendQueue, with the thread-safe ibv_post_recv.
+unsafe impl<T: Send + 'static> Send for RecvQueue<T> {}
+
+impl<T: ExclusiveBuf> RecvQueue<T> {
+    /// Receives posted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.ring.outstanding() as usize
+    }
+
+    /// The QP number, to route completions of a shared CQ.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    #[inline]
+    fn wr_id(&self, seq: u64) -> u64 {
+        RECV_TAG | self.tag.bits() | (seq & LOW_MASK)
+    }
+
+    /// Posts a receive into `range` of `buf` (one provider call, no allocation, no
+    /// syscall). On refusal the buffer comes back in the error.
+    #[inline]
+    pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), Refused<T>> {
+        if self.ring.free() == 0 {
+            return Err(Refused::new(queue_full(Verb::PostRecv, self.ring.cap), buf));
+        }
+        let mut sges = NO_SGES;
+        let mut wr = match fill_recv(&buf, range, self.wr_id(self.ring.head), (self.max_sge, self.pd), &mut sges) {
+            Ok(wr) => wr,
+            Err(e) => return Err(Refused::new(e, buf)),
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is alive (claim); the SGEs name bytes of `buf`, which the ring
+        // owns until the completion and nobody else can reach (ExclusiveBuf).
+        let rc = unsafe { ffi::ibv_post_recv(self.raw, &mut wr, &mut bad) };
+        if let Err(e) = conv::errno(Verb::PostRecv, rc) {
+            return Err(Refused::new(e, buf));
+        }
+        self.ring.push((buf, id));
+        Ok(())
+    }
+
+    /// Posts up to [`MAX_BATCH`] receives `(buffer, range, id)` with one provider call.
+    /// Returns how many were posted; on refusal, the error and the unposted buffers.
+    pub fn post_batch<I>(&mut self, recvs: I) -> Result<usize, Refused<Vec<T>>>
+    where
+        I: IntoIterator<Item = (T, Range<usize>, u64)>,
+    {
+        let mut sges = [NO_SGES; MAX_BATCH];
+        let mut raws: [MaybeUninit<ffi::ibv_recv_wr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
+        let room = MAX_BATCH.min(self.ring.free());
+        let (mut n, mut refused) = (0, None);
+        let mut recvs = recvs.into_iter();
+        for (buf, range, id) in recvs.by_ref() {
+            if n == room {
+                refused = Some(Refused::new(queue_full(Verb::PostRecv, self.ring.cap), (buf, id)));
+                break;
+            }
+            match fill_recv(&buf, range, self.wr_id(self.ring.head + n as u64), (self.max_sge, self.pd), &mut sges[n]) {
+                Ok(wr) => {
+                    raws[n].write(wr);
+                    self.ring.stage(n, (buf, id));
+                    n += 1;
+                }
+                Err(e) => {
+                    refused = Some(Refused::new(e, (buf, id)));
+                    break;
+                }
+            }
+        }
+        let raw = self.raw;
+        // SAFETY: the QP is alive; a valid chain whose buffers the ring keeps.
+        let (posted, failure) =
+            post_recv_chain(Verb::PostRecv, &mut raws[..n], |wr, bad| unsafe { ffi::ibv_post_recv(raw, wr, bad) });
+        let batch = Batch { staged: n, posted, failure, refused };
+        self.ring
+            .finish_batch(batch, recvs.map(|(buf, _, id)| (buf, id)))
+            .map_err(|r| r.map(|v| v.into_iter().map(|(buf, _)| buf).collect()))
+    }
+
+    /// Takes a completion of this receive queue and returns the finished receive with
+    /// its buffer. Receives complete in posting order; anything else is refused.
+    #[inline]
+    pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<T>> {
+        let next =
+            ours(wc, true, &self.tag).filter(|&low| wc.qp_num() == self.qp_num && low == self.ring.tail & LOW_MASK);
+        if next.is_none() || self.ring.outstanding() == 0 {
+            return Err(not_ours("receive", wc));
+        }
+        let (buf, id) = self.ring.pop();
+        wc.consume();
+        Ok(Done::received(id, buf, wc))
+    }
+}
+
+impl<T: Send + 'static> Drop for RecvQueue<T> {
+    fn drop(&mut self) {
+        let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
+        bury(self.claim.owner.graveyard(), self.ring.take_all(), keep);
+    }
+}
+
+impl<T: Send + 'static> fmt::Debug for RecvQueue<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvQueue")
+            .field("qp_num", &self.qp_num)
+            .field("outstanding", &self.ring.outstanding())
+            .finish()
+    }
+}
+
+// ---- shared receive queue -------------------------------------------------------
+
+/// The posting side of an SRQ, owning the buffers it has posted. Receives complete out of
+/// order (any of the SRQ's QPs takes the next one), so each has a slot whose index and
+/// generation make up its `wr_id`: a stale or forged completion is refused.
+pub struct SrqQueue<T: Send + 'static> {
+    slots: Box<[SrqSlot<T>]>,
+    free: Box<[u32]>,
+    nfree: usize,
+    raw: *mut ffi::ibv_srq,
+    max_sge: u32,
+    pd: PdId,
+    tag: Tag,
+    claim: Claim<crate::srq::SrqInner>,
+}
+
+struct SrqSlot<T> {
+    buf: Option<(T, u64)>,
+    generation: u32,
+}
+
+// SAFETY: as for RecvQueue, with the thread-safe ibv_post_srq_recv.
+unsafe impl<T: Send + 'static> Send for SrqQueue<T> {}
+
+impl SharedReceiveQueue {
+    /// Takes the posting side. Fails if a [`SrqQueue`] of this SRQ already exists.
+    pub fn queue<T: ExclusiveBuf>(&self) -> Result<SrqQueue<T>> {
+        let claim = Claim::take(&self.inner, |s| &s.claimed, "this SRQ")?;
+        let n = self.inner.granted.max_wr.clamp(1, 1 << SLOT_BITS);
+        Ok(SrqQueue {
+            slots: (0..n).map(|_| SrqSlot { buf: None, generation: 0 }).collect(),
+            free: (0..n).rev().collect(),
+            nfree: n as usize,
+            raw: self.as_raw(),
+            max_sge: self.inner.granted.max_sge,
+            pd: PdId::of(self.pd()),
+            tag: Tag::reserve()?,
+            claim,
+        })
+    }
+}
+
+impl<T: ExclusiveBuf> SrqQueue<T> {
+    /// Receives posted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.slots.len() - self.nfree
+    }
+
+    /// Posts a receive into `range` of `buf`. On refusal the buffer comes back.
+    #[inline]
+    pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), Refused<T>> {
+        if self.nfree == 0 {
+            return Err(Refused::new(queue_full(Verb::PostSrqRecv, self.slots.len() as u64), buf));
+        }
+        let index = self.free[self.nfree - 1];
+        let slot = &mut self.slots[index as usize];
+        let wr_id = RECV_TAG | self.tag.bits() | (u64::from(slot.generation) << SLOT_BITS) | u64::from(index);
+        let mut sges = NO_SGES;
+        let mut wr = match fill_recv(&buf, range, wr_id, (self.max_sge, self.pd), &mut sges) {
+            Ok(wr) => wr,
+            Err(e) => return Err(Refused::new(e, buf)),
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the SRQ is alive (claim); the SGEs name bytes of `buf`, which the slot
+        // owns until the completion and nobody else can reach (ExclusiveBuf).
+        let rc = unsafe { ffi::ibv_post_srq_recv(self.raw, &mut wr, &mut bad) };
+        if let Err(e) = conv::errno(Verb::PostSrqRecv, rc) {
+            return Err(Refused::new(e, buf));
+        }
+        slot.buf = Some((buf, id));
+        self.nfree -= 1;
+        Ok(())
+    }
+
+    /// Takes a receive completion of any QP attached to this SRQ and returns the
+    /// finished receive with its buffer.
+    #[inline]
+    pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<T>> {
+        let Some(low) = ours(wc, true, &self.tag) else {
+            return Err(not_ours("shared receive", wc));
+        };
+        let (index, generation) = ((low & ((1 << SLOT_BITS) - 1)) as usize, (low >> SLOT_BITS) as u32);
+        let slot = match self.slots.get_mut(index) {
+            Some(s) if s.generation == generation && s.buf.is_some() => s,
+            _ => return Err(not_ours("shared receive", wc)),
+        };
+        let (buf, user_id) = slot.buf.take().expect("checked above");
+        slot.generation = (slot.generation + 1) & ((1 << (TAG_SHIFT - SLOT_BITS)) - 1);
+        self.free[self.nfree] = index as u32;
+        self.nfree += 1;
+        wc.consume();
+        Ok(Done::received(user_id, buf, wc))
+    }
+}
+
+impl<T: Send + 'static> Drop for SrqQueue<T> {
+    fn drop(&mut self) {
+        let bufs: Vec<T> = self.slots.iter_mut().filter_map(|s| s.buf.take()).map(|(b, _)| b).collect();
+        bury(self.claim.owner.graveyard(), bufs, std::mem::replace(&mut self.tag, Tag(0)));
+    }
+}
+
+impl<T: Send + 'static> fmt::Debug for SrqQueue<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SrqQueue").field("outstanding", &(self.slots.len() - self.nfree)).finish()
+    }
+}

@@ -1,0 +1,325 @@
+//! What a send queue posts: the [`SendRequest`] trait, and its main kind, a [`SendWr`]
+//! checked and built into its C form at each post.
+
+use std::mem::MaybeUninit;
+use std::ptr::NonNull;
+
+use super::Sges;
+use crate::buf::{SendBuf, MAX_SGE};
+use crate::compat;
+use crate::error::{Error, Result, Verb};
+use crate::ffi;
+use crate::mr::RemoteMr;
+use crate::qp::SendOps;
+use crate::wc::WcStatus;
+use crate::wr::{Done, Op, SendWr};
+
+/// What a QP's send side takes, as the safe path checks it before calling the provider.
+/// (Public only because [`SendRequest`] names it; not reachable from outside.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendLimits {
+    pub(crate) max_sge: u32,
+    pub(crate) max_inline: u32,
+    /// A UD QP: every request needs an address handle, and none other may have one.
+    pub(crate) ud: bool,
+    /// The QP's protection domain: every buffer must be registered there.
+    pub(crate) pd: crate::buf::PdId,
+}
+
+impl SendLimits {
+    /// The SGE, inline and transport limits as one word, to tell in one comparison
+    /// whether two QPs take the same requests: equal keys, equal `max_inline` and `ud`,
+    /// and `max_sge` equal or both at least [`MAX_SGE`] (no safe request has more SGEs).
+    #[inline]
+    pub(crate) fn key(self) -> u64 {
+        let sge = self.max_sge.min(MAX_SGE as u32);
+        u64::from(self.max_inline) << 32 | u64::from(sge) << 1 | u64::from(self.ud)
+    }
+}
+
+/// The extended QP of a send queue, when the QP was built with send ops.
+pub type Ext = Option<(NonNull<ffi::ibv_qp_ex>, SendOps)>;
+
+pub(super) mod sealed {
+    /// Only this crate's requests are posted: a request's C form is trusted to name only
+    /// bytes of the buffer it owns.
+    pub trait Sealed {}
+    /// Makes the trait's methods uncallable outside this crate.
+    pub struct Token;
+}
+pub(super) use sealed::Token;
+
+/// What a [`SendQueue`](super::SendQueue) posts: a [`SendWr`] (checked and built at each
+/// post) or a [`Prepared`](super::Prepared) request (checked and built once). Sealed.
+///
+/// The queue is one machine for both; this trait is the variation: how a request is
+/// checked against the QP, where its C form comes from, and what its completion hands
+/// back.
+pub trait SendRequest: sealed::Sealed + Send + 'static {
+    /// What a completion hands back in [`Done::buf`]: the buffer of a `SendWr`, the whole
+    /// request of a `Prepared` one (to post again).
+    type Back;
+
+    /// Checks the request against the QP and writes its SGEs (if it builds them) into
+    /// `sges`; returns how many.
+    #[doc(hidden)]
+    fn check(&self, limits: &SendLimits, key: u64, sges: &mut Sges, _: Token) -> Result<usize>;
+
+    /// The C request to post as `wr_id`, its `next` NULL: built into `out` (with the `n`
+    /// SGEs `check` wrote into `sges`, which must not move before the post), or the
+    /// request's own.
+    #[doc(hidden)]
+    fn c_request(
+        &mut self,
+        wr_id: u64,
+        sges: &mut Sges,
+        n: usize,
+        out: &mut MaybeUninit<ffi::ibv_send_wr>,
+        _: Token,
+    ) -> *mut ffi::ibv_send_wr;
+
+    /// Whether the extended API of `ext` takes this checked request (`n` SGEs).
+    #[doc(hidden)]
+    fn ext_takes(&self, ext: Ext, n: usize, _: Token) -> bool;
+
+    /// Adds this checked request to the open `ibv_wr_start` batch of `qpx`.
+    ///
+    /// # Safety
+    /// `qpx` is the posting queue's extended QP, inside `ibv_wr_start`, and
+    /// [`ext_takes`](Self::ext_takes) held; `sges[..n]` were written by `check`.
+    #[doc(hidden)]
+    unsafe fn extended(&self, qpx: *mut ffi::ibv_qp_ex, wr_id: u64, sges: &Sges, n: usize, _: Token);
+
+    /// The finished request: what comes back, with how it ended.
+    #[doc(hidden)]
+    fn finish(self, end: End, _: Token) -> Done<Self::Back>;
+}
+
+/// How a send request ended, as its queue saw it.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct End {
+    pub(crate) status: WcStatus,
+    pub(crate) byte_len: u32,
+    pub(crate) qp_num: u32,
+    pub(crate) vendor_err: u32,
+}
+
+pub(super) const TOKEN: fn() -> Token = || Token;
+
+impl<T: SendBuf> sealed::Sealed for SendWr<T> {}
+
+impl<T: SendBuf> SendRequest for SendWr<T> {
+    type Back = T;
+
+    #[inline]
+    fn check(&self, limits: &SendLimits, _key: u64, sges: &mut Sges, _: Token) -> Result<usize> {
+        check_send(limits, self, sges)
+    }
+
+    #[inline]
+    fn c_request(
+        &mut self,
+        wr_id: u64,
+        sges: &mut Sges,
+        n: usize,
+        out: &mut MaybeUninit<ffi::ibv_send_wr>,
+        _: Token,
+    ) -> *mut ffi::ibv_send_wr {
+        classic(self, wr_id, sges, n, out)
+    }
+
+    #[inline]
+    fn ext_takes(&self, ext: Ext, n: usize, _: Token) -> bool {
+        ext_takes(ext, self, n)
+    }
+
+    #[inline]
+    unsafe fn extended(&self, qpx: *mut ffi::ibv_qp_ex, wr_id: u64, sges: &Sges, n: usize, _: Token) {
+        // SAFETY: the caller's contract.
+        unsafe { extended(qpx, self, wr_id, sges, n) }
+    }
+
+    #[inline]
+    fn finish(self, end: End, _: Token) -> Done<T> {
+        let op = self.wc_opcode();
+        Done {
+            id: self.id,
+            buf: self.buf,
+            status: end.status,
+            byte_len: end.byte_len,
+            op,
+            qp_num: end.qp_num,
+            vendor_err: end.vendor_err,
+        }
+    }
+}
+
+/// The C work request for a checked `wr` whose `n` SGEs are in `sges` (which must not
+/// move before the post). No allocation, no call.
+#[inline]
+pub(super) fn classic<'o, T: SendBuf>(
+    wr: &SendWr<T>,
+    seq: u64,
+    sges: &mut Sges,
+    n: usize,
+    out: &'o mut MaybeUninit<ffi::ibv_send_wr>,
+) -> &'o mut ffi::ibv_send_wr {
+    // Filled in place: the C request is 128 bytes, and a copy of it costs as much as
+    // the rest of this function.
+    // SAFETY: ibv_send_wr is plain data, for which all-zero is a valid value, so after
+    // zeroing the reference is to a valid value.
+    let out = unsafe {
+        out.as_mut_ptr().write_bytes(0, 1);
+        out.assume_init_mut()
+    };
+    out.wr_id = seq;
+    out.sg_list = sges.as_mut_ptr().cast();
+    out.num_sge = n as i32;
+    out.send_flags = wr.flags.0;
+    use ffi::ibv_wr_opcode as O;
+    out.opcode = match (wr.op, wr.imm) {
+        (Op::Send, None) => O::IBV_WR_SEND,
+        (Op::Send, Some(_)) => O::IBV_WR_SEND_WITH_IMM,
+        (Op::Write, None) => O::IBV_WR_RDMA_WRITE,
+        (Op::Write, Some(_)) => O::IBV_WR_RDMA_WRITE_WITH_IMM,
+        (Op::Read, _) => O::IBV_WR_RDMA_READ,
+        (Op::CompSwap { .. }, _) => O::IBV_WR_ATOMIC_CMP_AND_SWP,
+        (Op::FetchAdd { .. }, _) => O::IBV_WR_ATOMIC_FETCH_AND_ADD,
+    };
+    if let Some(imm) = wr.imm {
+        out.__bindgen_anon_1.imm_data = imm.to_be();
+    }
+    if let Some(r) = wr.remote {
+        out.wr = match wr.op {
+            Op::CompSwap { compare, swap } => atomic(&r, compare, swap),
+            Op::FetchAdd { add } => atomic(&r, add, 0),
+            _ => ffi::ibv_send_wr__bindgen_ty_2 {
+                rdma: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey },
+            },
+        };
+    }
+    if let Some((ah, qpn, qkey)) = &wr.ud {
+        out.wr.ud =
+            ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 { ah: ah.as_raw(), remote_qpn: *qpn, remote_qkey: *qkey };
+    }
+    out
+}
+
+/// Adds a checked `wr` to the open `ibv_wr_start` batch of `qpx`.
+///
+/// # Safety
+/// `qpx` is this queue's extended QP, inside `ibv_wr_start`; `ext_takes(wr, n)` holds.
+#[inline]
+unsafe fn extended<T: SendBuf>(qpx: *mut ffi::ibv_qp_ex, wr: &SendWr<T>, seq: u64, sges: &Sges, n: usize) {
+    // SAFETY: the caller's contract; `sges[..n]` were written by check().
+    unsafe {
+        (*qpx).wr_id = seq;
+        // rxe (rdma-core 44) wants IBV_SEND_INLINE here as well as set_inline_data.
+        (*qpx).wr_flags = wr.flags.0;
+        let r = wr.remote.unwrap_or(RemoteMr { addr: 0, len: 0, rkey: 0 });
+        match (wr.op, wr.imm) {
+            (Op::Send, None) => ffi::ibv_wr_send(qpx),
+            (Op::Send, Some(imm)) => ffi::ibv_wr_send_imm(qpx, imm.to_be()),
+            (Op::Write, None) => ffi::ibv_wr_rdma_write(qpx, r.rkey, r.addr),
+            (Op::Write, Some(imm)) => ffi::ibv_wr_rdma_write_imm(qpx, r.rkey, r.addr, imm.to_be()),
+            (Op::Read, _) => ffi::ibv_wr_rdma_read(qpx, r.rkey, r.addr),
+            (Op::CompSwap { compare, swap }, _) => ffi::ibv_wr_atomic_cmp_swp(qpx, r.rkey, r.addr, compare, swap),
+            (Op::FetchAdd { add }, _) => ffi::ibv_wr_atomic_fetch_add(qpx, r.rkey, r.addr, add),
+        }
+        if let Some((ah, qpn, qkey)) = &wr.ud {
+            ffi::ibv_wr_set_ud_addr(qpx, ah.as_raw(), *qpn, *qkey);
+        }
+        let sge = sges[0].assume_init();
+        if wr.is_inline() && n == 1 {
+            ffi::ibv_wr_set_inline_data(qpx, sge.addr as *mut std::ffi::c_void, sge.length as usize);
+        } else if n == 1 {
+            ffi::ibv_wr_set_sge(qpx, sge.lkey, sge.addr, sge.length);
+        } else if wr.is_inline() {
+            let mut bufs = [ffi::ibv_data_buf { addr: std::ptr::null_mut(), length: 0 }; MAX_SGE];
+            for (b, s) in bufs.iter_mut().zip(&sges[..n]) {
+                let s = s.assume_init();
+                *b = ffi::ibv_data_buf { addr: s.addr as *mut std::ffi::c_void, length: s.length as usize };
+            }
+            ffi::ibv_wr_set_inline_data_list(qpx, n, bufs.as_ptr());
+        } else {
+            ffi::ibv_wr_set_sge_list(qpx, n, sges.as_ptr().cast());
+        }
+    }
+}
+
+/// Checks `wr` against a queue's limits and writes its SGEs into `sges`; returns how
+/// many. No allocation; the error paths are out of line.
+#[inline]
+pub(super) fn check_send<T: SendBuf>(limits: &SendLimits, wr: &SendWr<T>, sges: &mut Sges) -> Result<usize> {
+    let SendLimits { max_sge, max_inline, ud, pd } = *limits;
+    // A UD send without an address handle would have the provider read a NULL one.
+    if wr.ud.is_some() != ud {
+        return Err(refused(SendRefusal::Transport { ud }));
+    }
+    let n = wr.buf.sges(wr.range.clone(), pd, sges)?;
+    if n as u32 > max_sge {
+        return Err(refused(SendRefusal::Sges { n, max: max_sge }));
+    }
+    let len = wr.range.end - wr.range.start;
+    if wr.is_inline() && len > max_inline as usize {
+        return Err(refused(SendRefusal::Inline { len, max: max_inline }));
+    }
+    if let Some(remote) = wr.remote {
+        if len as u64 > remote.len {
+            return Err(refused(SendRefusal::Remote { len, remote: remote.len }));
+        }
+        if matches!(wr.op, Op::CompSwap { .. } | Op::FetchAdd { .. }) && (remote.addr % 8 != 0 || remote.len < 8) {
+            return Err(refused(SendRefusal::Atomic));
+        }
+    }
+    Ok(n)
+}
+
+/// Whether the extended API of a QP built with `ext` takes this request (checked, `n`
+/// SGEs): its operation is among the send ops, and the loaded rdma-core has no known bug
+/// for its SGE or inline list ([`compat::quirks`]).
+#[inline]
+fn ext_takes<T: SendBuf>(ext: Ext, wr: &SendWr<T>, n: usize) -> bool {
+    let Some((_, ops)) = ext else { return false };
+    let q = compat::quirks();
+    n >= 1 && ops.contains(wr.send_op()) && (n == 1 || if wr.is_inline() { q.wr_inline_list } else { q.wr_sge_list })
+}
+
+/// Why the safe send path refused a work request before calling the provider.
+enum SendRefusal {
+    Sges { n: usize, max: u32 },
+    Inline { len: usize, max: u32 },
+    Remote { len: usize, remote: u64 },
+    Atomic,
+    Transport { ud: bool },
+}
+
+#[cold]
+#[inline(never)]
+fn refused(why: SendRefusal) -> Error {
+    let what = match why {
+        SendRefusal::Sges { n, max } => format!("{n} SGEs, but the QP takes {max} (max_send_sge)"),
+        SendRefusal::Inline { len, max } => format!("{len} bytes inline, but the QP allows {max} (max_inline_data)"),
+        SendRefusal::Remote { len, remote } => format!("{len} bytes do not fit the remote region of {remote} bytes"),
+        SendRefusal::Atomic => "an atomic needs an 8-byte aligned remote address with 8 bytes".into(),
+        SendRefusal::Transport { ud: true } => {
+            "a UD QP sends only datagrams with an address handle (SendWr::send_ud)".into()
+        }
+        SendRefusal::Transport { ud: false } => {
+            "an address handle (SendWr::send_ud) is for UD QPs; this QP is connected".into()
+        }
+    };
+    Error::invalid(Verb::PostSend, what)
+}
+
+fn atomic(remote: &RemoteMr, compare_add: u64, swap: u64) -> ffi::ibv_send_wr__bindgen_ty_2 {
+    ffi::ibv_send_wr__bindgen_ty_2 {
+        atomic: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+            remote_addr: remote.addr,
+            compare_add,
+            swap,
+            rkey: remote.rkey,
+        },
+    }
+}

@@ -1,0 +1,216 @@
+//! The ring of a queue whose requests complete in order (send queues, QP receive
+//! queues): slots indexed by sequence number, staged, committed, popped.
+
+use std::mem::MaybeUninit;
+
+use super::not_ours;
+use super::tag::{ours, Tag, LOW_MASK};
+use crate::error::{Error, Refused, Result};
+use crate::wc::{WcStatus, WorkCompletion};
+
+/// A ring of entries indexed by sequence number, for queues whose requests complete in
+/// order. Entries between `tail` and `head` are initialized (posted); an entry may be
+/// *staged* past `head` while a batch is built, and is then either committed (posted) or
+/// taken back. Its length is a power of two (the index is a mask), its capacity the
+/// queue's depth.
+pub(super) struct Ring<E> {
+    slots: Box<[MaybeUninit<E>]>,
+    mask: u64,
+    pub(super) cap: u64,
+    pub(super) head: u64,
+    pub(super) tail: u64,
+}
+
+impl<E> Ring<E> {
+    pub(super) fn new(depth: u32) -> Self {
+        let cap = u64::from(depth.max(1));
+        let len = cap.next_power_of_two();
+        Ring { slots: (0..len).map(|_| MaybeUninit::uninit()).collect(), mask: len - 1, cap, head: 0, tail: 0 }
+    }
+
+    #[inline]
+    pub(super) fn free(&self) -> usize {
+        (self.cap - (self.head - self.tail)) as usize
+    }
+
+    #[inline]
+    pub(super) fn outstanding(&self) -> u64 {
+        self.head - self.tail
+    }
+
+    #[inline]
+    pub(super) fn slot(&mut self, seq: u64) -> &mut MaybeUninit<E> {
+        let i = (seq & self.mask) as usize;
+        debug_assert!(i < self.slots.len());
+        // SAFETY: `slots` has mask + 1 entries (new()), so a masked index is in bounds.
+        unsafe { self.slots.get_unchecked_mut(i) }
+    }
+
+    /// Writes `e` into the slot `k` places past the head, not posted yet. The caller
+    /// checked `k < free()`, and later commits it or takes it back with [`unstage`](Self::unstage).
+    /// (Should the caller unwind in between, the staged entry leaks: never freed early.)
+    #[inline]
+    pub(super) fn stage(&mut self, k: usize, e: E) -> &mut E {
+        self.slot(self.head + k as u64).write(e)
+    }
+
+    /// The entry staged `k` places past the head.
+    ///
+    /// # Safety
+    /// It was staged and neither committed nor taken back.
+    #[inline]
+    pub(super) unsafe fn staged(&mut self, k: usize) -> &mut E {
+        // SAFETY: the caller's contract: the slot holds an initialized entry.
+        unsafe { self.slot(self.head + k as u64).assume_init_mut() }
+    }
+
+    /// Takes back the entry staged `k` places past the head.
+    ///
+    /// # Safety
+    /// It was staged and neither committed nor taken back; it is read out once.
+    #[inline]
+    pub(super) unsafe fn unstage(&mut self, k: usize) -> E {
+        // SAFETY: the caller's contract.
+        unsafe { self.slot(self.head + k as u64).assume_init_read() }
+    }
+
+    /// Marks the first `k` staged entries posted.
+    #[inline]
+    pub(super) fn commit(&mut self, k: usize) {
+        self.head += k as u64;
+    }
+
+    #[inline]
+    pub(super) fn push(&mut self, e: E) {
+        self.stage(0, e);
+        self.commit(1);
+    }
+
+    /// Takes the oldest entry. The caller checked that one is outstanding.
+    #[inline]
+    pub(super) fn pop(&mut self) -> E {
+        let seq = self.tail;
+        self.tail += 1;
+        // SAFETY: entries between tail and head are initialized, and this one is moved
+        // out exactly once (tail moved past it).
+        unsafe { self.slot(seq).assume_init_read() }
+    }
+
+    /// Ends a batch of `n` staged entries of which the provider took the first `posted`:
+    /// commits those, and on a failure (`failure`, the provider's, outranks `refused`, the
+    /// check that stopped the batch) returns the error with every entry not posted, in
+    /// order: the staged ones, the refused one, then `rest`.
+    #[inline]
+    pub(super) fn finish_batch(
+        &mut self,
+        b: Batch<E>,
+        rest: impl Iterator<Item = E>,
+    ) -> Result<usize, Refused<Vec<E>>> {
+        if b.failure.is_none() && b.refused.is_none() {
+            self.commit(b.staged);
+            return Ok(b.staged);
+        }
+        self.batch_failed(b, rest)
+    }
+
+    /// Ends a post of one staged entry: committed when the provider took it, else given
+    /// back with the reason.
+    #[inline]
+    pub(super) fn finish_one(&mut self, b: Batch<E>) -> Result<(), Refused<E>> {
+        if b.failure.is_none() && b.refused.is_none() {
+            self.commit(b.staged);
+            return Ok(());
+        }
+        self.one_failed(b)
+    }
+
+    #[cold]
+    #[inline(never)]
+    pub(super) fn one_failed(&mut self, b: Batch<E>) -> Result<(), Refused<E>> {
+        match b {
+            Batch { failure: Some(error), staged: 1, .. } => {
+                // SAFETY: the one entry was staged and not committed; it is read out once.
+                Err(Refused::new(error, unsafe { self.unstage(0) }))
+            }
+            Batch { refused: Some(r), staged: 0, .. } => Err(r),
+            _ => unreachable!("a post of one stages at most one entry, and fails once"),
+        }
+    }
+
+    /// The failure path of [`finish_batch`](Self::finish_batch), out of line.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn batch_failed(
+        &mut self,
+        b: Batch<E>,
+        rest: impl Iterator<Item = E>,
+    ) -> Result<usize, Refused<Vec<E>>> {
+        let Batch { staged: n, posted, failure, refused } = b;
+        let mut unposted = Vec::new();
+        for i in posted..n {
+            // SAFETY: the caller staged 0..n and did not commit them; each is read once.
+            unposted.push(unsafe { self.unstage(i) });
+        }
+        self.commit(posted);
+        let error = match (failure, refused) {
+            (Some(e), refused) => {
+                unposted.extend(refused.map(Refused::into_value));
+                e
+            }
+            (None, Some(Refused { error, value })) => {
+                unposted.push(value);
+                error
+            }
+            (None, None) => unreachable!("handled above"),
+        };
+        unposted.extend(rest);
+        Err(Refused::new(error, unposted))
+    }
+
+    /// Takes the send completion `wc` of the queue with `tag` on QP `qp_num`: hands each
+    /// entry it finishes to `done`, in posting order (the unsignaled ones before it as
+    /// successes, then its own with its status and length), and returns how many.
+    #[inline]
+    pub(super) fn complete_sends(
+        &mut self,
+        wc: &mut WorkCompletion,
+        tag: &Tag,
+        qp_num: u32,
+        mut done: impl FnMut(E, WcStatus, u32, u32),
+    ) -> Result<usize> {
+        // How far past the oldest outstanding request this one is (sequence numbers wrap
+        // at 40 bits; at most a ring's worth is outstanding).
+        let ahead = ours(wc, false, tag)
+            .filter(|_| wc.qp_num() == qp_num)
+            .map(|low| low.wrapping_sub(self.tail) & LOW_MASK)
+            .filter(|&d| d < self.outstanding());
+        let Some(ahead) = ahead else {
+            return Err(not_ours("send", wc));
+        };
+        wc.consume();
+        for _ in 0..ahead {
+            done(self.pop(), WcStatus::Success, 0, 0);
+        }
+        done(self.pop(), wc.status(), wc.byte_len(), wc.vendor_err());
+        Ok(ahead as usize + 1)
+    }
+
+    /// Everything still posted, for the graveyard.
+    pub(super) fn take_all(&mut self) -> Vec<E> {
+        let mut all = Vec::with_capacity(self.outstanding() as usize);
+        while self.outstanding() > 0 {
+            all.push(self.pop());
+        }
+        all
+    }
+}
+
+/// How a post of staged entries went: `staged` were staged, the provider took the first
+/// `posted`; `failure` is the provider's error, `refused` the entry our checks stopped at
+/// (not staged).
+pub(super) struct Batch<E> {
+    pub(super) staged: usize,
+    pub(super) posted: usize,
+    pub(super) failure: Option<Error>,
+    pub(super) refused: Option<Refused<E>>,
+}

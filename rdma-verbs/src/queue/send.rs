@@ -1,0 +1,323 @@
+//! The send side: one [`SendQueue`] for every kind of request, one way to post (a post is
+//! a batch of one), one way to complete, one failure path.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+
+use super::claim::{bury, Claim, ClaimOwner};
+use super::request::{End, Ext, SendLimits, SendRequest, TOKEN};
+use super::ring::{Batch, Ring};
+use super::tag::{send_wr_id, Tag};
+use super::{batch_too_long, depth, queue_full, stopped_at, Sges, MAX_BATCH, NO_SGES};
+use crate::buf::{PdId, SendBuf};
+use crate::conv;
+use crate::cq::CqReservation;
+use crate::error::{Error, Refused, Result, Verb};
+use crate::ffi;
+use crate::qp::{QpInner, QpType, QueuePair};
+use crate::wc::WorkCompletion;
+use crate::wr::{Done, SendWr};
+
+/// The send side of a QP, owning what it has posted. See the [module docs](super).
+///
+/// `R` is what it posts: [`SendWr`]s, checked and built into their C form at each post
+/// (the default), or [`Prepared`](super::Prepared) requests, checked and built once
+/// ([`PreparedQueue`](super::PreparedQueue)). Either way a post moves the request into the
+/// queue's ring, where it stays until its completion hands it back.
+pub struct SendQueue<T: SendBuf, R: SendRequest = SendWr<T>> {
+    // Declared first: dropped (claim released) after the ring is buried. A posted request
+    // stays whole in its slot: its buffer, its id, a UD request's address handle.
+    ring: Ring<R>,
+    /// Where a batch's C requests and SGEs are built (requests that bring their own C
+    /// form leave it unused).
+    scratch: Box<SendScratch>,
+    /// This queue's share of the send CQ (buried with what is still posted).
+    room: Option<CqReservation>,
+    raw: *mut ffi::ibv_qp,
+    qp_num: u32,
+    limits: SendLimits,
+    /// `limits.key()`, compared when a prepared request arrives.
+    key: u64,
+    /// The extended QP, when it was built with send ops: then `ibv_wr_*` posts what
+    /// those ops cover and [`compat::quirks`](crate::compat::quirks) allows, and
+    /// `ibv_post_send` the rest.
+    ext: Ext,
+    tag: Tag,
+    claim: Claim<QpInner>,
+    _buf: PhantomData<fn() -> T>,
+}
+
+// SAFETY: the queue owns its requests (R: Send) and posts through the thread-safe
+// ibv_post_send; the raw pointers are the QP that `claim` keeps alive.
+unsafe impl<T: SendBuf, R: SendRequest> Send for SendQueue<T, R> {}
+
+/// Scratch space where a batch's C requests and their SGEs are built: 16 KiB kept with the
+/// send queue (allocated when it is claimed) rather than on the stack, where every post
+/// would pay for stack probes and cold pages. Nothing in it outlives a post.
+struct SendScratch {
+    sges: [Sges; MAX_BATCH],
+    raws: [MaybeUninit<ffi::ibv_send_wr>; MAX_BATCH],
+    counts: [u8; MAX_BATCH],
+}
+
+impl SendScratch {
+    fn new() -> Box<SendScratch> {
+        Box::new(SendScratch {
+            sges: [NO_SGES; MAX_BATCH],
+            raws: [const { MaybeUninit::uninit() }; MAX_BATCH],
+            counts: [0; MAX_BATCH],
+        })
+    }
+}
+
+impl QueuePair {
+    pub(crate) fn send_limits(&self) -> SendLimits {
+        let caps = self.inner.caps;
+        SendLimits {
+            max_sge: caps.max_send_sge,
+            max_inline: caps.max_inline_data,
+            ud: self.qp_type() == QpType::Ud,
+            pd: PdId::of(self.pd()),
+        }
+    }
+
+    /// Takes the send side, as deep as the `max_send_wr` the QP was built with. Fails if
+    /// a [`SendQueue`] of this QP already exists, or if the send CQ cannot hold that many
+    /// completions besides those reserved by the other queues on it.
+    pub fn send_queue<T: SendBuf>(&self) -> Result<SendQueue<T>> {
+        self.send_queue_with_depth(self.inner.asked_depth.0)
+    }
+
+    /// Takes the send side with room for `depth` outstanding requests (1 up to the QP's
+    /// granted `max_send_wr`), and sets `depth` entries of the send CQ aside for their
+    /// completions: so a CQ shared by several queues can never overrun.
+    pub fn send_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<SendQueue<T>> {
+        self.send_queue_of(depth)
+    }
+
+    /// Takes the send side for [`Prepared`](super::Prepared) requests, as deep as the
+    /// `max_send_wr` the QP was built with. Fails as [`send_queue`](Self::send_queue) does.
+    pub fn prepared_queue<T: SendBuf>(&self) -> Result<super::PreparedQueue<T>> {
+        self.prepared_queue_with_depth(self.inner.asked_depth.0)
+    }
+
+    /// Takes the send side for prepared requests with room for `depth` outstanding
+    /// requests, as [`send_queue_with_depth`](Self::send_queue_with_depth) does.
+    pub fn prepared_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<super::PreparedQueue<T>> {
+        self.send_queue_of(depth)
+    }
+
+    /// Claims the send side (one poster at a time, whatever it posts) and sets `depth`
+    /// entries of the send CQ aside for it.
+    fn send_queue_of<T: SendBuf, R: SendRequest>(&self, depth: u32) -> Result<SendQueue<T, R>> {
+        let depth = depth_of(self, depth)?;
+        let claim = Claim::take(&self.inner, |q| &q.send_claimed, "this QP's send side")?;
+        let room = CqReservation::take(&self.inner.send_cq, depth.into(), Verb::Claim, "this send queue")?;
+        let limits = self.send_limits();
+        Ok(SendQueue {
+            ring: Ring::new(depth),
+            scratch: SendScratch::new(),
+            room: Some(room),
+            raw: self.as_raw(),
+            qp_num: self.qp_num(),
+            key: limits.key(),
+            limits,
+            ext: self.inner.qp_ex.map(|q| (q, self.inner.send_ops)),
+            tag: Tag::reserve()?,
+            claim,
+            _buf: PhantomData,
+        })
+    }
+}
+
+fn depth_of(qp: &QueuePair, asked: u32) -> Result<u32> {
+    depth(Verb::Claim, asked, qp.inner.caps.max_send_wr, "max_send_wr")
+}
+
+impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
+    pub(super) fn limits(&self) -> &SendLimits {
+        &self.limits
+    }
+
+    /// Requests posted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.ring.outstanding() as usize
+    }
+
+    /// The QP number, to route completions of a shared CQ.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// True when this QP was built with extended send ops, so requests built at post
+    /// time go through the `ibv_wr_*` API where the loaded rdma-core handles them
+    /// ([`compat::quirks`](crate::compat::quirks)).
+    pub fn uses_extended_api(&self) -> bool {
+        self.ext.is_some()
+    }
+
+    /// Posts one request: one provider call (one doorbell), no allocation. On refusal
+    /// (by our checks or by the provider) the request comes back in the error.
+    #[inline]
+    #[allow(clippy::result_large_err)] // the refused request comes back by value: no allocation
+    pub fn post(&mut self, wr: R) -> Result<(), Refused<R>> {
+        let batch = self.stage_and_post(&mut Some(wr).into_iter(), 1);
+        self.ring.finish_one(batch)
+    }
+
+    /// Posts up to [`MAX_BATCH`] requests with one provider call (one doorbell). Returns
+    /// how many were posted. When one is refused (by our checks or by the provider), the
+    /// ones before it are posted, and the error comes back with the requests that were
+    /// not posted, in order (that path allocates, the fast path does not).
+    #[inline]
+    pub fn post_batch<I>(&mut self, wrs: I) -> Result<usize, Refused<Vec<R>>>
+    where
+        I: IntoIterator<Item = R>,
+    {
+        let mut wrs = wrs.into_iter();
+        let batch = self.stage_and_post(&mut wrs, MAX_BATCH);
+        self.ring.finish_batch(batch, wrs)
+    }
+
+    /// The one send path: checks each request, stages it in the ring, links the C
+    /// requests into one chain and posts it with one provider call. Takes at most `most`
+    /// requests from `wrs` (refusing one more: the batch is too long).
+    #[inline(always)]
+    fn stage_and_post(&mut self, wrs: &mut impl Iterator<Item = R>, most: usize) -> Batch<R> {
+        let SendQueue { ring, scratch, raw, limits, key, ext, tag, .. } = self;
+        let (raw, ext, tag) = (*raw, *ext, tag.bits());
+        let SendScratch { sges, raws, counts } = &mut **scratch;
+        let room = most.min(ring.free());
+        // Without an extended QP (the common case) each C request is built and linked as
+        // its request arrives, straight from the slot the request moved into.
+        let mut all_ext = ext.is_some();
+        let (mut n, mut refused) = (0, None);
+        let mut first: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+        let mut prev: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+        for wr in wrs.by_ref() {
+            if n == room {
+                let e = if n == most { batch_too_long() } else { queue_full(Verb::PostSend, ring.cap) };
+                refused = Some(Refused::new(e, wr));
+                break;
+            }
+            let k = match wr.check(limits, *key, &mut sges[n], TOKEN()) {
+                Ok(k) => k,
+                Err(e) => {
+                    refused = Some(Refused::new(e, wr));
+                    break;
+                }
+            };
+            if ext.is_none() {
+                let seq = send_wr_id(tag, ring.head + n as u64);
+                let cur = ring.stage(n, wr).c_request(seq, &mut sges[n], k, &mut raws[n], TOKEN());
+                link(&mut first, &mut prev, cur);
+            } else {
+                all_ext &= wr.ext_takes(ext, k, TOKEN());
+                counts[n] = k as u8;
+                ring.stage(n, wr);
+            }
+            n += 1;
+        }
+        let (posted, failure) = if n == 0 {
+            (0, None)
+        } else if all_ext {
+            post_extended(ext, ring, tag, n, sges, counts)
+        } else {
+            if ext.is_some() {
+                // A batch the extended API does not take whole goes the classic way.
+                for i in 0..n {
+                    let seq = send_wr_id(tag, ring.head + i as u64);
+                    // SAFETY: 0..n were staged above.
+                    let wr = unsafe { ring.staged(i) };
+                    let cur = wr.c_request(seq, &mut sges[i], usize::from(counts[i]), &mut raws[i], TOKEN());
+                    link(&mut first, &mut prev, cur);
+                }
+            }
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: first..prev is a chain of valid C requests (linked above, the last
+            // `next` NULL), each in the scratch space or in the heap block of a request the
+            // ring keeps until its completion, with SGEs naming bytes of buffers the ring
+            // keeps too; a UD request's address handle is kept with it.
+            let rc = unsafe { ffi::ibv_post_send(raw, first, &mut bad) };
+            match conv::errno(Verb::PostSend, rc) {
+                Ok(()) => (n, None),
+                // SAFETY: `first` heads the chain built above.
+                Err(e) => (unsafe { stopped_at(first, bad) }, Some(e)),
+            }
+        };
+        Batch { staged: n, posted, failure, refused }
+    }
+
+    /// Takes a completion of this send queue and hands each finished request to `done`,
+    /// in posting order: the unsignaled ones the completion implies, then its own.
+    /// Returns how many finished. A completion that is not this queue's is an error.
+    #[inline]
+    pub fn complete(&mut self, wc: &mut WorkCompletion, mut done: impl FnMut(Done<R::Back>)) -> Result<usize> {
+        let qp_num = self.qp_num;
+        self.ring.complete_sends(wc, &self.tag, qp_num, |wr, status, byte_len, vendor_err| {
+            done(wr.finish(End { status, byte_len, qp_num, vendor_err }, TOKEN()))
+        })
+    }
+}
+
+/// Appends `cur` to the chain `first..prev`.
+#[inline(always)]
+fn link(first: &mut *mut ffi::ibv_send_wr, prev: &mut *mut ffi::ibv_send_wr, cur: *mut ffi::ibv_send_wr) {
+    if prev.is_null() {
+        *first = cur;
+    } else {
+        // SAFETY: `prev` is the C request built just before this one (in the scratch space
+        // or a request's own heap block), which nothing moved since.
+        unsafe { (**prev).next = cur };
+    }
+    *prev = cur;
+}
+
+/// Posts the `n` requests staged in `ring` through the extended API in one batch; returns
+/// how many went in (all or none) and the error.
+#[cold]
+fn post_extended<R: SendRequest>(
+    ext: Ext,
+    ring: &mut Ring<R>,
+    tag: u64,
+    n: usize,
+    sges: &[Sges; MAX_BATCH],
+    counts: &[u8; MAX_BATCH],
+) -> (usize, Option<Error>) {
+    let Some((qpx, _)) = ext else { return (0, Some(Error::invalid(Verb::WrStart, "not an extended QP"))) };
+    let qpx = qpx.as_ptr();
+    let head = ring.head;
+    // SAFETY: the caller is the queue, the QP's only poster (&mut, claimed), so the batch
+    // is ours; 0..n were staged and checked (`ext_takes` held for each); their SGEs name
+    // bytes of buffers the ring keeps until completion.
+    let rc = unsafe {
+        ffi::ibv_wr_start(qpx);
+        for i in 0..n {
+            let seq = send_wr_id(tag, head + i as u64);
+            ring.staged(i).extended(qpx, seq, &sges[i], usize::from(counts[i]), TOKEN());
+        }
+        ffi::ibv_wr_complete(qpx)
+    };
+    match conv::errno(Verb::PostSend, rc) {
+        Ok(()) => (n, None),
+        // A failed ibv_wr_complete posts nothing of the batch.
+        Err(e) => (0, Some(e)),
+    }
+}
+
+impl<T: SendBuf, R: SendRequest> Drop for SendQueue<T, R> {
+    fn drop(&mut self) {
+        let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
+        bury(self.claim.owner.graveyard(), self.ring.take_all(), keep);
+    }
+}
+
+impl<T: SendBuf, R: SendRequest> fmt::Debug for SendQueue<T, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendQueue")
+            .field("qp_num", &self.qp_num)
+            .field("outstanding", &self.ring.outstanding())
+            .finish()
+    }
+}

@@ -13,7 +13,7 @@ use std::io;
 use std::time::Duration;
 
 use crate::endpoint::WireError;
-use crate::wc::{WcOpcode, WcStatus};
+use crate::codes::{WcOpcode, WcStatus};
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -25,7 +25,7 @@ use crate::context::Context;
 use crate::conv;
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
-use crate::port::c_enum;
+use crate::c_enum::c_enum;
 
 const VERB: Verb = Verb::GetAsyncEvent;
 

@@ -69,6 +69,8 @@ pub use rdma_sys as ffi;
 
 pub mod ah;
 pub mod buf;
+mod c_enum;
+mod codes;
 pub mod cm;
 pub mod compat;
 pub mod context;

@@ -3,38 +3,8 @@
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use crate::c_enum::c_enum;
 use crate::ffi;
-
-macro_rules! c_enum {
-    ($(#[$m:meta])* $name:ident : $raw:ty { $($(#[$vm:meta])* $variant:ident = $value:expr),* $(,)? }) => {
-        $(#[$m])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name {
-            $($(#[$vm])* $variant,)*
-            /// A value this crate does not know: data, not an error.
-            Unknown($raw),
-        }
-        impl $name {
-            /// Decodes the C value.
-            #[inline]
-            pub fn from_raw(v: $raw) -> Self {
-                match v {
-                    $(x if x == $value => $name::$variant,)*
-                    other => $name::Unknown(other),
-                }
-            }
-            /// The C value.
-            #[inline]
-            pub fn to_raw(self) -> $raw {
-                match self {
-                    $($name::$variant => $value,)*
-                    $name::Unknown(v) => v,
-                }
-            }
-        }
-    };
-}
-pub(crate) use c_enum;
 
 c_enum! {
     /// Logical port state (`enum ibv_port_state`).

@@ -34,7 +34,8 @@ use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
 use crate::pd::ProtectionDomain;
-use crate::port::{c_enum, Gid, Mtu};
+use crate::c_enum::c_enum;
+use crate::port::{Gid, Mtu};
 use crate::srq::{SharedReceiveQueue, SrqInner};
 
 /// Work requests per queue when the builder is not told otherwise.

@@ -7,7 +7,7 @@ use super::id::CmId;
 use crate::ah::AhAttr;
 use crate::error::{Error, Verb};
 use crate::ffi;
-use crate::port::c_enum;
+use crate::c_enum::c_enum;
 
 c_enum! {
     /// What happened (`enum rdma_cm_event_type`).

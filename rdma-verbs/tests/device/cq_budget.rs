@@ -30,7 +30,7 @@ fn a_cq_refuses_queues_whose_depths_together_exceed_its_entries() {
     let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(entries).max_recv_wr(entries).build().unwrap();
     let sq: SendQueue<Chunk> = qp.send_queue().unwrap();
     let msg = invalid_message(qp.recv_queue::<Chunk>().unwrap_err());
-    assert!(msg.contains("recv_queue") && msg.contains(&format!("{} entries", 2 * entries)), "{msg}");
+    assert!(msg.contains("receive queue") && msg.contains(&format!("{} entries", 2 * entries)), "{msg}");
     // A shallower receive side fits in what is left once the send side is shallower too.
     drop(sq);
     let sq: SendQueue<Chunk> = qp.send_queue_with_depth(entries / 2).unwrap();

@@ -12,8 +12,8 @@ use std::fmt;
 use std::io;
 use std::time::Duration;
 
-use crate::endpoint::WireError;
 use crate::codes::{WcOpcode, WcStatus};
+use crate::endpoint::WireError;
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

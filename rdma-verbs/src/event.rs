@@ -21,11 +21,11 @@ use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
+use crate::c_enum::c_enum;
 use crate::context::Context;
 use crate::conv;
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
-use crate::c_enum::c_enum;
 
 const VERB: Verb = Verb::GetAsyncEvent;
 

@@ -27,6 +27,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use crate::ah::{AhAttr, Remote};
+use crate::c_enum::c_enum;
 use crate::context::Context;
 use crate::conv;
 use crate::cq::{CompletionQueue, CqInner};
@@ -34,7 +35,6 @@ use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
 use crate::pd::ProtectionDomain;
-use crate::c_enum::c_enum;
 use crate::port::{Gid, Mtu};
 use crate::srq::{SharedReceiveQueue, SrqInner};
 

@@ -15,7 +15,6 @@ pub use crate::codes::{WcOpcode, WcStatus};
 use crate::error::{Error, Result};
 use crate::ffi;
 
-
 bitflags::bitflags! {
     /// Flags of a work completion (`enum ibv_wc_flags`). Bits this crate does not name
     /// are kept, not dropped.

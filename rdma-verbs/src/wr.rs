@@ -112,6 +112,16 @@ pub(crate) enum Op {
     FetchAdd { add: u64 },
 }
 
+/// One operation as each API names it.
+pub(crate) struct OpCodes {
+    /// The classic `ibv_post_send` opcode.
+    pub(crate) wr: ffi::ibv_wr_opcode,
+    /// The extended API's send op (what the QP must be built with).
+    pub(crate) ops: SendOps,
+    /// What its completion says.
+    pub(crate) wc: WcOpcode,
+}
+
 /// A send-side work request: what to do, with which buffer.
 pub struct SendWr<T> {
     pub(crate) op: Op,
@@ -203,32 +213,26 @@ impl<T: SendBuf> SendWr<T> {
         self.buf
     }
 
-    /// The completion opcode this request completes with.
-    pub(crate) fn wc_opcode(&self) -> WcOpcode {
-        match self.op {
-            Op::Send => WcOpcode::Send,
-            Op::Write => WcOpcode::RdmaWrite,
-            Op::Read => WcOpcode::RdmaRead,
-            Op::CompSwap { .. } => WcOpcode::CompSwap,
-            Op::FetchAdd { .. } => WcOpcode::FetchAdd,
-        }
+    /// This request's operation in each API: the crate's one opcode table.
+    #[inline]
+    pub(crate) fn codes(&self) -> OpCodes {
+        use ffi::ibv_wr_opcode as O;
+        let (wr, ops, wc) = match (self.op, self.imm.is_some()) {
+            (Op::Send, false) => (O::IBV_WR_SEND, SendOps::SEND, WcOpcode::Send),
+            (Op::Send, true) => (O::IBV_WR_SEND_WITH_IMM, SendOps::SEND_WITH_IMM, WcOpcode::Send),
+            (Op::Write, false) => (O::IBV_WR_RDMA_WRITE, SendOps::RDMA_WRITE, WcOpcode::RdmaWrite),
+            (Op::Write, true) => (O::IBV_WR_RDMA_WRITE_WITH_IMM, SendOps::RDMA_WRITE_WITH_IMM, WcOpcode::RdmaWrite),
+            (Op::Read, _) => (O::IBV_WR_RDMA_READ, SendOps::RDMA_READ, WcOpcode::RdmaRead),
+            (Op::CompSwap { .. }, _) => (O::IBV_WR_ATOMIC_CMP_AND_SWP, SendOps::ATOMIC_CMP_AND_SWP, WcOpcode::CompSwap),
+            (Op::FetchAdd { .. }, _) => {
+                (O::IBV_WR_ATOMIC_FETCH_AND_ADD, SendOps::ATOMIC_FETCH_AND_ADD, WcOpcode::FetchAdd)
+            }
+        };
+        OpCodes { wr, ops, wc }
     }
 
     pub(crate) fn is_inline(&self) -> bool {
         self.flags.0 & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0
-    }
-
-    /// The extended-API operation this request needs.
-    pub(crate) fn send_op(&self) -> SendOps {
-        match (self.op, self.imm) {
-            (Op::Send, None) => SendOps::SEND,
-            (Op::Send, Some(_)) => SendOps::SEND_WITH_IMM,
-            (Op::Write, None) => SendOps::RDMA_WRITE,
-            (Op::Write, Some(_)) => SendOps::RDMA_WRITE_WITH_IMM,
-            (Op::Read, _) => SendOps::RDMA_READ,
-            (Op::CompSwap { .. }, _) => SendOps::ATOMIC_CMP_AND_SWP,
-            (Op::FetchAdd { .. }, _) => SendOps::ATOMIC_FETCH_AND_ADD,
-        }
     }
 
     fn set(&mut self, flag: ffi::ibv_send_flags, on: bool) {

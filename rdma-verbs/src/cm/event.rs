@@ -5,9 +5,9 @@ use std::fmt;
 
 use super::id::CmId;
 use crate::ah::AhAttr;
+use crate::c_enum::c_enum;
 use crate::error::{Error, Verb};
 use crate::ffi;
-use crate::c_enum::c_enum;
 
 c_enum! {
     /// What happened (`enum rdma_cm_event_type`).

@@ -238,7 +238,7 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
 
     #[inline]
     fn finish(self, end: End, _: Token) -> Done<Prepared<T>> {
-        let (id, op) = (self.inner.wr.id, self.inner.wr.wc_opcode());
+        let (id, op) = (self.inner.wr.id, self.inner.wr.codes().wc);
         Done {
             id,
             buf: self,

@@ -142,7 +142,7 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
 
     #[inline]
     fn finish(self, end: End, _: Token) -> Done<T> {
-        let op = self.wc_opcode();
+        let op = self.codes().wc;
         Done {
             id: self.id,
             buf: self.buf,
@@ -177,16 +177,7 @@ pub(super) fn classic<'o, T: SendBuf>(
     out.sg_list = sges.as_mut_ptr().cast();
     out.num_sge = n as i32;
     out.send_flags = wr.flags.0;
-    use ffi::ibv_wr_opcode as O;
-    out.opcode = match (wr.op, wr.imm) {
-        (Op::Send, None) => O::IBV_WR_SEND,
-        (Op::Send, Some(_)) => O::IBV_WR_SEND_WITH_IMM,
-        (Op::Write, None) => O::IBV_WR_RDMA_WRITE,
-        (Op::Write, Some(_)) => O::IBV_WR_RDMA_WRITE_WITH_IMM,
-        (Op::Read, _) => O::IBV_WR_RDMA_READ,
-        (Op::CompSwap { .. }, _) => O::IBV_WR_ATOMIC_CMP_AND_SWP,
-        (Op::FetchAdd { .. }, _) => O::IBV_WR_ATOMIC_FETCH_AND_ADD,
-    };
+    out.opcode = wr.codes().wr;
     if let Some(imm) = wr.imm {
         out.__bindgen_anon_1.imm_data = imm.to_be();
     }
@@ -283,7 +274,7 @@ pub(super) fn check_send<T: SendBuf>(limits: &SendLimits, wr: &SendWr<T>, sges: 
 fn ext_takes<T: SendBuf>(ext: Ext, wr: &SendWr<T>, n: usize) -> bool {
     let Some((_, ops)) = ext else { return false };
     let q = compat::quirks();
-    n >= 1 && ops.contains(wr.send_op()) && (n == 1 || if wr.is_inline() { q.wr_inline_list } else { q.wr_sge_list })
+    n >= 1 && ops.contains(wr.codes().ops) && (n == 1 || if wr.is_inline() { q.wr_inline_list } else { q.wr_sge_list })
 }
 
 /// Why the safe send path refused a work request before calling the provider.

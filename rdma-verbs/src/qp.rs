@@ -214,9 +214,10 @@ pub struct QueuePair {
 }
 
 pub(crate) struct QpInner {
-    /// For a QP made through a CM id: detaches it from the id (under the CM lock) before
-    /// `raw` destroys it, so that librdmacm never touches a destroyed QP.
-    cm: Option<crate::cm::CmQpLink>,
+    /// For a QP made through something else (a CM id): dropped just before `raw`
+    /// destroys the QP, it takes the QP off its creator, so that librdmacm never touches a
+    /// destroyed QP.
+    detach: Option<Box<dyn Send + Sync>>,
     // The QP is destroyed before the parents below are released.
     pub(crate) raw: Owned<ffi::ibv_qp>,
     pub(crate) qp_ex: Option<NonNull<ffi::ibv_qp_ex>>,
@@ -230,8 +231,8 @@ pub(crate) struct QpInner {
     max_qp_rd_atom: u8,
     max_qp_init_rd_atom: u8,
     pd: ProtectionDomain,
-    /// The CM id a QP was made through, released only after the QP is destroyed.
-    _cm_id: Option<Arc<dyn Send + Sync>>,
+    /// What a QP was made through (a CM id), released only after the QP is destroyed.
+    _creator: Option<Arc<dyn Send + Sync>>,
     // Held only to keep the parents alive.
     pub(crate) send_cq: Arc<CqInner>,
     pub(crate) recv_cq: Arc<CqInner>,
@@ -252,6 +253,14 @@ unsafe impl Send for QpInner {}
 // SAFETY: see Send; nothing here is mutated through a shared reference except by those
 // thread-safe verbs.
 unsafe impl Sync for QpInner {}
+
+/// What a QP made through another object (an rdma_cm id) keeps of it: a guard dropped just
+/// before the QP is destroyed (taking the QP off its creator), and the creator itself,
+/// held until after. `qp` names no module above it; `cm` fills this in.
+pub(crate) struct Creator {
+    pub(crate) detach: Box<dyn Send + Sync>,
+    pub(crate) keep: Arc<dyn Send + Sync>,
+}
 
 /// Sizes asked of a QP, before the device's limits are applied.
 #[derive(Debug, Clone, Copy)]
@@ -404,7 +413,7 @@ impl<'a> QueuePairBuilder<'a> {
     pub(crate) fn build_with(
         self,
         verb: Verb,
-        create: impl FnOnce(&mut ffi::ibv_qp_init_attr_ex) -> Result<(NonNull<ffi::ibv_qp>, Option<crate::cm::CmQpLink>)>,
+        create: impl FnOnce(&mut ffi::ibv_qp_init_attr_ex) -> Result<(NonNull<ffi::ibv_qp>, Option<Creator>)>,
     ) -> Result<QueuePair> {
         const VERB: Verb = Verb::CreateQpEx;
         let ctx = self.pd.context();
@@ -447,7 +456,7 @@ impl<'a> QueuePairBuilder<'a> {
             send_ops_flags: send_ops.bits(),
             ..Default::default()
         };
-        let (raw, cm) = create(&mut attr).map_err(|e| match e.errno() {
+        let (raw, creator) = create(&mut attr).map_err(|e| match e.errno() {
             Some(libc::EINVAL) => e.with_hint(format!(
                 "the provider refused a {} QP with {:?}: most often max_inline_data is above what it supports",
                 self.req.qp_type,
@@ -459,7 +468,8 @@ impl<'a> QueuePairBuilder<'a> {
             )),
             _ => e,
         })?;
-        // SAFETY: a new QP that only this Owned destroys (after `cm` detached it).
+        let (detach, keep) = creator.map_or((None, None), |c| (Some(c.detach), Some(c.keep)));
+        // SAFETY: a new QP that only this Owned destroys (after `detach` is dropped).
         let raw = unsafe { Owned::new(raw.as_ptr(), verb)? };
         let qp_ex = if self.req.send_ops.is_some() {
             // SAFETY: the QP was created through the provider's create_qp_ex with send ops,
@@ -469,16 +479,15 @@ impl<'a> QueuePairBuilder<'a> {
             None
         };
         if self.req.send_ops.is_some() && qp_ex.is_none() {
-            // Detach from the CM id before `raw` destroys the QP.
-            drop(cm);
+            // Detach from the creator (a CM id) before `raw` destroys the QP.
+            drop(detach);
             return Err(Error::verb(Verb::QpToQpEx, libc::EOPNOTSUPP)
                 .with_hint("the provider created the QP without the extended send API"));
         }
         let rd_atom = |v: u32| u8::try_from(v).unwrap_or(u8::MAX);
-        let cm_id = cm.as_ref().map(crate::cm::CmQpLink::id);
         Ok(QueuePair {
             inner: Arc::new(QpInner {
-                cm,
+                detach,
                 raw,
                 qp_ex,
                 qp_type: self.req.qp_type,
@@ -490,7 +499,7 @@ impl<'a> QueuePairBuilder<'a> {
                 max_qp_rd_atom: rd_atom(dev.max_qp_rd_atom),
                 max_qp_init_rd_atom: rd_atom(dev.max_qp_init_rd_atom),
                 pd: self.pd.clone(),
-                _cm_id: cm_id,
+                _creator: keep,
                 send_cq: Arc::clone(&self.send_cq.inner),
                 recv_cq: Arc::clone(&self.recv_cq.inner),
                 srq: self.srq.map(|s| Arc::clone(&s.inner)),
@@ -1149,7 +1158,7 @@ impl QueuePair {
     pub fn destroy(self) -> Result<()> {
         destroy_shared(self.inner, Verb::DestroyQp, |mut inner| {
             // A QP made through a CM id leaves it first.
-            drop(inner.cm.take());
+            drop(inner.detach.take());
             inner.raw.destroy()
         })
     }

@@ -18,7 +18,7 @@ use crate::conv;
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::destroy_shared;
-use crate::qp::{QueuePair, QueuePairBuilder};
+use crate::qp::{Creator, QueuePair, QueuePairBuilder};
 
 /// Added to the CM's own timeout of a resolution when waiting for its event, so that the
 /// CM's verdict (with its errno) normally arrives before our deadline.
@@ -121,7 +121,7 @@ impl Drop for CmIdInner {
 /// it takes the QP off the id under the CM lock, as `rdma_destroy_qp` would, so that
 /// librdmacm never reaches a destroyed QP. The QP also holds the id ([`CmQpLink::id`])
 /// until after it is destroyed, so the id outlives the QP.
-pub(crate) struct CmQpLink {
+struct CmQpLink {
     id: Arc<CmIdInner>,
     qp: *mut ffi::ibv_qp,
     /// `id->pd` before the QP was made (librdmacm's own PD): put back, so that the id
@@ -136,7 +136,7 @@ unsafe impl Sync for CmQpLink {}
 
 impl CmQpLink {
     /// The id, for the QP to hold until after it is destroyed.
-    pub(crate) fn id(&self) -> Arc<dyn Send + Sync> {
+    fn id(&self) -> Arc<dyn Send + Sync> {
         Arc::clone(&self.id) as Arc<dyn Send + Sync>
     }
 }
@@ -423,7 +423,8 @@ impl CmId {
             conv::rc(VERB, rc)?;
             // SAFETY: as above; rdma_create_qp_ex set `qp` on success.
             let qp = NonNull::new(unsafe { (*id).qp }).ok_or_else(|| Error::verb(VERB, libc::EIO))?;
-            Ok((qp, Some(CmQpLink { id: Arc::clone(&self.inner), qp: qp.as_ptr(), pd })))
+            let link = CmQpLink { id: Arc::clone(&self.inner), qp: qp.as_ptr(), pd };
+            Ok((qp, Some(Creator { keep: link.id(), detach: Box::new(link) })))
         })
     }
 

@@ -68,7 +68,6 @@ mod id;
 pub use channel::EventChannel;
 pub use event::{CmEvent, CmEventKind, ConnInfo, ConnectRequest, RejectReason, UdInfo};
 pub use id::CmId;
-pub(crate) use id::CmQpLink;
 
 use crate::error::{Error, Result, Verb};
 use crate::ffi;

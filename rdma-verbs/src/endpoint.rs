@@ -106,7 +106,7 @@ pub enum WireError {
         len: usize,
     },
     /// The message does not start with the expected magic: another protocol, or garbage.
-    #[error("it starts with {found:02x?}, not {expected:?}: not a message of this protocol")]
+    #[error("it starts with {}, not {expected:?}: not a message of this protocol", Magic(found))]
     BadMagic {
         /// The first bytes.
         found: [u8; 4],
@@ -185,6 +185,24 @@ pub enum WireError {
     /// The peer's endpoint is well formed but cannot be connected to from here.
     #[error("{0}")]
     Incompatible(String),
+}
+
+/// The first bytes of a message as hex, then as text where any of them is printable
+/// ASCII (others as `.`): `47 45 54 20 ("GET ")` tells an HTTP client at once.
+struct Magic<'a>(&'a [u8; 4]);
+
+impl fmt::Display for Magic<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, b) in self.0.iter().enumerate() {
+            write!(f, "{}{b:02x}", if i == 0 { "" } else { " " })?;
+        }
+        if self.0.iter().any(u8::is_ascii_graphic) {
+            let text: String =
+                self.0.iter().map(|&b| if b == b' ' || b.is_ascii_graphic() { b as char } else { '.' }).collect();
+            write!(f, " ({text:?})")?;
+        }
+        Ok(())
+    }
 }
 
 /// Everything a peer needs to reach a QP: what the handshake sends.
@@ -1029,6 +1047,13 @@ mod tests {
     fn wrong_magic_and_versions_are_refused_before_the_length() {
         assert_eq!(reject(b"GET / HTTP/1.1\r\n"), WireError::BadMagic { found: *b"GET ", expected: "RDVE" });
         assert!(matches!(reject(b"X"), WireError::BadMagic { .. }), "one wrong byte is enough");
+        // Hex, and the text where it is printable: the wrong protocol shows at a glance.
+        let text = reject(b"GET / HTTP/1.1\r\n").to_string();
+        assert_eq!(text, r#"it starts with 47 45 54 20 ("GET "), not "RDVE": not a message of this protocol"#);
+        let text = reject(b"\x16\x03\x01\x02").to_string();
+        assert!(text.starts_with("it starts with 16 03 01 02, not"), "no text when nothing is printable: {text}");
+        let text = reject(b"RD\x00\xff").to_string();
+        assert!(text.starts_with(r#"it starts with 52 44 00 ff ("RD.."), not"#), "{text}");
         assert_eq!(reject(&poked(4, 0)), WireError::UnsupportedVersion { found: 0 });
         // A newer version is refused whatever its length.
         assert_eq!(reject(b"RDVE\x02"), WireError::UnsupportedVersion { found: 2 });

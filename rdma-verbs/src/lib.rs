@@ -101,7 +101,9 @@ pub use event::{AsyncEvent, AsyncEventKind, AsyncEvents, EventSource};
 pub use mr::{AccessFlags, AccessMode, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr, RemoteWritable};
 pub use pd::ProtectionDomain;
 pub use port::{Gid, GidEntry, GidType, LinkLayer, Mtu, PhysState, PortAttr, PortState};
-pub use qp::{InitAttr, QpAccess, QpCaps, QpState, QpType, QueuePair, RemoteQpInfo, RtrAttr, RtsAttr, SendOps};
+pub use qp::{
+    InitAttr, QpAccess, QpCaps, QpState, QpType, QueuePair, RemoteQpInfo, RtrAttr, RtsAttr, SendOps, DEFAULT_QKEY,
+};
 pub use queue::{Prepared, PreparedQueue, RecvQueue, ScopedChain, SendQueue, SendScope, SrqQueue};
 pub use srq::SharedReceiveQueue;
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};

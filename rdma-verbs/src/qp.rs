@@ -502,6 +502,13 @@ impl<'a> QueuePairBuilder<'a> {
 }
 
 /// RESET -> INIT attributes. RC and UC QPs use `access`, UD QPs use `qkey`.
+///
+/// ```
+/// use rdma_verbs::{InitAttr, DEFAULT_QKEY};
+///
+/// // A UD peer sends with the Q_Key the receiver's QP was given at INIT.
+/// assert_eq!(InitAttr::default().qkey, DEFAULT_QKEY);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InitAttr {
     /// The local port, from 1 (default 1).

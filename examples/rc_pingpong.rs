@@ -84,7 +84,7 @@ struct Options {
     iters: u64,
     sl: u8,
     events: bool,
-    gid_index: Option<u8>,
+    gid_index: Option<u32>,
     handshake: bool,
     timeout: Duration,
     server: Option<String>,
@@ -205,7 +205,7 @@ type AnyError = Box<dyn std::error::Error>;
 /// This side's address, as the exchange sends it, and the GID index it sends from.
 struct Local {
     info: RemoteQpInfo,
-    sgid_index: u8,
+    sgid_index: u32,
 }
 
 fn local_address(ctx: &Context, qp: &QueuePair, o: &Options, psn: u32) -> Result<Local, AnyError> {
@@ -214,10 +214,10 @@ fn local_address(ctx: &Context, qp: &QueuePair, o: &Options, psn: u32) -> Result
         return Err(format!("port {} has no LID (is the subnet manager running?)", o.ib_port).into());
     }
     let (sgid_index, gid) = match o.gid_index {
-        Some(i) => (i, ctx.query_gid(o.ib_port, u32::from(i))?.gid),
+        Some(i) => (i, ctx.query_gid(o.ib_port, i)?.gid),
         None if port.is_ethernet() => {
             let e = ctx.default_gid(o.ib_port)?;
-            (u8::try_from(e.index)?, e.gid)
+            (e.index, e.gid)
         }
         // Like the C tool without -g: no GID, addressed by LID.
         None => (0, Gid::default()),

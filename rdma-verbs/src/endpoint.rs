@@ -678,8 +678,9 @@ impl<'a> Handshake<'a> {
         self
     }
 
-    /// Sends from this GID index instead of the one chosen automatically.
-    pub fn gid_index(mut self, index: u8) -> Self {
+    /// Sends from this GID index (a [`GidEntry::index`](crate::GidEntry::index)) instead
+    /// of the one chosen automatically.
+    pub fn gid_index(mut self, index: u32) -> Self {
         self.gid_index = Some(index);
         self
     }
@@ -715,18 +716,17 @@ impl<'a> Handshake<'a> {
     }
 
     /// The port's attributes, the GID index to send from, and the endpoint to send.
-    fn local(&self) -> Result<(PortAttr, u8, Endpoint)> {
+    fn local(&self) -> Result<(PortAttr, u32, Endpoint)> {
         const VERB: Verb = Verb::Handshake;
         let ctx = self.qp.context();
         let port_num = self.init.port;
         let port = ctx.query_port(port_num)?;
         let entry = match self.gid_index {
-            Some(i) => ctx.query_gid(port_num, u32::from(i))?,
+            Some(i) => ctx.query_gid(port_num, i)?,
             None if port.is_ethernet() => ctx.default_gid(port_num)?,
             None => ctx.query_gid(port_num, 0)?,
         };
-        let sgid_index = u8::try_from(entry.index)
-            .map_err(|_| Error::invalid(VERB, format!("GID index {} does not fit in 8 bits", entry.index)))?;
+        let sgid_index = entry.index;
         let mtu = match port.active_mtu {
             Mtu::Unknown(_) => self.max_mtu,
             active => min_mtu(self.max_mtu, active),
@@ -754,7 +754,7 @@ impl<'a> Handshake<'a> {
 
     /// How to reach `peer` from `port`: by GID on RoCE (the only way there), by LID on
     /// InfiniBand when the peer has one, else by GID (another subnet).
-    fn route(&self, port: &PortAttr, sgid_index: u8, local: &Endpoint, peer: &Endpoint) -> Result<Remote, WireError> {
+    fn route(&self, port: &PortAttr, sgid_index: u32, local: &Endpoint, peer: &Endpoint) -> Result<Remote, WireError> {
         if peer.transport != local.transport {
             return Err(WireError::Incompatible(format!(
                 "the peer's QP is {}, this one is {}: both sides must use the same transport",

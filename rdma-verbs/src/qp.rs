@@ -1054,7 +1054,7 @@ impl QueuePair {
             path_mtu: mtu.to_ffi(),
             dest_qp_num: attr.dest_qpn,
             rq_psn: attr.rq_psn,
-            ah_attr: path.to_ffi(),
+            ah_attr: path.raw(Verb::ModifyQp)?,
             max_dest_rd_atomic: attr.max_dest_rd_atomic.min(self.inner.max_qp_rd_atom),
             min_rnr_timer: attr.min_rnr_timer,
             ..Default::default()
@@ -1129,11 +1129,7 @@ impl QueuePair {
         let ctx = self.context();
         let port = ctx.query_port(init.port)?;
         let path = if port.is_ethernet() {
-            let sgid = ctx.default_gid(init.port)?.index;
-            let sgid = u8::try_from(sgid).map_err(|_| {
-                Error::invalid(Verb::ModifyQp, format!("the default GID index {sgid} does not fit in 8 bits"))
-            })?;
-            Remote::gid(remote.gid, sgid)
+            Remote::gid(remote.gid, ctx.default_gid(init.port)?.index)
         } else {
             Remote::lid(remote.lid)
         };

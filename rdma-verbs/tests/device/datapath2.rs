@@ -382,8 +382,7 @@ fn ud_datagrams_arrive_after_a_40_byte_grh_from_the_senders_qp_and_a_wrong_qkey_
     let mtu = ctx.query_port(1).unwrap().active_mtu.bytes() as usize;
     assert!(mtu >= 256, "active MTU {mtu}");
     let peer = b.local_info(1, 0).unwrap();
-    let sgid = u8::try_from(gid_index()).unwrap();
-    let ah = AddressHandle::new(&pd, &AhAttr::global(1, peer.gid, sgid)).unwrap();
+    let ah = AddressHandle::new(&pd, &AhAttr::global(1, peer.gid, gid_index())).unwrap();
     let (mut sq, mut rq) = (a.send_queue::<Chunk>().unwrap(), b.recv_queue::<Chunk>().unwrap());
 
     for (i, mut c) in chunks(&pd, 4, GRH + mtu, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {

@@ -295,7 +295,7 @@ fn peer_killed_mid_transfer_fails_every_outstanding_request_exactly_once_within_
     // INIT, RTR and RTS by hand: RTS takes the small timeout and retry count.
     let me = qp.local_info(1, 0x777).unwrap();
     qp.to_init(&InitAttr::default()).unwrap();
-    let sgid = u8::try_from(ctx.default_gid(1).unwrap().index).unwrap();
+    let sgid = ctx.default_gid(1).unwrap().index;
     qp.to_rtr(&RtrAttr::new(Remote::gid(them.gid, sgid), them.qpn, them.psn)).unwrap();
     let rts = RtsAttr { sq_psn: me.psn, timeout: TIMEOUT, retry_cnt: RETRY_CNT, rnr_retry: 7, ..RtsAttr::default() };
     qp.to_rts(&rts).unwrap();

@@ -155,7 +155,7 @@ fn pass_send(
 /// The path to a peer on port 1: by the device's GID on RoCE, by LID on InfiniBand.
 fn path_to(ctx: &Context, peer: &RemoteQpInfo) -> Remote {
     if ctx.query_port(1).unwrap().is_ethernet() {
-        Remote::gid(peer.gid, u8::try_from(gid_index()).unwrap())
+        Remote::gid(peer.gid, gid_index())
     } else {
         Remote::lid(peer.lid)
     }
@@ -357,6 +357,9 @@ fn illegal_transitions_are_refused_before_c_and_the_qp_stays_usable() {
         assert!(invalid_text(qp.to_rtr(&by_lid).unwrap_err(), "ibv_modify_qp").contains("addressed by GID"));
         let past = RtrAttr::new(Remote::gid(info.gid, 255), info.qpn, 5);
         assert!(invalid_text(qp.to_rtr(&past).unwrap_err(), "ibv_modify_qp").contains("sgid_index 255"));
+        let wide = RtrAttr::new(Remote::gid(info.gid, 256), info.qpn, 5);
+        let text = invalid_text(qp.to_rtr(&wide).unwrap_err(), "ibv_modify_qp");
+        assert!(text.contains("sgid_index 256 does not fit the 8 bits"), "{text}");
     }
     assert_eq!(qp.state().unwrap(), QpState::Init);
 
@@ -591,15 +594,14 @@ fn address_handle_is_checked_against_the_port_created_and_destroyed() {
     };
     if port.is_ethernet() {
         refused(AhAttr::new(1, Remote::lid(1)), "addressed by GID");
-        refused(AhAttr::global(1, Gid::default(), gid_index() as u8), "all zero");
-        refused(AhAttr::global(1, me.gid, u8::MAX), "sgid_index 255");
-        let flow = Remote::Gid {
-            gid: me.gid,
-            sgid_index: gid_index() as u8,
-            hop_limit: 1,
-            traffic_class: 0,
-            flow_label: 1 << 20,
-        };
+        refused(AhAttr::global(1, Gid::default(), gid_index()), "all zero");
+        refused(AhAttr::global(1, me.gid, u32::from(u8::MAX)), "sgid_index 255");
+        // GidEntry::index is a u32, and so is what AhAttr::global takes; one that does not fit
+        // the C field's 8 bits is refused before C, for an address handle and at RTR alike.
+        let wide = ctx.default_gid(1).unwrap().index + 256;
+        refused(AhAttr::global(1, me.gid, wide), &format!("sgid_index {wide} does not fit the 8 bits"));
+        let flow =
+            Remote::Gid { gid: me.gid, sgid_index: gid_index(), hop_limit: 1, traffic_class: 0, flow_label: 1 << 20 };
         refused(AhAttr::new(1, flow), "20 bits");
     } else {
         refused(AhAttr::new(1, Remote::lid(0)), "LID 0");

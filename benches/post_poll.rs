@@ -286,7 +286,7 @@ fn benches(c: &mut Criterion) {
     let target: MemoryRegion<AlignedBuf, RemoteWritable> = pd
         .register_remote_writable(AlignedBuf::new(4096).unwrap(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
-    let remote = target.remote();
+    let remote = target.remote().unwrap();
     let src: Arc<Chunk> = Arc::new(
         pd.register(AlignedBuf::new(4096).unwrap(), AccessFlags::LOCAL_WRITE)
             .unwrap()

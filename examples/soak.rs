@@ -303,7 +303,7 @@ impl Pair {
         let b_chunks = pd.register(AlignedBuf::new(lanes_len)?, AccessFlags::LOCAL_WRITE)?.into_chunks(SLOT)?;
         let region_access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
         let b_region = pd.register_remote_writable(AlignedBuf::new(lanes_len)?, region_access)?;
-        let remote = b_region.remote();
+        let remote = b_region.remote()?;
 
         let mut pair = Pair {
             index,

@@ -395,7 +395,7 @@ impl Bw {
                 AlignedBuf::new(size)?,
                 AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
             )?;
-            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(region.remote()).connect(stream)?;
+            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(region.remote()?).connect(stream)?;
             held.push((qp, region));
         }
         perftest::barrier(stream, true).map_err(|e| format!("the client did not finish its run: {e}"))?;
@@ -417,7 +417,7 @@ impl Bw {
                 *b = p;
             }
             let region = pd.register(buf, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
-            self.f.common.handshake(&qp, QpAccess::REMOTE_READ).advertise(region.remote()).connect(stream)?;
+            self.f.common.handshake(&qp, QpAccess::REMOTE_READ).advertise(region.remote()?).connect(stream)?;
             held.push((qp, region));
         }
         perftest::barrier(stream, true).map_err(|e| format!("the client did not finish its run: {e}"))?;
@@ -649,7 +649,7 @@ impl Bw {
             let credit =
                 pd.register_remote_writable(AlignedBuf::new(8)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
             credit.atomic_u64(0)?;
-            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(credit.remote()).connect(stream)?;
+            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(credit.remote()?).connect(stream)?;
             let bufs = pd.register(AlignedBuf::new(size * pool as usize)?, AccessFlags::LOCAL_WRITE)?;
             let mut bufs = bufs.into_chunks(size)?;
             for b in &mut bufs {

@@ -597,10 +597,10 @@ fn lat_side(
         pd.register_remote_writable(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
     // `_read_src` lives to the end: the peer reads it until the barrier.
     let (hs, _read_src) = match test {
-        LatTest::Write => (c.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(target.remote()), None),
+        LatTest::Write => (c.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(target.remote()?), None),
         LatTest::Read => {
             let src = pd.register(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
-            (c.handshake(&qp, QpAccess::REMOTE_READ).advertise(src.remote()), Some(src))
+            (c.handshake(&qp, QpAccess::REMOTE_READ).advertise(src.remote()?), Some(src))
         }
         LatTest::Send => (c.handshake(&qp, QpAccess::empty()), None),
     };

@@ -220,7 +220,7 @@ fn rdma_write_of_0_1_4095_4096_4097_bytes_and_4_mib_lands_byte_exact_at_an_odd_o
     // 7: the remote address is not aligned to anything.
     let (off, slack) = (7, 64);
     let mut t = target(&pd, off + big + slack);
-    let remote = t.remote().slice(off as u64..).unwrap();
+    let remote = t.remote().unwrap().slice(off as u64..).unwrap();
     let mut src = chunks(&pd, 1, big, AccessFlags::LOCAL_WRITE).pop().unwrap();
     for (i, n) in SIZES.into_iter().chain([big]).enumerate() {
         let data = bytes(i as u64 + 100, n);
@@ -268,7 +268,7 @@ fn a_message_gathered_from_two_regions_is_scattered_into_two_other_regions_by_se
 
     // RDMA WRITE bytes 500..7500 of x|y to a remote region.
     let mut t = target(&pd, 8192);
-    let remote = t.remote();
+    let remote = t.remote().unwrap();
     posted(a.sq.post(SendWr::write([x, y], 500..7500, remote)));
     let [x, y] = sent_one(&mut a.sq, &mut a.scq).buf;
     same(&read_back(&t, 0, 7000), &data[500..7500], "WRITE gathered from two regions");
@@ -349,7 +349,7 @@ fn send_with_imm_and_write_with_imm_deliver_the_immediate_and_write_with_imm_con
         src[..n].copy_from_slice(&data);
         dst.fill(UNTOUCHED);
         posted(b.rq.post(dst, 0..4096, 50 + i as u64));
-        posted(a.sq.post(SendWr::write(src, 0..n, t.remote().slice(1000..).unwrap()).imm(imm)));
+        posted(a.sq.post(SendWr::write(src, 0..n, t.remote().unwrap().slice(1000..).unwrap()).imm(imm)));
         src = sent_one(&mut a.sq, &mut a.cq).buf;
         let (wc, got) = received(&mut b.rq, &mut b.cq);
         assert_eq!((wc.opcode(), wc.imm_data()), (WcOpcode::RecvRdmaWithImm, Some(imm)), "{wc:?}");
@@ -906,7 +906,7 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     let mut t = target(&pd, 8192);
     let tdata = bytes(110, 8192);
     t.write_at(0, &tdata).unwrap();
-    let remote = t.remote();
+    let remote = t.remote().unwrap();
     let mut bufs = chunks(&pd, 5, 4096, AccessFlags::LOCAL_WRITE);
 
     // RDMA READ into a range past the chunk's end, or starting past it, or longer than
@@ -978,8 +978,10 @@ fn reversed_ranges_are_refused_before_c_for_receive_send_and_read() {
         Err(Refused { error: e, value: _c }) => assert!(invalid_text(&e).contains("10..5"), "{e}"),
         Ok(()) => panic!("a receive into 10..5 of a chunk was posted (as a zero-length receive)"),
     }
-    let wrs =
-        [SendWr::send(bufs.pop().unwrap(), reversed.clone()), SendWr::read(bufs.pop().unwrap(), reversed, t.remote())];
+    let wrs = [
+        SendWr::send(bufs.pop().unwrap(), reversed.clone()),
+        SendWr::read(bufs.pop().unwrap(), reversed, t.remote().unwrap()),
+    ];
     for (wr, what) in wrs.into_iter().zip(["SEND", "READ"]) {
         match a.sq.post(wr) {
             Err(Refused { error: e, .. }) => assert!(invalid_text(&e).contains("10..5"), "{what}: {e}"),
@@ -1023,7 +1025,7 @@ fn full_queues_refuse_before_c_and_take_the_refused_work_once_completions_free_a
     // comes back; after the one completion releases all of them it posts.
     let depth = a.qp.caps().max_send_wr as usize;
     let t = target(&pd, (depth + 1) * 64);
-    let remote = t.remote();
+    let remote = t.remote().unwrap();
     let mut srcs = chunks(&pd, depth + 1, 64, AccessFlags::LOCAL_WRITE);
     for (i, s) in srcs.iter_mut().enumerate() {
         s.copy_from_slice(&message(4, i as u64, 64));
@@ -1116,7 +1118,7 @@ fn signaling_every_16th_of_256_writes_releases_each_run_of_16_in_order() {
     const MODERATION: u64 = 16;
     const LEN: usize = 64;
     let t = target(&pd, N as usize * LEN);
-    let remote = t.remote();
+    let remote = t.remote().unwrap();
     // perftest's shape: a tx depth of 64 buffers, post while there is room, poll otherwise.
     let mut pool = chunks(&pd, 64, LEN, AccessFlags::LOCAL_WRITE);
     let (mut next, mut released, mut completions) = (0u64, Vec::new(), 0);
@@ -1165,7 +1167,10 @@ fn a_fenced_write_batched_after_a_read_of_the_same_bytes_lets_the_read_return_th
     let mut bufs = chunks(&pd, 2, 1024, AccessFlags::LOCAL_WRITE);
     let (mut src, rd) = (bufs.pop().unwrap(), bufs.pop().unwrap());
     src.copy_from_slice(&new);
-    let wrs = [SendWr::read(rd, 0..1024, t.remote()).id(1), SendWr::write(src, 0..1024, t.remote()).fence().id(2)];
+    let wrs = [
+        SendWr::read(rd, 0..1024, t.remote().unwrap()).id(1),
+        SendWr::write(src, 0..1024, t.remote().unwrap()).fence().id(2),
+    ];
     assert_eq!(a.sq.post_batch(wrs).unwrap(), 2);
     let mut done = Vec::new();
     while done.len() < 2 {
@@ -1187,7 +1192,7 @@ fn an_errored_qp_flushes_every_outstanding_send_once_and_reports_none_as_success
     // The peer is reset: nothing it is sent is ever acknowledged.
     b.qp.reset().unwrap();
     for (i, c) in chunks(&pd, 32, 64, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
-        let wr = SendWr::write(c, 0..64, t.remote().slice(i as u64 * 64..).unwrap()).id(i as u64);
+        let wr = SendWr::write(c, 0..64, t.remote().unwrap().slice(i as u64 * 64..).unwrap()).id(i as u64);
         posted(a.sq.post(wr.signaled(i % 8 == 7)));
     }
     a.qp.to_error().unwrap();

@@ -78,7 +78,7 @@ fn rc_side(mut tcp: TcpStream, seed: u8, peer_seed: u8, mtu: Mtu) -> rdma_verbs:
     let target = pd
         .register_remote_writable(AlignedBuf::new(4096).unwrap(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
-    let hs = Handshake::new(&qp).access(QpAccess::REMOTE_WRITE).advertise(target.remote()).max_mtu(mtu);
+    let hs = Handshake::new(&qp).access(QpAccess::REMOTE_WRITE).advertise(target.remote().unwrap()).max_mtu(mtu);
     hs.init().unwrap();
     let mut rq: RecvQueue<Chunk> = qp.recv_queue().unwrap();
     let mut sq: SendQueue<Chunk> = qp.send_queue().unwrap();

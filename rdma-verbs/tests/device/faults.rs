@@ -191,7 +191,7 @@ fn qp_peer() {
         .register_remote_writable(AlignedBuf::new(MSG).unwrap(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
     let me = qp.local_info(1, 0x4242).unwrap();
-    println!("{INFO} {} {}", hex(&me.to_bytes()), hex(&target.remote().to_bytes()));
+    println!("{INFO} {} {}", hex(&me.to_bytes()), hex(&target.remote().unwrap().to_bytes()));
     let them = unhex::<{ RemoteQpInfo::WIRE_LEN }>(&read_parent(INFO)).unwrap_or_else(|e| panic!("parent's info: {e}"));
     let init = InitAttr { access: QpAccess::REMOTE_WRITE, ..InitAttr::default() };
     let them = RemoteQpInfo::from_bytes(&them).unwrap_or_else(|e| panic!("parent's QP: {e}"));

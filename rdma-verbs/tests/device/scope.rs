@@ -49,7 +49,7 @@ fn a_chain_of_borrowed_sources_posted_many_times_per_scope_lands_each_scopes_byt
             .send_scope(&mut cq, 32, |s| {
                 let mut chain = s.chain();
                 for (k, c) in srcs.iter().enumerate() {
-                    chain.write(c, 0..LEN, t.remote().slice((k * LEN) as u64..).unwrap()).unwrap();
+                    chain.write(c, 0..LEN, t.remote().unwrap().slice((k * LEN) as u64..).unwrap()).unwrap();
                 }
                 chain.signal_last_only();
                 let mut posts = 0;
@@ -84,7 +84,7 @@ fn a_scope_left_early_or_by_a_panic_drains_before_returning_and_frees_the_send_s
     // Left with 20 requests posted and none polled: the scope waits for them.
     qp.send_scope(&mut cq, 32, |s| {
         let mut chain = s.chain();
-        chain.write(&src, 0..4096, t.remote()).unwrap();
+        chain.write(&src, 0..4096, t.remote().unwrap()).unwrap();
         for _ in 0..20 {
             s.post(&mut chain).unwrap();
         }
@@ -100,7 +100,7 @@ fn a_scope_left_early_or_by_a_panic_drains_before_returning_and_frees_the_send_s
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         qp.send_scope(&mut cq, 32, |s| {
             let mut chain = s.chain();
-            chain.write(&src, 0..4096, t.remote()).unwrap().send(&src, 0..16).unwrap();
+            chain.write(&src, 0..4096, t.remote().unwrap()).unwrap().send(&src, 0..16).unwrap();
             s.post(&mut chain).unwrap();
             panic!("the scope's closure panics with requests posted");
         })
@@ -135,13 +135,13 @@ fn a_scope_refuses_another_cq_a_shared_cq_and_a_full_depth_before_c() {
     qp.send_scope(&mut cq_a, 4, |s| {
         let mut chain = s.chain();
         for _ in 0..3 {
-            chain.write(&src, 0..64, t.remote()).unwrap();
+            chain.write(&src, 0..64, t.remote().unwrap()).unwrap();
         }
         s.post(&mut chain).unwrap();
         let e = s.post(&mut chain).unwrap_err();
         assert!(e.to_string().contains("full"), "{e}");
         assert_eq!(s.outstanding(), 3, "the refused chain posted nothing");
-        let e = s.chain().write(&src, 0..65, t.remote()).err().unwrap();
+        let e = s.chain().write(&src, 0..65, t.remote().unwrap()).err().unwrap();
         assert!(e.to_string().contains("outside a 64-byte buffer"), "{e}");
         s.wait_all().unwrap();
     })
@@ -156,7 +156,7 @@ fn an_errored_qp_inside_a_scope_flushes_every_request_and_the_scope_counts_them_
     qp.send_scope(&mut cq, 32, |s| {
         let mut chain = s.chain();
         for _ in 0..8 {
-            chain.write(&src, 0..64, t.remote()).unwrap();
+            chain.write(&src, 0..64, t.remote().unwrap()).unwrap();
         }
         chain.signal_last_only();
         s.post(&mut chain).unwrap();
@@ -181,7 +181,7 @@ fn a_qp_reset_inside_a_scope_discards_its_requests_and_the_scope_still_ends_afte
     let started = std::time::Instant::now();
     qp.send_scope(&mut cq, 32, |s| {
         let mut chain = s.chain();
-        chain.write(&src, 0..64, t.remote()).unwrap();
+        chain.write(&src, 0..64, t.remote().unwrap()).unwrap();
         for _ in 0..4 {
             s.post(&mut chain).unwrap();
         }

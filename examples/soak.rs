@@ -290,13 +290,21 @@ impl Pair {
                 return Err(format!("a CQ of {} entries, asked for {depth}", cq.cqe()).into());
             }
         }
-        let a = QueuePair::builder(pd, QpType::Rc, &a_cq, &a_cq).max_send_wr(depth).max_recv_wr(1).build()?;
-        let b = QueuePair::builder(pd, QpType::Rc, &b_cq, &b_cq).max_send_wr(1).max_recv_wr(depth).build()?;
         let psn = |i: usize| (0x1000 + i as u32 * 0x100) & 0xFF_FFFF;
-        let (ia, ib) = (a.local_info(o.ib_port, psn(2 * index))?, b.local_info(o.ib_port, psn(2 * index + 1))?);
-        a.connect(&InitAttr { port: o.ib_port, ..InitAttr::default() }, ia.psn, &ib)?;
+        let a = QueuePair::builder(pd, QpType::Rc, &a_cq, &a_cq)
+            .max_send_wr(depth)
+            .max_recv_wr(1)
+            .psn(psn(2 * index))
+            .build()?;
+        let b = QueuePair::builder(pd, QpType::Rc, &b_cq, &b_cq)
+            .max_send_wr(1)
+            .max_recv_wr(depth)
+            .psn(psn(2 * index + 1))
+            .build()?;
+        let (ia, ib) = (a.local_info(o.ib_port)?, b.local_info(o.ib_port)?);
+        a.connect(&InitAttr { port: o.ib_port, ..InitAttr::default() }, &ib)?;
         let b_access = QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ;
-        b.connect(&InitAttr { port: o.ib_port, access: b_access, ..InitAttr::default() }, ib.psn, &ia)?;
+        b.connect(&InitAttr { port: o.ib_port, access: b_access, ..InitAttr::default() }, &ia)?;
 
         let lanes_len = depth as usize * SLOT;
         let a_chunks = pd.register(AlignedBuf::new(lanes_len)?, AccessFlags::LOCAL_WRITE)?.into_chunks(SLOT)?;

@@ -59,9 +59,8 @@
 //! other is told why instead of waiting for a message that will not come.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Read, Write};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use crate::ah::{AddressHandle, AhAttr, Remote};
 use crate::error::{Error, Result, Verb};
@@ -546,37 +545,30 @@ fn give_up<S: Write + ?Sized, T>(stream: &mut S, status: Status, err: Error) -> 
     Err(err)
 }
 
-/// A random 24-bit PSN. Starting PSNs should differ between connections, so that
-/// packets of an old connection are not taken for the new one's.
-pub fn random_psn() -> u32 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    h.write_u128(now);
-    h.write_u32(std::process::id());
-    (h.finish() & u64::from(MAX_PSN)) as u32
-}
-
 // ---- the handshake -----------------------------------------------------------------
 
 /// Brings a QP up with a peer over a byte stream. Build it with the QP, set what differs
 /// from the defaults, then call [`connect`](Self::connect) (RC, UC) or
 /// [`ready_ud`](Self::ready_ud) (UD) on each side.
 ///
-/// Defaults: port 1, a [random PSN](random_psn), no remote access, path MTU up to 4096
+/// The PSN it sends from and advertises is the QP's own, chosen when the QP was built
+/// ([`QueuePair::psn`]; fix it with [`QueuePairBuilder::psn`]).
+///
+/// Defaults: port 1, no remote access, path MTU up to 4096
 /// (and never above the port's active MTU), the GID of [`Context::default_gid`] on RoCE
 /// (index 0 on InfiniBand), Q_Key [`DEFAULT_QKEY`], P_Key index 0, service level 0, no
 /// memory region advertised.
 ///
 /// [`Context::default_gid`]: crate::Context::default_gid
 /// [`DEFAULT_QKEY`]: crate::qp::DEFAULT_QKEY
+/// [`QueuePairBuilder::psn`]: crate::qp::QueuePairBuilder::psn
 #[must_use = "a handshake does nothing until connect() or ready_ud() is called"]
 #[derive(Debug, Clone)]
 pub struct Handshake<'a> {
     qp: &'a QueuePair,
     init: InitAttr,
-    psn: u32,
     max_mtu: Mtu,
-    gid_index: Option<u8>,
+    gid_index: Option<u32>,
     mr: Option<RemoteMr>,
     sl: u8,
     rts: RtsAttr,
@@ -630,7 +622,6 @@ impl<'a> Handshake<'a> {
         Handshake {
             qp,
             init: InitAttr::default(),
-            psn: random_psn(),
             max_mtu: Mtu::Mtu4096,
             gid_index: None,
             mr: None,
@@ -642,12 +633,6 @@ impl<'a> Handshake<'a> {
     /// The local port, from 1 (default 1).
     pub fn port(mut self, port: u8) -> Self {
         self.init.port = port;
-        self
-    }
-
-    /// The first PSN this side sends (24 bits; default random).
-    pub fn psn(mut self, psn: u32) -> Self {
-        self.psn = psn;
         self
     }
 
@@ -699,7 +684,7 @@ impl<'a> Handshake<'a> {
     }
 
     /// RC timeouts and retry counts for RTS (default [`RtsAttr::default`]); its
-    /// `sq_psn` is replaced by the handshake's PSN.
+    /// `sq_psn` is replaced by the QP's PSN ([`QueuePair::psn`]).
     pub fn rts(mut self, rts: RtsAttr) -> Self {
         self.rts = rts;
         self
@@ -735,7 +720,7 @@ impl<'a> Handshake<'a> {
         let local = Endpoint {
             transport: self.qp.qp_type(),
             qpn: self.qp.qp_num(),
-            psn: self.psn,
+            psn: self.qp.psn(),
             qkey: if is_ud { self.init.qkey } else { 0 },
             lid: port.lid,
             gid: entry.gid,
@@ -798,7 +783,7 @@ impl<'a> Handshake<'a> {
         };
         let path_mtu = min_mtu(local.mtu, remote.mtu);
         let rtr = RtrAttr { port: self.init.port, sl: self.sl, path_mtu, ..RtrAttr::new(path, remote.qpn, remote.psn) };
-        let up = self.qp.to_rtr(&rtr).and_then(|()| self.qp.to_rts(&RtsAttr { sq_psn: self.psn, ..self.rts }));
+        let up = self.qp.to_rtr(&rtr).and_then(|()| self.qp.to_rts(&RtsAttr { sq_psn: self.qp.psn(), ..self.rts }));
         if let Err(e) = up {
             return give_up(stream, Status::Failed, e);
         }
@@ -825,7 +810,7 @@ impl<'a> Handshake<'a> {
             self.qp.to_rtr_ud()?;
         }
         if self.qp.state()? == QpState::Rtr {
-            self.qp.to_rts(&RtsAttr { sq_psn: self.psn, ..self.rts })?;
+            self.qp.to_rts(&RtsAttr { sq_psn: self.qp.psn(), ..self.rts })?;
         }
         let remote = match exchange(stream, &local) {
             Ok(r) => r,
@@ -1186,13 +1171,6 @@ mod tests {
         let mut mine = [0u8; STATUS_LEN];
         b.read_exact(&mut mine).unwrap();
         assert_eq!(Status::from_bytes(&mine), Ok(Status::Ready), "this side still told the peer");
-    }
-
-    #[test]
-    fn random_psns_fit_in_24_bits_and_vary() {
-        let psns: Vec<u32> = (0..16).map(|_| random_psn()).collect();
-        assert!(psns.iter().all(|&p| p <= MAX_PSN));
-        assert!(psns.windows(2).any(|w| w[0] != w[1]));
     }
 
     const PINGPONG_MSG: &[u8; 52] = b"0011:000012:abcdef:00000000000000000000ffff0a630001\0";

@@ -12,9 +12,10 @@
 //! let mut cq = CompletionQueue::new(&ctx, 64)?;
 //! let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).build()?;
 //! // Connect it: QueuePair::connect with the peer's QueuePair::local_info (exchanged by
-//! // the endpoint handshake or rdma_cm). Here it talks to itself.
-//! let me = qp.local_info(1, 0)?;
-//! qp.connect(&InitAttr::default(), me.psn, &me)?;
+//! // the endpoint handshake or rdma_cm), sending from the PSN local_info advertised.
+//! // Here it talks to itself.
+//! let me = qp.local_info(1)?;
+//! qp.connect(&InitAttr::default(), &me)?;
 //!
 //! // Register memory once and cut it into chunks: the currency of the safe data path.
 //! let mut bufs: Vec<Chunk> = pd.register(AlignedBuf::new(8192)?, AccessFlags::LOCAL_WRITE)?.into_chunks(4096)?;

@@ -42,9 +42,9 @@ pub fn rc_pair_with<T: rdma_verbs::queue::SendBuf>(
     let (cq_a, a) = make();
     let (cq_b, b) = make();
     let init = InitAttr { access, ..InitAttr::default() };
-    let (ia, ib) = (a.local_info(1, 0x111).unwrap(), b.local_info(1, 0x222).unwrap());
-    a.connect(&init, ia.psn, &ib).unwrap();
-    b.connect(&init, ib.psn, &ia).unwrap();
+    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
+    a.connect(&init, &ib).unwrap();
+    b.connect(&init, &ia).unwrap();
     let side = |cq, qp: QueuePair| Side { sq: qp.send_queue().unwrap(), rq: qp.recv_queue().unwrap(), cq, qp };
     (pd, side(cq_a, a), side(cq_b, b))
 }

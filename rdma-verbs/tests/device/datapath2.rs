@@ -67,9 +67,9 @@ fn connected<S: SendBuf, R: ExclusiveBuf>(
 
 fn connect(a: &QueuePair, b: &QueuePair, access: QpAccess) {
     let init = InitAttr { access, ..InitAttr::default() };
-    let (ia, ib) = (a.local_info(1, 0x321).unwrap(), b.local_info(1, 0x654).unwrap());
-    a.connect(&init, ia.psn, &ib).unwrap();
-    b.connect(&init, ib.psn, &ia).unwrap();
+    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
+    a.connect(&init, &ib).unwrap();
+    b.connect(&init, &ia).unwrap();
 }
 
 /// A region of `len` bytes that peers may write and read, filled with [`UNTOUCHED`].
@@ -377,11 +377,11 @@ fn ud_datagrams_arrive_after_a_40_byte_grh_from_the_senders_qp_and_a_wrong_qkey_
     let b = QueuePair::builder(&pd, QpType::Ud, &cq_b, &cq_b).max_send_wr(32).max_recv_wr(32).build().unwrap();
     let qkey = 0x1357_2468;
     let init = InitAttr { qkey, ..InitAttr::default() };
-    a.ready_ud(&init, 0).unwrap();
-    b.ready_ud(&init, 0).unwrap();
+    a.ready_ud(&init).unwrap();
+    b.ready_ud(&init).unwrap();
     let mtu = ctx.query_port(1).unwrap().active_mtu.bytes() as usize;
     assert!(mtu >= 256, "active MTU {mtu}");
-    let peer = b.local_info(1, 0).unwrap();
+    let peer = b.local_info(1).unwrap();
     let ah = AddressHandle::new(&pd, &AhAttr::global(1, peer.gid, gid_index())).unwrap();
     let (mut sq, mut rq) = (a.send_queue::<Chunk>().unwrap(), b.recv_queue::<Chunk>().unwrap());
 

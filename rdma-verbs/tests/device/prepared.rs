@@ -280,8 +280,8 @@ fn a_ud_qp_refuses_a_send_without_an_address_handle_and_an_rc_qp_one_with_it_bef
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let mut cq = CompletionQueue::new(&ctx, 64).unwrap();
     let ud = QueuePair::builder(&pd, rdma_verbs::QpType::Ud, &cq, &cq).max_send_wr(8).max_recv_wr(8).build().unwrap();
-    ud.ready_ud(&rdma_verbs::InitAttr { qkey: 0x11, ..Default::default() }, 0).unwrap();
-    let ah_attr = rdma_verbs::AhAttr::global(1, ud.local_info(1, 0).unwrap().gid, crate::gid_index());
+    ud.ready_ud(&rdma_verbs::InitAttr { qkey: 0x11, ..Default::default() }).unwrap();
+    let ah_attr = rdma_verbs::AhAttr::global(1, ud.local_info(1).unwrap().gid, crate::gid_index());
     let ah = rdma_verbs::AddressHandle::new(&pd, &ah_attr).unwrap();
     let mut bufs = chunks(&pd, 2, 64, AccessFlags::LOCAL_WRITE);
     let what = |e: &Error| e.to_string();

@@ -24,8 +24,9 @@
 //! No CQ can overrun, by construction: A's CQ gets only A's send completions (every send
 //! is signaled, at most one per lane: at most D), B's CQ gets only B's receive
 //! completions (B keeps exactly D receives posted and reposts one only after taking its
-//! completion: at most D). Each CQ is created with D entries and the program checks the
-//! provider gave at least that. B never runs out of receives: a lane's message consumes a
+//! completion: at most D). Each CQ is created with D + 1 entries, room for its QP's
+//! queues as built (D one way, 1 the other, which building the QP checks), and the program
+//! checks the provider gave at least that. B never runs out of receives: a lane's message consumes a
 //! receive, and the lane waits until B has taken it before its next message.
 //!
 //! Every ~10 s it prints ops, bytes, errors and RSS on stderr. At the end it drains every
@@ -282,12 +283,13 @@ fn slot_of(remote: &RemoteMr, lane: usize, len: usize) -> Result<RemoteMr, AnyEr
 impl Pair {
     fn new(ctx: &Context, pd: &ProtectionDomain, o: &Opts, index: usize, seed: u64) -> Result<Pair, AnyError> {
         let depth = o.depth;
-        // CQ depth: see the module docs; at most `depth` completions can be waiting.
-        let a_cq = CompletionQueue::new(ctx, depth)?;
-        let b_cq = CompletionQueue::new(ctx, depth)?;
+        // CQ depth: see the module docs; at most `depth` completions can be waiting, and the
+        // QP's other queue (depth 1) has its share too.
+        let a_cq = CompletionQueue::new(ctx, depth + 1)?;
+        let b_cq = CompletionQueue::new(ctx, depth + 1)?;
         for cq in [&a_cq, &b_cq] {
-            if cq.cqe() < depth {
-                return Err(format!("a CQ of {} entries, asked for {depth}", cq.cqe()).into());
+            if cq.cqe() < depth + 1 {
+                return Err(format!("a CQ of {} entries, asked for {}", cq.cqe(), depth + 1).into());
             }
         }
         let psn = |i: usize| (0x1000 + i as u32 * 0x100) & 0xFF_FFFF;

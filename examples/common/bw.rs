@@ -593,7 +593,8 @@ impl Bw {
     /// RDMA WRITEs of one registered source, shared by every request.
     fn write_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
         let pd = ProtectionDomain::new(ctx)?;
-        let mut cq = CompletionQueue::new(ctx, self.f.tx_depth * self.f.qps)?;
+        // Each QP's queues complete here: tx_depth sends and its one receive (build() checks).
+        let mut cq = CompletionQueue::new(ctx, (self.f.tx_depth + 1) * self.f.qps)?;
         let mut src = pd.register(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE)?.into_chunks(size)?.remove(0);
         for (b, p) in src.iter_mut().zip(pattern(size)) {
             *b = p;
@@ -615,7 +616,7 @@ impl Bw {
     /// RDMA READs into a pool of buffers, each checked at the end.
     fn read_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
         let pd = ProtectionDomain::new(ctx)?;
-        let mut cq = CompletionQueue::new(ctx, self.f.tx_depth * self.f.qps)?;
+        let mut cq = CompletionQueue::new(ctx, (self.f.tx_depth + 1) * self.f.qps)?;
         let pool = self.pool_len(size, self.f.tx_depth);
         // RtsAttr's max_rd_atomic is a u8; -o is at most MAX_OUTS (checked).
         let rts = RtsAttr { max_rd_atomic: u8::try_from(self.outs).unwrap_or(u8::MAX), ..RtsAttr::default() };
@@ -640,7 +641,7 @@ impl Bw {
     /// than the server's credit word allows.
     fn send_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
         let pd = ProtectionDomain::new(ctx)?;
-        let mut cq = CompletionQueue::new(ctx, self.f.tx_depth * self.f.qps)?;
+        let mut cq = CompletionQueue::new(ctx, (self.f.tx_depth + 1) * self.f.qps)?;
         let pool = self.pool_len(size, self.f.tx_depth);
         let mut lanes = Vec::with_capacity(self.f.qps as usize);
         for _ in 0..self.f.qps {

@@ -430,6 +430,13 @@ impl<'a> QueuePairBuilder<'a> {
 
     /// Checks the request against the device's limits, then creates the QP
     /// (`ibv_create_qp_ex`). The QP starts in [`QpState::Reset`].
+    ///
+    /// Refused with [`Error::InvalidArgument`] naming [`Verb::CreateQpEx`], before the
+    /// QP is created: sizes beyond the device's limits, a PSN wider than 24 bits, and
+    /// queues that do not fit in their CQs. `max_send_wr` and `max_recv_wr` (their sum
+    /// when one CQ takes both) must fit in the CQ's entries besides those the safe queues
+    /// already claimed on it reserved ([`CompletionQueue::builder`] says why), so the
+    /// defaults (128 + 128) need a CQ of 256 entries.
     #[doc(alias = "ibv_create_qp_ex")]
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
@@ -441,6 +448,25 @@ impl<'a> QueuePairBuilder<'a> {
             let raw = unsafe { ffi::ibv_create_qp_ex(ctx.as_raw(), attr) };
             Ok((conv::ptr(VERB, raw)?, None))
         })
+    }
+
+    /// Refuses a QP whose queues, at the depths asked, cannot fit in their CQs besides
+    /// what the safe queues on those CQs reserved: the claim of such a queue
+    /// ([`QueuePair::send_queue`], [`QueuePair::recv_queue`]) would be refused, and a QP
+    /// driven another way could overrun the CQ.
+    fn check_cq_room(&self, cap: &ffi::ibv_qp_cap) -> Result<()> {
+        const VERB: Verb = Verb::CreateQpEx;
+        let (send, recv) = (u64::from(cap.max_send_wr), u64::from(cap.max_recv_wr));
+        let qp_type = self.req.qp_type;
+        if self.send_cq.as_raw() == self.recv_cq.as_raw() {
+            let what = format!("the {qp_type} QP's send and receive queues (max_send_wr {send} + max_recv_wr {recv})");
+            let smaller = "build the QP with a smaller max_send_wr or max_recv_wr";
+            return self.send_cq.inner.check_room(send + recv, VERB, &what, smaller);
+        }
+        let what = format!("the {qp_type} QP's send queue (max_send_wr {send})");
+        self.send_cq.inner.check_room(send, VERB, &what, "build the QP with a smaller max_send_wr")?;
+        let what = format!("the {qp_type} QP's receive queue (max_recv_wr {recv})");
+        self.recv_cq.inner.check_room(recv, VERB, &what, "build the QP with a smaller max_recv_wr")
     }
 
     /// Checks the request as [`build`](Self::build) does, then creates the QP with
@@ -485,6 +511,7 @@ impl<'a> QueuePairBuilder<'a> {
         };
         let dev = ctx.query_device()?;
         let cap = self.req.check(dev.max_qp_wr, dev.max_sge)?;
+        self.check_cq_room(&cap)?;
 
         let mut comp_mask = ffi::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0;
         let send_ops = self.req.send_ops.unwrap_or_default();

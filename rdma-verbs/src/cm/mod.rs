@@ -21,8 +21,8 @@
 //! id.resolve_route(t)?;
 //! let ctx = id.context()?; // the device rdma_cm chose for that address
 //! let pd = ProtectionDomain::new(&ctx)?;
-//! let cq = CompletionQueue::new(&ctx, 16)?;
-//! let qp = id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq))?;
+//! let cq = CompletionQueue::new(&ctx, 16)?; // room for both queues: 8 + 8
+//! let qp = id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(8).max_recv_wr(8))?;
 //! // ... post receives on qp.recv_queue() ...
 //! let established = id.connect(&ConnParam::new().private_data(b"hello"), t)?;
 //! println!("the server said {:?}", established.private_data());

@@ -354,11 +354,12 @@ fn create_qp_refuses_a_foreign_pd_a_wrong_qp_type_and_a_second_qp() {
         let id = resolved(&channel, addr);
         let ctx = id.context().unwrap();
         let pd = ProtectionDomain::new(&ctx).unwrap();
-        let cq = CompletionQueue::new(&ctx, 16).unwrap();
+        // Room for the default depths (128 + 128), which building the QP checks.
+        let cq = CompletionQueue::new(&ctx, 256).unwrap();
         // A context we opened ourselves is another ibv_context than librdmacm's.
         let own = Context::open(Some(&device_name())).unwrap();
         let own_pd = ProtectionDomain::new(&own).unwrap();
-        let own_cq = CompletionQueue::new(&own, 16).unwrap();
+        let own_cq = CompletionQueue::new(&own, 256).unwrap();
         let err = id.create_qp(QueuePair::builder(&own_pd, QpType::Rc, &own_cq, &own_cq)).unwrap_err();
         assert!(err.to_string().contains("another device context"), "{err}");
         let err = id.create_qp(QueuePair::builder(&pd, QpType::Ud, &cq, &cq)).unwrap_err();

@@ -436,7 +436,7 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let (mut scq, mut rcq) = (CompletionQueue::new(&ctx, 64).unwrap(), CompletionQueue::new(&ctx, 64).unwrap());
     let srq = SharedReceiveQueue::new(&pd, 16, 1).unwrap();
-    let recv_qp = || QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).srq(&srq).build().unwrap();
+    let recv_qp = || QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(8).srq(&srq).build().unwrap();
     let send_qp = || QueuePair::builder(&pd, QpType::Rc, &scq, &scq).max_send_wr(16).max_recv_wr(1).build().unwrap();
     let (r1, r2, s1, s2) = (recv_qp(), recv_qp(), send_qp(), send_qp());
     connect(&s1, &r1, QpAccess::empty());
@@ -518,8 +518,8 @@ fn an_srq_queue_refuses_a_receive_completion_of_a_qp_on_another_srq() {
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let (mut scq, mut rcq) = (CompletionQueue::new(&ctx, 64).unwrap(), CompletionQueue::new(&ctx, 64).unwrap());
     let (srq_a, srq_b) = (SharedReceiveQueue::new(&pd, 8, 1).unwrap(), SharedReceiveQueue::new(&pd, 8, 1).unwrap());
-    let ra = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).srq(&srq_a).build().unwrap();
-    let _rb = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).srq(&srq_b).build().unwrap();
+    let ra = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(8).srq(&srq_a).build().unwrap();
+    let _rb = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(8).srq(&srq_b).build().unwrap();
     let sa = QueuePair::builder(&pd, QpType::Rc, &scq, &scq).max_send_wr(16).max_recv_wr(1).build().unwrap();
     connect(&sa, &ra, QpAccess::empty());
     let (mut qa, mut qb) = (srq_a.queue::<Chunk>().unwrap(), srq_b.queue::<Chunk>().unwrap());

@@ -673,7 +673,7 @@ fn deleting_the_netdev_under_an_active_rxe_link_is_reported_and_later_verbs_fail
     assert_eq!(err.errno(), Some(libc::ENODEV), "{err}");
     assert!(ctx.default_gid(1).is_err());
     // ... a new QP cannot be connected (it needs the port) ...
-    let qp = QueuePair::builder(&act.pd, QpType::Rc, &act.cq, &act.cq).build().unwrap();
+    let qp = QueuePair::builder(&act.pd, QpType::Rc, &act.cq, &act.cq).max_send_wr(8).max_recv_wr(8).build().unwrap();
     let ia = act.a.local_info(1);
     eprintln!("local_info: {ia:?}");
     assert!(ia.is_err(), "no local info without the port");

@@ -26,6 +26,9 @@ mod basics;
 mod cm;
 mod cq;
 mod cq_budget;
+/// The crate-level example of `rdma-verbs/src/lib.rs`, which shows this file in its docs;
+/// `cq_budget::the_crate_level_example_sizes_its_cq_for_its_qp_and_runs` runs it.
+mod crate_example;
 mod datapath;
 mod datapath2;
 mod datapath_ext;

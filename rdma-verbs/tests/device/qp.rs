@@ -208,8 +208,9 @@ fn rc_uc_and_ud_qps_start_in_reset_with_at_least_the_caps_asked_and_are_destroye
         assert_eq!(QpType::from_ffi(unsafe { (*qp.as_raw()).qp_type }), Some(qp_type));
         qp.destroy().unwrap();
     }
-    // Defaults: 128 WRs and one SGE each way.
-    let qp = QueuePair::builder(&pd, QpType::Rc, &scq, &scq).build().unwrap();
+    // Defaults: 128 WRs and one SGE each way (on one CQ: it needs 256 entries for them).
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
+    let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).build().unwrap();
     let caps = qp.caps();
     assert!(caps.max_send_wr >= 128 && caps.max_recv_wr >= 128 && caps.max_send_sge >= 1, "{caps:?}");
     drop(qp); // dropped rather than destroyed: the leak check sees it freed
@@ -422,7 +423,8 @@ fn too_many_wrs_or_sges_are_refused_before_c_and_the_pd_and_cqs_still_work() {
     let ctx = open();
     let dev = ctx.query_device().unwrap();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    // Room for the deepest QP below (1024 + 128), which building it checks.
+    let cq = CompletionQueue::new(&ctx, 2048).unwrap();
     let builder = || QueuePair::builder(&pd, QpType::Rc, &cq, &cq);
 
     let cases = [
@@ -462,9 +464,9 @@ fn a_cq_of_another_context_is_refused_before_c() {
     let (ctx1, ctx2) = (open(), open());
     let pd = ProtectionDomain::new(&ctx1).unwrap();
     let (cq1, cq2) = (CompletionQueue::new(&ctx1, 8).unwrap(), CompletionQueue::new(&ctx2, 8).unwrap());
-    let err = QueuePair::builder(&pd, QpType::Rc, &cq1, &cq2).build().unwrap_err();
+    let err = QueuePair::builder(&pd, QpType::Rc, &cq1, &cq2).max_send_wr(4).max_recv_wr(4).build().unwrap_err();
     assert!(invalid_text(err, "ibv_create_qp_ex").contains("cannot span contexts"));
-    QueuePair::builder(&pd, QpType::Rc, &cq1, &cq1).build().unwrap();
+    QueuePair::builder(&pd, QpType::Rc, &cq1, &cq1).max_send_wr(4).max_recv_wr(4).build().unwrap();
 }
 
 #[test]
@@ -506,7 +508,7 @@ fn qp_srq_and_ah_outlive_their_dropped_parent_handles() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
     let srq = SharedReceiveQueue::new(&pd, 16, 1).unwrap();
     let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).srq(&srq).build().unwrap();
     let gid = ctx.default_gid(1).map(|e| e.gid).unwrap_or(Gid([0xfe; 16]));
@@ -552,7 +554,7 @@ fn destroying_a_pd_cq_or_srq_that_a_live_qp_uses_reports_ebusy() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
     let srq = SharedReceiveQueue::new(&pd, 16, 1).unwrap();
     let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).srq(&srq).build().unwrap();
 
@@ -649,7 +651,7 @@ fn extended_send_ops_give_an_extended_qp_and_classic_qps_have_none() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
     let ops = SendOps::SEND | SendOps::SEND_WITH_IMM | SendOps::RDMA_WRITE | SendOps::RDMA_READ;
     let ext = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).extended_send_ops(ops).build().unwrap();
     let qpx = ext.as_raw_ex().expect("an extended QP");

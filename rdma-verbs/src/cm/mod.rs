@@ -57,6 +57,20 @@
 //! (on accept, on the connect response, on disconnect): a lock of the channel keeps that
 //! from racing with the QP's destruction.
 //!
+//! # One device context stays open for the life of the process
+//!
+//! librdmacm opens a device's context (`ibv_open_device`) the first time one of its ids
+//! binds to that device (resolving or binding an address), and keeps it open until the
+//! process exits: destroying every id and channel, and dropping every handle of this crate,
+//! does not close it, and nothing in librdmacm's API does. So after the first rdma_cm use
+//! the device counts one context more than before (`rdma resource show`: ctx + 1), and a
+//! leak check taken then stays at ctx + 1; later use opens no further context for that
+//! device. Take such a snapshot after the first use, as this crate's device tests do
+//! (`tests/device/cm.rs`: `cm_leak_check`, and
+//! `librdmacm_keeps_one_device_context_open_from_its_first_use_to_the_end_of_the_process`).
+//! An open context also holds the device: on rxe, `rdma link delete` of it waits until the
+//! process exits.
+//!
 //! [`AsRawFd`]: std::os::fd::AsRawFd
 //! [`Context`]: crate::Context
 

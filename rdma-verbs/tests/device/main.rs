@@ -7,7 +7,9 @@
 //! must be back where they started. Tests run one at a time (`--test-threads=1`), so the
 //! counts are this process's own (and those of the processes it started, which are gone
 //! by then). Tests that use rdma_cm run in a process of their own, which takes the check
-//! (cm.rs, faults.rs).
+//! (cm.rs, faults.rs) after librdmacm's first use: librdmacm keeps one device context
+//! open from then to the end of the process, so such a check counts from ctx + 1
+//! (`cm::cm_leak_check`, which checks that the first use left exactly that).
 
 /// This test's path in the binary (`module::name`), for running it alone in a child
 /// process (cm.rs and faults.rs do).

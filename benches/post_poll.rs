@@ -59,9 +59,9 @@ fn pair(ctx: &Context, pd: &ProtectionDomain) -> Pair {
     let a = QueuePair::builder(pd, QpType::Rc, &cq, &cq).max_send_wr(64).max_recv_wr(64).build().unwrap();
     let b = QueuePair::builder(pd, QpType::Rc, &peer_cq, &peer_cq).max_send_wr(64).max_recv_wr(64).build().unwrap();
     let init = InitAttr { access: QpAccess::REMOTE_WRITE, ..InitAttr::default() };
-    let (ia, ib) = (a.local_info(1, 1).unwrap(), b.local_info(1, 2).unwrap());
-    a.connect(&init, ia.psn, &ib).unwrap();
-    b.connect(&init, ib.psn, &ia).unwrap();
+    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
+    a.connect(&init, &ib).unwrap();
+    b.connect(&init, &ia).unwrap();
     Pair { cq, peer_cq, a, b }
 }
 
@@ -242,7 +242,7 @@ fn benches(c: &mut Criterion) {
     let target: MemoryRegion<AlignedBuf, RemoteWritable> = pd
         .register_remote_writable(AlignedBuf::new(4096).unwrap(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
-    let remote = target.remote();
+    let remote = target.remote().unwrap();
     let src: Arc<Chunk> = Arc::new(
         pd.register(AlignedBuf::new(4096).unwrap(), AccessFlags::LOCAL_WRITE)
             .unwrap()

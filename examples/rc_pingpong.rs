@@ -44,7 +44,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::endpoint::{self, pingpong, Handshake};
+use rdma_verbs::endpoint::{pingpong, Handshake};
 use rdma_verbs::queue::{RecvQueue, SendQueue};
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Gid, InitAttr, Mtu, ProtectionDomain, QpType, QueuePair,
@@ -84,7 +84,7 @@ struct Options {
     iters: u64,
     sl: u8,
     events: bool,
-    gid_index: Option<u8>,
+    gid_index: Option<u32>,
     handshake: bool,
     timeout: Duration,
     server: Option<String>,
@@ -205,24 +205,24 @@ type AnyError = Box<dyn std::error::Error>;
 /// This side's address, as the exchange sends it, and the GID index it sends from.
 struct Local {
     info: RemoteQpInfo,
-    sgid_index: u8,
+    sgid_index: u32,
 }
 
-fn local_address(ctx: &Context, qp: &QueuePair, o: &Options, psn: u32) -> Result<Local, AnyError> {
+fn local_address(ctx: &Context, qp: &QueuePair, o: &Options) -> Result<Local, AnyError> {
     let port = ctx.query_port(o.ib_port)?;
     if !port.is_ethernet() && port.lid == 0 {
         return Err(format!("port {} has no LID (is the subnet manager running?)", o.ib_port).into());
     }
     let (sgid_index, gid) = match o.gid_index {
-        Some(i) => (i, ctx.query_gid(o.ib_port, u32::from(i))?.gid),
+        Some(i) => (i, ctx.query_gid(o.ib_port, i)?.gid),
         None if port.is_ethernet() => {
             let e = ctx.default_gid(o.ib_port)?;
-            (u8::try_from(e.index)?, e.gid)
+            (e.index, e.gid)
         }
         // Like the C tool without -g: no GID, addressed by LID.
         None => (0, Gid::default()),
     };
-    Ok(Local { info: RemoteQpInfo { qpn: qp.qp_num(), psn, lid: port.lid, gid }, sgid_index })
+    Ok(Local { info: RemoteQpInfo { qpn: qp.qp_num(), psn: qp.psn(), lid: port.lid, gid }, sgid_index })
 }
 
 fn print_address(label: &str, a: &RemoteQpInfo) {
@@ -243,7 +243,7 @@ fn connect_qp(qp: &QueuePair, o: &Options, local: &Local, remote: &RemoteQpInfo)
         ..RtrAttr::new(path, remote.qpn, remote.psn)
     };
     qp.to_rtr(&rtr)?;
-    let rts = RtsAttr { sq_psn: local.info.psn, timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 1 };
+    let rts = RtsAttr { sq_psn: qp.psn(), timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 1 };
     qp.to_rts(&rts)?;
     Ok(())
 }
@@ -373,8 +373,8 @@ fn run(o: &Options) -> Result<(), AnyError> {
         b.fill(FILL);
     }
 
-    let psn = endpoint::random_psn();
-    let handshake = Handshake::new(&qp).port(o.ib_port).psn(psn).max_mtu(o.mtu).sl(o.sl);
+    // The QP's PSN (random) is what both exchanges advertise and what it sends from.
+    let handshake = Handshake::new(&qp).port(o.ib_port).max_mtu(o.mtu).sl(o.sl);
     let handshake = match o.gid_index {
         Some(i) => handshake.gid_index(i),
         None => handshake,
@@ -401,7 +401,7 @@ fn run(o: &Options) -> Result<(), AnyError> {
         let conn = handshake.connect(&mut s)?;
         print_address("remote address:", &conn.remote.qp_info());
     } else {
-        let local = local_address(&ctx, &qp, o, psn)?;
+        let local = local_address(&ctx, &qp, o)?;
         print_address("local address: ", &local.info);
         exchange_rdma_core(&qp, o, &local)?;
     }

@@ -24,8 +24,9 @@
 //! No CQ can overrun, by construction: A's CQ gets only A's send completions (every send
 //! is signaled, at most one per lane: at most D), B's CQ gets only B's receive
 //! completions (B keeps exactly D receives posted and reposts one only after taking its
-//! completion: at most D). Each CQ is created with D entries and the program checks the
-//! provider gave at least that. B never runs out of receives: a lane's message consumes a
+//! completion: at most D). Each CQ is created with D + 1 entries, room for its QP's
+//! queues as built (D one way, 1 the other, which building the QP checks), and the program
+//! checks the provider gave at least that. B never runs out of receives: a lane's message consumes a
 //! receive, and the lane waits until B has taken it before its next message.
 //!
 //! Every ~10 s it prints ops, bytes, errors and RSS on stderr. At the end it drains every
@@ -282,28 +283,37 @@ fn slot_of(remote: &RemoteMr, lane: usize, len: usize) -> Result<RemoteMr, AnyEr
 impl Pair {
     fn new(ctx: &Context, pd: &ProtectionDomain, o: &Opts, index: usize, seed: u64) -> Result<Pair, AnyError> {
         let depth = o.depth;
-        // CQ depth: see the module docs; at most `depth` completions can be waiting.
-        let a_cq = CompletionQueue::new(ctx, depth)?;
-        let b_cq = CompletionQueue::new(ctx, depth)?;
+        // CQ depth: see the module docs; at most `depth` completions can be waiting, and the
+        // QP's other queue (depth 1) has its share too.
+        let a_cq = CompletionQueue::new(ctx, depth + 1)?;
+        let b_cq = CompletionQueue::new(ctx, depth + 1)?;
         for cq in [&a_cq, &b_cq] {
-            if cq.cqe() < depth {
-                return Err(format!("a CQ of {} entries, asked for {depth}", cq.cqe()).into());
+            if cq.cqe() < depth + 1 {
+                return Err(format!("a CQ of {} entries, asked for {}", cq.cqe(), depth + 1).into());
             }
         }
-        let a = QueuePair::builder(pd, QpType::Rc, &a_cq, &a_cq).max_send_wr(depth).max_recv_wr(1).build()?;
-        let b = QueuePair::builder(pd, QpType::Rc, &b_cq, &b_cq).max_send_wr(1).max_recv_wr(depth).build()?;
         let psn = |i: usize| (0x1000 + i as u32 * 0x100) & 0xFF_FFFF;
-        let (ia, ib) = (a.local_info(o.ib_port, psn(2 * index))?, b.local_info(o.ib_port, psn(2 * index + 1))?);
-        a.connect(&InitAttr { port: o.ib_port, ..InitAttr::default() }, ia.psn, &ib)?;
+        let a = QueuePair::builder(pd, QpType::Rc, &a_cq, &a_cq)
+            .max_send_wr(depth)
+            .max_recv_wr(1)
+            .psn(psn(2 * index))
+            .build()?;
+        let b = QueuePair::builder(pd, QpType::Rc, &b_cq, &b_cq)
+            .max_send_wr(1)
+            .max_recv_wr(depth)
+            .psn(psn(2 * index + 1))
+            .build()?;
+        let (ia, ib) = (a.local_info(o.ib_port)?, b.local_info(o.ib_port)?);
+        a.connect(&InitAttr { port: o.ib_port, ..InitAttr::default() }, &ib)?;
         let b_access = QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ;
-        b.connect(&InitAttr { port: o.ib_port, access: b_access, ..InitAttr::default() }, ib.psn, &ia)?;
+        b.connect(&InitAttr { port: o.ib_port, access: b_access, ..InitAttr::default() }, &ia)?;
 
         let lanes_len = depth as usize * SLOT;
         let a_chunks = pd.register(AlignedBuf::new(lanes_len)?, AccessFlags::LOCAL_WRITE)?.into_chunks(SLOT)?;
         let b_chunks = pd.register(AlignedBuf::new(lanes_len)?, AccessFlags::LOCAL_WRITE)?.into_chunks(SLOT)?;
         let region_access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
         let b_region = pd.register_remote_writable(AlignedBuf::new(lanes_len)?, region_access)?;
-        let remote = b_region.remote();
+        let remote = b_region.remote()?;
 
         let mut pair = Pair {
             index,

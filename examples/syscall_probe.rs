@@ -142,9 +142,9 @@ fn setup() -> Res<(Loopback, Arc<Chunk>, Vec<Chunk>)> {
             .build()
     };
     let (a, b) = (qp(&cq_a)?, qp(&cq_b)?);
-    let (ia, ib) = (a.local_info(1, 0x111)?, b.local_info(1, 0x222)?);
-    a.connect(&InitAttr::default(), ia.psn, &ib)?;
-    b.connect(&InitAttr::default(), ib.psn, &ia)?;
+    let (ia, ib) = (a.local_info(1)?, b.local_info(1)?);
+    a.connect(&InitAttr::default(), &ib)?;
+    b.connect(&InitAttr::default(), &ia)?;
 
     let mut bufs = pd.register(AlignedBuf::new((RECV_DEPTH + 1) * LEN)?, AccessFlags::LOCAL_WRITE)?.into_chunks(LEN)?;
     let mut src = bufs.pop().ok_or("no chunk")?;

@@ -403,7 +403,7 @@ impl Bw {
                 AlignedBuf::new(size)?,
                 AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
             )?;
-            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(region.remote()).connect(stream)?;
+            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(region.remote()?).connect(stream)?;
             held.push((qp, region));
         }
         perftest::barrier(stream, true).map_err(|e| format!("the client did not finish its run: {e}"))?;
@@ -425,7 +425,7 @@ impl Bw {
                 *b = p;
             }
             let region = pd.register(buf, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
-            self.f.common.handshake(&qp, QpAccess::REMOTE_READ).advertise(region.remote()).connect(stream)?;
+            self.f.common.handshake(&qp, QpAccess::REMOTE_READ).advertise(region.remote()?).connect(stream)?;
             held.push((qp, region));
         }
         perftest::barrier(stream, true).map_err(|e| format!("the client did not finish its run: {e}"))?;
@@ -601,7 +601,8 @@ impl Bw {
     /// RDMA WRITEs of one registered source, shared by every request.
     fn write_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
         let pd = ProtectionDomain::new(ctx)?;
-        let mut cq = CompletionQueue::new(ctx, self.f.tx_depth * self.f.qps)?;
+        // Each QP's queues complete here: tx_depth sends and its one receive (build() checks).
+        let mut cq = CompletionQueue::new(ctx, (self.f.tx_depth + 1) * self.f.qps)?;
         let mut src = pd.register(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE)?.into_chunks(size)?.remove(0);
         for (b, p) in src.iter_mut().zip(pattern(size)) {
             *b = p;
@@ -623,7 +624,7 @@ impl Bw {
     /// RDMA READs into a pool of buffers, each checked at the end.
     fn read_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
         let pd = ProtectionDomain::new(ctx)?;
-        let mut cq = CompletionQueue::new(ctx, self.f.tx_depth * self.f.qps)?;
+        let mut cq = CompletionQueue::new(ctx, (self.f.tx_depth + 1) * self.f.qps)?;
         let pool = self.pool_len(size, self.f.tx_depth);
         // RtsAttr's max_rd_atomic is a u8; -o is at most MAX_OUTS (checked).
         let rts = RtsAttr { max_rd_atomic: u8::try_from(self.outs).unwrap_or(u8::MAX), ..RtsAttr::default() };
@@ -648,7 +649,7 @@ impl Bw {
     /// than the server's credit word allows.
     fn send_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
         let pd = ProtectionDomain::new(ctx)?;
-        let mut cq = CompletionQueue::new(ctx, self.f.tx_depth * self.f.qps)?;
+        let mut cq = CompletionQueue::new(ctx, (self.f.tx_depth + 1) * self.f.qps)?;
         let pool = self.pool_len(size, self.f.tx_depth);
         let mut lanes = Vec::with_capacity(self.f.qps as usize);
         for _ in 0..self.f.qps {
@@ -657,7 +658,7 @@ impl Bw {
             let credit =
                 pd.register_remote_writable(AlignedBuf::new(8)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
             credit.atomic_u64(0)?;
-            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(credit.remote()).connect(stream)?;
+            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(credit.remote()?).connect(stream)?;
             let bufs = pd.register(AlignedBuf::new(size * pool as usize)?, AccessFlags::LOCAL_WRITE)?;
             let mut bufs = bufs.into_chunks(size)?;
             for b in &mut bufs {

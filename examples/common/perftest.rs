@@ -42,7 +42,7 @@ pub struct Common {
     pub device: Option<String>,
     /// GID index (default: RoCE v2 with an IPv4 address, or 0 on InfiniBand).
     #[arg(short = 'x', long = "gid-index")]
-    pub gid_index: Option<u8>,
+    pub gid_index: Option<u32>,
     /// Port of the device.
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
@@ -130,7 +130,7 @@ impl Common {
             return Err(format!("size {too_big} exceeds port {}'s max message size {max_msg}", self.ib_port).into());
         }
         if let Some(i) = self.gid_index {
-            ctx.query_gid(self.ib_port, u32::from(i)).map_err(|e| format!("GID index {i} (-x): {e}"))?;
+            ctx.query_gid(self.ib_port, i).map_err(|e| format!("GID index {i} (-x): {e}"))?;
         }
         Ok(ctx)
     }
@@ -597,10 +597,10 @@ fn lat_side(
         pd.register_remote_writable(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
     // `_read_src` lives to the end: the peer reads it until the barrier.
     let (hs, _read_src) = match test {
-        LatTest::Write => (c.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(target.remote()), None),
+        LatTest::Write => (c.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(target.remote()?), None),
         LatTest::Read => {
             let src = pd.register(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
-            (c.handshake(&qp, QpAccess::REMOTE_READ).advertise(src.remote()), Some(src))
+            (c.handshake(&qp, QpAccess::REMOTE_READ).advertise(src.remote()?), Some(src))
         }
         LatTest::Send => (c.handshake(&qp, QpAccess::empty()), None),
     };

@@ -24,8 +24,10 @@ pub enum Remote {
         /// The remote GID.
         gid: Gid,
         /// The index of the local GID to send from (on RoCE it picks the source IP address
-        /// and the RoCE version; [`Context::default_gid`] chooses a good one).
-        sgid_index: u8,
+        /// and the RoCE version; [`Context::default_gid`] chooses a good one): a
+        /// [`GidEntry::index`](crate::GidEntry::index). The C field has 8 bits, so an
+        /// index above 255 is refused before any C call.
+        sgid_index: u32,
         /// Hop limit (the IP TTL on RoCE v2).
         hop_limit: u8,
         /// Traffic class (the IP DSCP and ECN bits on RoCE v2).
@@ -44,7 +46,7 @@ pub enum Remote {
 
 impl Remote {
     /// A GID route with hop limit [`DEFAULT_HOP_LIMIT`], traffic class 0, flow label 0.
-    pub fn gid(gid: Gid, sgid_index: u8) -> Remote {
+    pub fn gid(gid: Gid, sgid_index: u32) -> Remote {
         Remote::Gid { gid, sgid_index, hop_limit: DEFAULT_HOP_LIMIT, traffic_class: 0, flow_label: 0 }
     }
 
@@ -74,18 +76,26 @@ impl AhAttr {
     }
 
     /// An address by GID: fills the global route header from the remote GID and the index
-    /// of the local GID to send from, with the defaults of [`Remote::gid`].
-    pub fn global(port: u8, dgid: Gid, sgid_index: u8) -> AhAttr {
+    /// of the local GID to send from (a [`GidEntry::index`](crate::GidEntry::index), as
+    /// [`Context::default_gid`] returns it), with the defaults of [`Remote::gid`].
+    pub fn global(port: u8, dgid: Gid, sgid_index: u32) -> AhAttr {
         AhAttr::new(port, Remote::gid(dgid, sgid_index))
     }
 
-    /// The C struct.
-    pub fn to_ffi(&self) -> ffi::ibv_ah_attr {
+    /// The C struct. Fails when `sgid_index` does not fit the 8 bits of
+    /// `ibv_global_route.sgid_index`.
+    pub fn to_ffi(&self) -> Result<ffi::ibv_ah_attr> {
+        self.raw(Verb::AhAttrToFfi)
+    }
+
+    /// The C struct, or an error naming `verb` when the source GID index does not fit.
+    pub(crate) fn raw(&self, verb: Verb) -> Result<ffi::ibv_ah_attr> {
         let mut a =
             ffi::ibv_ah_attr { port_num: self.port, sl: self.sl, static_rate: self.static_rate, ..Default::default() };
         match self.remote {
             Remote::Gid { gid, sgid_index, hop_limit, traffic_class, flow_label } => {
                 a.is_global = 1;
+                let sgid_index = sgid_index_u8(sgid_index, verb)?;
                 a.grh = ffi::ibv_global_route { dgid: gid.to_ffi(), flow_label, sgid_index, hop_limit, traffic_class };
             }
             Remote::Lid { dlid, src_path_bits } => {
@@ -93,7 +103,7 @@ impl AhAttr {
                 a.src_path_bits = src_path_bits;
             }
         }
-        a
+        Ok(a)
     }
 
     /// From the C struct (as `ibv_query_qp` returns it).
@@ -101,7 +111,7 @@ impl AhAttr {
         let remote = if a.is_global != 0 {
             Remote::Gid {
                 gid: Gid::from_ffi(&a.grh.dgid),
-                sgid_index: a.grh.sgid_index,
+                sgid_index: a.grh.sgid_index.into(),
                 hop_limit: a.grh.hop_limit,
                 traffic_class: a.grh.traffic_class,
                 flow_label: a.grh.flow_label,
@@ -129,19 +139,20 @@ impl AhAttr {
             Remote::Lid { dlid: 0, .. } => bad("LID 0 is reserved: set the remote LID".into()),
             Remote::Lid { .. } => Ok(port),
             Remote::Gid { gid, sgid_index, flow_label, .. } => {
+                sgid_index_u8(sgid_index, verb)?;
                 if gid.is_zero() {
                     return bad("the remote GID is all zero: set the remote GID".into());
                 }
                 if flow_label > 0xF_FFFF {
                     return bad(format!("flow label {flow_label:#x} does not fit in 20 bits"));
                 }
-                if u32::from(sgid_index) >= port.gid_tbl_len {
+                if sgid_index >= port.gid_tbl_len {
                     return bad(format!(
                         "sgid_index {sgid_index} is past the GID table of port {} ({} entries)",
                         self.port, port.gid_tbl_len
                     ));
                 }
-                match ctx.query_gid(self.port, u32::from(sgid_index)) {
+                match ctx.query_gid(self.port, sgid_index) {
                     Ok(e) if !e.gid.is_zero() => Ok(port),
                     _ => bad(format!(
                         "sgid_index {sgid_index} is an empty slot of port {}'s GID table \
@@ -152,6 +163,19 @@ impl AhAttr {
             }
         }
     }
+}
+
+/// A source GID index as the C field holds it (8 bits), or an error that says it does not fit.
+fn sgid_index_u8(index: u32, verb: Verb) -> Result<u8> {
+    u8::try_from(index).map_err(|_| {
+        Error::invalid(
+            verb,
+            format!(
+                "sgid_index {index} does not fit the 8 bits of ibv_global_route.sgid_index: \
+                 only GID table slots 0..=255 can be a source GID"
+            ),
+        )
+    })
 }
 
 /// An address handle: the destination of UD sends. Cloning is cheap; the handle keeps its
@@ -179,7 +203,7 @@ impl AddressHandle {
     #[doc(alias = "ibv_create_ah")]
     pub fn new(pd: &ProtectionDomain, attr: &AhAttr) -> Result<AddressHandle> {
         attr.check(pd.context(), Verb::CreateAh)?;
-        let mut raw_attr = attr.to_ffi();
+        let mut raw_attr = attr.raw(Verb::CreateAh)?;
         // SAFETY: the PD is live and `raw_attr` is a valid address vector for the call.
         let raw = unsafe { ffi::ibv_create_ah(pd.as_raw(), &mut raw_attr) };
         // SAFETY: a new AH that only this Owned destroys.
@@ -229,12 +253,28 @@ mod tests {
     fn ah_attr_round_trips_through_the_c_struct() {
         let gid = Gid("::ffff:10.99.0.1".parse::<std::net::Ipv6Addr>().unwrap().octets());
         let global = AhAttr { sl: 3, ..AhAttr::global(1, gid, 1) };
-        let raw = global.to_ffi();
+        let raw = global.to_ffi().unwrap();
         assert_eq!((raw.is_global, raw.port_num, raw.sl, raw.grh.sgid_index, raw.grh.hop_limit), (1, 1, 3, 1, 64));
         assert_eq!(AhAttr::from_ffi(&raw), global);
         let by_lid = AhAttr::new(2, Remote::Lid { dlid: 7, src_path_bits: 1 });
-        let raw = by_lid.to_ffi();
+        let raw = by_lid.to_ffi().unwrap();
         assert_eq!((raw.is_global, raw.dlid, raw.src_path_bits), (0, 7, 1));
         assert_eq!(AhAttr::from_ffi(&raw), by_lid);
+    }
+
+    #[test]
+    fn a_gid_entrys_u32_index_is_taken_as_is_and_one_past_8_bits_is_refused_before_c() {
+        let gid = Gid("::ffff:10.99.0.1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        // What Context::default_gid and gid_table hand out: a u32 index, no cast needed.
+        let entry_index: u32 = 255;
+        let raw = AhAttr::global(1, gid, entry_index).to_ffi().unwrap();
+        assert_eq!(raw.grh.sgid_index, 255);
+        for index in [256, u32::MAX] {
+            let e = AhAttr::global(1, gid, index).to_ffi().err().unwrap();
+            assert!(matches!(e, Error::InvalidArgument { verb: Verb::AhAttrToFfi, .. }), "{e}");
+            assert!(e.to_string().contains(&format!("sgid_index {index} does not fit the 8 bits")), "{e}");
+        }
+        let e = AhAttr::global(1, gid, 300).raw(Verb::CreateAh).err().unwrap();
+        assert!(e.to_string().starts_with("ibv_create_ah: invalid argument: sgid_index 300"), "{e}");
     }
 }

@@ -21,11 +21,24 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
-use crate::mr::{AccessMode, Local, MemoryRegion, RegisterableBuffer, RemoteMr};
+use crate::mr::{AccessFlags, AccessMode, Local, MemoryRegion, RegisterableBuffer, RemoteMr};
 
-/// Something that keeps a memory region registered and its buffer allocated.
-trait KeepAlive: Send + Sync {}
-impl<T: Send + Sync> KeepAlive for T {}
+/// A memory region behind its chunks: kept registered, its buffer allocated, while a chunk
+/// lives; asked for its access flags only when a chunk hands out a remote descriptor.
+trait KeepAlive: Send + Sync {
+    fn access(&self) -> AccessFlags;
+}
+
+impl<B, A> KeepAlive for MemoryRegion<B, A>
+where
+    B: RegisterableBuffer + Send + Sync,
+    B::Parts: Send + Sync,
+    A: AccessMode,
+{
+    fn access(&self) -> AccessFlags {
+        MemoryRegion::access(self)
+    }
+}
 
 /// An owned, exclusive piece of a registered memory region.
 pub struct Chunk<A: AccessMode = Local> {
@@ -106,9 +119,10 @@ impl<A: AccessMode> Chunk<A> {
         self.lkey
     }
 
-    /// What a peer needs to reach this chunk, when the region grants remote access.
-    pub fn remote(&self) -> RemoteMr {
-        RemoteMr { addr: self.addr(), len: self.len as u64, rkey: self.rkey }
+    /// What a peer needs to reach this chunk. Fails, as [`MemoryRegion::remote`] does,
+    /// when the region grants no remote access.
+    pub fn remote(&self) -> Result<RemoteMr> {
+        crate::mr::remote_descriptor(Verb::MrRemote, self.addr(), self.len as u64, self.rkey, self._region.access())
     }
 
     /// A scatter/gather entry for `range` of this chunk, bounds checked.

@@ -80,6 +80,8 @@ pub(crate) struct CqInner {
     /// After `raw`: a channel can only be destroyed once no CQ uses it.
     channel: Option<Owned<ffi::ibv_comp_channel>>,
     comp_vector: u32,
+    /// The device's `max_cqe`: the largest CQ a refusal may advise.
+    max_cqe: u32,
     pub(crate) ctx: Context,
     /// Entries set aside for the safe queues whose completions land here: each reserves
     /// its depth, so together they can never have more completions pending than the CQ
@@ -123,7 +125,7 @@ impl Drop for UnackedEvents {
 
 impl CqInner {
     fn destroy(self) -> Result<()> {
-        let CqInner { events, raw, channel, comp_vector: _, ctx: _, reserved: _ } = self;
+        let CqInner { events, raw, channel, comp_vector: _, max_cqe: _, ctx: _, reserved: _ } = self;
         drop(events);
         if let Err(e) = raw.destroy() {
             // The CQ still uses the channel: destroying it would fail too.
@@ -142,6 +144,40 @@ impl CqInner {
         let cqe = unsafe { (*self.raw.as_ptr()).cqe };
         u64::try_from(cqe).unwrap_or(0)
     }
+
+    /// Refuses, reserving nothing, when `n` more entries do not fit besides those the safe
+    /// queues on this CQ reserved: the check [`CqReservation::take`] makes when a queue is
+    /// claimed, made when a QP is built. `what` says whose completions they are, `smaller`
+    /// how to ask for fewer.
+    pub(crate) fn check_room(&self, n: u64, verb: Verb, what: &str, smaller: &str) -> Result<()> {
+        let reserved = *self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        match no_room(self.entries(), reserved, n, self.max_cqe.into(), what, smaller) {
+            None => Ok(()),
+            Some(why) => Err(Error::invalid(verb, why)),
+        }
+    }
+}
+
+/// Why `n` more completions do not fit in a CQ of `entries` of which `reserved` are set
+/// aside, or `None` when they fit. The advice stays within the device: a CQ of at least
+/// the size needed when `max_cqe` allows one, else smaller depths (`smaller`) or another CQ.
+fn no_room(entries: u64, reserved: u64, n: u64, max_cqe: u64, what: &str, smaller: &str) -> Option<String> {
+    let need = reserved.saturating_add(n);
+    if need <= entries {
+        return None;
+    }
+    let advice = if need <= max_cqe {
+        format!("create the CQ with at least {need} entries, or {smaller}")
+    } else {
+        format!(
+            "{need} entries is more than the device's max_cqe {max_cqe}, so no CQ of this device holds \
+             them: {smaller}, or give some of the queues another CQ"
+        )
+    };
+    Some(format!(
+        "{what} may have {n} completions pending, but its CQ has {entries} entries and {reserved} of them are \
+         reserved by other queues: {advice} (completions beyond the CQ's size would overrun it)"
+    ))
 }
 
 /// Entries of a CQ set aside for one safe queue (its depth), given back on drop.
@@ -155,18 +191,9 @@ impl CqReservation {
     /// on top of what the other queues on it reserved.
     pub(crate) fn take(cq: &Arc<CqInner>, n: u64, verb: Verb, what: &str) -> Result<Self> {
         let mut reserved = cq.reserved.lock().unwrap_or_else(|p| p.into_inner());
-        let entries = cq.entries();
-        if *reserved + n > entries {
-            return Err(Error::invalid(
-                verb,
-                format!(
-                    "{what} may have {n} completions pending, but its CQ has {entries} entries and {} of them \
-                     are reserved by other queues: create the CQ with at least {} entries, or claim the queue \
-                     with a smaller depth (completions beyond the CQ's size would overrun it)",
-                    *reserved,
-                    *reserved + n
-                ),
-            ));
+        let smaller = "claim the queue with a smaller depth";
+        if let Some(why) = no_room(cq.entries(), *reserved, n, cq.max_cqe.into(), what, smaller) {
+            return Err(Error::invalid(verb, why));
         }
         *reserved += n;
         Ok(CqReservation { cq: Arc::clone(cq), n })
@@ -244,8 +271,15 @@ impl CqBuilder<'_> {
             cq: NonNull::new(raw.as_ptr()).expect("Owned holds a non-null pointer"),
             count: AtomicU32::new(0),
         };
-        let inner =
-            CqInner { events, raw, channel, comp_vector: self.comp_vector, ctx: ctx.clone(), reserved: Mutex::new(0) };
+        let inner = CqInner {
+            events,
+            raw,
+            channel,
+            comp_vector: self.comp_vector,
+            max_cqe,
+            ctx: ctx.clone(),
+            reserved: Mutex::new(0),
+        };
         Ok(CompletionQueue { inner: Arc::new(inner) })
     }
 }
@@ -288,7 +322,9 @@ impl CompletionQueue {
     /// QPs completing into it: a CQ that overflows puts them in the error state. The safe
     /// queues enforce this: each sets its depth aside here when claimed
     /// ([`QueuePair::send_queue`](crate::QueuePair::send_queue)), and a claim that does
-    /// not fit is refused.
+    /// not fit is refused. A QP is checked when it is built too: its `max_send_wr` and
+    /// `max_recv_wr` (their sum when both sides complete here) must fit besides what the
+    /// queues on this CQ have reserved, so a QP with the default 128 + 128 needs 256 entries.
     pub fn builder(ctx: &Context, cqe: u32) -> CqBuilder<'_> {
         CqBuilder { ctx, cqe, comp_vector: 0, channel: false }
     }
@@ -513,5 +549,46 @@ impl fmt::Debug for CompletionQueue {
             .field("channel_fd", &self.channel_fd())
             .field("context", self.context())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::no_room;
+
+    const SMALLER: &str = "build the QP with a smaller max_send_wr or max_recv_wr";
+
+    #[test]
+    fn what_fits_besides_the_reserved_entries_is_no_refusal() {
+        assert_eq!(no_room(255, 0, 255, 32767, "x", SMALLER), None);
+        assert_eq!(no_room(255, 127, 128, 32767, "x", SMALLER), None);
+    }
+
+    #[test]
+    fn a_refusal_names_the_size_needed_when_the_device_can_make_such_a_cq() {
+        let why = no_room(127, 0, 256, 32767, "the RC QP's queues", SMALLER).unwrap();
+        assert!(
+            why.starts_with("the RC QP's queues may have 256 completions pending, but its CQ has 127 entries"),
+            "{why}"
+        );
+        assert!(why.contains("create the CQ with at least 256 entries, or build the QP with a smaller"), "{why}");
+        let why = no_room(127, 100, 28, 32767, "this send queue", "claim the queue with a smaller depth").unwrap();
+        assert!(why.contains("100 of them are reserved by other queues"), "{why}");
+        assert!(why.contains("at least 128 entries, or claim the queue with a smaller depth"), "{why}");
+    }
+
+    #[test]
+    fn a_refusal_never_advises_a_cq_larger_than_max_cqe() {
+        // The size needed is beyond the device: say so, and advise what can work instead.
+        let why =
+            no_room(32767, 1 << 20, 64, 32767, "this send queue", "claim the queue with a smaller depth").unwrap();
+        assert!(!why.contains("create the CQ with at least"), "{why}");
+        assert!(why.contains("1048640 entries is more than the device's max_cqe 32767"), "{why}");
+        assert!(why.contains("claim the queue with a smaller depth, or give some of the queues another CQ"), "{why}");
+        // Exactly max_cqe is still a CQ the device can make.
+        let why = no_room(127, 0, 32767, 32767, "q", SMALLER).unwrap();
+        assert!(why.contains("create the CQ with at least 32767 entries"), "{why}");
+        let why = no_room(127, 0, 32768, 32767, "q", SMALLER).unwrap();
+        assert!(why.contains("more than the device's max_cqe 32767"), "{why}");
     }
 }

@@ -59,9 +59,8 @@
 //! other is told why instead of waiting for a message that will not come.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Read, Write};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use crate::ah::{AddressHandle, AhAttr, Remote};
 use crate::error::{Error, Result, Verb};
@@ -106,7 +105,7 @@ pub enum WireError {
         len: usize,
     },
     /// The message does not start with the expected magic: another protocol, or garbage.
-    #[error("it starts with {found:02x?}, not {expected:?}: not a message of this protocol")]
+    #[error("it starts with {}, not {expected:?}: not a message of this protocol", Magic(found))]
     BadMagic {
         /// The first bytes.
         found: [u8; 4],
@@ -185,6 +184,24 @@ pub enum WireError {
     /// The peer's endpoint is well formed but cannot be connected to from here.
     #[error("{0}")]
     Incompatible(String),
+}
+
+/// The first bytes of a message as hex, then as text where any of them is printable
+/// ASCII (others as `.`): `47 45 54 20 ("GET ")` tells an HTTP client at once.
+struct Magic<'a>(&'a [u8; 4]);
+
+impl fmt::Display for Magic<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, b) in self.0.iter().enumerate() {
+            write!(f, "{}{b:02x}", if i == 0 { "" } else { " " })?;
+        }
+        if self.0.iter().any(u8::is_ascii_graphic) {
+            let text: String =
+                self.0.iter().map(|&b| if b == b' ' || b.is_ascii_graphic() { b as char } else { '.' }).collect();
+            write!(f, " ({text:?})")?;
+        }
+        Ok(())
+    }
 }
 
 /// Everything a peer needs to reach a QP: what the handshake sends.
@@ -528,37 +545,30 @@ fn give_up<S: Write + ?Sized, T>(stream: &mut S, status: Status, err: Error) -> 
     Err(err)
 }
 
-/// A random 24-bit PSN. Starting PSNs should differ between connections, so that
-/// packets of an old connection are not taken for the new one's.
-pub fn random_psn() -> u32 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    h.write_u128(now);
-    h.write_u32(std::process::id());
-    (h.finish() & u64::from(MAX_PSN)) as u32
-}
-
 // ---- the handshake -----------------------------------------------------------------
 
 /// Brings a QP up with a peer over a byte stream. Build it with the QP, set what differs
 /// from the defaults, then call [`connect`](Self::connect) (RC, UC) or
 /// [`ready_ud`](Self::ready_ud) (UD) on each side.
 ///
-/// Defaults: port 1, a [random PSN](random_psn), no remote access, path MTU up to 4096
+/// The PSN it sends from and advertises is the QP's own, chosen when the QP was built
+/// ([`QueuePair::psn`]; fix it with [`QueuePairBuilder::psn`]).
+///
+/// Defaults: port 1, no remote access, path MTU up to 4096
 /// (and never above the port's active MTU), the GID of [`Context::default_gid`] on RoCE
 /// (index 0 on InfiniBand), Q_Key [`DEFAULT_QKEY`], P_Key index 0, service level 0, no
 /// memory region advertised.
 ///
 /// [`Context::default_gid`]: crate::Context::default_gid
 /// [`DEFAULT_QKEY`]: crate::qp::DEFAULT_QKEY
+/// [`QueuePairBuilder::psn`]: crate::qp::QueuePairBuilder::psn
 #[must_use = "a handshake does nothing until connect() or ready_ud() is called"]
 #[derive(Debug, Clone)]
 pub struct Handshake<'a> {
     qp: &'a QueuePair,
     init: InitAttr,
-    psn: u32,
     max_mtu: Mtu,
-    gid_index: Option<u8>,
+    gid_index: Option<u32>,
     mr: Option<RemoteMr>,
     sl: u8,
     rts: RtsAttr,
@@ -612,7 +622,6 @@ impl<'a> Handshake<'a> {
         Handshake {
             qp,
             init: InitAttr::default(),
-            psn: random_psn(),
             max_mtu: Mtu::Mtu4096,
             gid_index: None,
             mr: None,
@@ -624,12 +633,6 @@ impl<'a> Handshake<'a> {
     /// The local port, from 1 (default 1).
     pub fn port(mut self, port: u8) -> Self {
         self.init.port = port;
-        self
-    }
-
-    /// The first PSN this side sends (24 bits; default random).
-    pub fn psn(mut self, psn: u32) -> Self {
-        self.psn = psn;
         self
     }
 
@@ -660,8 +663,9 @@ impl<'a> Handshake<'a> {
         self
     }
 
-    /// Sends from this GID index instead of the one chosen automatically.
-    pub fn gid_index(mut self, index: u8) -> Self {
+    /// Sends from this GID index (a [`GidEntry::index`](crate::GidEntry::index)) instead
+    /// of the one chosen automatically.
+    pub fn gid_index(mut self, index: u32) -> Self {
         self.gid_index = Some(index);
         self
     }
@@ -680,7 +684,7 @@ impl<'a> Handshake<'a> {
     }
 
     /// RC timeouts and retry counts for RTS (default [`RtsAttr::default`]); its
-    /// `sq_psn` is replaced by the handshake's PSN.
+    /// `sq_psn` is replaced by the QP's PSN ([`QueuePair::psn`]).
     pub fn rts(mut self, rts: RtsAttr) -> Self {
         self.rts = rts;
         self
@@ -697,18 +701,17 @@ impl<'a> Handshake<'a> {
     }
 
     /// The port's attributes, the GID index to send from, and the endpoint to send.
-    fn local(&self) -> Result<(PortAttr, u8, Endpoint)> {
+    fn local(&self) -> Result<(PortAttr, u32, Endpoint)> {
         const VERB: Verb = Verb::Handshake;
         let ctx = self.qp.context();
         let port_num = self.init.port;
         let port = ctx.query_port(port_num)?;
         let entry = match self.gid_index {
-            Some(i) => ctx.query_gid(port_num, u32::from(i))?,
+            Some(i) => ctx.query_gid(port_num, i)?,
             None if port.is_ethernet() => ctx.default_gid(port_num)?,
             None => ctx.query_gid(port_num, 0)?,
         };
-        let sgid_index = u8::try_from(entry.index)
-            .map_err(|_| Error::invalid(VERB, format!("GID index {} does not fit in 8 bits", entry.index)))?;
+        let sgid_index = entry.index;
         let mtu = match port.active_mtu {
             Mtu::Unknown(_) => self.max_mtu,
             active => min_mtu(self.max_mtu, active),
@@ -717,7 +720,7 @@ impl<'a> Handshake<'a> {
         let local = Endpoint {
             transport: self.qp.qp_type(),
             qpn: self.qp.qp_num(),
-            psn: self.psn,
+            psn: self.qp.psn(),
             qkey: if is_ud { self.init.qkey } else { 0 },
             lid: port.lid,
             gid: entry.gid,
@@ -736,7 +739,7 @@ impl<'a> Handshake<'a> {
 
     /// How to reach `peer` from `port`: by GID on RoCE (the only way there), by LID on
     /// InfiniBand when the peer has one, else by GID (another subnet).
-    fn route(&self, port: &PortAttr, sgid_index: u8, local: &Endpoint, peer: &Endpoint) -> Result<Remote, WireError> {
+    fn route(&self, port: &PortAttr, sgid_index: u32, local: &Endpoint, peer: &Endpoint) -> Result<Remote, WireError> {
         if peer.transport != local.transport {
             return Err(WireError::Incompatible(format!(
                 "the peer's QP is {}, this one is {}: both sides must use the same transport",
@@ -780,7 +783,7 @@ impl<'a> Handshake<'a> {
         };
         let path_mtu = min_mtu(local.mtu, remote.mtu);
         let rtr = RtrAttr { port: self.init.port, sl: self.sl, path_mtu, ..RtrAttr::new(path, remote.qpn, remote.psn) };
-        let up = self.qp.to_rtr(&rtr).and_then(|()| self.qp.to_rts(&RtsAttr { sq_psn: self.psn, ..self.rts }));
+        let up = self.qp.to_rtr(&rtr).and_then(|()| self.qp.to_rts(&RtsAttr { sq_psn: self.qp.psn(), ..self.rts }));
         if let Err(e) = up {
             return give_up(stream, Status::Failed, e);
         }
@@ -807,7 +810,7 @@ impl<'a> Handshake<'a> {
             self.qp.to_rtr_ud()?;
         }
         if self.qp.state()? == QpState::Rtr {
-            self.qp.to_rts(&RtsAttr { sq_psn: self.psn, ..self.rts })?;
+            self.qp.to_rts(&RtsAttr { sq_psn: self.qp.psn(), ..self.rts })?;
         }
         let remote = match exchange(stream, &local) {
             Ok(r) => r,
@@ -1029,6 +1032,13 @@ mod tests {
     fn wrong_magic_and_versions_are_refused_before_the_length() {
         assert_eq!(reject(b"GET / HTTP/1.1\r\n"), WireError::BadMagic { found: *b"GET ", expected: "RDVE" });
         assert!(matches!(reject(b"X"), WireError::BadMagic { .. }), "one wrong byte is enough");
+        // Hex, and the text where it is printable: the wrong protocol shows at a glance.
+        let text = reject(b"GET / HTTP/1.1\r\n").to_string();
+        assert_eq!(text, r#"it starts with 47 45 54 20 ("GET "), not "RDVE": not a message of this protocol"#);
+        let text = reject(b"\x16\x03\x01\x02").to_string();
+        assert!(text.starts_with("it starts with 16 03 01 02, not"), "no text when nothing is printable: {text}");
+        let text = reject(b"RD\x00\xff").to_string();
+        assert!(text.starts_with(r#"it starts with 52 44 00 ff ("RD.."), not"#), "{text}");
         assert_eq!(reject(&poked(4, 0)), WireError::UnsupportedVersion { found: 0 });
         // A newer version is refused whatever its length.
         assert_eq!(reject(b"RDVE\x02"), WireError::UnsupportedVersion { found: 2 });
@@ -1161,13 +1171,6 @@ mod tests {
         let mut mine = [0u8; STATUS_LEN];
         b.read_exact(&mut mine).unwrap();
         assert_eq!(Status::from_bytes(&mine), Ok(Status::Ready), "this side still told the peer");
-    }
-
-    #[test]
-    fn random_psns_fit_in_24_bits_and_vary() {
-        let psns: Vec<u32> = (0..16).map(|_| random_psn()).collect();
-        assert!(psns.iter().all(|&p| p <= MAX_PSN));
-        assert!(psns.windows(2).any(|w| w[0] != w[1]));
     }
 
     const PINGPONG_MSG: &[u8; 52] = b"0011:000012:abcdef:00000000000000000000ffff0a630001\0";

@@ -134,6 +134,8 @@ verbs! {
     MrWriteAt = "MemoryRegion::write_at", Data;
     /// Copying bytes out of a region.
     MrReadAt = "MemoryRegion::read_at", Data;
+    /// Converting an address to the C struct.
+    AhAttrToFfi = "AhAttr::to_ffi", Control;
     /// Handing out a remote descriptor of a region.
     MrRemote = "MemoryRegion::remote", Control;
     /// A part of a remote region.

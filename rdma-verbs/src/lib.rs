@@ -1,46 +1,9 @@
 //! Safe Rust over the Linux RDMA verbs (libibverbs and librdmacm from rdma-core).
 //!
-//! ```no_run
-//! use rdma_verbs::{
-//!     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, ProtectionDomain, QpType, QueuePair,
-//!     SendWr, WorkCompletion,
-//! };
+//! An RC QP sends "hello" to itself (this example is `tests/device/crate_example.rs`,
+//! which the device tests run):
 //!
-//! # fn main() -> rdma_verbs::Result<()> {
-//! let ctx = Context::open(None)?; // the first device
-//! let pd = ProtectionDomain::new(&ctx)?;
-//! let mut cq = CompletionQueue::new(&ctx, 64)?;
-//! let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).build()?;
-//! // Connect it: QueuePair::connect with the peer's QueuePair::local_info (exchanged by
-//! // the endpoint handshake or rdma_cm). Here it talks to itself.
-//! let me = qp.local_info(1, 0)?;
-//! qp.connect(&InitAttr::default(), me.psn, &me)?;
-//!
-//! // Register memory once and cut it into chunks: the currency of the safe data path.
-//! let mut bufs: Vec<Chunk> = pd.register(AlignedBuf::new(8192)?, AccessFlags::LOCAL_WRITE)?.into_chunks(4096)?;
-//! let (mut src, dst) = (bufs.remove(0), bufs.remove(0));
-//! src[..5].copy_from_slice(b"hello");
-//!
-//! let mut rq = qp.recv_queue::<Chunk>()?;
-//! let mut sq = qp.send_queue::<Chunk>()?;
-//! rq.post(dst, 0..4096, 1)?; // the queue owns `dst` now
-//! sq.post(SendWr::send(src, 0..5))?;
-//!
-//! let mut wcs = [WorkCompletion::EMPTY; 4];
-//! let mut got = None;
-//! while got.is_none() {
-//!     for wc in cq.poll(&mut wcs)?.iter_mut() {
-//!         if wc.opcode().is_recv() {
-//!             got = Some(rq.complete(wc)?); // `dst` comes back, with what arrived
-//!         } else {
-//!             sq.complete(wc, |done| drop(done.buf))?; // `src` comes back
-//!         }
-//!     }
-//! }
-//! assert_eq!(&got.unwrap().buf[..5], b"hello");
-//! # Ok(())
-//! # }
-//! ```
+#![doc = concat!("```no_run\n", include_str!("../tests/device/crate_example.rs"), "```")]
 //!
 //! The [`queue`] module documents why this is sound: posted buffers travel with their
 //! work requests and come back with the completions, so safe code can never touch memory
@@ -103,7 +66,9 @@ pub use event::{AsyncEvent, AsyncEventKind, AsyncEvents, EventSource};
 pub use mr::{AccessFlags, AccessMode, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr, RemoteWritable};
 pub use pd::ProtectionDomain;
 pub use port::{Gid, GidEntry, GidType, LinkLayer, Mtu, PhysState, PortAttr, PortState};
-pub use qp::{InitAttr, QpAccess, QpCaps, QpState, QpType, QueuePair, RemoteQpInfo, RtrAttr, RtsAttr, SendOps};
+pub use qp::{
+    InitAttr, QpAccess, QpCaps, QpState, QpType, QueuePair, RemoteQpInfo, RtrAttr, RtsAttr, SendOps, DEFAULT_QKEY,
+};
 pub use queue::{Prepared, PreparedQueue, RecvQueue, SendQueue, SendRequest, SrqQueue};
 pub use srq::SharedReceiveQueue;
 pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};

@@ -128,11 +128,39 @@ impl AccessFlags {
     const REMOTE_WRITERS: AccessFlags =
         AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_ATOMIC).union(AccessFlags::MW_BIND);
 
+    /// Flags that let a peer reach the memory with the region's own rkey.
+    const REMOTE_RIGHTS: AccessFlags =
+        AccessFlags::REMOTE_READ.union(AccessFlags::REMOTE_WRITE).union(AccessFlags::REMOTE_ATOMIC);
+
     /// True when a peer may write the memory (or may be allowed to, through a window or a
     /// bit this crate does not know).
     pub fn is_remote_writable(self) -> bool {
         self.intersects(Self::REMOTE_WRITERS) || !self.difference(Self::KNOWN).is_empty()
     }
+
+    /// True when the region's rkey lets a peer reach the memory at all: `REMOTE_READ`,
+    /// `REMOTE_WRITE`, `REMOTE_ATOMIC`, or a bit this crate does not know (which might).
+    /// `MW_BIND` alone does not: peers then use the rkey of a window bound to the region.
+    pub fn is_remote_accessible(self) -> bool {
+        self.intersects(Self::REMOTE_RIGHTS) || !self.difference(Self::KNOWN).is_empty()
+    }
+}
+
+/// The descriptor of `addr..addr + len` under `rkey`, or an error (naming `verb`) when
+/// `access` gives peers no right that an rkey could carry: such a descriptor could never
+/// work, every request through it would fail at the peer with a remote access error.
+pub(crate) fn remote_descriptor(verb: Verb, addr: u64, len: u64, rkey: u32, access: AccessFlags) -> Result<RemoteMr> {
+    if !access.is_remote_accessible() {
+        return Err(Error::invalid(
+            verb,
+            format!(
+                "the region was registered with {access:?}, which lets no peer reach it: a remote \
+                 descriptor of it would be refused on every request. Register it with REMOTE_READ \
+                 (`register`), or REMOTE_WRITE / REMOTE_ATOMIC (`register_remote_writable`)"
+            ),
+        ));
+    }
+    Ok(RemoteMr { addr, len, rkey })
 }
 
 mod sealed {
@@ -634,9 +662,13 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
         self.ptr.as_ptr()
     }
 
-    /// The descriptor a peer needs to target this region.
-    pub fn remote(&self) -> RemoteMr {
-        RemoteMr { addr: self.addr(), len: self.len as u64, rkey: self.rkey }
+    /// The descriptor a peer needs to target this region with RDMA READ, WRITE or atomics.
+    ///
+    /// Fails with [`Error::InvalidArgument`] naming [`Verb::MrRemote`] when the region
+    /// grants no remote access ([`AccessFlags::is_remote_accessible`]: a local-only region,
+    /// or `MW_BIND` alone): the device would refuse every request through its rkey.
+    pub fn remote(&self) -> Result<RemoteMr> {
+        remote_descriptor(Verb::MrRemote, self.addr(), self.len as u64, self.rkey, self.access)
     }
 
     /// A scatter/gather entry (address, length, lkey) for `range` of the region, checked
@@ -926,6 +958,24 @@ mod tests {
         assert!(check_len(4096, 4096).is_ok());
         let e = check_len(4097, 4096).unwrap_err();
         assert!(e.to_string().contains("max_mr_size 4096"), "{e}");
+    }
+
+    #[test]
+    fn only_regions_with_a_remote_right_hand_out_a_remote_descriptor() {
+        let refused = |access: AccessFlags| {
+            let e = remote_descriptor(Verb::MrRemote, 0x1000, 64, 0x77, access).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { verb: Verb::MrRemote, .. }), "{e}");
+            assert!(e.to_string().contains("lets no peer reach it"), "{e}");
+        };
+        refused(AccessFlags::LOCAL_WRITE);
+        refused(AccessFlags::empty());
+        refused(AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND | AccessFlags::ZERO_BASED);
+        for right in [AccessFlags::REMOTE_READ, AccessFlags::REMOTE_WRITE, AccessFlags::REMOTE_ATOMIC] {
+            let mr = remote_descriptor(Verb::MrRemote, 0x1000, 64, 0x77, AccessFlags::LOCAL_WRITE | right).unwrap();
+            assert_eq!(mr, RemoteMr { addr: 0x1000, len: 64, rkey: 0x77 });
+        }
+        // A bit this crate does not know might be a remote right: not refused.
+        assert!(remote_descriptor(Verb::MrRemote, 0, 1, 1, AccessFlags::from_bits_retain(1 << 30)).is_ok());
     }
 
     #[test]

@@ -11,11 +11,33 @@
 //! let pd = ProtectionDomain::new(&ctx)?;
 //! let cq = CompletionQueue::new(&ctx, 256)?;
 //! let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(64).build()?;
-//! let me = qp.local_info(1, 0x1234)?;
+//! let me = qp.local_info(1)?; // with the PSN the QP will send from: qp.psn()
 //! # let peer = me;
 //! // ... exchange `me.to_bytes()` with the peer out of band, get `peer` back ...
 //! let init = InitAttr { access: QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ, ..InitAttr::default() };
-//! qp.connect(&init, me.psn, &peer)?;
+//! qp.connect(&init, &peer)?; // sends from the PSN `me` advertised
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # One PSN per QP
+//!
+//! The first packet sequence number a QP sends is chosen once, when it is built: at
+//! random ([`random_psn`]), or fixed with [`QueuePairBuilder::psn`] (tests, tools that
+//! must match a peer's expectations). [`QueuePair::local_info`] advertises it, and
+//! [`QueuePair::connect`], [`QueuePair::ready_ud`] and the endpoint
+//! [`Handshake`](crate::Handshake) send from it, so the PSN a peer was told and the one
+//! this side sends cannot differ. Only the hand-driven transitions take it as an argument
+//! ([`RtsAttr::sq_psn`]: pass [`QueuePair::psn`]).
+//!
+//! ```no_run
+//! # fn main() -> rdma_verbs::Result<()> {
+//! # use rdma_verbs::{CompletionQueue, Context, ProtectionDomain, QpType, QueuePair};
+//! # let ctx = Context::open_first()?;
+//! # let pd = ProtectionDomain::new(&ctx)?;
+//! # let cq = CompletionQueue::new(&ctx, 256)?;
+//! let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).psn(0x1234).build()?;
+//! assert_eq!(qp.local_info(1)?.psn, 0x1234);
 //! # Ok(())
 //! # }
 //! ```
@@ -47,6 +69,19 @@ pub const DEFAULT_QKEY: u32 = 0x1111_1111;
 
 /// Largest packet sequence number: PSNs are 24 bits.
 pub const MAX_PSN: u32 = 0xFF_FFFF;
+
+/// A random 24-bit PSN: what a QP starts from unless [`QueuePairBuilder::psn`] fixes it.
+/// Starting PSNs should differ between connections, so that packets of an old connection
+/// are not taken for the new one's.
+pub fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::time::SystemTime;
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    h.write_u32(std::process::id());
+    (h.finish() & u64::from(MAX_PSN)) as u32
+}
 
 /// Transport service type (`enum ibv_qp_type`). More types (raw packet, XRC) may come, so
 /// matches need a wildcard arm.
@@ -227,6 +262,8 @@ pub(crate) struct QpInner {
     /// may grant more, which the CQ was not necessarily sized for).
     pub(crate) asked_depth: (u32, u32),
     pub(crate) send_ops: SendOps,
+    /// The first PSN it sends: chosen once, at build.
+    psn: u32,
     sq_sig_all: bool,
     max_qp_rd_atom: u8,
     max_qp_init_rd_atom: u8,
@@ -333,6 +370,7 @@ pub struct QueuePairBuilder<'a> {
     srq: Option<&'a SharedReceiveQueue>,
     req: CapRequest,
     sq_sig_all: bool,
+    psn: Option<u32>,
 }
 
 impl<'a> QueuePairBuilder<'a> {
@@ -376,6 +414,15 @@ impl<'a> QueuePairBuilder<'a> {
         self
     }
 
+    /// The first PSN the QP sends (24 bits; default [random](random_psn)). The QP keeps it:
+    /// [`QueuePair::local_info`] advertises it and [`QueuePair::connect`] sends from it.
+    /// Fix it for tests, or for a peer that expects a given PSN; a value wider than 24 bits
+    /// is refused by [`build`](Self::build).
+    pub fn psn(mut self, psn: u32) -> Self {
+        self.psn = Some(psn);
+        self
+    }
+
     /// Takes receives from this shared receive queue instead of a receive queue of its own.
     pub fn srq(mut self, srq: &'a SharedReceiveQueue) -> Self {
         self.srq = Some(srq);
@@ -393,6 +440,13 @@ impl<'a> QueuePairBuilder<'a> {
 
     /// Checks the request against the device's limits, then creates the QP
     /// (`ibv_create_qp_ex`). The QP starts in [`QpState::Reset`].
+    ///
+    /// Refused with [`Error::InvalidArgument`] naming [`Verb::CreateQpEx`], before the
+    /// QP is created: sizes beyond the device's limits, a PSN wider than 24 bits, and
+    /// queues that do not fit in their CQs. `max_send_wr` and `max_recv_wr` (their sum
+    /// when one CQ takes both) must fit in the CQ's entries besides those the safe queues
+    /// already claimed on it reserved ([`CompletionQueue::builder`] says why), so the
+    /// defaults (128 + 128) need a CQ of 256 entries.
     #[doc(alias = "ibv_create_qp_ex")]
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
@@ -404,6 +458,25 @@ impl<'a> QueuePairBuilder<'a> {
             let raw = unsafe { ffi::ibv_create_qp_ex(ctx.as_raw(), attr) };
             Ok((conv::ptr(VERB, raw)?, None))
         })
+    }
+
+    /// Refuses a QP whose queues, at the depths asked, cannot fit in their CQs besides
+    /// what the safe queues on those CQs reserved: the claim of such a queue
+    /// ([`QueuePair::send_queue`], [`QueuePair::recv_queue`]) would be refused, and a QP
+    /// driven another way could overrun the CQ.
+    fn check_cq_room(&self, cap: &ffi::ibv_qp_cap) -> Result<()> {
+        const VERB: Verb = Verb::CreateQpEx;
+        let (send, recv) = (u64::from(cap.max_send_wr), u64::from(cap.max_recv_wr));
+        let qp_type = self.req.qp_type;
+        if self.send_cq.as_raw() == self.recv_cq.as_raw() {
+            let what = format!("the {qp_type} QP's send and receive queues (max_send_wr {send} + max_recv_wr {recv})");
+            let smaller = "build the QP with a smaller max_send_wr or max_recv_wr";
+            return self.send_cq.inner.check_room(send + recv, VERB, &what, smaller);
+        }
+        let what = format!("the {qp_type} QP's send queue (max_send_wr {send})");
+        self.send_cq.inner.check_room(send, VERB, &what, "build the QP with a smaller max_send_wr")?;
+        let what = format!("the {qp_type} QP's receive queue (max_recv_wr {recv})");
+        self.recv_cq.inner.check_room(recv, VERB, &what, "build the QP with a smaller max_recv_wr")
     }
 
     /// Checks the request as [`build`](Self::build) does, then creates the QP with
@@ -436,8 +509,19 @@ impl<'a> QueuePairBuilder<'a> {
         if let Some(srq) = self.srq {
             same(srq.pd().context(), "SRQ")?;
         }
+        let psn = match self.psn {
+            Some(psn) if psn > MAX_PSN => {
+                return Err(Error::invalid(
+                    VERB,
+                    format!("psn {psn:#x} does not fit in 24 bits (at most {MAX_PSN:#x})"),
+                ));
+            }
+            Some(psn) => psn,
+            None => random_psn(),
+        };
         let dev = ctx.query_device()?;
         let cap = self.req.check(dev.max_qp_wr, dev.max_sge)?;
+        self.check_cq_room(&cap)?;
 
         let mut comp_mask = ffi::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0;
         let send_ops = self.req.send_ops.unwrap_or_default();
@@ -495,6 +579,7 @@ impl<'a> QueuePairBuilder<'a> {
                 caps: QpCaps::from_ffi(&attr.cap),
                 asked_depth: (cap.max_send_wr, cap.max_recv_wr),
                 send_ops,
+                psn,
                 sq_sig_all: self.sq_sig_all,
                 max_qp_rd_atom: rd_atom(dev.max_qp_rd_atom),
                 max_qp_init_rd_atom: rd_atom(dev.max_qp_init_rd_atom),
@@ -512,6 +597,13 @@ impl<'a> QueuePairBuilder<'a> {
 }
 
 /// RESET -> INIT attributes. RC and UC QPs use `access`, UD QPs use `qkey`.
+///
+/// ```
+/// use rdma_verbs::{InitAttr, DEFAULT_QKEY};
+///
+/// // A UD peer sends with the Q_Key the receiver's QP was given at INIT.
+/// assert_eq!(InitAttr::default().qkey, DEFAULT_QKEY);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InitAttr {
     /// The local port, from 1 (default 1).
@@ -581,7 +673,8 @@ impl RtrAttr {
     }
 }
 
-/// RTR -> RTS attributes. UC and UD QPs use only `sq_psn`.
+/// RTR -> RTS attributes. UC and UD QPs use only `sq_psn`: give it [`QueuePair::psn`], the
+/// PSN [`QueuePair::local_info`] advertised.
 ///
 /// The defaults cannot hang a sender forever: `timeout` 14 (4.096 us * 2^14, about 67 ms
 /// per try), `retry_cnt` 7, `rnr_retry` 6. An `rnr_retry` of 7 means "retry forever while
@@ -590,7 +683,8 @@ impl RtrAttr {
 /// `max_qp_init_rd_atom`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RtsAttr {
-    /// The first PSN this QP sends (24 bits): the peer's `rq_psn`.
+    /// The first PSN this QP sends (24 bits): the peer's `rq_psn`, so [`QueuePair::psn`]
+    /// (what [`QueuePair::local_info`] told the peer). Default 0.
     pub sq_psn: u32,
     /// Local ACK timeout code (RC; 0..=31; 0 waits forever).
     pub timeout: u8,
@@ -848,6 +942,7 @@ impl QueuePair {
                 send_ops: None,
             },
             sq_sig_all: false,
+            psn: None,
         }
     }
 
@@ -855,6 +950,15 @@ impl QueuePair {
     pub fn qp_num(&self) -> u32 {
         // SAFETY: the QP is live; qp_num is set at creation and never changes.
         unsafe { (*self.as_raw()).qp_num }
+    }
+
+    /// The first PSN this QP sends, chosen once when it was built (at random, unless
+    /// [`QueuePairBuilder::psn`] fixed it). [`local_info`](Self::local_info) advertises it;
+    /// [`connect`](Self::connect), [`ready_ud`](Self::ready_ud) and the endpoint
+    /// [`Handshake`](crate::Handshake) send from it. A QP made through a CM id does not use
+    /// it: rdma_cm picks and exchanges that QP's PSN itself.
+    pub fn psn(&self) -> u32 {
+        self.inner.psn
     }
 
     /// The transport type.
@@ -1057,7 +1161,7 @@ impl QueuePair {
             path_mtu: mtu.to_ffi(),
             dest_qp_num: attr.dest_qpn,
             rq_psn: attr.rq_psn,
-            ah_attr: path.to_ffi(),
+            ah_attr: path.raw(Verb::ModifyQp)?,
             max_dest_rd_atomic: attr.max_dest_rd_atomic.min(self.inner.max_qp_rd_atom),
             min_rnr_timer: attr.min_rnr_timer,
             ..Default::default()
@@ -1110,47 +1214,43 @@ impl QueuePair {
         self.modify(from, QpState::Err, ffi::ibv_qp_attr::default(), ffi::ibv_qp_attr_mask::IBV_QP_STATE)
     }
 
-    /// What a peer needs to connect to this QP on `port`, which will send from PSN `psn`.
-    /// The GID is the one [`connect`](Self::connect) sends from: [`Context::default_gid`]
-    /// on RoCE, index 0 on InfiniBand.
-    pub fn local_info(&self, port: u8, psn: u32) -> Result<RemoteQpInfo> {
-        fits(psn, MAX_PSN, "psn")?;
+    /// What a peer needs to connect to this QP on `port`: its number, the PSN it will send
+    /// from ([`psn`](Self::psn), the one [`connect`](Self::connect) uses), the port's LID and
+    /// the GID `connect` sends from ([`Context::default_gid`] on RoCE, index 0 on InfiniBand).
+    pub fn local_info(&self, port: u8) -> Result<RemoteQpInfo> {
         let ctx = self.context();
         let attr = ctx.query_port(port)?;
         let gid = if attr.is_ethernet() { ctx.default_gid(port)?.gid } else { ctx.query_gid(port, 0)?.gid };
-        Ok(RemoteQpInfo { qpn: self.qp_num(), psn, lid: attr.lid, gid })
+        Ok(RemoteQpInfo { qpn: self.qp_num(), psn: self.psn(), lid: attr.lid, gid })
     }
 
     /// Connects an RC or UC QP in RESET to `remote`: INIT with `init`, RTR towards the
     /// remote QP (by GID from [`Context::default_gid`] on RoCE, by LID on InfiniBand) with
-    /// the [`RtrAttr`] defaults, RTS sending from `sq_psn` with the [`RtsAttr`] defaults.
+    /// the [`RtrAttr`] defaults, RTS sending from [`psn`](Self::psn), the PSN
+    /// [`local_info`](Self::local_info) advertised, with the [`RtsAttr`] defaults.
     /// For other paths or timeouts, call the three transitions yourself.
-    pub fn connect(&self, init: &InitAttr, sq_psn: u32, remote: &RemoteQpInfo) -> Result<()> {
+    pub fn connect(&self, init: &InitAttr, remote: &RemoteQpInfo) -> Result<()> {
         if self.qp_type() == QpType::Ud {
             return Err(Error::invalid(Verb::ModifyQp, "UD QPs are not connected: call ready_ud()"));
         }
         let ctx = self.context();
         let port = ctx.query_port(init.port)?;
         let path = if port.is_ethernet() {
-            let sgid = ctx.default_gid(init.port)?.index;
-            let sgid = u8::try_from(sgid).map_err(|_| {
-                Error::invalid(Verb::ModifyQp, format!("the default GID index {sgid} does not fit in 8 bits"))
-            })?;
-            Remote::gid(remote.gid, sgid)
+            Remote::gid(remote.gid, ctx.default_gid(init.port)?.index)
         } else {
             Remote::lid(remote.lid)
         };
         self.to_init(init)?;
         self.to_rtr(&RtrAttr { port: init.port, ..RtrAttr::new(path, remote.qpn, remote.psn) })?;
-        self.to_rts(&RtsAttr { sq_psn, ..RtsAttr::default() })
+        self.to_rts(&RtsAttr { sq_psn: self.psn(), ..RtsAttr::default() })
     }
 
     /// Brings a UD QP in RESET up to RTS: INIT with `init` (port, P_Key index, Q_Key),
-    /// RTR, RTS sending from `sq_psn`.
-    pub fn ready_ud(&self, init: &InitAttr, sq_psn: u32) -> Result<()> {
+    /// RTR, RTS sending from [`psn`](Self::psn).
+    pub fn ready_ud(&self, init: &InitAttr) -> Result<()> {
         self.to_init(init)?;
         self.to_rtr_ud()?;
-        self.to_rts(&RtsAttr { sq_psn, ..RtsAttr::default() })
+        self.to_rts(&RtsAttr { sq_psn: self.psn(), ..RtsAttr::default() })
     }
 
     /// Destroys the QP now and reports the result (`ibv_destroy_qp`). Fails with EBUSY,
@@ -1305,6 +1405,13 @@ mod tests {
         assert_eq!(with(|i| i.gid = Gid([0; 16])), Err(WireError::NoAddress));
         assert_eq!(with(|i| (i.lid, i.gid) = (0xc000, Gid([0; 16]))), Err(WireError::MulticastLid(0xc000)));
         assert_eq!(with(|_| ()), Ok(good));
+    }
+
+    #[test]
+    fn random_psns_fit_in_24_bits_and_vary() {
+        let psns: Vec<u32> = (0..16).map(|_| random_psn()).collect();
+        assert!(psns.iter().all(|&p| p <= MAX_PSN));
+        assert!(psns.windows(2).any(|w| w[0] != w[1]));
     }
 
     #[test]

@@ -21,8 +21,8 @@
 //! id.resolve_route(t)?;
 //! let ctx = id.context()?; // the device rdma_cm chose for that address
 //! let pd = ProtectionDomain::new(&ctx)?;
-//! let cq = CompletionQueue::new(&ctx, 16)?;
-//! let qp = id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq))?;
+//! let cq = CompletionQueue::new(&ctx, 16)?; // room for both queues: 8 + 8
+//! let qp = id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(8).max_recv_wr(8))?;
 //! // ... post receives on qp.recv_queue() ...
 //! let established = id.connect(&ConnParam::new().private_data(b"hello"), t)?;
 //! println!("the server said {:?}", established.private_data());
@@ -56,6 +56,20 @@
 //! the handles are dropped in. librdmacm also changes the state of an id's QP itself
 //! (on accept, on the connect response, on disconnect): a lock of the channel keeps that
 //! from racing with the QP's destruction.
+//!
+//! # One device context stays open for the life of the process
+//!
+//! librdmacm opens a device's context (`ibv_open_device`) the first time one of its ids
+//! binds to that device (resolving or binding an address), and keeps it open until the
+//! process exits: destroying every id and channel, and dropping every handle of this crate,
+//! does not close it, and nothing in librdmacm's API does. So after the first rdma_cm use
+//! the device counts one context more than before (`rdma resource show`: ctx + 1), and a
+//! leak check taken then stays at ctx + 1; later use opens no further context for that
+//! device. Take such a snapshot after the first use, as this crate's device tests do
+//! (`tests/device/cm.rs`: `cm_leak_check`, and
+//! `librdmacm_keeps_one_device_context_open_from_its_first_use_to_the_end_of_the_process`).
+//! An open context also holds the device: on rxe, `rdma link delete` of it waits until the
+//! process exits.
 //!
 //! [`AsRawFd`]: std::os::fd::AsRawFd
 //! [`Context`]: crate::Context

@@ -134,14 +134,14 @@ impl Bed {
             cq_a,
             cq_b,
         };
-        let (ia, ib) = (bed.a.local_info(port, 0x100)?, bed.b.local_info(port, 0x200)?);
+        let (ia, ib) = (bed.a.local_info(port)?, bed.b.local_info(port)?);
         let init = InitAttr {
             port,
             access: QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ | QpAccess::REMOTE_ATOMIC,
             ..InitAttr::default()
         };
-        bed.a.connect(&init, ia.psn, &ib)?;
-        bed.b.connect(&init, ib.psn, &ia)?;
+        bed.a.connect(&init, &ib)?;
+        bed.b.connect(&init, &ia)?;
         Ok(bed)
     }
 

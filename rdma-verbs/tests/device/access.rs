@@ -16,9 +16,11 @@
 //! underlying region; see rdma-sys/tests/device/mw.rs). The safe crate has no memory
 //! window API.
 
-use rdma_verbs::mr::RemoteWritable;
+use rdma_verbs::mr::{AccessMode, RegisterableBuffer, RemoteWritable};
 use rdma_verbs::queue::SendWr;
-use rdma_verbs::{AccessFlags, Chunk, Error, MemoryRegion, ProtectionDomain, QpAccess, Refused, RemoteMr, WcStatus};
+use rdma_verbs::{
+    AccessFlags, Chunk, Error, MemoryRegion, ProtectionDomain, QpAccess, Refused, RemoteMr, Verb, WcStatus,
+};
 
 use crate::datapath::{chunks, poll_one, rc_pair, Side};
 use crate::LeakCheck;
@@ -116,6 +118,13 @@ fn run(pd: &ProtectionDomain, a: &mut Side<Chunk>, op: Op, remote: RemoteMr) -> 
 /// Where the request aims, relative to the region.
 type Aim = fn(RemoteMr) -> RemoteMr;
 
+/// The region's address, length and rkey, as a peer that got hold of the rkey would aim
+/// them. Built by hand: `MemoryRegion::remote` hands out no descriptor of a region that
+/// grants no remote right, and these tests aim at such regions on purpose.
+fn raw_descriptor<B: RegisterableBuffer, M: AccessMode>(mr: &MemoryRegion<B, M>) -> RemoteMr {
+    RemoteMr { addr: mr.addr(), len: mr.len() as u64, rkey: mr.rkey() }
+}
+
 /// A fresh RC pair (every remote operation allowed on the QPs); the middle page of `bytes`
 /// registered on B's side with `access` (in B's PD, or in another PD of the same device
 /// when `other_pd`); one request of `op` from A aimed by `aim`. The region is deregistered
@@ -127,7 +136,7 @@ fn attempt(bytes: &mut [u8], access: AccessFlags, other_pd: bool, op: Op, aim: A
     let (_, rest) = bytes.split_at_mut(PAGE);
     let (mid, _) = rest.split_at_mut(PAGE);
     let mr = MemoryRegion::<&mut [u8], RemoteWritable>::new(region_pd, mid, access).unwrap();
-    let out = run(&pd, &mut a, op, aim(mr.remote()));
+    let out = run(&pd, &mut a, op, aim(raw_descriptor(&mr)));
     drop((mr, a, b));
     out
 }
@@ -272,7 +281,7 @@ fn an_rkey_stops_working_when_its_region_is_deregistered() {
         let (_, rest) = bytes.split_at_mut(PAGE);
         let (mid, _) = rest.split_at_mut(PAGE);
         let mr = pd.register_remote_writable(mid, ALL_MR).unwrap();
-        let remote = mr.remote();
+        let remote = mr.remote().unwrap();
         let first = RemoteMr { len: 64, ..remote };
         let got = run(&pd, &mut a, Op::Write, first);
         assert_eq!(got.status, WcStatus::Success, "the key works while the region is registered");
@@ -303,7 +312,10 @@ fn a_region_registered_with_the_default_access_grants_no_remote_right() {
             let mr = pd.register_slice(mid, AccessFlags::default()).unwrap();
             assert_eq!(mr.access(), AccessFlags::LOCAL_WRITE);
             assert!(!mr.access().is_remote_writable());
-            run(&pd, &mut a, op, aim(mr.remote()))
+            // It hands out no remote descriptor: one could never work, as the device shows.
+            let e = mr.remote().unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { verb: Verb::MrRemote, .. }), "{e}");
+            run(&pd, &mut a, op, aim(raw_descriptor(&mr)))
         };
         assert_refused(&format!("{op:?} on a default region"), got, &bytes);
         drop((a, b));

@@ -236,7 +236,7 @@ fn safe_round<T: Source>(
     T::fill(&mut srcs[1], fill_byte(r, 1));
     b.rq.post(rbuf.take().unwrap(), 0..LEN, r).unwrap();
     let send = SendWr::send(T::lend(&mut srcs[0]), 0..LEN).id(0);
-    let write = SendWr::write(T::lend(&mut srcs[1]), 0..LEN, target.remote()).id(1);
+    let write = SendWr::write(T::lend(&mut srcs[1]), 0..LEN, target.remote().unwrap()).id(1);
     if batch {
         assert_eq!(a.sq.post_batch([send, write]).unwrap(), 2);
         ops.posts += 2;
@@ -314,7 +314,7 @@ fn raw_round(
     let mut sges = [srcs[0].sge(0..LEN).unwrap(), srcs[1].sge(0..LEN).unwrap()];
     // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
     let mut wrs: [ffi::ibv_send_wr; 2] = unsafe { std::mem::zeroed() };
-    let remote = target.remote();
+    let remote = target.remote().unwrap();
     for (i, (wr, sge)) in wrs.iter_mut().zip(sges.iter_mut()).enumerate() {
         wr.wr_id = i as u64;
         wr.sg_list = sge;
@@ -393,7 +393,7 @@ fn prepared_requests_post_post_batch_and_poll_allocate_nothing_in_steady_state()
     // Built once, before the measured loop (that is where a prepared request allocates).
     let prep = |wr| pq.prepare(wr).unwrap();
     let send = prep(SendWr::send(bufs.pop().unwrap(), 0..LEN).id(0));
-    let write = prep(SendWr::write(bufs.pop().unwrap(), 0..LEN, target.remote()).id(1));
+    let write = prep(SendWr::write(bufs.pop().unwrap(), 0..LEN, target.remote().unwrap()).id(1));
     let mut ps = [Some(send), Some(write)];
     for batch in [false, true] {
         let label = format!("prepared requests, {}", if batch { "post_batch" } else { "post" });

@@ -4,7 +4,9 @@
 //!
 //! rdma_cm resolves IP addresses: these tests use RDMA_IP, the address of the netdev
 //! under the device (scripts/rxe exports it), never 127.0.0.1. Each runs in a process of
-//! its own ([`isolated`]): librdmacm keeps the device open until its process exits.
+//! its own ([`isolated`]): librdmacm keeps the device open until its process exits, so a
+//! leak check taken after its first use counts one context more than before it
+//! ([`cm_leak_check`] allows for exactly that, and checks it).
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{IpAddr, SocketAddr};
@@ -22,7 +24,7 @@ use rdma_verbs::{
 };
 
 use crate::datapath::{chunks, poll_one};
-use crate::{device_name, example, LeakCheck};
+use crate::{device_name, example, LeakCheck, ResourceCounts};
 
 /// The bound on every wait of these tests.
 const T: Duration = Duration::from_secs(10);
@@ -49,12 +51,20 @@ pub(crate) fn rdma_ip() -> IpAddr {
 /// and keeps it open until the process exits. On rxe an open context blocks the removal
 /// of the device (the diag link test deletes and recreates it) for as long as it is
 /// open, so no rdma_cm call may happen in the process that runs the other tests. The
-/// child takes the leak check, after librdmacm has opened its context.
+/// child takes the leak check, after librdmacm has opened its context ([`cm_leak_check`]).
 fn isolated(test: &str, body: impl FnOnce()) {
-    const ENV: &str = "RDMA_VERBS_CM_TEST";
-    if std::env::var(ENV).as_deref() == Ok(test) {
+    in_own_process(test, || {
         let _leaks = cm_leak_check();
         body();
+    });
+}
+
+/// Runs `child` in a fresh process of this binary (this one waits for it, bounded in time):
+/// [`isolated`] without the leak check, for a test that counts the resources itself.
+fn in_own_process(test: &str, child: impl FnOnce()) {
+    const ENV: &str = "RDMA_VERBS_CM_TEST";
+    if std::env::var(ENV).as_deref() == Ok(test) {
+        child();
         return;
     }
     let log_path =
@@ -91,19 +101,51 @@ fn isolated(test: &str, body: impl FnOnce()) {
     assert!(output.contains("test result: ok. 1 passed"), "{test}: the child process did not run exactly this test");
 }
 
-/// librdmacm opens a device's context the first time one of its ids binds to that
-/// device and keeps it open for the life of the process. Open it before the leak check
-/// takes its snapshot, so that the check sees only what a test leaves behind.
+/// The leak check of a process that uses rdma_cm. librdmacm opens a device's context the
+/// first time one of its ids binds to that device and keeps it open for the life of the
+/// process (see the `cm` module docs): after the first rdma_cm use the device counts one
+/// context more (ctx + 1), whatever is dropped. So the first call opens it, checks that
+/// the first use left exactly that one context behind and nothing else, and only then
+/// takes the snapshot, which the check compares with: it sees only what a test leaves.
 pub(crate) fn cm_leak_check() -> LeakCheck {
     static OPEN: Once = Once::new();
     OPEN.call_once(|| {
-        let channel = EventChannel::new().unwrap();
-        let id = CmId::new(&channel, PortSpace::Tcp).unwrap();
-        id.bind(SocketAddr::new(rdma_ip(), 0)).unwrap();
-        let ctx = id.context().unwrap();
-        assert_eq!(ctx.name(), device_name(), "rdma_cm picked the device under RDMA_IP");
+        let before = ResourceCounts::now();
+        bind_an_id_and_drop_it();
+        let after = ResourceCounts::now();
+        assert_eq!(after, ResourceCounts { ctx: before.ctx + 1, ..before }, "the first rdma_cm use leaves ctx + 1");
     });
     LeakCheck::new()
+}
+
+/// A CM id bound to the device under test (so librdmacm opens its context), then dropped.
+fn bind_an_id_and_drop_it() {
+    let channel = EventChannel::new().unwrap();
+    let id = CmId::new(&channel, PortSpace::Tcp).unwrap();
+    id.bind(SocketAddr::new(rdma_ip(), 0)).unwrap();
+    let ctx = id.context().unwrap();
+    assert_eq!(ctx.name(), device_name(), "rdma_cm picked the device under RDMA_IP");
+    drop((ctx, id, channel));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn librdmacm_keeps_one_device_context_open_from_its_first_use_to_the_end_of_the_process() {
+    in_own_process(this_test!(), || {
+        // A fresh process: rdma_cm has not run here yet.
+        let before = ResourceCounts::now();
+        bind_an_id_and_drop_it();
+        let after_first = ResourceCounts::now();
+        let one_more = ResourceCounts { ctx: before.ctx + 1, ..before };
+        assert_eq!(after_first, one_more, "everything dropped, but librdmacm's context stays open");
+        // Later use opens no further context: the count stays at ctx + 1.
+        bind_an_id_and_drop_it();
+        let channel = EventChannel::new().unwrap();
+        let (listen, addr) = listener(&channel);
+        let id = resolved(&channel, addr);
+        drop((id, listen, channel));
+        assert_eq!(ResourceCounts::now(), one_more, "later rdma_cm use keeps ctx + 1, and leaks nothing else");
+    });
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -354,11 +396,12 @@ fn create_qp_refuses_a_foreign_pd_a_wrong_qp_type_and_a_second_qp() {
         let id = resolved(&channel, addr);
         let ctx = id.context().unwrap();
         let pd = ProtectionDomain::new(&ctx).unwrap();
-        let cq = CompletionQueue::new(&ctx, 16).unwrap();
+        // Room for the default depths (128 + 128), which building the QP checks.
+        let cq = CompletionQueue::new(&ctx, 256).unwrap();
         // A context we opened ourselves is another ibv_context than librdmacm's.
         let own = Context::open(Some(&device_name())).unwrap();
         let own_pd = ProtectionDomain::new(&own).unwrap();
-        let own_cq = CompletionQueue::new(&own, 16).unwrap();
+        let own_cq = CompletionQueue::new(&own, 256).unwrap();
         let err = id.create_qp(QueuePair::builder(&own_pd, QpType::Rc, &own_cq, &own_cq)).unwrap_err();
         assert!(err.to_string().contains("another device context"), "{err}");
         let err = id.create_qp(QueuePair::builder(&pd, QpType::Ud, &cq, &cq)).unwrap_err();

@@ -42,9 +42,9 @@ pub fn rc_pair_with<T: rdma_verbs::queue::SendBuf>(
     let (cq_a, a) = make();
     let (cq_b, b) = make();
     let init = InitAttr { access, ..InitAttr::default() };
-    let (ia, ib) = (a.local_info(1, 0x111).unwrap(), b.local_info(1, 0x222).unwrap());
-    a.connect(&init, ia.psn, &ib).unwrap();
-    b.connect(&init, ib.psn, &ia).unwrap();
+    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
+    a.connect(&init, &ib).unwrap();
+    b.connect(&init, &ia).unwrap();
     let side = |cq, qp: QueuePair| Side { sq: qp.send_queue().unwrap(), rq: qp.recv_queue().unwrap(), cq, qp };
     (pd, side(cq_a, a), side(cq_b, b))
 }
@@ -120,7 +120,7 @@ fn rdma_write_read_and_atomics_move_the_right_bytes() {
                 | AccessFlags::REMOTE_ATOMIC,
         )
         .unwrap();
-    let remote = target.remote();
+    let remote = target.remote().unwrap();
     let mut bufs = chunks(&pd, 3, 4096, AccessFlags::LOCAL_WRITE);
     let (mut src, rd, atom) = (bufs.remove(0), bufs.remove(0), bufs.remove(0));
     let data = pattern(3, 4096);
@@ -169,7 +169,7 @@ fn a_batch_of_unsignaled_writes_is_released_by_its_one_signaled_completion() {
     let mut src = chunks(&pd, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
     src.copy_from_slice(&pattern(9, 64));
     let src = Arc::new(src);
-    let remote = target.remote();
+    let remote = target.remote().unwrap();
     // 32 writes of the same shared source, one provider call, only the last signaled.
     let wrs = (0..32u64)
         .map(|i| SendWr::write(Arc::clone(&src), 0..64, remote.slice(i * 64..).unwrap()).id(i).signaled(i == 31));

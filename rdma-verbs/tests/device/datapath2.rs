@@ -67,9 +67,9 @@ fn connected<S: SendBuf, R: ExclusiveBuf>(
 
 fn connect(a: &QueuePair, b: &QueuePair, access: QpAccess) {
     let init = InitAttr { access, ..InitAttr::default() };
-    let (ia, ib) = (a.local_info(1, 0x321).unwrap(), b.local_info(1, 0x654).unwrap());
-    a.connect(&init, ia.psn, &ib).unwrap();
-    b.connect(&init, ib.psn, &ia).unwrap();
+    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
+    a.connect(&init, &ib).unwrap();
+    b.connect(&init, &ia).unwrap();
 }
 
 /// A region of `len` bytes that peers may write and read, filled with [`UNTOUCHED`].
@@ -220,7 +220,7 @@ fn rdma_write_of_0_1_4095_4096_4097_bytes_and_4_mib_lands_byte_exact_at_an_odd_o
     // 7: the remote address is not aligned to anything.
     let (off, slack) = (7, 64);
     let mut t = target(&pd, off + big + slack);
-    let remote = t.remote().slice(off as u64..).unwrap();
+    let remote = t.remote().unwrap().slice(off as u64..).unwrap();
     let mut src = chunks(&pd, 1, big, AccessFlags::LOCAL_WRITE).pop().unwrap();
     for (i, n) in SIZES.into_iter().chain([big]).enumerate() {
         let data = bytes(i as u64 + 100, n);
@@ -268,7 +268,7 @@ fn a_message_gathered_from_two_regions_is_scattered_into_two_other_regions_by_se
 
     // RDMA WRITE bytes 500..7500 of x|y to a remote region.
     let mut t = target(&pd, 8192);
-    let remote = t.remote();
+    let remote = t.remote().unwrap();
     posted(a.sq.post(SendWr::write([x, y], 500..7500, remote)));
     let [x, y] = sent_one(&mut a.sq, &mut a.scq).buf;
     same(&read_back(&t, 0, 7000), &data[500..7500], "WRITE gathered from two regions");
@@ -349,7 +349,7 @@ fn send_with_imm_and_write_with_imm_deliver_the_immediate_and_write_with_imm_con
         src[..n].copy_from_slice(&data);
         dst.fill(UNTOUCHED);
         posted(b.rq.post(dst, 0..4096, 50 + i as u64));
-        posted(a.sq.post(SendWr::write(src, 0..n, t.remote().slice(1000..).unwrap()).imm(imm)));
+        posted(a.sq.post(SendWr::write(src, 0..n, t.remote().unwrap().slice(1000..).unwrap()).imm(imm)));
         src = sent_one(&mut a.sq, &mut a.cq).buf;
         let (wc, got) = received(&mut b.rq, &mut b.cq);
         assert_eq!((wc.opcode(), wc.imm_data()), (WcOpcode::RecvRdmaWithImm, Some(imm)), "{wc:?}");
@@ -377,13 +377,12 @@ fn ud_datagrams_arrive_after_a_40_byte_grh_from_the_senders_qp_and_a_wrong_qkey_
     let b = QueuePair::builder(&pd, QpType::Ud, &cq_b, &cq_b).max_send_wr(32).max_recv_wr(32).build().unwrap();
     let qkey = 0x1357_2468;
     let init = InitAttr { qkey, ..InitAttr::default() };
-    a.ready_ud(&init, 0).unwrap();
-    b.ready_ud(&init, 0).unwrap();
+    a.ready_ud(&init).unwrap();
+    b.ready_ud(&init).unwrap();
     let mtu = ctx.query_port(1).unwrap().active_mtu.bytes() as usize;
     assert!(mtu >= 256, "active MTU {mtu}");
-    let peer = b.local_info(1, 0).unwrap();
-    let sgid = u8::try_from(gid_index()).unwrap();
-    let ah = AddressHandle::new(&pd, &AhAttr::global(1, peer.gid, sgid)).unwrap();
+    let peer = b.local_info(1).unwrap();
+    let ah = AddressHandle::new(&pd, &AhAttr::global(1, peer.gid, gid_index())).unwrap();
     let (mut sq, mut rq) = (a.send_queue::<Chunk>().unwrap(), b.recv_queue::<Chunk>().unwrap());
 
     for (i, mut c) in chunks(&pd, 4, GRH + mtu, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
@@ -437,7 +436,7 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let (mut scq, mut rcq) = (CompletionQueue::new(&ctx, 64).unwrap(), CompletionQueue::new(&ctx, 64).unwrap());
     let srq = SharedReceiveQueue::new(&pd, 16, 1).unwrap();
-    let recv_qp = || QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).srq(&srq).build().unwrap();
+    let recv_qp = || QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(8).srq(&srq).build().unwrap();
     let send_qp = || QueuePair::builder(&pd, QpType::Rc, &scq, &scq).max_send_wr(16).max_recv_wr(1).build().unwrap();
     let (r1, r2, s1, s2) = (recv_qp(), recv_qp(), send_qp(), send_qp());
     connect(&s1, &r1, QpAccess::empty());
@@ -519,8 +518,8 @@ fn an_srq_queue_refuses_a_receive_completion_of_a_qp_on_another_srq() {
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let (mut scq, mut rcq) = (CompletionQueue::new(&ctx, 64).unwrap(), CompletionQueue::new(&ctx, 64).unwrap());
     let (srq_a, srq_b) = (SharedReceiveQueue::new(&pd, 8, 1).unwrap(), SharedReceiveQueue::new(&pd, 8, 1).unwrap());
-    let ra = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).srq(&srq_a).build().unwrap();
-    let _rb = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).srq(&srq_b).build().unwrap();
+    let ra = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(8).srq(&srq_a).build().unwrap();
+    let _rb = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(8).srq(&srq_b).build().unwrap();
     let sa = QueuePair::builder(&pd, QpType::Rc, &scq, &scq).max_send_wr(16).max_recv_wr(1).build().unwrap();
     connect(&sa, &ra, QpAccess::empty());
     let (mut qa, mut qb) = (srq_a.queue::<Chunk>().unwrap(), srq_b.queue::<Chunk>().unwrap());
@@ -907,7 +906,7 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     let mut t = target(&pd, 8192);
     let tdata = bytes(110, 8192);
     t.write_at(0, &tdata).unwrap();
-    let remote = t.remote();
+    let remote = t.remote().unwrap();
     let mut bufs = chunks(&pd, 5, 4096, AccessFlags::LOCAL_WRITE);
 
     // RDMA READ into a range past the chunk's end, or starting past it, or longer than
@@ -979,8 +978,10 @@ fn reversed_ranges_are_refused_before_c_for_receive_send_and_read() {
         Err(Refused { error: e, value: _c }) => assert!(invalid_text(&e).contains("10..5"), "{e}"),
         Ok(()) => panic!("a receive into 10..5 of a chunk was posted (as a zero-length receive)"),
     }
-    let wrs =
-        [SendWr::send(bufs.pop().unwrap(), reversed.clone()), SendWr::read(bufs.pop().unwrap(), reversed, t.remote())];
+    let wrs = [
+        SendWr::send(bufs.pop().unwrap(), reversed.clone()),
+        SendWr::read(bufs.pop().unwrap(), reversed, t.remote().unwrap()),
+    ];
     for (wr, what) in wrs.into_iter().zip(["SEND", "READ"]) {
         match a.sq.post(wr) {
             Err(Refused { error: e, .. }) => assert!(invalid_text(&e).contains("10..5"), "{what}: {e}"),
@@ -1024,7 +1025,7 @@ fn full_queues_refuse_before_c_and_take_the_refused_work_once_completions_free_a
     // comes back; after the one completion releases all of them it posts.
     let depth = a.qp.caps().max_send_wr as usize;
     let t = target(&pd, (depth + 1) * 64);
-    let remote = t.remote();
+    let remote = t.remote().unwrap();
     let mut srcs = chunks(&pd, depth + 1, 64, AccessFlags::LOCAL_WRITE);
     for (i, s) in srcs.iter_mut().enumerate() {
         s.copy_from_slice(&message(4, i as u64, 64));
@@ -1117,7 +1118,7 @@ fn signaling_every_16th_of_256_writes_releases_each_run_of_16_in_order() {
     const MODERATION: u64 = 16;
     const LEN: usize = 64;
     let t = target(&pd, N as usize * LEN);
-    let remote = t.remote();
+    let remote = t.remote().unwrap();
     // perftest's shape: a tx depth of 64 buffers, post while there is room, poll otherwise.
     let mut pool = chunks(&pd, 64, LEN, AccessFlags::LOCAL_WRITE);
     let (mut next, mut released, mut completions) = (0u64, Vec::new(), 0);
@@ -1166,7 +1167,10 @@ fn a_fenced_write_batched_after_a_read_of_the_same_bytes_lets_the_read_return_th
     let mut bufs = chunks(&pd, 2, 1024, AccessFlags::LOCAL_WRITE);
     let (mut src, rd) = (bufs.pop().unwrap(), bufs.pop().unwrap());
     src.copy_from_slice(&new);
-    let wrs = [SendWr::read(rd, 0..1024, t.remote()).id(1), SendWr::write(src, 0..1024, t.remote()).fence().id(2)];
+    let wrs = [
+        SendWr::read(rd, 0..1024, t.remote().unwrap()).id(1),
+        SendWr::write(src, 0..1024, t.remote().unwrap()).fence().id(2),
+    ];
     assert_eq!(a.sq.post_batch(wrs).unwrap(), 2);
     let mut done = Vec::new();
     while done.len() < 2 {
@@ -1188,7 +1192,7 @@ fn an_errored_qp_flushes_every_outstanding_send_once_and_reports_none_as_success
     // The peer is reset: nothing it is sent is ever acknowledged.
     b.qp.reset().unwrap();
     for (i, c) in chunks(&pd, 32, 64, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
-        let wr = SendWr::write(c, 0..64, t.remote().slice(i as u64 * 64..).unwrap()).id(i as u64);
+        let wr = SendWr::write(c, 0..64, t.remote().unwrap().slice(i as u64 * 64..).unwrap()).id(i as u64);
         posted(a.sq.post(wr.signaled(i % 8 == 7)));
     }
     a.qp.to_error().unwrap();

@@ -93,7 +93,7 @@ fn extended_qp_writes_reads_and_atomics_in_one_batch() {
                 | AccessFlags::REMOTE_ATOMIC,
         )
         .unwrap();
-    let remote = target.remote();
+    let remote = target.remote().unwrap();
     let mut c = chunks(&pd, 3, 512);
     let (mut src, rd, atom) = (c.remove(0), c.remove(0), c.remove(0));
     src.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);

@@ -78,7 +78,7 @@ fn rc_side(mut tcp: TcpStream, seed: u8, peer_seed: u8, mtu: Mtu) -> rdma_verbs:
     let target = pd
         .register_remote_writable(AlignedBuf::new(4096).unwrap(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
-    let hs = Handshake::new(&qp).access(QpAccess::REMOTE_WRITE).advertise(target.remote()).max_mtu(mtu);
+    let hs = Handshake::new(&qp).access(QpAccess::REMOTE_WRITE).advertise(target.remote().unwrap()).max_mtu(mtu);
     hs.init().unwrap();
     let mut rq: RecvQueue<Chunk> = qp.recv_queue().unwrap();
     let mut sq: SendQueue<Chunk> = qp.send_queue().unwrap();
@@ -132,7 +132,7 @@ fn ud_side(mut tcp: TcpStream, seed: u8, peer_seed: u8) -> rdma_verbs::endpoint:
     const GRH: usize = 40;
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let mut cq = CompletionQueue::new(&ctx, 256).unwrap();
     let qp = QueuePair::builder(&pd, QpType::Ud, &cq, &cq).max_send_wr(4).max_recv_wr(4).build().unwrap();
     let hs = Handshake::new(&qp).qkey(0x1234_0000 | u32::from(seed));
     hs.init().unwrap();
@@ -184,13 +184,13 @@ fn handshake_refuses_a_peer_of_another_transport_on_both_sides() {
     let tb = thread::spawn(move || {
         let ctx = open();
         let pd = ProtectionDomain::new(&ctx).unwrap();
-        let cq = CompletionQueue::new(&ctx, 16).unwrap();
+        let cq = CompletionQueue::new(&ctx, 256).unwrap();
         let qp = QueuePair::builder(&pd, QpType::Ud, &cq, &cq).build().unwrap();
         Handshake::new(&qp).ready_ud(&mut b).map(|_| ()).unwrap_err().to_string()
     });
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
     let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).build().unwrap();
     let e = Handshake::new(&qp).connect(&mut a).unwrap_err();
     let text = e.to_string();
@@ -209,14 +209,14 @@ fn a_side_that_cannot_reach_rts_tells_its_peer_instead_of_leaving_it_waiting() {
     let tb = thread::spawn(move || {
         let ctx = open();
         let pd = ProtectionDomain::new(&ctx).unwrap();
-        let cq = CompletionQueue::new(&ctx, 16).unwrap();
+        let cq = CompletionQueue::new(&ctx, 256).unwrap();
         let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).build().unwrap();
         // Service level 16 does not exist: RTR is refused on this side.
         Handshake::new(&qp).sl(16).connect(&mut b).map(|_| ()).unwrap_err().to_string()
     });
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
     let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).build().unwrap();
     let started = Instant::now();
     let e = Handshake::new(&qp).connect(&mut a).unwrap_err();

@@ -190,12 +190,12 @@ fn qp_peer() {
     let target = pd
         .register_remote_writable(AlignedBuf::new(MSG).unwrap(), AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
         .unwrap();
-    let me = qp.local_info(1, 0x4242).unwrap();
-    println!("{INFO} {} {}", hex(&me.to_bytes()), hex(&target.remote().to_bytes()));
+    let me = qp.local_info(1).unwrap();
+    println!("{INFO} {} {}", hex(&me.to_bytes()), hex(&target.remote().unwrap().to_bytes()));
     let them = unhex::<{ RemoteQpInfo::WIRE_LEN }>(&read_parent(INFO)).unwrap_or_else(|e| panic!("parent's info: {e}"));
     let init = InitAttr { access: QpAccess::REMOTE_WRITE, ..InitAttr::default() };
     let them = RemoteQpInfo::from_bytes(&them).unwrap_or_else(|e| panic!("parent's QP: {e}"));
-    qp.connect(&init, me.psn, &them).unwrap();
+    qp.connect(&init, &them).unwrap();
     // Receives need a QP out of RESET; the parent sends nothing before READY.
     for buf in chunks(&pd, PEER_RECVS, SEND_LEN, AccessFlags::LOCAL_WRITE) {
         rq.post(buf, 0..SEND_LEN, 0).unwrap();
@@ -293,9 +293,9 @@ fn peer_killed_mid_transfer_fails_every_outstanding_request_exactly_once_within_
     assert!(remote.len >= MSG as u64, "the peer's region holds one message: {remote:?}");
 
     // INIT, RTR and RTS by hand: RTS takes the small timeout and retry count.
-    let me = qp.local_info(1, 0x777).unwrap();
+    let me = qp.local_info(1).unwrap();
     qp.to_init(&InitAttr::default()).unwrap();
-    let sgid = u8::try_from(ctx.default_gid(1).unwrap().index).unwrap();
+    let sgid = ctx.default_gid(1).unwrap().index;
     qp.to_rtr(&RtrAttr::new(Remote::gid(them.gid, sgid), them.qpn, them.psn)).unwrap();
     let rts = RtsAttr { sq_psn: me.psn, timeout: TIMEOUT, retry_cnt: RETRY_CNT, rnr_retry: 7, ..RtsAttr::default() };
     qp.to_rts(&rts).unwrap();
@@ -583,9 +583,9 @@ impl Active {
         let (cq, cq_b) = (CompletionQueue::new(ctx, 64).unwrap(), CompletionQueue::new(ctx, 64).unwrap());
         let qp = |cq| QueuePair::builder(&pd, QpType::Rc, cq, cq).max_send_wr(16).max_recv_wr(16).build().unwrap();
         let (a, b) = (qp(&cq), qp(&cq_b));
-        let (ia, ib) = (a.local_info(1, 1).unwrap(), b.local_info(1, 2).unwrap());
-        a.connect(&InitAttr::default(), ia.psn, &ib).unwrap();
-        b.connect(&InitAttr::default(), ib.psn, &ia).unwrap();
+        let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
+        a.connect(&InitAttr::default(), &ib).unwrap();
+        b.connect(&InitAttr::default(), &ia).unwrap();
         let (sq, rq) = (a.send_queue().unwrap(), b.recv_queue().unwrap());
         let bufs = chunks(&pd, 8, 4096, AccessFlags::LOCAL_WRITE);
         let mut me = Active { events, cq, cq_b, sq, rq, a, _b: b, bufs, pd };
@@ -673,12 +673,12 @@ fn deleting_the_netdev_under_an_active_rxe_link_is_reported_and_later_verbs_fail
     assert_eq!(err.errno(), Some(libc::ENODEV), "{err}");
     assert!(ctx.default_gid(1).is_err());
     // ... a new QP cannot be connected (it needs the port) ...
-    let qp = QueuePair::builder(&act.pd, QpType::Rc, &act.cq, &act.cq).build().unwrap();
-    let ia = act.a.local_info(1, 1);
+    let qp = QueuePair::builder(&act.pd, QpType::Rc, &act.cq, &act.cq).max_send_wr(8).max_recv_wr(8).build().unwrap();
+    let ia = act.a.local_info(1);
     eprintln!("local_info: {ia:?}");
     assert!(ia.is_err(), "no local info without the port");
     let info = RemoteQpInfo { qpn: act.a.qp_num(), psn: 1, lid: 0, gid: Default::default() };
-    let err = qp.connect(&InitAttr::default(), 3, &info).unwrap_err();
+    let err = qp.connect(&InitAttr::default(), &info).unwrap_err();
     eprintln!("connect: {err}");
     // ... and a SEND on the connected QP completes with an error instead of going out.
     let (id, status) = act.send(8);

@@ -7,7 +7,9 @@
 //! must be back where they started. Tests run one at a time (`--test-threads=1`), so the
 //! counts are this process's own (and those of the processes it started, which are gone
 //! by then). Tests that use rdma_cm run in a process of their own, which takes the check
-//! (cm.rs, faults.rs).
+//! (cm.rs, faults.rs) after librdmacm's first use: librdmacm keeps one device context
+//! open from then to the end of the process, so such a check counts from ctx + 1
+//! (`cm::cm_leak_check`, which checks that the first use left exactly that).
 
 /// This test's path in the binary (`module::name`), for running it alone in a child
 /// process (cm.rs and faults.rs do).
@@ -26,6 +28,9 @@ mod basics;
 mod cm;
 mod cq;
 mod cq_budget;
+/// The crate-level example of `rdma-verbs/src/lib.rs`, which shows this file in its docs;
+/// `cq_budget::the_crate_level_example_sizes_its_cq_for_its_qp_and_runs` runs it.
+mod crate_example;
 mod datapath;
 mod datapath2;
 mod datapath_ext;

@@ -112,7 +112,7 @@ fn remote_descriptor_matches_the_region_and_round_trips_through_its_wire_form() 
     let mr = pd
         .register_remote_writable(AlignedBuf::new(8192).unwrap(), AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ)
         .unwrap();
-    let remote = mr.remote();
+    let remote = mr.remote().unwrap();
     assert_eq!(remote, RemoteMr { addr: mr.addr(), len: 8192, rkey: mr.rkey() });
     assert_ne!(remote.rkey, 0);
     let wire = remote.to_bytes();
@@ -122,6 +122,39 @@ fn remote_descriptor_matches_the_region_and_round_trips_through_its_wire_form() 
     let tail = remote.slice(4096..).unwrap();
     assert_eq!((tail.addr, tail.len, tail.rkey), (mr.addr() + 4096, 4096, mr.rkey()));
     assert!(remote.slice(..8193).is_err());
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn a_region_without_remote_rights_hands_out_no_remote_descriptor_nor_do_its_chunks() {
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let refused = |r: Result<RemoteMr, Error>, what: &str| {
+        let e = r.expect_err(what);
+        assert!(matches!(e, Error::InvalidArgument { verb: Verb::MrRemote, .. }), "{what}: {e}");
+        assert!(e.to_string().contains("lets no peer reach it"), "{what}: {e}");
+    };
+    // Local only: the device would refuse its rkey on every request (tests/device/access.rs).
+    let local = pd.register(AlignedBuf::new(8192).unwrap(), AccessFlags::LOCAL_WRITE).unwrap();
+    refused(local.remote(), "a local-only region");
+    let chunks = local.into_chunks(4096).unwrap();
+    refused(chunks[1].remote(), "a chunk of a local-only region");
+    // Windows may be bound, but the region's own rkey grants nothing.
+    let mw_only = pd
+        .register_remote_writable(AlignedBuf::new(4096).unwrap(), AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
+        .unwrap();
+    refused(mw_only.remote(), "a region with MW_BIND alone");
+    // Any remote right: the descriptor of the region, and of each chunk.
+    let readable = pd.register(AlignedBuf::new(8192).unwrap(), AccessFlags::REMOTE_READ).unwrap();
+    let (addr, rkey) = (readable.addr(), readable.rkey());
+    assert_eq!(readable.remote().unwrap(), RemoteMr { addr, len: 8192, rkey });
+    let chunks = readable.into_chunks(4096).unwrap();
+    assert_eq!(chunks[1].remote().unwrap(), RemoteMr { addr: addr + 4096, len: 4096, rkey });
+    let writable = pd
+        .register_remote_writable(AlignedBuf::new(4096).unwrap(), AccessFlags::REMOTE_WRITE | AccessFlags::MW_BIND)
+        .unwrap();
+    assert_eq!(writable.remote().unwrap().rkey, writable.rkey());
 }
 
 #[test]

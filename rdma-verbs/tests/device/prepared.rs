@@ -79,7 +79,7 @@ fn a_prepared_write_posted_100_times_lands_each_rounds_bytes_and_comes_back_each
     let mut a = prepared(a);
     let t = target(&pd, 4096);
     let src = chunks(&pd, 1, 4096, AccessFlags::LOCAL_WRITE).pop().unwrap();
-    let mut p = prepare(&a.pq, SendWr::write(src, 0..3000, t.remote().slice(96..).unwrap()).id(77));
+    let mut p = prepare(&a.pq, SendWr::write(src, 0..3000, t.remote().unwrap().slice(96..).unwrap()).id(77));
     for r in 0..100 {
         let want = bytes(r, 0, 3000);
         p.bytes_mut()[..3000].copy_from_slice(&want);
@@ -151,12 +151,13 @@ fn changing_a_prepared_requests_range_or_target_is_checked_again_and_a_refusal_c
     let t = target(&pd, 8192);
     let mut bufs = chunks(&pd, 2, 4096, AccessFlags::LOCAL_WRITE);
     let mut send = prepare(&a.pq, SendWr::send(bufs.pop().unwrap(), 0..100));
-    let mut write = prepare(&a.pq, SendWr::write(bufs.pop().unwrap(), 0..100, t.remote().slice(0..100).unwrap()));
+    let mut write =
+        prepare(&a.pq, SendWr::write(bufs.pop().unwrap(), 0..100, t.remote().unwrap().slice(0..100).unwrap()));
 
     let e = send.set_range(0..4097).unwrap_err();
     assert!(e.to_string().contains("outside a 4096-byte buffer"), "{e}");
     assert_eq!(send.range(), 0..100, "a refused range leaves the old one");
-    let e = send.set_remote(t.remote()).unwrap_err();
+    let e = send.set_remote(t.remote().unwrap()).unwrap_err();
     assert!(e.to_string().contains("no remote side"), "{e}");
     let e = write.set_range(0..200).unwrap_err();
     assert!(e.to_string().contains("do not fit the remote region of 100 bytes"), "{e}");
@@ -165,7 +166,7 @@ fn changing_a_prepared_requests_range_or_target_is_checked_again_and_a_refusal_c
     // Accepted changes take effect: 1000 bytes SENT, 2000 bytes WRITTEN at offset 5000.
     send.set_range(10..1010).unwrap();
     send.bytes_mut()[10..1010].copy_from_slice(&bytes(1, 0, 1000));
-    write.set_remote(t.remote().slice(5000..).unwrap()).unwrap();
+    write.set_remote(t.remote().unwrap().slice(5000..).unwrap()).unwrap();
     write.set_range(0..2000).unwrap();
     write.bytes_mut()[..2000].copy_from_slice(&bytes(2, 0, 2000));
     let rb = chunks(&pd, 1, 4096, AccessFlags::LOCAL_WRITE).pop().unwrap();
@@ -225,8 +226,10 @@ fn an_errored_qp_flushes_every_outstanding_prepared_request_once_none_as_success
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let mut p =
-                prepare(&a.pq, SendWr::write(c, 0..64, t.remote().slice(i as u64 * 64..).unwrap()).id(i as u64));
+            let mut p = prepare(
+                &a.pq,
+                SendWr::write(c, 0..64, t.remote().unwrap().slice(i as u64 * 64..).unwrap()).id(i as u64),
+            );
             p.set_signaled(i % 8 == 7);
             p
         })
@@ -258,7 +261,7 @@ fn a_full_prepared_queue_refuses_before_c_and_a_dropped_one_keeps_its_requests_u
     b.qp.reset().unwrap();
     let ps: Vec<_> = chunks(&pd, 6, 64, AccessFlags::LOCAL_WRITE)
         .into_iter()
-        .map(|c| prepare(&pq, SendWr::write(c, 0..64, t.remote())))
+        .map(|c| prepare(&pq, SendWr::write(c, 0..64, t.remote().unwrap())))
         .collect();
     let Refused { error: e, value: rest } = pq.post_batch(ps).unwrap_err();
     assert!(e.to_string().contains("full"), "{e}");
@@ -277,9 +280,8 @@ fn a_ud_qp_refuses_a_send_without_an_address_handle_and_an_rc_qp_one_with_it_bef
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let cq = CompletionQueue::new(&ctx, 64).unwrap();
     let ud = QueuePair::builder(&pd, rdma_verbs::QpType::Ud, &cq, &cq).max_send_wr(8).max_recv_wr(8).build().unwrap();
-    ud.ready_ud(&rdma_verbs::InitAttr { qkey: 0x11, ..Default::default() }, 0).unwrap();
-    let ah_attr =
-        rdma_verbs::AhAttr::global(1, ud.local_info(1, 0).unwrap().gid, u8::try_from(crate::gid_index()).unwrap());
+    ud.ready_ud(&rdma_verbs::InitAttr { qkey: 0x11, ..Default::default() }).unwrap();
+    let ah_attr = rdma_verbs::AhAttr::global(1, ud.local_info(1).unwrap().gid, crate::gid_index());
     let ah = rdma_verbs::AddressHandle::new(&pd, &ah_attr).unwrap();
     let mut bufs = chunks(&pd, 2, 64, AccessFlags::LOCAL_WRITE);
     let what = |e: &Error| e.to_string();

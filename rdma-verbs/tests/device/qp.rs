@@ -10,10 +10,10 @@ use std::ptr;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::ffi;
-use rdma_verbs::qp::DEFAULT_QKEY;
+use rdma_verbs::qp::MAX_PSN;
 use rdma_verbs::{
     AddressHandle, AhAttr, CompletionQueue, Context, Error, Gid, InitAttr, Mtu, ProtectionDomain, QpAccess, QpState,
-    QpType, QueuePair, Remote, RemoteQpInfo, RtrAttr, RtsAttr, SendOps, SharedReceiveQueue,
+    QpType, QueuePair, Remote, RemoteQpInfo, RtrAttr, RtsAttr, SendOps, SharedReceiveQueue, DEFAULT_QKEY,
 };
 
 use crate::{gid_index, open, LeakCheck};
@@ -155,18 +155,18 @@ fn pass_send(
 /// The path to a peer on port 1: by the device's GID on RoCE, by LID on InfiniBand.
 fn path_to(ctx: &Context, peer: &RemoteQpInfo) -> Remote {
     if ctx.query_port(1).unwrap().is_ethernet() {
-        Remote::gid(peer.gid, u8::try_from(gid_index()).unwrap())
+        Remote::gid(peer.gid, gid_index())
     } else {
         Remote::lid(peer.lid)
     }
 }
 
-/// Connects two RC or UC QPs to each other with `connect`.
-fn connect_pair(a: &QueuePair, b: &QueuePair, psn_a: u32, psn_b: u32) {
-    let (ia, ib) = (a.local_info(1, psn_a).unwrap(), b.local_info(1, psn_b).unwrap());
+/// Connects two RC or UC QPs to each other with `connect`, each sending from its own PSN.
+fn connect_pair(a: &QueuePair, b: &QueuePair) {
+    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
     let init = InitAttr { access: QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ, ..InitAttr::default() };
-    a.connect(&init, psn_a, &ib).unwrap();
-    b.connect(&init, psn_b, &ia).unwrap();
+    a.connect(&init, &ib).unwrap();
+    b.connect(&init, &ia).unwrap();
 }
 
 #[track_caller]
@@ -208,8 +208,9 @@ fn rc_uc_and_ud_qps_start_in_reset_with_at_least_the_caps_asked_and_are_destroye
         assert_eq!(QpType::from_ffi(unsafe { (*qp.as_raw()).qp_type }), Some(qp_type));
         qp.destroy().unwrap();
     }
-    // Defaults: 128 WRs and one SGE each way.
-    let qp = QueuePair::builder(&pd, QpType::Rc, &scq, &scq).build().unwrap();
+    // Defaults: 128 WRs and one SGE each way (on one CQ: it needs 256 entries for them).
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
+    let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).build().unwrap();
     let caps = qp.caps();
     assert!(caps.max_send_wr >= 128 && caps.max_recv_wr >= 128 && caps.max_send_sge >= 1, "{caps:?}");
     drop(qp); // dropped rather than destroyed: the leak check sees it freed
@@ -221,10 +222,10 @@ fn two_rc_qps_walk_reset_init_rtr_rts_through_the_device_gid_and_pass_sends_both
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let (cq_a, cq_b) = (CompletionQueue::new(&ctx, 16).unwrap(), CompletionQueue::new(&ctx, 16).unwrap());
+    let (cq_a, cq_b) = (CompletionQueue::new(&ctx, 256).unwrap(), CompletionQueue::new(&ctx, 256).unwrap());
     let a = QueuePair::builder(&pd, QpType::Rc, &cq_a, &cq_a).build().unwrap();
     let b = QueuePair::builder(&pd, QpType::Rc, &cq_b, &cq_b).build().unwrap();
-    let (ia, ib) = (a.local_info(1, 0x111).unwrap(), b.local_info(1, 0x222).unwrap());
+    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
     let port = ctx.query_port(1).unwrap();
     if port.is_ethernet() {
         assert_eq!(ia.gid, ctx.query_gid(1, gid_index()).unwrap().gid, "local_info uses the device's GID");
@@ -270,10 +271,10 @@ fn uc_qps_connected_with_connect_pass_a_send() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let (cq_a, cq_b) = (CompletionQueue::new(&ctx, 16).unwrap(), CompletionQueue::new(&ctx, 16).unwrap());
-    let a = QueuePair::builder(&pd, QpType::Uc, &cq_a, &cq_a).build().unwrap();
-    let b = QueuePair::builder(&pd, QpType::Uc, &cq_b, &cq_b).build().unwrap();
-    connect_pair(&a, &b, 7, 9);
+    let (cq_a, cq_b) = (CompletionQueue::new(&ctx, 256).unwrap(), CompletionQueue::new(&ctx, 256).unwrap());
+    let a = QueuePair::builder(&pd, QpType::Uc, &cq_a, &cq_a).psn(7).build().unwrap();
+    let b = QueuePair::builder(&pd, QpType::Uc, &cq_b, &cq_b).psn(9).build().unwrap();
+    connect_pair(&a, &b);
     assert_eq!((a.state().unwrap(), b.state().unwrap()), (QpState::Rts, QpState::Rts));
     let q = b.query().unwrap();
     assert_eq!((q.dest_qp_num, q.sq_psn), (a.qp_num(), 9), "{q:?}");
@@ -282,11 +283,43 @@ fn uc_qps_connected_with_connect_pass_a_send() {
 
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
+fn the_psn_local_info_advertises_is_the_one_connect_sends_from_and_the_peer_expects() {
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let (cq_a, cq_b) = (CompletionQueue::new(&ctx, 256).unwrap(), CompletionQueue::new(&ctx, 256).unwrap());
+    // One PSN fixed (tests, tools that must match a peer), one chosen at random.
+    let a = QueuePair::builder(&pd, QpType::Rc, &cq_a, &cq_a).psn(0xab_cdef).build().unwrap();
+    let b = QueuePair::builder(&pd, QpType::Rc, &cq_b, &cq_b).build().unwrap();
+    assert_eq!(a.psn(), 0xab_cdef);
+    assert!(b.psn() <= MAX_PSN, "a random PSN has 24 bits: {:#x}", b.psn());
+    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
+    assert_eq!((ia.psn, ib.psn), (a.psn(), b.psn()), "local_info advertises the QP's PSN");
+    assert_eq!(a.local_info(1).unwrap().psn, ia.psn, "chosen once, not per call");
+    connect_pair(&a, &b);
+    // Each sends from the PSN it advertised, which is what the other expects.
+    let (qa, qb) = (a.query().unwrap(), b.query().unwrap());
+    assert_eq!((qa.sq_psn, qb.rq_psn), (ia.psn, ia.psn), "a: {qa:?}, b: {qb:?}");
+    assert_eq!((qb.sq_psn, qa.rq_psn), (ib.psn, ib.psn), "a: {qa:?}, b: {qb:?}");
+    pass_send(&pd, &a, &cq_a, &b, &cq_b, None, 100, 11);
+    pass_send(&pd, &b, &cq_b, &a, &cq_a, None, 100, 12);
+    // ready_ud sends from the QP's PSN too.
+    let ud = QueuePair::builder(&pd, QpType::Ud, &cq_a, &cq_a).max_send_wr(4).max_recv_wr(4).psn(0x42).build().unwrap();
+    ud.ready_ud(&InitAttr::default()).unwrap();
+    assert_eq!(ud.query().unwrap().sq_psn, 0x42);
+    // A PSN wider than 24 bits is refused before the QP exists.
+    let err = QueuePair::builder(&pd, QpType::Rc, &cq_a, &cq_a).psn(1 << 24).build().unwrap_err();
+    let text = invalid_text(err, "ibv_create_qp_ex");
+    assert!(text.contains("psn 0x1000000 does not fit in 24 bits"), "{text}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
 fn ud_qps_go_init_rtr_rts_with_a_qkey_and_a_datagram_reaches_the_peer_through_an_address_handle() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let (cq_a, cq_b) = (CompletionQueue::new(&ctx, 16).unwrap(), CompletionQueue::new(&ctx, 16).unwrap());
+    let (cq_a, cq_b) = (CompletionQueue::new(&ctx, 256).unwrap(), CompletionQueue::new(&ctx, 256).unwrap());
     let a = QueuePair::builder(&pd, QpType::Ud, &cq_a, &cq_a).build().unwrap();
     let b = QueuePair::builder(&pd, QpType::Ud, &cq_b, &cq_b).build().unwrap();
     let qkey = 0x0bad_cafe;
@@ -299,13 +332,13 @@ fn ud_qps_go_init_rtr_rts_with_a_qkey_and_a_datagram_reaches_the_peer_through_an
     assert_eq!(a.state().unwrap(), QpState::Rtr);
     a.to_rts(&RtsAttr { sq_psn: 0x42, ..RtsAttr::default() }).unwrap();
     assert_eq!(a.state().unwrap(), QpState::Rts);
-    b.ready_ud(&init, 0).unwrap();
+    b.ready_ud(&init).unwrap();
     let q = b.query().unwrap();
     assert_eq!((q.state, q.qkey), (QpState::Rts, qkey), "{q:?}");
     assert_eq!(a.query().unwrap().sq_psn, 0x42);
 
     // A datagram from a to b, addressed by an AH on the device's own GID.
-    let peer = b.local_info(1, 0).unwrap();
+    let peer = b.local_info(1).unwrap();
     let ah = AddressHandle::new(&pd, &AhAttr::new(1, path_to(&ctx, &peer))).unwrap();
     let len = 64;
     let mut src = Buf::new(&pd, len);
@@ -329,10 +362,10 @@ fn illegal_transitions_are_refused_before_c_and_the_qp_stays_usable() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
     let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).build().unwrap();
     let peer = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).build().unwrap();
-    let info = peer.local_info(1, 5).unwrap();
+    let info = peer.local_info(1).unwrap();
 
     let text = invalid_text(qp.to_rts(&RtsAttr::default()).unwrap_err(), "ibv_modify_qp");
     assert!(text.contains("is in RESET; RTS can be reached only from RTR"), "{text}");
@@ -357,6 +390,9 @@ fn illegal_transitions_are_refused_before_c_and_the_qp_stays_usable() {
         assert!(invalid_text(qp.to_rtr(&by_lid).unwrap_err(), "ibv_modify_qp").contains("addressed by GID"));
         let past = RtrAttr::new(Remote::gid(info.gid, 255), info.qpn, 5);
         assert!(invalid_text(qp.to_rtr(&past).unwrap_err(), "ibv_modify_qp").contains("sgid_index 255"));
+        let wide = RtrAttr::new(Remote::gid(info.gid, 256), info.qpn, 5);
+        let text = invalid_text(qp.to_rtr(&wide).unwrap_err(), "ibv_modify_qp");
+        assert!(text.contains("sgid_index 256 does not fit the 8 bits"), "{text}");
     }
     assert_eq!(qp.state().unwrap(), QpState::Init);
 
@@ -373,7 +409,7 @@ fn illegal_transitions_are_refused_before_c_and_the_qp_stays_usable() {
     let ud = QueuePair::builder(&pd, QpType::Ud, &cq, &cq).build().unwrap();
     let access = InitAttr { access: QpAccess::REMOTE_READ, ..InitAttr::default() };
     assert!(invalid_text(ud.to_init(&access).unwrap_err(), "ibv_modify_qp").contains("UD QPs take no remote access"));
-    assert!(invalid_text(ud.connect(&InitAttr::default(), 0, &info).unwrap_err(), "ibv_modify_qp").contains("ready_ud"));
+    assert!(invalid_text(ud.connect(&InitAttr::default(), &info).unwrap_err(), "ibv_modify_qp").contains("ready_ud"));
     ud.to_init(&InitAttr::default()).unwrap();
     let rtr = RtrAttr::new(path_to(&ctx, &info), info.qpn, 0);
     assert!(invalid_text(ud.to_rtr(&rtr).unwrap_err(), "ibv_modify_qp").contains("to_rtr_ud"));
@@ -387,7 +423,8 @@ fn too_many_wrs_or_sges_are_refused_before_c_and_the_pd_and_cqs_still_work() {
     let ctx = open();
     let dev = ctx.query_device().unwrap();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    // Room for the deepest QP below (1024 + 128), which building it checks.
+    let cq = CompletionQueue::new(&ctx, 2048).unwrap();
     let builder = || QueuePair::builder(&pd, QpType::Rc, &cq, &cq);
 
     let cases = [
@@ -427,9 +464,9 @@ fn a_cq_of_another_context_is_refused_before_c() {
     let (ctx1, ctx2) = (open(), open());
     let pd = ProtectionDomain::new(&ctx1).unwrap();
     let (cq1, cq2) = (CompletionQueue::new(&ctx1, 8).unwrap(), CompletionQueue::new(&ctx2, 8).unwrap());
-    let err = QueuePair::builder(&pd, QpType::Rc, &cq1, &cq2).build().unwrap_err();
+    let err = QueuePair::builder(&pd, QpType::Rc, &cq1, &cq2).max_send_wr(4).max_recv_wr(4).build().unwrap_err();
     assert!(invalid_text(err, "ibv_create_qp_ex").contains("cannot span contexts"));
-    QueuePair::builder(&pd, QpType::Rc, &cq1, &cq1).build().unwrap();
+    QueuePair::builder(&pd, QpType::Rc, &cq1, &cq1).max_send_wr(4).max_recv_wr(4).build().unwrap();
 }
 
 #[test]
@@ -438,10 +475,10 @@ fn an_errored_rc_pair_recovers_through_reset_and_passes_a_send_again() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let (cq_a, cq_b) = (CompletionQueue::new(&ctx, 16).unwrap(), CompletionQueue::new(&ctx, 16).unwrap());
+    let (cq_a, cq_b) = (CompletionQueue::new(&ctx, 256).unwrap(), CompletionQueue::new(&ctx, 256).unwrap());
     let a = QueuePair::builder(&pd, QpType::Rc, &cq_a, &cq_a).build().unwrap();
     let b = QueuePair::builder(&pd, QpType::Rc, &cq_b, &cq_b).build().unwrap();
-    connect_pair(&a, &b, 100, 200);
+    connect_pair(&a, &b);
     pass_send(&pd, &a, &cq_a, &b, &cq_b, None, 128, 5);
 
     // ERR: a receive posted before comes back flushed.
@@ -454,12 +491,12 @@ fn an_errored_rc_pair_recovers_through_reset_and_passes_a_send_again() {
     let text = invalid_text(a.to_rts(&RtsAttr::default()).unwrap_err(), "ibv_modify_qp");
     assert!(text.contains("is in ERR"), "{text}");
 
-    // ERR -> RESET -> INIT -> RTR -> RTS on both sides, with fresh PSNs.
+    // ERR -> RESET -> INIT -> RTR -> RTS on both sides (each keeps the PSN it was built with).
     for qp in [&a, &b] {
         qp.reset().unwrap();
         assert_eq!(qp.state().unwrap(), QpState::Reset);
     }
-    connect_pair(&a, &b, 0x1000, 0x2000);
+    connect_pair(&a, &b);
     assert_eq!((a.state().unwrap(), b.state().unwrap()), (QpState::Rts, QpState::Rts));
     pass_send(&pd, &a, &cq_a, &b, &cq_b, None, 256, 6);
     pass_send(&pd, &b, &cq_b, &a, &cq_a, None, 256, 7);
@@ -471,7 +508,7 @@ fn qp_srq_and_ah_outlive_their_dropped_parent_handles() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
     let srq = SharedReceiveQueue::new(&pd, 16, 1).unwrap();
     let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).srq(&srq).build().unwrap();
     let gid = ctx.default_gid(1).map(|e| e.gid).unwrap_or(Gid([0xfe; 16]));
@@ -499,10 +536,10 @@ fn children_dropped_before_their_parents_free_everything() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let (scq, rcq) = (CompletionQueue::new(&ctx, 16).unwrap(), CompletionQueue::new(&ctx, 16).unwrap());
+    let (scq, rcq) = (CompletionQueue::new(&ctx, 256).unwrap(), CompletionQueue::new(&ctx, 256).unwrap());
     let srq = SharedReceiveQueue::new(&pd, 16, 1).unwrap();
     let qp = QueuePair::builder(&pd, QpType::Ud, &scq, &rcq).srq(&srq).build().unwrap();
-    qp.ready_ud(&InitAttr::default(), 0).unwrap();
+    qp.ready_ud(&InitAttr::default()).unwrap();
     drop(qp);
     srq.destroy().unwrap();
     scq.destroy().unwrap();
@@ -517,7 +554,7 @@ fn destroying_a_pd_cq_or_srq_that_a_live_qp_uses_reports_ebusy() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
     let srq = SharedReceiveQueue::new(&pd, 16, 1).unwrap();
     let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).srq(&srq).build().unwrap();
 
@@ -558,11 +595,11 @@ fn srq_is_checked_against_the_limits_armed_queried_and_feeds_an_rc_qp() {
     invalid_text(srq.arm(caps.max_wr + 1).unwrap_err(), "ibv_modify_srq");
 
     // Receives posted to the SRQ serve a QP built on it.
-    let (cq_a, cq_b) = (CompletionQueue::new(&ctx, 16).unwrap(), CompletionQueue::new(&ctx, 16).unwrap());
+    let (cq_a, cq_b) = (CompletionQueue::new(&ctx, 256).unwrap(), CompletionQueue::new(&ctx, 256).unwrap());
     let a = QueuePair::builder(&pd, QpType::Rc, &cq_a, &cq_a).build().unwrap();
     let b = QueuePair::builder(&pd, QpType::Rc, &cq_b, &cq_b).srq(&srq).build().unwrap();
     assert_eq!(b.caps().max_recv_wr, 0);
-    connect_pair(&a, &b, 1, 2);
+    connect_pair(&a, &b);
     pass_send(&pd, &a, &cq_a, &b, &cq_b, Some(&srq), 100, 8);
     b.destroy().unwrap();
     srq.destroy().unwrap();
@@ -591,15 +628,14 @@ fn address_handle_is_checked_against_the_port_created_and_destroyed() {
     };
     if port.is_ethernet() {
         refused(AhAttr::new(1, Remote::lid(1)), "addressed by GID");
-        refused(AhAttr::global(1, Gid::default(), gid_index() as u8), "all zero");
-        refused(AhAttr::global(1, me.gid, u8::MAX), "sgid_index 255");
-        let flow = Remote::Gid {
-            gid: me.gid,
-            sgid_index: gid_index() as u8,
-            hop_limit: 1,
-            traffic_class: 0,
-            flow_label: 1 << 20,
-        };
+        refused(AhAttr::global(1, Gid::default(), gid_index()), "all zero");
+        refused(AhAttr::global(1, me.gid, u32::from(u8::MAX)), "sgid_index 255");
+        // GidEntry::index is a u32, and so is what AhAttr::global takes; one that does not fit
+        // the C field's 8 bits is refused before C, for an address handle and at RTR alike.
+        let wide = ctx.default_gid(1).unwrap().index + 256;
+        refused(AhAttr::global(1, me.gid, wide), &format!("sgid_index {wide} does not fit the 8 bits"));
+        let flow =
+            Remote::Gid { gid: me.gid, sgid_index: gid_index(), hop_limit: 1, traffic_class: 0, flow_label: 1 << 20 };
         refused(AhAttr::new(1, flow), "20 bits");
     } else {
         refused(AhAttr::new(1, Remote::lid(0)), "LID 0");
@@ -615,7 +651,7 @@ fn extended_send_ops_give_an_extended_qp_and_classic_qps_have_none() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let cq = CompletionQueue::new(&ctx, 256).unwrap();
     let ops = SendOps::SEND | SendOps::SEND_WITH_IMM | SendOps::RDMA_WRITE | SendOps::RDMA_READ;
     let ext = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).extended_send_ops(ops).build().unwrap();
     let qpx = ext.as_raw_ex().expect("an extended QP");

@@ -44,12 +44,13 @@ use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::endpoint::{pingpong, Handshake};
-use rdma_verbs::queue::{RecvQueue, SendQueue};
+use rdma_verbs::wire::pingpong;
+use rdma_verbs::Handshake;
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Gid, InitAttr, Mtu, ProtectionDomain, QpType, QueuePair,
     Remote, RemoteQpInfo, RtrAttr, RtsAttr, SendWr, WorkCompletion,
 };
+use rdma_verbs::{RecvQueue, SendQueue};
 
 const USAGE: &str = "usage:
   rc_pingpong [OPTIONS]          start a server and wait for a connection

@@ -30,9 +30,9 @@ use std::time::Duration;
 mod cm_example;
 use cm_example::{main_with, resolve, wait_one};
 
-use rdma_verbs::cm::{CmId, ConnParam, EventChannel, PortSpace};
-use rdma_verbs::queue::{RecvQueue, SendQueue};
 use rdma_verbs::{AccessFlags, AlignedBuf, Chunk, CompletionQueue, ProtectionDomain, QpType, QueuePair, SendWr};
+use rdma_verbs::{CmId, ConnParam, EventChannel, PortSpace};
+use rdma_verbs::{RecvQueue, SendQueue};
 
 const USAGE: &str = "usage: rdma_server [-s server_address] [-p port_number] [-t seconds]";
 /// Message size of librdmacm's example pair.

@@ -31,12 +31,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::buf::Chunk;
-use rdma_verbs::queue::{RecvQueue, SendQueue, SendWr};
+use rdma_verbs::Chunk;
 use rdma_verbs::{
     ffi, AccessFlags, AlignedBuf, CompletionQueue, Context, InitAttr, ProtectionDomain, QpType, QueuePair,
     WorkCompletion,
 };
+use rdma_verbs::{RecvQueue, SendQueue, SendWr};
 
 const USAGE: &str =
     "usage: syscall_probe poll N | recv N | send-batch N K | raw-send-batch N K | raw-build-send-batch N K \

@@ -245,11 +245,11 @@ impl Bw {
                 format!("post list {} (-l) is larger than the tx depth {} (-t)", o.post_list, o.tx_depth).into()
             );
         }
-        if o.post_list as usize > rdma_verbs::queue::MAX_BATCH {
+        if o.post_list as usize > rdma_verbs::MAX_BATCH {
             return Err(format!(
                 "post list {} (-l) is longer than the {} requests one post takes",
                 o.post_list,
-                rdma_verbs::queue::MAX_BATCH
+                rdma_verbs::MAX_BATCH
             )
             .into());
         }

@@ -16,7 +16,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, FromArgMatches};
-use rdma_verbs::endpoint::{self, Handshake, Status};
+use rdma_verbs::wire::{self, Status};
+use rdma_verbs::Handshake;
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Prepared, PreparedQueue, QpAccess, QpType, QueuePair,
     RecvQueue, RemoteMr, SendWr, WorkCompletion,
@@ -249,13 +250,13 @@ pub fn loopback<T: Send>(
 /// Meets the peer: tells it whether this side is fine and learns whether it is. `Err`
 /// when either is not (or the connection broke).
 pub fn barrier(stream: &mut dyn Stream, ok: bool) -> Res<()> {
-    Ok(endpoint::sync(stream, if ok { Status::Ready } else { Status::Failed })?)
+    Ok(wire::sync(stream, if ok { Status::Ready } else { Status::Failed })?)
 }
 
 /// Reads the peer's status without sending one first (the verdict a server sends once it
 /// checked the data). `Ok(false)` when the peer reports a failure.
 pub fn read_verdict(stream: &mut dyn Stream) -> Res<bool> {
-    let mut buf = [0u8; endpoint::STATUS_LEN];
+    let mut buf = [0u8; wire::STATUS_LEN];
     stream.read_exact(&mut buf).map_err(|e| format!("reading the server's verdict: {e}"))?;
     Ok(Status::from_bytes(&buf)? == Status::Ready)
 }

@@ -1,5 +1,5 @@
-//! The C values a completion carries, decoded: how a work request ended ([`WcStatus`])
-//! and what it was ([`WcOpcode`]). Below [`crate::error`], which names them.
+//! C values decoded: how a work request ended ([`WcStatus`]), what it was ([`WcOpcode`]),
+//! and a QP's transport ([`QpType`]). Below [`crate::error`], which names them.
 
 use std::fmt;
 
@@ -221,6 +221,50 @@ impl fmt::Display for WcOpcode {
             }
             WcOpcode::Driver1 | WcOpcode::Driver2 | WcOpcode::Driver3 => "provider-specific operation",
             WcOpcode::Unknown(v) => return write!(f, "unknown operation {v}"),
+        })
+    }
+}
+
+/// Transport service type (`enum ibv_qp_type`). More types (raw packet, XRC) may come, so
+/// matches need a wildcard arm.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpType {
+    /// Reliable connected: acknowledged, in order; SEND, RDMA WRITE, RDMA READ, atomics.
+    Rc,
+    /// Unreliable connected: SEND and RDMA WRITE, no acknowledgements.
+    Uc,
+    /// Unreliable datagram: SENDs of up to one MTU to any UD QP, addressed per send.
+    Ud,
+}
+
+impl QpType {
+    /// The C value.
+    pub fn to_ffi(self) -> ffi::ibv_qp_type {
+        match self {
+            QpType::Rc => ffi::ibv_qp_type::IBV_QPT_RC,
+            QpType::Uc => ffi::ibv_qp_type::IBV_QPT_UC,
+            QpType::Ud => ffi::ibv_qp_type::IBV_QPT_UD,
+        }
+    }
+
+    /// From the C value; `None` for types this crate does not create.
+    pub fn from_ffi(t: ffi::ibv_qp_type) -> Option<QpType> {
+        match t {
+            ffi::ibv_qp_type::IBV_QPT_RC => Some(QpType::Rc),
+            ffi::ibv_qp_type::IBV_QPT_UC => Some(QpType::Uc),
+            ffi::ibv_qp_type::IBV_QPT_UD => Some(QpType::Ud),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for QpType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            QpType::Rc => "RC",
+            QpType::Uc => "UC",
+            QpType::Ud => "UD",
         })
     }
 }

@@ -12,8 +12,7 @@ use std::fmt;
 use std::io;
 use std::time::Duration;
 
-use crate::codes::{WcOpcode, WcStatus};
-use crate::endpoint::WireError;
+use crate::codes::{QpType, WcOpcode, WcStatus};
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -422,6 +421,131 @@ impl Error {
     /// The name of the verb this error is about, when there is one.
     pub fn verb_name(&self) -> Option<&'static str> {
         self.verb_of().map(Verb::name)
+    }
+}
+
+/// The version of the endpoint wire format this build writes and reads
+/// ([`crate::wire::VERSION`]).
+pub(crate) const WIRE_VERSION: u8 = 1;
+
+/// What is wrong with a message from the peer. Parsers return it instead of panicking,
+/// and never allocate: every message has a fixed length.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// Fewer bytes than the message needs.
+    #[error("{got} bytes, but the message needs {need}: it is truncated")]
+    Truncated {
+        /// Bytes given.
+        got: usize,
+        /// Bytes needed.
+        need: usize,
+    },
+    /// More bytes than the message has.
+    #[error("{got} bytes, but the message is exactly {len}: trailing bytes")]
+    Oversized {
+        /// Bytes given.
+        got: usize,
+        /// The message's length.
+        len: usize,
+    },
+    /// The message does not start with the expected magic: another protocol, or garbage.
+    #[error("it starts with {}, not {expected:?}: not a message of this protocol", Magic(found))]
+    BadMagic {
+        /// The first bytes.
+        found: [u8; 4],
+        /// What they should be.
+        expected: &'static str,
+    },
+    /// A version this build does not read.
+    #[error("wire format version {found}, but this build reads version {WIRE_VERSION} only")]
+    UnsupportedVersion {
+        /// The version in the message.
+        found: u8,
+    },
+    /// Flag bits this version does not define.
+    #[error("unknown flag bits {0:#04x}")]
+    UnknownFlags(u8),
+    /// A transport code that is not RC, UC or UD.
+    #[error("transport code {0} is not RC (2), UC (3) or UD (4)")]
+    UnknownTransport(u8),
+    /// A path MTU code outside 1..=5.
+    #[error("path MTU code {0} is not an IB MTU (1 = 256 bytes ..= 5 = 4096 bytes)")]
+    BadMtu(u32),
+    /// A QP number wider than 24 bits.
+    #[error("QP number {0:#x} does not fit in 24 bits")]
+    QpnTooLarge(u32),
+    /// QP 0 or 1: the management QPs, which no handshake connects to.
+    #[error("QP number {0} is a management QP (0 and 1 are reserved)")]
+    ReservedQpn(u32),
+    /// A PSN wider than 24 bits.
+    #[error("PSN {0:#x} does not fit in 24 bits")]
+    PsnTooLarge(u32),
+    /// Neither a LID nor a GID: nothing to address the peer by.
+    #[error("neither a LID nor a GID: the endpoint cannot be reached")]
+    NoAddress,
+    /// A multicast (or the permissive) LID where a port's unicast LID belongs.
+    #[error("LID {0:#06x} is a multicast or permissive LID, not a port's LID")]
+    MulticastLid(u16),
+    /// A Q_Key on an RC or UC endpoint, where it means nothing.
+    #[error("Q_Key {qkey:#x} on a {transport} endpoint: only UD uses a Q_Key (it must be 0)")]
+    QkeyNotUd {
+        /// The transport.
+        transport: QpType,
+        /// The Q_Key found.
+        qkey: u32,
+    },
+    /// A memory region on a UD endpoint: UD has no RDMA.
+    #[error("a memory region on a UD endpoint: UD QPs cannot do RDMA")]
+    MrOnUd,
+    /// The flag says there is no memory region, but its fields are not zero.
+    #[error("no memory region is flagged, but the memory-region fields are not zero")]
+    StrayMrFields,
+    /// A memory region whose end does not fit in 64 bits.
+    #[error("memory region address {addr:#x} plus length {len} overflows 64 bits")]
+    MrOverflow {
+        /// Its address.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// rdma-core's pingpong text message is malformed at this byte.
+    #[error("byte {offset} of the ibv_*_pingpong message: {what}")]
+    Text {
+        /// Offset of the first bad byte.
+        offset: usize,
+        /// What was expected there.
+        what: &'static str,
+    },
+    /// A handshake status code this version does not define.
+    #[error("unknown handshake status code {0}")]
+    UnknownStatus(u8),
+    /// The peer could not use this side's endpoint (its own log says why).
+    #[error("the peer rejected this side's endpoint (its log says why)")]
+    PeerRejected,
+    /// The peer could not bring its QP up (its own log says why).
+    #[error("the peer could not bring its QP up (its log says why)")]
+    PeerFailed,
+    /// The peer's endpoint is well formed but cannot be connected to from here.
+    #[error("{0}")]
+    Incompatible(String),
+}
+
+/// The first bytes of a message as hex, then as text where any of them is printable
+/// ASCII (others as `.`): `47 45 54 20 ("GET ")` tells an HTTP client at once.
+struct Magic<'a>(&'a [u8; 4]);
+
+impl fmt::Display for Magic<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, b) in self.0.iter().enumerate() {
+            write!(f, "{}{b:02x}", if i == 0 { "" } else { " " })?;
+        }
+        if self.0.iter().any(u8::is_ascii_graphic) {
+            let text: String =
+                self.0.iter().map(|&b| if b == b' ' || b.is_ascii_graphic() { b as char } else { '.' }).collect();
+            write!(f, " ({text:?})")?;
+        }
+        Ok(())
     }
 }
 

@@ -30,46 +30,57 @@
 
 pub use rdma_sys as ffi;
 
-pub mod ah;
-pub mod buf;
+// One public path per type: the modules are private and everything is re-exported here,
+// flat (as git2 does), except for four namespaces of their own: `ffi` (the raw C API),
+// `wire` (the byte formats a peer sends), `compat` (which rdma-core has which bugs) and
+// `diag` (the doctor's library). The layers of the modules: docs/architecture.md.
+mod ah;
+mod buf;
 mod c_enum;
-pub mod cm;
+mod cm;
 mod codes;
 pub mod compat;
-pub mod context;
+mod context;
 mod conv;
-pub mod cq;
-pub mod device;
+mod cq;
+mod device;
 pub mod diag;
-pub mod endpoint;
-pub mod error;
-pub mod event;
+mod endpoint;
+mod error;
+mod event;
 mod handle;
-pub mod mr;
-pub mod pd;
-pub mod port;
-pub mod qp;
-pub mod queue;
-pub mod srq;
-pub mod wc;
-pub mod wr;
+mod mr;
+mod pd;
+mod port;
+mod qp;
+mod queue;
+mod srq;
+mod wc;
+pub mod wire;
+mod wr;
 
-pub use ah::{AddressHandle, AhAttr, Remote};
-pub use buf::{Chunk, ExclusiveBuf, SendBuf};
-pub use cm::{CmEvent, CmEventKind, CmId, ConnParam, ConnectRequest, EventChannel, PortSpace, RejectReason};
+pub use ah::{AddressHandle, AhAttr, Remote, DEFAULT_HOP_LIMIT};
+pub use buf::{Chunk, ExclusiveBuf, PdId, Segment, SendBuf, MAX_SGE};
+pub use cm::{
+    CmEvent, CmEventKind, CmId, ConnInfo, ConnParam, ConnectRequest, EventChannel, PortSpace, RejectReason, UdInfo,
+};
+pub use codes::{QpType, WcOpcode, WcStatus};
 pub use context::Context;
 pub use cq::{CompletionQueue, CqBuilder};
 pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
-pub use endpoint::{Connection, Endpoint, Handshake, UdPeer, WireError};
-pub use error::{Error, Plane, Refused, Result, Verb};
+pub use endpoint::{Connection, Handshake, UdPeer};
+pub use error::{Error, Plane, Refused, Result, Verb, WireError};
 pub use event::{AsyncEvent, AsyncEventKind, AsyncEvents, EventSource};
-pub use mr::{AccessFlags, AccessMode, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr, RemoteWritable};
-pub use pd::ProtectionDomain;
-pub use port::{Gid, GidEntry, GidType, LinkLayer, Mtu, PhysState, PortAttr, PortState};
-pub use qp::{
-    InitAttr, QpAccess, QpCaps, QpState, QpType, QueuePair, RemoteQpInfo, RtrAttr, RtsAttr, SendOps, DEFAULT_QKEY,
+pub use mr::{
+    page_size, AccessFlags, AccessMode, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr, RemoteWritable,
 };
-pub use queue::{Prepared, PreparedQueue, RecvQueue, SendQueue, SendRequest, SrqQueue};
-pub use srq::SharedReceiveQueue;
-pub use wc::{WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use pd::ProtectionDomain;
+pub use port::{choose_roce_gid, Gid, GidEntry, GidType, LinkLayer, Mtu, PhysState, PortAttr, PortState};
+pub use qp::{
+    random_psn, InitAttr, QpAccess, QpAttrs, QpCaps, QpState, QueuePair, QueuePairBuilder, RemoteQpInfo, RtrAttr,
+    RtsAttr, SendOps, DEFAULT_MAX_WR, DEFAULT_QKEY, MAX_PSN,
+};
+pub use queue::{Prepared, PreparedQueue, RecvQueue, SendQueue, SendRequest, SrqQueue, MAX_BATCH};
+pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use wc::{WcFlags, WorkCompletion};
 pub use wr::{Done, PostError, SendWr};

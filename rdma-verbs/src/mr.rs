@@ -428,41 +428,6 @@ pub struct RemoteMr {
 }
 
 impl RemoteMr {
-    /// Size of the wire form: `addr` (8 bytes), `len` (8), `rkey` (4), all big-endian.
-    pub const WIRE_LEN: usize = 20;
-
-    /// The wire form: `addr`, `len`, `rkey`, big-endian, 20 bytes.
-    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
-        let mut out = [0u8; Self::WIRE_LEN];
-        out[0..8].copy_from_slice(&self.addr.to_be_bytes());
-        out[8..16].copy_from_slice(&self.len.to_be_bytes());
-        out[16..20].copy_from_slice(&self.rkey.to_be_bytes());
-        out
-    }
-
-    /// Parses the wire form. Exactly [`WIRE_LEN`](Self::WIRE_LEN) bytes, and a range
-    /// `addr..addr + len` that does not overflow; anything else is an error.
-    pub fn from_bytes(bytes: &[u8]) -> Result<RemoteMr> {
-        let bytes: &[u8; Self::WIRE_LEN] = bytes.try_into().map_err(|_| {
-            Error::invalid(Verb::RemoteFromBytes, format!("expected {} bytes, got {}", Self::WIRE_LEN, bytes.len()))
-        })?;
-        let mut addr = [0u8; 8];
-        let mut len = [0u8; 8];
-        let mut rkey = [0u8; 4];
-        addr.copy_from_slice(&bytes[0..8]);
-        len.copy_from_slice(&bytes[8..16]);
-        rkey.copy_from_slice(&bytes[16..20]);
-        let mr =
-            RemoteMr { addr: u64::from_be_bytes(addr), len: u64::from_be_bytes(len), rkey: u32::from_be_bytes(rkey) };
-        if mr.addr.checked_add(mr.len).is_none() {
-            return Err(Error::invalid(
-                Verb::RemoteFromBytes,
-                format!("address {:#x} plus length {} overflows", mr.addr, mr.len),
-            ));
-        }
-        Ok(mr)
-    }
-
     /// A part of the region (offsets from its start), for a work request that targets
     /// only that part. Out-of-range or reversed ranges are errors.
     pub fn slice(&self, range: impl RangeBounds<u64>) -> Result<RemoteMr> {

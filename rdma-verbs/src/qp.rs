@@ -83,49 +83,7 @@ pub fn random_psn() -> u32 {
     (h.finish() & u64::from(MAX_PSN)) as u32
 }
 
-/// Transport service type (`enum ibv_qp_type`). More types (raw packet, XRC) may come, so
-/// matches need a wildcard arm.
-#[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QpType {
-    /// Reliable connected: acknowledged, in order; SEND, RDMA WRITE, RDMA READ, atomics.
-    Rc,
-    /// Unreliable connected: SEND and RDMA WRITE, no acknowledgements.
-    Uc,
-    /// Unreliable datagram: SENDs of up to one MTU to any UD QP, addressed per send.
-    Ud,
-}
-
-impl QpType {
-    /// The C value.
-    pub fn to_ffi(self) -> ffi::ibv_qp_type {
-        match self {
-            QpType::Rc => ffi::ibv_qp_type::IBV_QPT_RC,
-            QpType::Uc => ffi::ibv_qp_type::IBV_QPT_UC,
-            QpType::Ud => ffi::ibv_qp_type::IBV_QPT_UD,
-        }
-    }
-
-    /// From the C value; `None` for types this crate does not create.
-    pub fn from_ffi(t: ffi::ibv_qp_type) -> Option<QpType> {
-        match t {
-            ffi::ibv_qp_type::IBV_QPT_RC => Some(QpType::Rc),
-            ffi::ibv_qp_type::IBV_QPT_UC => Some(QpType::Uc),
-            ffi::ibv_qp_type::IBV_QPT_UD => Some(QpType::Ud),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for QpType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            QpType::Rc => "RC",
-            QpType::Uc => "UC",
-            QpType::Ud => "UD",
-        })
-    }
-}
+pub(crate) use crate::codes::QpType;
 
 c_enum! {
     /// QP state (`enum ibv_qp_state`), as `ibv_query_qp` reports it.
@@ -714,48 +672,6 @@ pub struct RemoteQpInfo {
     pub lid: u16,
     /// Its GID (the source GID it will use).
     pub gid: Gid,
-}
-
-impl RemoteQpInfo {
-    /// Size of [`to_bytes`](Self::to_bytes).
-    pub const WIRE_LEN: usize = 26;
-
-    /// Big-endian wire form: qpn (4), psn (4), lid (2), gid (16).
-    pub fn to_bytes(&self) -> [u8; Self::WIRE_LEN] {
-        let mut b = [0u8; Self::WIRE_LEN];
-        b[0..4].copy_from_slice(&self.qpn.to_be_bytes());
-        b[4..8].copy_from_slice(&self.psn.to_be_bytes());
-        b[8..10].copy_from_slice(&self.lid.to_be_bytes());
-        b[10..26].copy_from_slice(&self.gid.0);
-        b
-    }
-
-    /// From the wire form of [`to_bytes`](Self::to_bytes), checked as the endpoint format
-    /// checks its fields (it comes from a peer): a 24-bit QP number that is not a
-    /// management QP, a 24-bit PSN, and a unicast LID or a GID to reach the peer by.
-    pub fn from_bytes(b: &[u8; Self::WIRE_LEN]) -> std::result::Result<RemoteQpInfo, crate::WireError> {
-        use crate::endpoint::{check_address, MAX_QPN};
-        use crate::WireError;
-        let mut gid = [0u8; 16];
-        gid.copy_from_slice(&b[10..26]);
-        let info = RemoteQpInfo {
-            qpn: u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
-            psn: u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
-            lid: u16::from_be_bytes([b[8], b[9]]),
-            gid: Gid(gid),
-        };
-        if info.qpn > MAX_QPN {
-            return Err(WireError::QpnTooLarge(info.qpn));
-        }
-        if info.qpn <= 1 {
-            return Err(WireError::ReservedQpn(info.qpn));
-        }
-        if info.psn > MAX_PSN {
-            return Err(WireError::PsnTooLarge(info.psn));
-        }
-        check_address(info.lid, info.gid)?;
-        Ok(info)
-    }
 }
 
 /// What `ibv_query_qp` reports, the commonly needed fields typed.

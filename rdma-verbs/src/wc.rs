@@ -11,7 +11,7 @@
 
 use std::fmt;
 
-pub use crate::codes::{WcOpcode, WcStatus};
+pub(crate) use crate::codes::{WcOpcode, WcStatus};
 use crate::error::{Error, Result};
 use crate::ffi;
 

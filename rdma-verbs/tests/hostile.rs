@@ -19,9 +19,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::diag::{compare, known_bad};
-use rdma_verbs::endpoint::{self, pingpong, Endpoint, Status, WireError, HEADER_LEN, MAGIC, STATUS_LEN, VERSION};
-use rdma_verbs::qp::{DEFAULT_QKEY, MAX_PSN};
+use rdma_verbs::wire::{self, pingpong, Endpoint, Status, HEADER_LEN, MAGIC, STATUS_LEN, VERSION};
+use rdma_verbs::WireError;
 use rdma_verbs::{Error, Gid, Mtu, QpType, RemoteMr, RemoteQpInfo, Verb};
+use rdma_verbs::{DEFAULT_QKEY, MAX_PSN};
 use serde_json::{json, Value};
 
 /// A seeded generator (fastrand's), so every run feeds the same garbage and a failure
@@ -407,8 +408,13 @@ fn region_descriptors_of_the_wrong_length_or_overflowing_are_refused() {
     for len in (0..b.len()).chain([21, 40, 4096]) {
         let mut v = b.to_vec();
         v.resize(len, 0);
-        let e = RemoteMr::from_bytes(&v).unwrap_err().to_string();
-        assert!(e.contains(&format!("expected 20 bytes, got {len}")), "{e}");
+        let e = RemoteMr::from_bytes(&v).unwrap_err();
+        let want = if len < 20 {
+            WireError::Truncated { got: len, need: 20 }
+        } else {
+            WireError::Oversized { got: len, len: 20 }
+        };
+        assert_eq!(e, want, "{e}");
     }
     let over = RemoteMr { addr: u64::MAX - 1, len: 2, rkey: 0 }.to_bytes();
     assert!(RemoteMr::from_bytes(&over).unwrap_err().to_string().contains("overflows"));
@@ -612,7 +618,7 @@ fn take_endpoint_and_status(s: &mut TcpStream) {
 /// Runs the exchange and status sync as a handshake does, timing it.
 fn handshake_with(s: &mut TcpStream) -> (Result<Endpoint, Error>, Duration) {
     let started = Instant::now();
-    let got = endpoint::exchange(s, &endpoints()[0]).and_then(|ep| endpoint::sync(s, Status::Ready).map(|()| ep));
+    let got = wire::exchange(s, &endpoints()[0]).and_then(|ep| wire::sync(s, Status::Ready).map(|()| ep));
     let took = started.elapsed();
     assert!(took < BOUND, "the exchange took {took:?}");
     (got, took)
@@ -764,13 +770,13 @@ fn reading_an_endpoint_takes_exactly_its_length_from_the_stream() {
     let mut data = endpoints()[0].to_bytes().to_vec();
     data.extend(std::iter::repeat_n(0xEE, 1 << 16));
     let mut c = Counting(&data, 0);
-    assert_eq!(endpoint::read_endpoint(&mut c).expect("valid"), endpoints()[0]);
+    assert_eq!(wire::read_endpoint(&mut c).expect("valid"), endpoints()[0]);
     assert_eq!(c.1, Endpoint::WIRE_LEN, "read past the message");
     // A bad header stops the read after the header.
     let mut bad = b"RDVE\x07".to_vec();
     bad.extend(std::iter::repeat_n(0u8, 1 << 16));
     let mut c = Counting(&bad, 0);
-    assert!(endpoint::read_endpoint(&mut c).is_err());
+    assert!(wire::read_endpoint(&mut c).is_err());
     assert_eq!(c.1, HEADER_LEN);
 }
 

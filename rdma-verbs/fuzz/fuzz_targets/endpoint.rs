@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rdma_verbs::endpoint::{Endpoint, Status};
+use rdma_verbs::wire::{Endpoint, Status};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(ep) = Endpoint::from_bytes(data) {

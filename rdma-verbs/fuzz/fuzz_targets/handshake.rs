@@ -6,7 +6,7 @@
 use std::io::{self, Read, Write};
 
 use libfuzzer_sys::fuzz_target;
-use rdma_verbs::endpoint::{self, Endpoint, Status, STATUS_LEN};
+use rdma_verbs::wire::{self, Endpoint, Status, STATUS_LEN};
 use rdma_verbs::{Gid, Mtu, QpType};
 
 /// The peer's bytes to read, in pieces of the sizes the input asks for (short reads),
@@ -51,7 +51,7 @@ fuzz_target!(|data: &[u8]| {
         mr: None,
     };
     let mut peer = Peer { data, taken: 0, piece: usize::from(piece.max(1)), written: Vec::new() };
-    let got = endpoint::exchange(&mut peer, &mine).and_then(|ep| endpoint::sync(&mut peer, Status::Ready).map(|()| ep));
+    let got = wire::exchange(&mut peer, &mine).and_then(|ep| wire::sync(&mut peer, Status::Ready).map(|()| ep));
     assert!(peer.taken <= Endpoint::WIRE_LEN + STATUS_LEN, "read {} bytes", peer.taken);
     assert_eq!(&peer.written[..Endpoint::WIRE_LEN], &mine.to_bytes()[..], "this side speaks first");
     if let Ok(ep) = got {

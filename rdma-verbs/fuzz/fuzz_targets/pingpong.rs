@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rdma_verbs::endpoint::pingpong;
+use rdma_verbs::wire::pingpong;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(info) = pingpong::decode(data) {

@@ -14,7 +14,7 @@
 //!   target, write a source, move it or free it; and a shared chunk cannot be written
 //!   by anyone while any clone is out.
 //! - Targets the device writes (receives, RDMA READ, atomics) take only exclusive
-//!   chunks: the types refuse `Arc<Chunk>` there ([`ExclusiveBuf`]).
+//!   chunks: the types refuse `Arc<Chunk>` there ([`ExclusiveBuf`](crate::ExclusiveBuf)).
 //! - Each side of a QP has one owner: [`SendQueue`] and [`RecvQueue`] are claimed once
 //!   per QP and post through `&mut self`. The two sides are separate queues in verbs
 //!   (the provider locks them separately), so they may live on different threads.
@@ -39,14 +39,14 @@
 //!   (An SRQ's receives complete on the CQs of whichever QPs take them: size those CQs
 //!   for the SRQ's depth too.)
 //!
-//! - The buffer traits ([`SendBuf`], [`ExclusiveBuf`]) are sealed: a buffer's SGEs are
+//! - The buffer traits ([`SendBuf`](crate::SendBuf), [`ExclusiveBuf`](crate::ExclusiveBuf)) are sealed: a buffer's SGEs are
 //!   trusted to name only bytes the buffer owns, so only this crate's chunk types (and
 //!   arrays of them) are buffers.
 //!
 //! Polling is [`CompletionQueue::poll`](crate::CompletionQueue::poll) (`&mut self`: one
 //! poller). Waiting through a completion channel is on the CQ as well.
 //!
-//! One [`SendQueue`] posts every kind of send request ([`SendRequest`]): [`SendWr`]s,
+//! One [`SendQueue`] posts every kind of send request ([`SendRequest`]): [`SendWr`](crate::SendWr)s,
 //! checked and built into their C form at each post, or [`Prepared`] requests, checked and
 //! built once and posted again with only the `wr_id` stamped ([`PreparedQueue`] says how,
 //! and why it is as sound). A post is a batch of one; a batch is one provider call.
@@ -64,7 +64,7 @@
 //!    [`WorkCompletion`]s (`ibv_poll_cq`, nothing added).
 //! 4. [`SendQueue::complete`] checks that the completion's `wr_id` is this queue's and
 //!    outstanding, pops the request and the unsignaled ones before it, and hands each back
-//!    as a [`Done`] (its buffer, your id, its operation, its status);
+//!    as a [`Done`](crate::Done) (its buffer, your id, its operation, its status);
 //!    [`Done::result`](crate::Done::result) turns a failure into an error naming all that.
 //!
 //! Receives go through a [`RecvQueue`] the same way, one chain per batch. Shared receive
@@ -74,11 +74,9 @@
 use std::mem::MaybeUninit;
 
 use crate::buf::MAX_SGE;
-pub use crate::buf::{ExclusiveBuf, SendBuf};
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::wc::WorkCompletion;
-pub use crate::wr::{Done, SendWr};
 
 mod claim;
 mod prepared;

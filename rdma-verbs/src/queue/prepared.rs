@@ -259,14 +259,14 @@ fn takes<T: SendBuf>(p: &Inner<T>, limits: &Limits) -> Result<usize> {
     if p.limits.ud != ud {
         return Err(Error::invalid(Verb::PostSend, "a request prepared for a QP of another transport (UD or not)"));
     }
+    if sges > max_sge || inline > max_inline {
+        return Err(too_big_for(sges, inline, max_sge, max_inline));
+    }
     if p.limits.pd != pd {
         return Err(Error::invalid(
             Verb::PostSend,
             "a request prepared for a QP of another protection domain: its buffer is not registered in this one",
         ));
-    }
-    if sges > max_sge || inline > max_inline {
-        return Err(too_big_for(sges, inline, max_sge, max_inline));
     }
     Ok(sges as usize)
 }

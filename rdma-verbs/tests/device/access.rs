@@ -16,11 +16,11 @@
 //! underlying region; see rdma-sys/tests/device/mw.rs). The safe crate has no memory
 //! window API.
 
-use rdma_verbs::mr::{AccessMode, RegisterableBuffer, RemoteWritable};
-use rdma_verbs::queue::SendWr;
+use rdma_verbs::SendWr;
 use rdma_verbs::{
     AccessFlags, Chunk, Error, MemoryRegion, ProtectionDomain, QpAccess, Refused, RemoteMr, Verb, WcStatus,
 };
+use rdma_verbs::{AccessMode, RegisterableBuffer, RemoteWritable};
 
 use crate::datapath::{chunks, poll_one, rc_pair, Side};
 use crate::LeakCheck;

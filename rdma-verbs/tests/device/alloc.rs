@@ -18,12 +18,12 @@ use std::sync::Arc;
 use std::thread::LocalKey;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::buf::Chunk;
-use rdma_verbs::queue::{SendBuf, SendWr};
+use rdma_verbs::Chunk;
 use rdma_verbs::{
     ffi, AccessFlags, AlignedBuf, CompletionQueue, MemoryRegion, ProtectionDomain, QpAccess, RemoteWritable,
     WorkCompletion,
 };
+use rdma_verbs::{SendBuf, SendWr};
 
 use crate::datapath::{chunks, rc_pair, Side};
 use crate::LeakCheck;
@@ -251,7 +251,7 @@ fn safe_round<T: Source>(
         (&mut b.cq, 1),
         ops,
         |wc| {
-            let done = |d: rdma_verbs::queue::Done<T>| T::take_back(&mut srcs[d.id as usize], d.buf);
+            let done = |d: rdma_verbs::Done<T>| T::take_back(&mut srcs[d.id as usize], d.buf);
             sq.complete(wc, done).unwrap() as u64
         },
         |wc| {
@@ -417,7 +417,7 @@ fn prepared_requests_post_post_batch_and_poll_allocate_nothing_in_steady_state()
                 (&mut b.cq, 1),
                 ops,
                 |wc| {
-                    let back = |d: rdma_verbs::queue::Done<_>| assert!(ps[d.id as usize].replace(d.buf).is_none());
+                    let back = |d: rdma_verbs::Done<_>| assert!(ps[d.id as usize].replace(d.buf).is_none());
                     pq.complete(wc, back).unwrap() as u64
                 },
                 |wc| {

@@ -16,12 +16,12 @@ use std::sync::{mpsc, Once};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, EventChannel, PortSpace, RejectReason};
-use rdma_verbs::queue::{RecvQueue, SendQueue};
 use rdma_verbs::{
     AccessFlags, AddressHandle, Chunk, CompletionQueue, Context, Error, ProtectionDomain, QpState, QpType, QueuePair,
     SendWr, Verb, WcOpcode, WcStatus,
 };
+use rdma_verbs::{CmEventKind, CmId, ConnParam, EventChannel, PortSpace, RejectReason};
+use rdma_verbs::{RecvQueue, SendQueue};
 
 use crate::datapath::{chunks, poll_one};
 use crate::{device_name, example, LeakCheck, ResourceCounts};

@@ -4,18 +4,18 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::buf::Chunk;
-use rdma_verbs::qp::QueuePairBuilder;
-use rdma_verbs::queue::{Done, RecvQueue, SendQueue, SendWr};
+use rdma_verbs::Chunk;
+use rdma_verbs::QueuePairBuilder;
 use rdma_verbs::{
     AccessFlags, AlignedBuf, CompletionQueue, InitAttr, ProtectionDomain, QpAccess, QpType, QueuePair, WcOpcode,
     WcStatus, WorkCompletion,
 };
+use rdma_verbs::{Done, RecvQueue, SendQueue, SendWr};
 
 use crate::{open, LeakCheck};
 
 /// One side of a loopback connection: a QP with its own CQ and both of its queues.
-pub struct Side<T: rdma_verbs::queue::SendBuf> {
+pub struct Side<T: rdma_verbs::SendBuf> {
     pub cq: CompletionQueue,
     pub sq: SendQueue<T>,
     pub rq: RecvQueue<Chunk>,
@@ -23,12 +23,12 @@ pub struct Side<T: rdma_verbs::queue::SendBuf> {
 }
 
 /// Two connected RC QPs on the device under test, and the PD their memory comes from.
-pub fn rc_pair<T: rdma_verbs::queue::SendBuf>(access: QpAccess) -> (ProtectionDomain, Side<T>, Side<T>) {
+pub fn rc_pair<T: rdma_verbs::SendBuf>(access: QpAccess) -> (ProtectionDomain, Side<T>, Side<T>) {
     rc_pair_with(access, |b| b)
 }
 
 /// [`rc_pair`] with QPs built by `tune` from a builder with 64 WRs each way.
-pub fn rc_pair_with<T: rdma_verbs::queue::SendBuf>(
+pub fn rc_pair_with<T: rdma_verbs::SendBuf>(
     access: QpAccess,
     tune: impl Fn(QueuePairBuilder<'_>) -> QueuePairBuilder<'_>,
 ) -> (ProtectionDomain, Side<T>, Side<T>) {
@@ -67,7 +67,7 @@ pub fn poll_one(cq: &mut CompletionQueue) -> WorkCompletion {
     }
 }
 
-fn send_done<T: rdma_verbs::queue::SendBuf>(side: &mut Side<T>) -> Vec<Done<T>> {
+fn send_done<T: rdma_verbs::SendBuf>(side: &mut Side<T>) -> Vec<Done<T>> {
     let mut wc = poll_one(&mut side.cq);
     let mut out = Vec::new();
     side.sq.complete(&mut wc, |d| out.push(d)).unwrap();

@@ -7,13 +7,13 @@
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use rdma_verbs::buf::Chunk;
-use rdma_verbs::qp::QueuePairBuilder;
-use rdma_verbs::queue::{Done, ExclusiveBuf, RecvQueue, SendBuf, SendQueue, SendWr};
+use rdma_verbs::Chunk;
+use rdma_verbs::QueuePairBuilder;
 use rdma_verbs::{
     AccessFlags, AddressHandle, AhAttr, AlignedBuf, CompletionQueue, Error, InitAttr, ProtectionDomain, QpAccess,
     QpType, QueuePair, Refused, SharedReceiveQueue, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
+use rdma_verbs::{Done, ExclusiveBuf, RecvQueue, SendBuf, SendQueue, SendWr};
 
 use crate::datapath::{chunks, poll_one, rc_pair, Side};
 use crate::{gid_index, open, LeakCheck};

@@ -9,12 +9,12 @@ use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::endpoint::{Handshake, WireError};
-use rdma_verbs::queue::{Done, RecvQueue, SendQueue, SendWr};
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Error, Mtu, ProtectionDomain, QpAccess, QpType, QueuePair,
     WcStatus,
 };
+use rdma_verbs::{Done, RecvQueue, SendQueue, SendWr};
+use rdma_verbs::{Handshake, WireError};
 
 use crate::datapath::{chunks, poll_one};
 use crate::{device_name, gid_index, open, LeakCheck};
@@ -70,7 +70,7 @@ fn drain(
 /// One RC side: advertises a writable region, SENDs `seed`'s data, WRITEs `seed + 1`'s
 /// data into the peer's region and notifies with a SEND with immediate; then checks what
 /// the peer (`peer_seed`) sent and wrote. Returns this side's connection.
-fn rc_side(mut tcp: TcpStream, seed: u8, peer_seed: u8, mtu: Mtu) -> rdma_verbs::endpoint::Connection {
+fn rc_side(mut tcp: TcpStream, seed: u8, peer_seed: u8, mtu: Mtu) -> rdma_verbs::Connection {
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let mut cq = CompletionQueue::new(&ctx, 64).unwrap();
@@ -128,7 +128,7 @@ fn handshake_connects_rc_qps_over_tcp_and_send_and_write_arrive_intact() {
 }
 
 /// One UD side: sends one datagram of `seed`'s data to the peer, checks the peer's.
-fn ud_side(mut tcp: TcpStream, seed: u8, peer_seed: u8) -> rdma_verbs::endpoint::UdPeer {
+fn ud_side(mut tcp: TcpStream, seed: u8, peer_seed: u8) -> rdma_verbs::UdPeer {
     const GRH: usize = 40;
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();

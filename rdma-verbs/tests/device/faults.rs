@@ -18,13 +18,13 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::cm::{CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
-use rdma_verbs::queue::{RecvQueue, SendQueue, SendWr};
 use rdma_verbs::{
     AccessFlags, AlignedBuf, AsyncEventKind, AsyncEvents, Chunk, CompletionQueue, Context, EventSource, InitAttr,
     PortState, ProtectionDomain, QpAccess, QpState, QpType, QueuePair, Remote, RemoteMr, RemoteQpInfo, RtrAttr,
     RtsAttr, WcStatus, WorkCompletion,
 };
+use rdma_verbs::{CmEventKind, CmId, ConnParam, EventChannel, PortSpace};
+use rdma_verbs::{RecvQueue, SendQueue, SendWr};
 
 use crate::cm::{cm_leak_check, rdma_ip};
 use crate::datapath::{chunks, poll_one};

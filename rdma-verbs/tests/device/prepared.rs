@@ -1,12 +1,12 @@
 //! Prepared requests (`PreparedQueue`): checked and built once, posted many times; every
 //! byte that arrives is compared with what the round wrote.
 
-use rdma_verbs::buf::Chunk;
-use rdma_verbs::queue::{Done, Prepared, PreparedQueue, RecvQueue, SendWr};
+use rdma_verbs::Chunk;
 use rdma_verbs::{
     AccessFlags, AlignedBuf, CompletionQueue, Error, MemoryRegion, ProtectionDomain, QpAccess, QueuePair, Refused,
     RemoteWritable, WcOpcode, WcStatus,
 };
+use rdma_verbs::{Done, Prepared, PreparedQueue, RecvQueue, SendWr};
 
 use crate::datapath::{chunks, poll_one, rc_pair, rc_pair_with, Side};
 use crate::LeakCheck;

@@ -10,7 +10,7 @@ use std::ptr;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::ffi;
-use rdma_verbs::qp::MAX_PSN;
+use rdma_verbs::MAX_PSN;
 use rdma_verbs::{
     AddressHandle, AhAttr, CompletionQueue, Context, Error, Gid, InitAttr, Mtu, ProtectionDomain, QpAccess, QpState,
     QpType, QueuePair, Remote, RemoteQpInfo, RtrAttr, RtsAttr, SendOps, SharedReceiveQueue, DEFAULT_QKEY,

@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use rdma_verbs::ffi;
-use rdma_verbs::queue::{ExclusiveBuf, SendBuf};
+use rdma_verbs::{ExclusiveBuf, SendBuf};
 use rdma_verbs::Result;
 
 struct Forged(u64, u32);

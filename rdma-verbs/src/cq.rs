@@ -17,7 +17,7 @@
 //! lands between the last poll and the wait from being missed:
 //!
 //! ```no_run
-//! # use rdma_verbs::{cq::CompletionQueue, wc::WorkCompletion, Context};
+//! # use rdma_verbs::{CompletionQueue, WorkCompletion, Context};
 //! # fn handle(_: &WorkCompletion) {}
 //! # fn main() -> rdma_verbs::Result<()> {
 //! # let ctx = Context::open_first()?;

@@ -6,7 +6,7 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::net::TcpStream;
 //! use std::time::Duration;
-//! use rdma_verbs::endpoint::Handshake;
+//! use rdma_verbs::Handshake;
 //! use rdma_verbs::{CompletionQueue, Context, ProtectionDomain, QpAccess, QpType, QueuePair};
 //!
 //! let ctx = Context::open_first()?;

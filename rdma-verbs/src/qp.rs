@@ -4,7 +4,7 @@
 //!
 //! ```no_run
 //! # fn main() -> rdma_verbs::Result<()> {
-//! use rdma_verbs::qp::{InitAttr, QpAccess, QpType, QueuePair};
+//! use rdma_verbs::{InitAttr, QpAccess, QpType, QueuePair};
 //! use rdma_verbs::{CompletionQueue, Context, ProtectionDomain};
 //!
 //! let ctx = Context::open_first()?;

@@ -11,7 +11,7 @@
 //! ```no_run
 //! # fn main() -> rdma_verbs::Result<()> {
 //! use std::time::Duration;
-//! use rdma_verbs::cm::{CmId, ConnParam, EventChannel, PortSpace};
+//! use rdma_verbs::{CmId, ConnParam, EventChannel, PortSpace};
 //! use rdma_verbs::{CompletionQueue, ProtectionDomain, QpType, QueuePair};
 //!
 //! let t = Duration::from_secs(5);

@@ -1,0 +1,38 @@
+//! The examples in the docs, run on the device: each file in `doc/` is a whole program
+//! that the docs of a type (or of the crate) show with `include_str!`, and a test here
+//! `include!`s it and runs its `main`, so an example that stops working fails here.
+//!
+//! | file | shown in the docs of |
+//! | --- | --- |
+//! | `doc/quickstart.rs` | the crate (`src/lib.rs`) |
+
+use std::fmt::Display;
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use crate::LeakCheck;
+
+/// Runs an example's `main` on a thread of its own and fails when it fails, panics or
+/// is not done within a minute (a lost completion would leave an example polling forever).
+fn run<E: Display + 'static>(main: fn() -> Result<(), E>) {
+    const LIMIT: Duration = Duration::from_secs(60);
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || tx.send(main().map_err(|e| e.to_string())));
+    match rx.recv_timeout(LIMIT) {
+        Ok(result) => result.unwrap_or_else(|e| panic!("the example failed: {e}")),
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("the example did not finish within {LIMIT:?}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("the example panicked"),
+    }
+}
+
+mod quickstart {
+    include!("doc/quickstart.rs");
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_crate_level_example_sizes_its_cq_for_its_qp_and_sends_hello_to_itself() {
+        let _leaks = super::LeakCheck::new();
+        super::run(main);
+    }
+}

@@ -5,6 +5,7 @@
 //! | file | shown in the docs of |
 //! | --- | --- |
 //! | `doc/quickstart.rs` | the crate (`src/lib.rs`) |
+//! | `doc/qp_connect.rs` | `QueuePair` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -32,6 +33,17 @@ mod quickstart {
     #[test]
     #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
     fn the_crate_level_example_sizes_its_cq_for_its_qp_and_sends_hello_to_itself() {
+        let _leaks = super::LeakCheck::new();
+        super::run(main);
+    }
+}
+
+mod qp_connect {
+    include!("doc/qp_connect.rs");
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_queue_pair_example_connects_two_qps_by_local_info_and_writes_across() {
         let _leaks = super::LeakCheck::new();
         super::run(main);
     }

@@ -6,6 +6,7 @@
 //! | --- | --- |
 //! | `doc/quickstart.rs` | the crate (`src/lib.rs`) |
 //! | `doc/qp_connect.rs` | `QueuePair` |
+//! | `doc/cq_wait.rs` | `CompletionQueue` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -44,6 +45,17 @@ mod qp_connect {
     #[test]
     #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
     fn the_queue_pair_example_connects_two_qps_by_local_info_and_writes_across() {
+        let _leaks = super::LeakCheck::new();
+        super::run(main);
+    }
+}
+
+mod cq_wait {
+    include!("doc/cq_wait.rs");
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_completion_queue_example_arms_drains_and_waits_until_every_message_arrived() {
         let _leaks = super::LeakCheck::new();
         super::run(main);
     }

@@ -7,6 +7,7 @@
 //! | `doc/quickstart.rs` | the crate (`src/lib.rs`) |
 //! | `doc/qp_connect.rs` | `QueuePair` |
 //! | `doc/cq_wait.rs` | `CompletionQueue` |
+//! | `doc/handshake.rs` | `Handshake` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -56,6 +57,17 @@ mod cq_wait {
     #[test]
     #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
     fn the_completion_queue_example_arms_drains_and_waits_until_every_message_arrived() {
+        let _leaks = super::LeakCheck::new();
+        super::run(main);
+    }
+}
+
+mod handshake {
+    include!("doc/handshake.rs");
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_handshake_example_connects_over_tcp_and_sends_both_ways() {
         let _leaks = super::LeakCheck::new();
         super::run(main);
     }

@@ -8,6 +8,7 @@
 //! | `doc/qp_connect.rs` | `QueuePair` |
 //! | `doc/cq_wait.rs` | `CompletionQueue` |
 //! | `doc/handshake.rs` | `Handshake` |
+//! | `doc/cm_client.rs` | `CmId` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -70,5 +71,17 @@ mod handshake {
     fn the_handshake_example_connects_over_tcp_and_sends_both_ways() {
         let _leaks = super::LeakCheck::new();
         super::run(main);
+    }
+}
+
+mod cm_client {
+    include!("doc/cm_client.rs");
+
+    /// In a process of its own, with the leak check of a process that uses rdma_cm
+    /// (librdmacm keeps a device context open until the process ends: see cm.rs).
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_cm_id_example_connects_through_rdma_cm_and_talks_with_its_server() {
+        crate::cm::isolated(this_test!(), || super::run(main));
     }
 }

@@ -385,7 +385,8 @@ impl CompletionQueue {
 
     /// Asks for an event on the channel at the next completion, or with `solicited_only`
     /// at the next solicited or failed one (`ibv_req_notify_cq`). One arming raises at most
-    /// one event; arm again after each. See the [module docs](self) for the order.
+    /// one event; arm again after each. Arm, then drain, then [`wait`](Self::wait):
+    /// [Waiting without spinning](CompletionQueue#waiting-without-spinning) says why.
     #[doc(alias = "ibv_req_notify_cq")]
     pub fn arm(&mut self, solicited_only: bool) -> Result<()> {
         self.channel(Verb::ReqNotifyCq)?;

@@ -13,27 +13,9 @@
 //! A CQ built [`with_channel`](CqBuilder::with_channel) has its own completion channel:
 //! [`arm`](CompletionQueue::arm) asks for one event at the next completion,
 //! [`wait`](CompletionQueue::wait) sleeps until it comes. An event only says that a
-//! completion arrived *after* arming, so the order below is what keeps a completion that
-//! lands between the last poll and the wait from being missed:
-//!
-//! ```no_run
-//! # use rdma_verbs::{CompletionQueue, WorkCompletion, Context};
-//! # fn handle(_: &WorkCompletion) {}
-//! # fn main() -> rdma_verbs::Result<()> {
-//! # let ctx = Context::open_first()?;
-//! let mut cq = CompletionQueue::builder(&ctx, 256).with_channel().build()?;
-//! let mut wcs = [WorkCompletion::EMPTY; 32];
-//! loop {
-//!     cq.arm(false)?;                       // 1. arm first,
-//!     loop {                                // 2. then drain what is already there,
-//!         let done = cq.poll(&mut wcs)?;
-//!         if done.is_empty() { break; }
-//!         done.iter().for_each(handle);
-//!     }
-//!     cq.wait(None)?;                       // 3. then sleep; a completion that came after
-//! }                                         //    step 1 has raised the event already.
-//! # }
-//! ```
+//! completion arrived *after* arming, so the order is: arm, then drain what is already
+//! there, then wait; it keeps a completion that lands between the last poll and the wait
+//! from being missed. The docs of [`CompletionQueue`] show the loop.
 //!
 //! After a wake the loop comes back to arm again, then drains. The events `wait` consumed
 //! are acknowledged (`ibv_ack_cq_events`) in batches, and all of them before the CQ is
@@ -67,6 +49,17 @@ const ACK_BATCH: u32 = 32;
 ///
 /// Created with [`CompletionQueue::new`] or [`CompletionQueue::builder`]; destroyed when
 /// it and every QP or SRQ that uses it are dropped, or now with [`destroy`](Self::destroy).
+///
+/// # Waiting without spinning
+///
+/// A CQ built [`with_channel`](CqBuilder::with_channel) can sleep until a completion
+/// comes. An event only says that a completion arrived *after* [`arm`](Self::arm), so the
+/// loop arms first, then drains, then [`wait`](Self::wait)s: a completion that lands
+/// between the last poll and the wait has raised the event already, and the wait returns
+/// at once. Here an RC QP sends four messages to itself (this example is
+/// `tests/device/doc/cq_wait.rs`, which the device tests run):
+///
+#[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/cq_wait.rs")), "```")]
 #[doc(alias = "ibv_cq")]
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
@@ -392,7 +385,8 @@ impl CompletionQueue {
 
     /// Asks for an event on the channel at the next completion, or with `solicited_only`
     /// at the next solicited or failed one (`ibv_req_notify_cq`). One arming raises at most
-    /// one event; arm again after each. See the [module docs](self) for the order.
+    /// one event; arm again after each. Arm, then drain, then [`wait`](Self::wait):
+    /// [Waiting without spinning](CompletionQueue#waiting-without-spinning) says why.
     #[doc(alias = "ibv_req_notify_cq")]
     pub fn arm(&mut self, solicited_only: bool) -> Result<()> {
         self.channel(Verb::ReqNotifyCq)?;

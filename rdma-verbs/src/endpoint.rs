@@ -1,29 +1,7 @@
 //! Connecting two QPs over an out-of-band byte stream (a TCP connection, most often):
 //! an [`Endpoint`] descriptor with a compact versioned wire format, and a [`Handshake`]
-//! that exchanges endpoints and brings a QP up with its peer.
-//!
-//! ```no_run
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use std::net::TcpStream;
-//! use std::time::Duration;
-//! use rdma_verbs::Handshake;
-//! use rdma_verbs::{CompletionQueue, Context, ProtectionDomain, QpAccess, QpType, QueuePair};
-//!
-//! let ctx = Context::open_first()?;
-//! let pd = ProtectionDomain::new(&ctx)?;
-//! let cq = CompletionQueue::new(&ctx, 256)?;
-//! let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).build()?;
-//! let mut tcp = TcpStream::connect("peer.example:18515")?;
-//! // Every read of the exchange gives up after this long.
-//! tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
-//!
-//! let hs = Handshake::new(&qp).access(QpAccess::REMOTE_WRITE);
-//! hs.init()?; // RESET -> INIT: post receives from here on, before the peer can send
-//! let conn = hs.connect(&mut tcp)?; // both sides are at RTS when this returns
-//! println!("connected to {}", conn.remote);
-//! # Ok(())
-//! # }
-//! ```
+//! that exchanges endpoints and brings a QP up with its peer. The docs of [`Handshake`]
+//! show both sides.
 //!
 //! # The handshake
 //!
@@ -56,6 +34,12 @@ use crate::wire::{exchange, give_up, sync, wire_error as wire, Endpoint, Status}
 /// (and never above the port's active MTU), the GID of [`Context::default_gid`] on RoCE
 /// (index 0 on InfiniBand), Q_Key [`DEFAULT_QKEY`], P_Key index 0, service level 0, no
 /// memory region advertised.
+///
+/// Two RC QPs connected over TCP, and a SEND each way: each side is the function `side`,
+/// given its end of a TCP connection (this example is `tests/device/doc/handshake.rs`,
+/// which the device tests run):
+///
+#[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/handshake.rs")), "```")]
 ///
 /// [`Context::default_gid`]: crate::Context::default_gid
 /// [`DEFAULT_QKEY`]: crate::qp::DEFAULT_QKEY

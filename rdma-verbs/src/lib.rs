@@ -1,9 +1,9 @@
 //! Safe Rust over the Linux RDMA verbs (libibverbs and librdmacm from rdma-core).
 //!
-//! An RC QP sends "hello" to itself (this example is `tests/device/crate_example.rs`,
-//! which the device tests run):
+//! An RC QP sends "hello" to itself (this example is `tests/device/doc/quickstart.rs`,
+//! which the device tests run on rxe, as they run every example in these docs):
 //!
-#![doc = concat!("```no_run\n", include_str!("../tests/device/crate_example.rs"), "```")]
+#![doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/quickstart.rs")), "```")]
 //!
 //! The [`queue`] module documents why this is sound: posted buffers travel with their
 //! work requests and come back with the completions, so safe code can never touch memory

@@ -70,6 +70,15 @@ impl Drop for ChildId {
 ///
 /// It holds its [`EventChannel`]; a QP made through it and a [`Context`] from it hold the
 /// id, so it is destroyed (`rdma_destroy_id`) when this handle and those are all gone.
+///
+/// A client resolves the server's address to a device and a path, makes its QP through
+/// the id and connects; the server, on a thread here, binds, listens, takes the request
+/// as a new id, makes its QP and accepts. rdma_cm works with the IP address of the netdev
+/// under the RDMA device, not with 127.0.0.1 (this example is
+/// `tests/device/doc/cm_client.rs`, which the device tests run with the address of the
+/// test bed's rxe device in `RDMA_IP`):
+///
+#[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/cm_client.rs")), "```")]
 #[doc(alias = "rdma_cm_id")]
 pub struct CmId {
     pub(crate) inner: Arc<CmIdInner>,

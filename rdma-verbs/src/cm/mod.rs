@@ -6,31 +6,7 @@
 //! IP address to a device and a path, makes its QP through the id, and connects; the
 //! server binds, listens, takes each request as a new id, makes its QP and accepts. Both
 //! may send up to a few dozen bytes of private data with the handshake, and the server
-//! may reject instead, with a reason.
-//!
-//! ```no_run
-//! # fn main() -> rdma_verbs::Result<()> {
-//! use std::time::Duration;
-//! use rdma_verbs::{CmId, ConnParam, EventChannel, PortSpace};
-//! use rdma_verbs::{CompletionQueue, ProtectionDomain, QpType, QueuePair};
-//!
-//! let t = Duration::from_secs(5);
-//! let channel = EventChannel::new()?;
-//! let id = CmId::new(&channel, PortSpace::Tcp)?;
-//! id.resolve_addr(None, "10.99.0.1:7471".parse().unwrap(), t)?;
-//! id.resolve_route(t)?;
-//! let ctx = id.context()?; // the device rdma_cm chose for that address
-//! let pd = ProtectionDomain::new(&ctx)?;
-//! let cq = CompletionQueue::new(&ctx, 16)?; // room for both queues: 8 + 8
-//! let qp = id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(8).max_recv_wr(8))?;
-//! // ... post receives on qp.recv_queue() ...
-//! let established = id.connect(&ConnParam::new().private_data(b"hello"), t)?;
-//! println!("the server said {:?}", established.private_data());
-//! // ... send and receive through qp.send_queue() / qp.recv_queue() ...
-//! id.disconnect()?;
-//! # Ok(())
-//! # }
-//! ```
+//! may reject instead, with a reason. The docs of [`CmId`] show a client and its server.
 //!
 //! # Events and their acknowledgement
 //!

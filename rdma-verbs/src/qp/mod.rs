@@ -1,24 +1,7 @@
 //! Queue pairs (`struct ibv_qp`): creation with capabilities checked against the device,
 //! and the state machine RESET -> INIT -> RTR -> RTS, each transition with the attribute
-//! mask the InfiniBand spec requires for the QP's transport.
-//!
-//! ```no_run
-//! # fn main() -> rdma_verbs::Result<()> {
-//! use rdma_verbs::{InitAttr, QpAccess, QpType, QueuePair};
-//! use rdma_verbs::{CompletionQueue, Context, ProtectionDomain};
-//!
-//! let ctx = Context::open_first()?;
-//! let pd = ProtectionDomain::new(&ctx)?;
-//! let cq = CompletionQueue::new(&ctx, 256)?;
-//! let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(64).build()?;
-//! let me = qp.local_info(1)?; // with the PSN the QP will send from: qp.psn()
-//! # let peer = me;
-//! // ... exchange `me.to_bytes()` with the peer out of band, get `peer` back ...
-//! let init = InitAttr { access: QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ, ..InitAttr::default() };
-//! qp.connect(&init, &peer)?; // sends from the PSN `me` advertised
-//! # Ok(())
-//! # }
-//! ```
+//! mask the InfiniBand spec requires for the QP's transport. The docs of [`QueuePair`]
+//! show two QPs connected with [`QueuePair::local_info`] and [`QueuePair::connect`].
 //!
 //! # One PSN per QP
 //!
@@ -28,19 +11,8 @@
 //! [`QueuePair::connect`], [`QueuePair::ready_ud`] and the endpoint
 //! [`Handshake`](crate::Handshake) send from it, so the PSN a peer was told and the one
 //! this side sends cannot differ. Only the hand-driven transitions take it as an argument
-//! ([`RtsAttr::sq_psn`]: pass [`QueuePair::psn`]).
-//!
-//! ```no_run
-//! # fn main() -> rdma_verbs::Result<()> {
-//! # use rdma_verbs::{CompletionQueue, Context, ProtectionDomain, QpType, QueuePair};
-//! # let ctx = Context::open_first()?;
-//! # let pd = ProtectionDomain::new(&ctx)?;
-//! # let cq = CompletionQueue::new(&ctx, 256)?;
-//! let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).psn(0x1234).build()?;
-//! assert_eq!(qp.local_info(1)?.psn, 0x1234);
-//! # Ok(())
-//! # }
-//! ```
+//! ([`RtsAttr::sq_psn`]: pass [`QueuePair::psn`]). The example on [`QueuePair`] fixes
+//! one side's PSN and checks what `local_info` advertises.
 
 use crate::ah::{AhAttr, Remote};
 use crate::context::Context;
@@ -69,6 +41,13 @@ pub use builder::QueuePairBuilder;
 
 /// A queue pair. Verbs on it are thread-safe, so it is `Send + Sync`; it keeps its
 /// protection domain, both completion queues and its SRQ alive, and is destroyed first.
+///
+/// Two RC QPs connected as two programs connect them, each with what the other's
+/// [`local_info`](Self::local_info) returned, then an RDMA WRITE from one into the
+/// other's memory (this example is `tests/device/doc/qp_connect.rs`, which the device
+/// tests run):
+///
+#[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/qp_connect.rs")), "```")]
 pub struct QueuePair {
     pub(crate) inner: Arc<QpInner>,
 }

@@ -52,7 +52,7 @@ pub(crate) fn rdma_ip() -> IpAddr {
 /// of the device (the diag link test deletes and recreates it) for as long as it is
 /// open, so no rdma_cm call may happen in the process that runs the other tests. The
 /// child takes the leak check, after librdmacm has opened its context ([`cm_leak_check`]).
-fn isolated(test: &str, body: impl FnOnce()) {
+pub(crate) fn isolated(test: &str, body: impl FnOnce()) {
     in_own_process(test, || {
         let _leaks = cm_leak_check();
         body();

@@ -28,13 +28,12 @@ mod basics;
 mod cm;
 mod cq;
 mod cq_budget;
-/// The crate-level example of `rdma-verbs/src/lib.rs`, which shows this file in its docs;
-/// `cq_budget::the_crate_level_example_sizes_its_cq_for_its_qp_and_runs` runs it.
-mod crate_example;
 mod datapath;
 mod datapath2;
 mod datapath_ext;
 mod diag;
+/// The examples in the docs, each a program in `doc/`, run.
+mod doc_examples;
 mod endpoint;
 mod events;
 mod faults;

@@ -3,7 +3,7 @@ use rdma_verbs::{
     WorkCompletion,
 };
 
-pub fn main() -> rdma_verbs::Result<()> {
+fn main() -> rdma_verbs::Result<()> {
     let ctx = Context::open(None)?; // the first device
     let pd = ProtectionDomain::new(&ctx)?;
     // Room for every completion the QP's queues can have pending: 128 sends + 128 receives
@@ -31,7 +31,7 @@ pub fn main() -> rdma_verbs::Result<()> {
     while got.is_none() || !sent {
         for wc in cq.poll(&mut wcs)?.iter_mut() {
             if wc.opcode().is_recv() {
-                got = Some(rq.complete(wc)?); // `dst` comes back, with what arrived
+                got = Some(rq.complete(wc)?.result()?); // `dst` comes back, with what arrived
             } else {
                 sq.complete(wc, |done| drop(done.buf))?; // `src` comes back
                 sent = true;

@@ -1,89 +1,80 @@
 //! `syscall_probe`: one data-path operation in a steady loop, for counting its system
-//! calls under strace (`scripts/syscalls` does, on rxe).
+//! calls under strace (`scripts/syscalls`) and its user-space instructions under callgrind
+//! (`scripts/instructions`), on rxe.
 //!
 //! ```text
-//! syscall_probe poll N            N polls of an empty CQ
-//! syscall_probe recv N            N receives posted, nothing sent (N <= 4096)
-//! syscall_probe send-batch N K    N batches of K SENDs (K <= 64), each batch one
-//!                                 post_batch; K receives posted before each batch and
-//!                                 every completion drained after it
-//! syscall_probe raw-send-batch N K    the same sends through the raw API, one prebuilt
-//!                                 chain of C work requests posted again each round
-//! syscall_probe raw-build-send-batch N K  the raw API as a C program that posts
-//!                                 changing requests uses it: each round fills the C work
-//!                                 requests anew, and maps each completion's wr_id back
-//!                                 to its buffer
-//! syscall_probe raw-match-send-batch N K  the prebuilt chain of raw-send-batch, with
-//!                                 each completion matched back to its buffer by wr_id
-//!                                 (the bookkeeping the safe queues do for you)
-//! syscall_probe prepared-send-batch N K  the same sends as K prepared requests
-//!                                 (PreparedQueue), built once and posted again each round
+//! syscall_probe poll N          N polls of an empty CQ
+//! syscall_probe recv N          N receives posted (RecvQueue), nothing sent (N <= 8192)
+//! syscall_probe OP-WAY N K      N rounds of K requests (K <= 64): K = 1 posts one request
+//!                               (post), K > 1 all K in one post (post_batch, a chain);
+//!                               then every completion is taken before the next round
+//!   OP   write   64 B RDMA WRITEs into the peer's region
+//!        send    64 B SENDs; the peer's receives are pre-posted with the raw API at
+//!                setup (8192 of them, whatever N), and nothing takes their completions
+//!        recv    K receives posted and their completions taken; the SENDs that fill
+//!                them are the raw way's, the same code for both ways of receiving
+//!   WAY  safe    SendQueue (RecvQueue for recv): each request built on every post, each
+//!                completion handed back with `complete`
+//!        prepared  PreparedQueue: requests prepared once, posted again every round
+//!        raw     post_send_raw (post_recv_raw for recv): C requests built once, only
+//!                the wr_id stamped per post; completions polled and counted
+//! syscall_probe send-batch N K           send-safe    (names scripts/syscalls uses)
+//! syscall_probe prepared-send-batch N K  send-prepared
 //! ```
 //!
 //! It opens `RDMA_DEVICE` (else the first device) and connects two RC QPs to each other
-//! on it. The setup is the same whatever the phase and N, so a run with N = 0 counts the
-//! setup alone, and the difference to a run with N counts the phase. Between setup and
-//! phase it prints a marker line to stderr, and another one at the end; then it exits
-//! without tearing down (the kernel releases the objects), so that teardown, which
-//! depends on what is still posted, is not counted either.
+//! on it: A sends, B receives. The setup is the same whatever N, so a run with N = 0
+//! counts the setup alone, and the difference to a run with N counts N rounds; every run
+//! also does two rounds before those N (in both runs, so first-call costs such as lazy
+//! symbol binding drop out). Between setup and phase it prints a marker line to stderr
+//! and asks callgrind to start instrumenting (a no-op outside Valgrind), and it prints
+//! another line at the end; then it exits without tearing down (the kernel releases the
+//! objects), so that teardown, which depends on what is still posted, is not counted.
+//!
+//! Each way is its own small function (`sends_safe`, `sends_prepared`, ...), using only
+//! the public API.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::Chunk;
 use rdma_verbs::{
-    ffi, AccessFlags, AlignedBuf, CompletionQueue, Context, InitAttr, ProtectionDomain, QpType, QueuePair,
-    WorkCompletion,
+    ffi, AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpAccess,
+    QpType, QueuePair, RemoteMr, RemoteWritable, SendWr, WorkCompletion,
 };
-use rdma_verbs::{RecvQueue, SendQueue, SendWr};
 
-const USAGE: &str =
-    "usage: syscall_probe poll N | recv N | send-batch N K | raw-send-batch N K | raw-build-send-batch N K \
-     | raw-match-send-batch N K | prepared-send-batch N K";
-/// Receive queue depth, and the most receives the `recv` phase posts.
-const RECV_DEPTH: usize = 4096;
-/// Send queue depth, and the largest batch.
+const USAGE: &str = "usage: syscall_probe poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, \
+                     prepared, raw; recv: safe, raw) | send-batch N K | prepared-send-batch N K";
+/// Receives pre-posted for the SEND phases, B's receive queue depth, and the most
+/// receives the `recv` phase posts.
+const RECV_DEPTH: usize = 8192;
+/// Send queue depth, and the largest K.
 const SEND_DEPTH: usize = 64;
 /// Bytes per message.
 const LEN: usize = 64;
+/// Rounds every run does before its N (in the N = 0 run too).
+const WARMUP: usize = 2;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
+type Wcs = [WorkCompletion; 16];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Write,
+    Send,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Way {
+    Safe,
+    Prepared,
+    Raw,
+}
 
 enum Phase {
-    Poll {
-        n: usize,
-    },
-    Recv {
-        n: usize,
-    },
-    SendBatch {
-        n: usize,
-        k: usize,
-    },
-    /// The same sends through the unsafe raw API: C work requests built on the stack,
-    /// `post_send_raw`, completions counted without the queue.
-    RawSendBatch {
-        n: usize,
-        k: usize,
-    },
-    /// The raw API with the requests built every round, and completions matched to
-    /// their buffers by wr_id.
-    RawBuildSendBatch {
-        n: usize,
-        k: usize,
-    },
-    /// The prebuilt raw chain, with completions matched to their buffers by wr_id.
-    RawMatchSendBatch {
-        n: usize,
-        k: usize,
-    },
-    /// The safe API with prepared requests: built once (outside the rounds), posted
-    /// again every round.
-    PreparedSendBatch {
-        n: usize,
-        k: usize,
-    },
+    Poll { n: usize },
+    Recv { n: usize },
+    Sends { op: Op, way: Way, n: usize, k: usize },
+    Recvs { way: Way, n: usize, k: usize },
 }
 
 fn parse(args: &[String]) -> Res<Phase> {
@@ -91,29 +82,43 @@ fn parse(args: &[String]) -> Res<Phase> {
         let s = args.get(i).ok_or(USAGE)?;
         Ok(s.parse().map_err(|_| format!("{s:?} is not a count\n{USAGE}"))?)
     };
-    let (phase, argc) = match args.first().map(String::as_str) {
-        Some("poll") => (Phase::Poll { n: num(1)? }, 2),
-        Some("recv") => (Phase::Recv { n: num(1)? }, 2),
-        Some("send-batch") => (Phase::SendBatch { n: num(1)?, k: num(2)? }, 3),
-        Some("raw-send-batch") => (Phase::RawSendBatch { n: num(1)?, k: num(2)? }, 3),
-        Some("raw-build-send-batch") => (Phase::RawBuildSendBatch { n: num(1)?, k: num(2)? }, 3),
-        Some("raw-match-send-batch") => (Phase::RawMatchSendBatch { n: num(1)?, k: num(2)? }, 3),
-        Some("prepared-send-batch") => (Phase::PreparedSendBatch { n: num(1)?, k: num(2)? }, 3),
+    let name = args.first().map(String::as_str).unwrap_or("");
+    let (op, way) = match name {
+        "poll" | "recv" if args.len() == 2 => {
+            let n = num(1)?;
+            if name == "poll" {
+                return Ok(Phase::Poll { n });
+            }
+            if n > RECV_DEPTH {
+                return Err(format!("recv: at most {RECV_DEPTH} receives").into());
+            }
+            return Ok(Phase::Recv { n });
+        }
+        "send-batch" => ("send", "safe"),
+        "prepared-send-batch" => ("send", "prepared"),
+        _ => name.split_once('-').ok_or(USAGE)?,
+    };
+    let way = match way {
+        "safe" => Way::Safe,
+        "prepared" => Way::Prepared,
+        "raw" => Way::Raw,
         _ => return Err(USAGE.into()),
     };
-    match phase {
-        _ if args.len() != argc => Err(USAGE.into()),
-        Phase::Recv { n } if n > RECV_DEPTH => Err(format!("recv: at most {RECV_DEPTH} receives").into()),
-        Phase::SendBatch { k, .. }
-        | Phase::RawSendBatch { k, .. }
-        | Phase::RawBuildSendBatch { k, .. }
-        | Phase::RawMatchSendBatch { k, .. }
-        | Phase::PreparedSendBatch { k, .. }
-            if k == 0 || k > SEND_DEPTH =>
-        {
-            Err(format!("send-batch: K from 1 to {SEND_DEPTH}").into())
+    if args.len() != 3 {
+        return Err(USAGE.into());
+    }
+    let (n, k) = (num(1)?, num(2)?);
+    if k == 0 || k > SEND_DEPTH {
+        return Err(format!("{name}: K from 1 to {SEND_DEPTH}").into());
+    }
+    match op {
+        "write" => Ok(Phase::Sends { op: Op::Write, way, n, k }),
+        "send" if (n + WARMUP) * k > RECV_DEPTH => {
+            Err(format!("{name}: at most {RECV_DEPTH} sends in all ({WARMUP} warm-up rounds included)").into())
         }
-        phase => Ok(phase),
+        "send" => Ok(Phase::Sends { op: Op::Send, way, n, k }),
+        "recv" if matches!(way, Way::Safe | Way::Raw) => Ok(Phase::Recvs { way, n, k }),
+        _ => Err(USAGE.into()),
     }
 }
 
@@ -121,40 +126,69 @@ fn parse(args: &[String]) -> Res<Phase> {
 struct Loopback {
     cq_a: CompletionQueue,
     cq_b: CompletionQueue,
-    /// The send side, claimed at setup; the prepared phase gives it up for a PreparedQueue.
-    sq: Option<SendQueue<Arc<Chunk>>>,
-    rq: RecvQueue<Chunk>,
-    qps: (QueuePair, QueuePair),
+    a: QueuePair,
+    b: QueuePair,
+    /// Sources on A, 64 bytes each, filled.
+    srcs: Vec<Chunk>,
+    /// Receive buffers on B.
+    dsts: Vec<Chunk>,
+    /// Where the WRITEs land: 64 bytes of B's side that peers may write.
+    target: RemoteMr,
+    /// Where polls put completions: one array for the whole run, as a program keeps it.
+    wcs: Wcs,
+    _target_mr: MemoryRegion<AlignedBuf, RemoteWritable>,
 }
 
-fn setup() -> Res<(Loopback, Arc<Chunk>, Vec<Chunk>)> {
+fn setup() -> Res<Loopback> {
     let ctx = match std::env::var("RDMA_DEVICE") {
         Ok(name) => Context::open(Some(&name))?,
         Err(_) => Context::open_first()?,
     };
     let pd = ProtectionDomain::new(&ctx)?;
-    let cq_a = CompletionQueue::new(&ctx, (SEND_DEPTH + RECV_DEPTH) as u32)?;
+    let cq_a = CompletionQueue::new(&ctx, (SEND_DEPTH + SEND_DEPTH) as u32)?;
     let cq_b = CompletionQueue::new(&ctx, (SEND_DEPTH + RECV_DEPTH) as u32)?;
-    let qp = |cq: &CompletionQueue| {
+    let qp = |cq: &CompletionQueue, recv_depth: usize| {
         QueuePair::builder(&pd, QpType::Rc, cq, cq)
             .max_send_wr(SEND_DEPTH as u32)
-            .max_recv_wr(RECV_DEPTH as u32)
+            .max_recv_wr(recv_depth as u32)
             .build()
     };
-    let (a, b) = (qp(&cq_a)?, qp(&cq_b)?);
+    let (a, b) = (qp(&cq_a, SEND_DEPTH)?, qp(&cq_b, RECV_DEPTH)?);
+    let init = InitAttr { access: QpAccess::REMOTE_WRITE, ..InitAttr::default() };
     let (ia, ib) = (a.local_info(1)?, b.local_info(1)?);
-    a.connect(&InitAttr::default(), &ib)?;
-    b.connect(&InitAttr::default(), &ia)?;
+    a.connect(&init, &ib)?;
+    b.connect(&init, &ia)?;
 
-    let mut bufs = pd.register(AlignedBuf::new((RECV_DEPTH + 1) * LEN)?, AccessFlags::LOCAL_WRITE)?.into_chunks(LEN)?;
-    let mut src = bufs.pop().ok_or("no chunk")?;
-    src.fill(0x5a);
-    let lo = Loopback { sq: Some(a.send_queue()?), rq: b.recv_queue()?, cq_a, cq_b, qps: (a, b) };
-    Ok((lo, Arc::new(src), bufs))
+    let mut srcs = pd.register(AlignedBuf::new(SEND_DEPTH * LEN)?, AccessFlags::LOCAL_WRITE)?.into_chunks(LEN)?;
+    for src in &mut srcs {
+        src.fill(0x5a);
+    }
+    let dsts = pd.register(AlignedBuf::new(RECV_DEPTH * LEN)?, AccessFlags::LOCAL_WRITE)?.into_chunks(LEN)?;
+    let target_mr = pd.register_remote_writable(AlignedBuf::new(LEN)?, AccessFlags::REMOTE_WRITE)?;
+    let target = target_mr.remote()?;
+    let wcs = [WorkCompletion::EMPTY; 16];
+    Ok(Loopback { cq_a, cq_b, a, b, srcs, dsts, target, wcs, _target_mr: target_mr })
+}
+
+/// Pre-posts `RECV_DEPTH` receives on B with the raw API, all into one buffer that
+/// nothing reads (for the SEND phases: their completions are never taken).
+fn prepost_receives(lo: &mut Loopback) -> Res<()> {
+    let sink = lo.dsts.pop().ok_or("no receive buffer")?;
+    let mut sge = ffi::ibv_sge { addr: sink.addr(), length: LEN as u32, lkey: sink.lkey() };
+    let mut wr = ffi::ibv_recv_wr { wr_id: 0, next: std::ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+    for _ in 0..RECV_DEPTH {
+        // SAFETY: the SGE names the bytes of `sink`, which is leaked below: they stay
+        // registered for the life of the process and no Rust code reads them.
+        unsafe { lo.b.post_recv_raw(&mut wr) }?;
+    }
+    std::mem::forget(sink);
+    Ok(())
 }
 
 /// SYSCALL_PROBE_SETTLE=1 (scripts/instructions): lets the device finish first, so the
 /// number of empty polls, which depends on timing, does not enter an instruction count.
+/// Not inlined: scripts/instructions leaves it out of the count by its name.
+#[inline(never)]
 fn settle() {
     static SETTLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if *SETTLE.get_or_init(|| std::env::var_os("SYSCALL_PROBE_SETTLE").is_some()) {
@@ -162,15 +196,44 @@ fn settle() {
     }
 }
 
-/// Polls `cq` until `want` completions have been handed to `each`. It reads the clock
-/// only after a long run of empty polls: where the clock is not in the vDSO (a VM without
-/// a stable TSC), each reading is a system call that would count as the data path's.
-fn drain(cq: &mut CompletionQueue, want: usize, mut each: impl FnMut(&mut WorkCompletion) -> Res<()>) -> Res<()> {
+/// Starts callgrind's instrumentation (CALLGRIND_START_INSTRUMENTATION of valgrind's
+/// callgrind.h, a client request); outside Valgrind these instructions change nothing.
+/// scripts/instructions runs callgrind with `--instr-atstart=no`, so that loading the
+/// libraries and the setup, the same in every run, run uninstrumented, which is faster.
+#[inline(never)]
+fn start_instrumentation() {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        // VG_USERREQ_TOOL_BASE('C', 'T') + 4, and its five arguments.
+        let request: [u64; 6] = [(u64::from(b'C') << 24 | u64::from(b'T') << 16) + 4, 0, 0, 0, 0, 0];
+        // SAFETY: valgrind.h's client request for amd64: rdi rotated by 3 + 13 + 61 + 51 =
+        // 128 bits (unchanged), then `xchg rbx, rbx` (unchanged); Valgrind reads the request
+        // at rax and answers in rdx. Natively only the flags change.
+        unsafe {
+            std::arch::asm!(
+                "rol rdi, 3", "rol rdi, 13", "rol rdi, 61", "rol rdi, 51", "xchg rbx, rbx",
+                in("rax") request.as_ptr(),
+                inout("rdx") 0u64 => _,
+                inout("rdi") 0u64 => _,
+            );
+        }
+    }
+}
+
+/// Polls `cq` into `wcs` until `want` completions have been handed to `each`. It reads
+/// the clock only after a long run of empty polls: where the clock is not in the vDSO (a
+/// VM without a stable TSC), each reading is a system call that would count as the data
+/// path's.
+fn drain(
+    cq: &mut CompletionQueue,
+    wcs: &mut Wcs,
+    want: usize,
+    mut each: impl FnMut(&mut WorkCompletion) -> Res<()>,
+) -> Res<()> {
     settle();
-    let mut wcs = [WorkCompletion::EMPTY; 16];
     let (mut got, mut empty, mut deadline) = (0, 0u32, None);
     while got < want {
-        let done = cq.poll(&mut wcs)?;
+        let done = cq.poll(wcs)?;
         for wc in done.iter_mut() {
             wc.ok()?;
             each(wc)?;
@@ -188,7 +251,185 @@ fn drain(cq: &mut CompletionQueue, want: usize, mut each: impl FnMut(&mut WorkCo
     Ok(())
 }
 
-fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>) -> Res<()> {
+/// The safe request of `op` for the first 64 bytes of `buf`.
+fn wr(op: Op, buf: Chunk, target: RemoteMr) -> SendWr<Chunk> {
+    match op {
+        Op::Write => SendWr::write(buf, 0..LEN, target),
+        Op::Send => SendWr::send(buf, 0..LEN),
+    }
+}
+
+/// SendQueue: every round builds its requests anew (`post`, or `post_batch` for K > 1),
+/// and `complete` hands each source back.
+fn sends_safe(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
+    let mut sq = lo.a.send_queue::<Chunk>()?;
+    let mut bufs: Vec<Chunk> = lo.srcs.drain(..k).collect();
+    let target = lo.target;
+    if k == 1 {
+        let mut buf = bufs.pop();
+        for _ in 0..rounds {
+            let b = buf.take().ok_or("the source did not come back")?;
+            sq.post(wr(op, b, target)).map_err(rdma_verbs::Error::from)?;
+            drain(&mut lo.cq_a, &mut lo.wcs, 1, |wc| {
+                sq.complete(wc, |d| buf = Some(d.buf))?;
+                Ok(())
+            })?;
+        }
+    } else {
+        for _ in 0..rounds {
+            sq.post_batch(bufs.drain(..).map(|b| wr(op, b, target))).map_err(rdma_verbs::Error::from)?;
+            drain(&mut lo.cq_a, &mut lo.wcs, k, |wc| {
+                sq.complete(wc, |d| bufs.push(d.buf))?;
+                Ok(())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// PreparedQueue: K requests prepared once (before the rounds), posted again every round
+/// (`post`, or `post_batch` for K > 1); `complete` hands each back.
+fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
+    let mut pq = lo.a.prepared_queue::<Chunk>()?;
+    let mut ps = Vec::with_capacity(k);
+    for b in lo.srcs.drain(..k) {
+        ps.push(pq.prepare(wr(op, b, lo.target)).map_err(rdma_verbs::Error::from)?);
+    }
+    if k == 1 {
+        let mut p = ps.pop();
+        for _ in 0..rounds {
+            pq.post(p.take().ok_or("the request did not come back")?).map_err(rdma_verbs::Error::from)?;
+            drain(&mut lo.cq_a, &mut lo.wcs, 1, |wc| {
+                pq.complete(wc, |d| p = Some(d.buf))?;
+                Ok(())
+            })?;
+        }
+    } else {
+        for _ in 0..rounds {
+            pq.post_batch(ps.drain(..)).map_err(rdma_verbs::Error::from)?;
+            drain(&mut lo.cq_a, &mut lo.wcs, k, |wc| {
+                // Completions come in posting order: `ps` keeps its order.
+                pq.complete(wc, |d| ps.push(d.buf))?;
+                Ok(())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The raw way's requests: a chain of C send requests built once; each round stamps the
+/// `wr_id`s, posts the chain with `post_send_raw`, and counts the completions.
+struct RawSends {
+    wrs: Box<[ffi::ibv_send_wr]>,
+    _sges: Box<[ffi::ibv_sge]>,
+    next_id: u64,
+}
+
+impl RawSends {
+    fn new(op: Op, srcs: &[Chunk], target: RemoteMr) -> RawSends {
+        let mut sges: Box<[ffi::ibv_sge]> =
+            srcs.iter().map(|s| ffi::ibv_sge { addr: s.addr(), length: LEN as u32, lkey: s.lkey() }).collect();
+        // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
+        let mut wrs: Box<[ffi::ibv_send_wr]> = srcs.iter().map(|_| unsafe { std::mem::zeroed() }).collect();
+        let k = wrs.len();
+        for i in 0..k {
+            let next = if i + 1 < k { &mut wrs[i + 1] as *mut _ } else { std::ptr::null_mut() };
+            let w = &mut wrs[i];
+            (w.sg_list, w.num_sge, w.next) = (&mut sges[i], 1, next);
+            w.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            w.opcode = match op {
+                Op::Write => ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                Op::Send => ffi::ibv_wr_opcode::IBV_WR_SEND,
+            };
+            if op == Op::Write {
+                w.wr.rdma =
+                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: target.addr, rkey: target.rkey };
+            }
+        }
+        RawSends { wrs, _sges: sges, next_id: 0 }
+    }
+
+    /// One round: post the chain, take its completions.
+    fn round(&mut self, qp: &QueuePair, cq: &mut CompletionQueue, wcs: &mut Wcs) -> Res<()> {
+        for w in self.wrs.iter_mut() {
+            w.wr_id = self.next_id;
+            self.next_id += 1;
+        }
+        // SAFETY: the chain is linked (boxes that do not move) and names the sources of
+        // the probe, which outlive the sends and are not written; each round drains them.
+        unsafe { qp.post_send_raw(&mut self.wrs[0]) }?;
+        drain(cq, wcs, self.wrs.len(), |_| Ok(()))
+    }
+}
+
+/// The raw API: C requests built once, only the `wr_id`s stamped per post; completions
+/// polled and counted.
+fn sends_raw(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
+    let mut chain = RawSends::new(op, &lo.srcs[..k], lo.target);
+    for _ in 0..rounds {
+        chain.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+    }
+    Ok(())
+}
+
+/// RecvQueue: K receives posted every round (`post`, or `post_batch` for K > 1); the
+/// raw way's SENDs fill them, and `complete` hands each buffer back.
+fn recvs_safe(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
+    let mut rq = lo.b.recv_queue::<Chunk>()?;
+    let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
+    let mut bufs: Vec<Chunk> = lo.dsts.drain(..k).collect();
+    if k == 1 {
+        let mut buf = bufs.pop();
+        for _ in 0..rounds {
+            rq.post(buf.take().ok_or("the buffer did not come back")?, 0..LEN, 0).map_err(rdma_verbs::Error::from)?;
+            feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+            drain(&mut lo.cq_b, &mut lo.wcs, 1, |wc| {
+                buf = Some(rq.complete(wc)?.buf);
+                Ok(())
+            })?;
+        }
+    } else {
+        for _ in 0..rounds {
+            rq.post_batch(bufs.drain(..).map(|b| (b, 0..LEN, 0))).map_err(rdma_verbs::Error::from)?;
+            feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+            drain(&mut lo.cq_b, &mut lo.wcs, k, |wc| {
+                bufs.push(rq.complete(wc)?.buf);
+                Ok(())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The raw API: a chain of K C receive requests built once, only the `wr_id`s stamped
+/// per post (`post_recv_raw`); the same SENDs fill them; completions polled and counted.
+fn recvs_raw(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
+    let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
+    let mut sges: Box<[ffi::ibv_sge]> =
+        lo.dsts[..k].iter().map(|d| ffi::ibv_sge { addr: d.addr(), length: LEN as u32, lkey: d.lkey() }).collect();
+    let mut wrs: Box<[ffi::ibv_recv_wr]> = sges
+        .iter_mut()
+        .map(|s| ffi::ibv_recv_wr { wr_id: 0, next: std::ptr::null_mut(), sg_list: s, num_sge: 1 })
+        .collect();
+    for i in 1..k {
+        wrs[i - 1].next = &mut wrs[i];
+    }
+    let mut next_id = 0;
+    for _ in 0..rounds {
+        for w in wrs.iter_mut() {
+            w.wr_id = next_id;
+            next_id += 1;
+        }
+        // SAFETY: the chain is linked (boxes that do not move) and names bytes of the
+        // probe's receive buffers, which outlive the receives and which no Rust code reads.
+        unsafe { lo.b.post_recv_raw(&mut wrs[0]) }?;
+        feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+        drain(&mut lo.cq_b, &mut lo.wcs, k, |_| Ok(()))?;
+    }
+    Ok(())
+}
+
+fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
     match phase {
         Phase::Poll { n } => {
             let mut wcs = [WorkCompletion::EMPTY; 16];
@@ -197,147 +438,26 @@ fn run(phase: Phase, lo: &mut Loopback, src: &Arc<Chunk>, free: &mut Vec<Chunk>)
                     return Err("a completion on an idle CQ".into());
                 }
             }
+            Ok(())
         }
         Phase::Recv { n } => {
-            for i in 0..n {
-                let buf = free.pop().ok_or("out of receive buffers")?;
-                lo.rq.post(buf, 0..LEN, i as u64)?;
+            let mut rq = lo.b.recv_queue::<Chunk>()?;
+            for (i, buf) in lo.dsts.drain(..n).enumerate() {
+                rq.post(buf, 0..LEN, i as u64).map_err(rdma_verbs::Error::from)?;
             }
+            // Kept until the process exits: dropping it would hand the N posted receives
+            // to the QP (teardown, which would count here).
+            std::mem::forget(rq);
+            Ok(())
         }
-        Phase::SendBatch { n, k } => {
-            for _ in 0..n {
-                for i in 0..k {
-                    let buf = free.pop().ok_or("out of receive buffers")?;
-                    lo.rq.post(buf, 0..LEN, i as u64)?;
-                }
-                let wrs = (0..k).map(|i| SendWr::send(Arc::clone(src), 0..LEN).id(i as u64));
-                let sq = lo.sq.as_mut().ok_or("no send queue")?;
-                let posted = sq.post_batch(wrs)?;
-                assert_eq!(posted, k, "post_batch reports every request posted or an error");
-                drain(&mut lo.cq_a, k, |wc| {
-                    sq.complete(wc, drop)?;
-                    Ok(())
-                })?;
-                receive(lo, k, src, free)?;
-            }
-        }
-        Phase::RawSendBatch { n, k } | Phase::RawMatchSendBatch { n, k } => {
-            let matching = matches!(phase, Phase::RawMatchSendBatch { .. });
-            // What each outstanding request lent, found again by its wr_id (matching only).
-            let mut lent: [Option<&Chunk>; SEND_DEPTH] = [None; SEND_DEPTH];
-            // Built once and posted every round, as a C program does.
-            let mut sges = [ffi::ibv_sge { addr: src.addr(), length: LEN as u32, lkey: src.lkey() }; SEND_DEPTH];
-            // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
-            let mut wrs: [ffi::ibv_send_wr; SEND_DEPTH] = unsafe { std::mem::zeroed() };
-            for i in (0..k).rev() {
-                let next = if i + 1 < k { &mut wrs[i + 1] as *mut _ } else { std::ptr::null_mut() };
-                let w = &mut wrs[i];
-                (w.wr_id, w.sg_list, w.num_sge, w.next) = (i as u64, &mut sges[i], 1, next);
-                w.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
-                w.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-            }
-            for _ in 0..n {
-                for i in 0..k {
-                    let buf = free.pop().ok_or("out of receive buffers")?;
-                    lo.rq.post(buf, 0..LEN, i as u64)?;
-                }
-                if matching {
-                    lent[..k].fill(Some(&**src));
-                }
-                // SAFETY: the chain names `src`, which outlives the sends, and they are
-                // drained before the next round.
-                unsafe { lo.qps.0.post_send_raw(&mut wrs[0]) }?;
-                if matching {
-                    drain(&mut lo.cq_a, k, |wc| {
-                        let slot = lent.get_mut(wc.wr_id() as usize).ok_or("a wr_id that was not posted")?;
-                        slot.take().ok_or("a completion twice")?;
-                        Ok(())
-                    })?;
-                } else {
-                    drain(&mut lo.cq_a, k, |_| Ok(()))?;
-                }
-                receive(lo, k, src, free)?;
-            }
-        }
-        Phase::RawBuildSendBatch { n, k } => {
-            // What each outstanding request lent, found again by its wr_id.
-            let mut lent: [Option<&Chunk>; SEND_DEPTH] = [None; SEND_DEPTH];
-            let mut sges = [ffi::ibv_sge { addr: 0, length: 0, lkey: 0 }; SEND_DEPTH];
-            // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
-            let mut wrs: [ffi::ibv_send_wr; SEND_DEPTH] = unsafe { std::mem::zeroed() };
-            for _ in 0..n {
-                for i in 0..k {
-                    let buf = free.pop().ok_or("out of receive buffers")?;
-                    lo.rq.post(buf, 0..LEN, i as u64)?;
-                }
-                for i in 0..k {
-                    sges[i] = ffi::ibv_sge { addr: src.addr(), length: LEN as u32, lkey: src.lkey() };
-                    let next = if i + 1 < k { &mut wrs[i + 1] as *mut _ } else { std::ptr::null_mut() };
-                    // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
-                    wrs[i] = unsafe { std::mem::zeroed() };
-                    let w = &mut wrs[i];
-                    (w.wr_id, w.sg_list, w.num_sge, w.next) = (i as u64, &mut sges[i], 1, next);
-                    w.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND;
-                    w.send_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-                    lent[i] = Some(&**src);
-                }
-                // SAFETY: the chain names `src`, which outlives the sends, and they are
-                // drained before the next round.
-                unsafe { lo.qps.0.post_send_raw(&mut wrs[0]) }?;
-                drain(&mut lo.cq_a, k, |wc| {
-                    let slot = lent.get_mut(wc.wr_id() as usize).ok_or("a wr_id that was not posted")?;
-                    slot.take().ok_or("a completion twice")?;
-                    Ok(())
-                })?;
-                receive(lo, k, src, free)?;
-            }
-        }
-        Phase::PreparedSendBatch { n, k } => {
-            drop(lo.sq.take());
-            let mut pq = lo.qps.0.prepared_queue::<Arc<Chunk>>()?;
-            let mut ps = Vec::with_capacity(k);
-            for i in 0..k {
-                ps.push(pq.prepare(SendWr::send(Arc::clone(src), 0..LEN).id(i as u64))?);
-            }
-            for _ in 0..n {
-                for i in 0..k {
-                    let buf = free.pop().ok_or("out of receive buffers")?;
-                    lo.rq.post(buf, 0..LEN, i as u64)?;
-                }
-                let posted = pq.post_batch(ps.drain(..))?;
-                assert_eq!(posted, k, "post_batch reports every request posted or an error");
-                drain(&mut lo.cq_a, k, |wc| {
-                    // Completions come in posting order: `ps` keeps its order.
-                    pq.complete(wc, |d| ps.push(d.buf))?;
-                    Ok(())
-                })?;
-                receive(lo, k, src, free)?;
-            }
-        }
+        Phase::Sends { op, way, n, k } => match way {
+            Way::Safe => sends_safe(lo, op, WARMUP + n, k),
+            Way::Prepared => sends_prepared(lo, op, WARMUP + n, k),
+            Way::Raw => sends_raw(lo, op, WARMUP + n, k),
+        },
+        Phase::Recvs { way: Way::Safe, n, k } => recvs_safe(lo, WARMUP + n, k),
+        Phase::Recvs { n, k, .. } => recvs_raw(lo, WARMUP + n, k),
     }
-    Ok(())
-}
-
-/// Takes `k` receive completions, checks the bytes, and keeps the buffers for reuse.
-fn receive(lo: &mut Loopback, k: usize, src: &Arc<Chunk>, free: &mut Vec<Chunk>) -> Res<()> {
-    receive_into(&mut lo.rq, &mut lo.cq_b, k, src, free)
-}
-
-fn receive_into(
-    rq: &mut RecvQueue<Chunk>,
-    cq_b: &mut CompletionQueue,
-    k: usize,
-    src: &Chunk,
-    free: &mut Vec<Chunk>,
-) -> Res<()> {
-    drain(cq_b, k, |wc| {
-        let done = rq.complete(wc)?;
-        if done.byte_len as usize != LEN || done.buf[..] != src[..] {
-            return Err(format!("received {} bytes that differ from those sent", done.byte_len).into());
-        }
-        free.push(done.buf);
-        Ok(())
-    })
 }
 
 fn main() -> ExitCode {
@@ -357,9 +477,13 @@ fn main() -> ExitCode {
 
 /// Sets up, runs the phase and exits; returns only on failure.
 fn probe(phase: Phase, what: &str) -> Res<()> {
-    let (mut lo, src, mut free) = setup()?;
+    let mut lo = setup()?;
+    if matches!(phase, Phase::Sends { op: Op::Send, .. }) {
+        prepost_receives(&mut lo)?;
+    }
     eprintln!("syscall_probe: setup done, measuring: {what}");
-    run(phase, &mut lo, &src, &mut free)?;
+    start_instrumentation();
+    run(phase, &mut lo)?;
     eprintln!("syscall_probe: measured phase done");
     // Exit without tearing down: the kernel releases everything, and teardown, which
     // differs with what is still posted, stays out of the counts.

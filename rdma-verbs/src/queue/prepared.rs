@@ -1,10 +1,9 @@
 //! Prepared requests: [`Prepared`], posted through a [`PreparedQueue`] (documented there).
 
 use std::fmt;
-use std::mem::MaybeUninit;
 use std::ops::{DerefMut, Range};
 
-use super::request::{check_send, classic, End, Ext, SendLimits as Limits, SendRequest, Token};
+use super::request::{check_send, classic, zeroed_wr, End, Ext, SendLimits as Limits, SendRequest, Token};
 use super::{SendQueue, Sges, NO_SGES};
 use crate::buf::SendBuf;
 use crate::error::{Error, Refused, Result, Verb};
@@ -20,7 +19,7 @@ pub struct Prepared<T: SendBuf> {
 
 struct Inner<T> {
     /// The C request, always initialized; `sg_list` points at `sges` in this block.
-    raw: MaybeUninit<ffi::ibv_send_wr>,
+    raw: ffi::ibv_send_wr,
     sges: Sges,
     wr: SendWr<T>,
     /// The limits it was checked against (the preparing QP's max_send_sge, max_inline_data).
@@ -47,7 +46,7 @@ impl<T: SendBuf> Prepared<T> {
         };
         let needs = needs(&wr, n);
         let key = limits.key();
-        let mut inner = Box::new(Inner { raw: MaybeUninit::uninit(), sges, wr, limits, key, needs });
+        let mut inner = Box::new(Inner { raw: zeroed_wr(), sges, wr, limits, key, needs });
         let Inner { raw, sges, wr, .. } = &mut *inner;
         classic(wr, 0, sges, n, raw);
         Ok(Prepared { inner })
@@ -67,8 +66,7 @@ impl<T: SendBuf> Prepared<T> {
     }
 
     fn raw(&mut self) -> &mut ffi::ibv_send_wr {
-        // SAFETY: `raw` is initialized by build() and kept so.
-        unsafe { self.inner.raw.assume_init_mut() }
+        &mut self.inner.raw
     }
 
     /// The C request, ready to post as `wr_id`: its SGE pointer taken afresh from this
@@ -76,8 +74,7 @@ impl<T: SendBuf> Prepared<T> {
     #[inline]
     fn stamp(&mut self, wr_id: u64) -> *mut ffi::ibv_send_wr {
         let inner = &mut *self.inner;
-        // SAFETY: `raw` is initialized by build() and kept so.
-        let raw = unsafe { inner.raw.assume_init_mut() };
+        let raw = &mut inner.raw;
         raw.wr_id = wr_id;
         raw.sg_list = inner.sges.as_mut_ptr().cast();
         raw.next = std::ptr::null_mut();
@@ -217,7 +214,7 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
         wr_id: u64,
         _sges: &mut Sges,
         _n: usize,
-        _out: &mut std::mem::MaybeUninit<ffi::ibv_send_wr>,
+        _out: &mut ffi::ibv_send_wr,
         _: Token,
     ) -> *mut ffi::ibv_send_wr {
         self.stamp(wr_id)

@@ -1,7 +1,6 @@
 //! What a send queue posts: the [`SendRequest`] trait, and its main kind, a [`SendWr`]
 //! checked and built into its C form at each post.
 
-use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
 use super::Sges;
@@ -74,7 +73,7 @@ pub trait SendRequest: sealed::Sealed + Send + 'static {
         wr_id: u64,
         sges: &mut Sges,
         n: usize,
-        out: &mut MaybeUninit<ffi::ibv_send_wr>,
+        out: &mut ffi::ibv_send_wr,
         _: Token,
     ) -> *mut ffi::ibv_send_wr;
 
@@ -123,7 +122,7 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
         wr_id: u64,
         sges: &mut Sges,
         n: usize,
-        out: &mut MaybeUninit<ffi::ibv_send_wr>,
+        out: &mut ffi::ibv_send_wr,
         _: Token,
     ) -> *mut ffi::ibv_send_wr {
         classic(self, wr_id, sges, n, out)
@@ -155,32 +154,34 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
     }
 }
 
-/// The C work request for a checked `wr` whose `n` SGEs are in `sges` (which must not
-/// move before the post). No allocation, no call.
+/// A C send request with every field zero: where [`classic`] builds requests (once per
+/// scratch slot or prepared request).
+pub(super) fn zeroed_wr() -> ffi::ibv_send_wr {
+    // SAFETY: ibv_send_wr is plain C data (integers, pointers, unions of them), for which
+    // all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Builds the C work request for a checked `wr` whose `n` SGEs are in `sges` (which must
+/// not move before the post) into `out`, in place: no allocation, no call, and no zeroing
+/// of the 128 bytes. `out` starts zeroed ([`zeroed_wr`]) and only [`classic`] writes it,
+/// so it writes every field any request of its own may have set (`next`, the immediate,
+/// the `wr` union); the fields it never sets (XRC, memory-window bind, TSO) stay zero.
 #[inline]
 pub(super) fn classic<'o, T: SendBuf>(
     wr: &SendWr<T>,
     seq: u64,
     sges: &mut Sges,
     n: usize,
-    out: &'o mut MaybeUninit<ffi::ibv_send_wr>,
+    out: &'o mut ffi::ibv_send_wr,
 ) -> &'o mut ffi::ibv_send_wr {
-    // Filled in place: the C request is 128 bytes, and a copy of it costs as much as
-    // the rest of this function.
-    // SAFETY: ibv_send_wr is plain data, for which all-zero is a valid value, so after
-    // zeroing the reference is to a valid value.
-    let out = unsafe {
-        out.as_mut_ptr().write_bytes(0, 1);
-        out.assume_init_mut()
-    };
+    out.next = std::ptr::null_mut();
     out.wr_id = seq;
     out.sg_list = sges.as_mut_ptr().cast();
     out.num_sge = n as i32;
     out.send_flags = wr.flags.0;
     out.opcode = wr.codes().wr;
-    if let Some(imm) = wr.imm {
-        out.__bindgen_anon_1.imm_data = imm.to_be();
-    }
+    out.__bindgen_anon_1.imm_data = wr.imm.map_or(0, u32::to_be);
     if let Some(r) = wr.remote {
         out.wr = match wr.op {
             Op::CompSwap { compare, swap } => atomic(&r, compare, swap),
@@ -189,6 +190,9 @@ pub(super) fn classic<'o, T: SendBuf>(
                 rdma: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey },
             },
         };
+    }
+    if wr.remote.is_none() && wr.ud.is_none() {
+        out.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: 0, rkey: 0 };
     }
     if let Some((ah, qpn, qkey)) = &wr.ud {
         out.wr.ud =

@@ -3,10 +3,9 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::mem::MaybeUninit;
 
 use super::claim::{bury, Claim, ClaimOwner};
-use super::request::{End, Ext, SendLimits, SendRequest, TOKEN};
+use super::request::{zeroed_wr, End, Ext, SendLimits, SendRequest, TOKEN};
 use super::ring::{Batch, Ring};
 use super::tag::{send_wr_id, Tag};
 use super::{batch_too_long, depth, queue_full, stopped_at, Sges, MAX_BATCH, NO_SGES};
@@ -57,7 +56,8 @@ unsafe impl<T: SendBuf, R: SendRequest> Send for SendQueue<T, R> {}
 /// would pay for stack probes and cold pages. Nothing in it outlives a post.
 struct SendScratch {
     sges: [Sges; MAX_BATCH],
-    raws: [MaybeUninit<ffi::ibv_send_wr>; MAX_BATCH],
+    /// Zeroed once; only `classic` writes them (see there).
+    raws: [ffi::ibv_send_wr; MAX_BATCH],
     counts: [u8; MAX_BATCH],
 }
 
@@ -65,7 +65,7 @@ impl SendScratch {
     fn new() -> Box<SendScratch> {
         Box::new(SendScratch {
             sges: [NO_SGES; MAX_BATCH],
-            raws: [const { MaybeUninit::uninit() }; MAX_BATCH],
+            raws: std::array::from_fn(|_| zeroed_wr()),
             counts: [0; MAX_BATCH],
         })
     }

@@ -133,8 +133,9 @@ impl QueuePair {
     /// The first PSN this QP sends, chosen once when it was built (at random, unless
     /// [`QueuePairBuilder::psn`] fixed it). [`local_info`](Self::local_info) advertises it;
     /// [`connect`](Self::connect), [`ready_ud`](Self::ready_ud) and the endpoint
-    /// [`Handshake`](crate::Handshake) send from it. A QP made through a CM id does not use
-    /// it: rdma_cm picks and exchanges that QP's PSN itself.
+    /// [`Handshake`](crate::Handshake) send from it. A QP [reset](Self::reset) and connected
+    /// again starts from it again; build a new QP for a fresh one. A QP made through a CM id
+    /// does not use it: rdma_cm picks and exchanges that QP's PSN itself.
     pub fn psn(&self) -> u32 {
         self.inner.psn
     }

@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::claim::{bury, Claim, ClaimOwner};
-use super::ring::{Batch, Ring};
+use super::ring::{refuse, Batch, Ring};
 use super::tag::{ours, Tag, LOW_MASK, RECV_TAG, SLOT_BITS, TAG_SHIFT};
 use super::{depth, not_ours, queue_full, stopped_at, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{ExclusiveBuf, PdId};
@@ -80,7 +80,7 @@ fn post_recv_chain(
     verb: Verb,
     raws: &mut [MaybeUninit<ffi::ibv_recv_wr>],
     post: impl FnOnce(*mut ffi::ibv_recv_wr, &mut *mut ffi::ibv_recv_wr) -> i32,
-) -> (usize, Option<Error>) {
+) -> (usize, Option<Box<Error>>) {
     let n = raws.len();
     if n == 0 {
         return (0, None);
@@ -95,7 +95,7 @@ fn post_recv_chain(
     match conv::errno(verb, post(first, &mut bad)) {
         Ok(()) => (n, None),
         // SAFETY: `first` heads the chain linked above, whose last `next` is NULL (fill_recv).
-        Err(e) => (unsafe { stopped_at(first, bad) }, Some(e)),
+        Err(e) => (unsafe { stopped_at(first, bad) }, Some(Box::new(e))),
     }
 }
 
@@ -169,7 +169,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         let mut recvs = recvs.into_iter();
         for (buf, range, id) in recvs.by_ref() {
             if n == room {
-                refused = Some(Refused::new(queue_full(Verb::PostRecv, self.ring.cap), (buf, id)));
+                refused = refuse(queue_full(Verb::PostRecv, self.ring.cap), (buf, id));
                 break;
             }
             match fill_recv(&buf, range, self.wr_id(self.ring.head + n as u64), (self.max_sge, self.pd), &mut sges[n]) {
@@ -179,7 +179,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
                     n += 1;
                 }
                 Err(e) => {
-                    refused = Some(Refused::new(e, (buf, id)));
+                    refused = refuse(e, (buf, id));
                     break;
                 }
             }

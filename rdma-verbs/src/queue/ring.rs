@@ -130,9 +130,9 @@ impl<E> Ring<E> {
         match b {
             Batch { failure: Some(error), staged: 1, .. } => {
                 // SAFETY: the one entry was staged and not committed; it is read out once.
-                Err(Refused::new(error, unsafe { self.unstage(0) }))
+                Err(Refused::new(*error, unsafe { self.unstage(0) }))
             }
-            Batch { refused: Some(r), staged: 0, .. } => Err(r),
+            Batch { refused: Some(r), staged: 0, .. } => Err(*r),
             _ => unreachable!("a post of one stages at most one entry, and fails once"),
         }
     }
@@ -154,10 +154,11 @@ impl<E> Ring<E> {
         self.commit(posted);
         let error = match (failure, refused) {
             (Some(e), refused) => {
-                unposted.extend(refused.map(Refused::into_value));
-                e
+                unposted.extend(refused.map(|r| r.into_value()));
+                *e
             }
-            (None, Some(Refused { error, value })) => {
+            (None, Some(r)) => {
+                let Refused { error, value } = *r;
                 unposted.push(value);
                 error
             }
@@ -207,10 +208,19 @@ impl<E> Ring<E> {
 
 /// How a post of staged entries went: `staged` were staged, the provider took the first
 /// `posted`; `failure` is the provider's error, `refused` the entry our checks stopped at
-/// (not staged).
+/// (not staged). Both are boxed, made only on the failure path: the batch is a few words
+/// that move for free on the fast path, where a request-sized refusal would be copied
+/// on every post.
 pub(super) struct Batch<E> {
     pub(super) staged: usize,
     pub(super) posted: usize,
-    pub(super) failure: Option<Error>,
-    pub(super) refused: Option<Refused<E>>,
+    pub(super) failure: Option<Box<Error>>,
+    pub(super) refused: Option<Box<Refused<E>>>,
+}
+
+/// A refusal of the batch's, boxed (out of line: the failure path only).
+#[cold]
+#[inline(never)]
+pub(super) fn refuse<E>(error: Error, value: E) -> Option<Box<Refused<E>>> {
+    Some(Box::new(Refused::new(error, value)))
 }

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 
 use super::claim::{bury, Claim, ClaimOwner};
 use super::request::{zeroed_wr, End, Ext, SendLimits, SendRequest, TOKEN};
-use super::ring::{Batch, Ring};
+use super::ring::{refuse, Batch, Ring};
 use super::tag::{send_wr_id, Tag};
 use super::{batch_too_long, depth, queue_full, stopped_at, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{PdId, SendBuf};
@@ -198,13 +198,13 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         for wr in wrs.by_ref() {
             if n == room {
                 let e = if n == most { batch_too_long() } else { queue_full(Verb::PostSend, ring.cap) };
-                refused = Some(Refused::new(e, wr));
+                refused = refuse(e, wr);
                 break;
             }
             let k = match wr.check(limits, *key, &mut sges[n], TOKEN()) {
                 Ok(k) => k,
                 Err(e) => {
-                    refused = Some(Refused::new(e, wr));
+                    refused = refuse(e, wr);
                     break;
                 }
             };
@@ -243,7 +243,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             match conv::errno(Verb::PostSend, rc) {
                 Ok(()) => (n, None),
                 // SAFETY: `first` heads the chain built above.
-                Err(e) => (unsafe { stopped_at(first, bad) }, Some(e)),
+                Err(e) => (unsafe { stopped_at(first, bad) }, Some(Box::new(e))),
             }
         };
         Batch { staged: n, posted, failure, refused }
@@ -284,8 +284,8 @@ fn post_extended<R: SendRequest>(
     n: usize,
     sges: &[Sges; MAX_BATCH],
     counts: &[u8; MAX_BATCH],
-) -> (usize, Option<Error>) {
-    let Some((qpx, _)) = ext else { return (0, Some(Error::invalid(Verb::WrStart, "not an extended QP"))) };
+) -> (usize, Option<Box<Error>>) {
+    let Some((qpx, _)) = ext else { return (0, Some(Box::new(Error::invalid(Verb::WrStart, "not an extended QP")))) };
     let qpx = qpx.as_ptr();
     let head = ring.head;
     // SAFETY: the caller is the queue, the QP's only poster (&mut, claimed), so the batch
@@ -302,7 +302,7 @@ fn post_extended<R: SendRequest>(
     match conv::errno(Verb::PostSend, rc) {
         Ok(()) => (n, None),
         // A failed ibv_wr_complete posts nothing of the batch.
-        Err(e) => (0, Some(e)),
+        Err(e) => (0, Some(Box::new(e))),
     }
 }
 

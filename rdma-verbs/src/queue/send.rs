@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 
 use super::claim::{bury, Claim, ClaimOwner};
 use super::request::{zeroed_wr, End, Ext, SendLimits, SendRequest, TOKEN};
-use super::ring::{refuse, Batch, Ring};
+use super::ring::{Batch, Ring};
 use super::tag::{send_wr_id, Tag};
 use super::{batch_too_long, depth, queue_full, stopped_at, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{PdId, SendBuf};
@@ -162,7 +162,12 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     #[inline]
     #[allow(clippy::result_large_err)] // the refused request comes back by value: no allocation
     pub fn post(&mut self, wr: R) -> Result<(), Refused<R>> {
-        let batch = self.stage_and_post(&mut Some(wr).into_iter(), 1);
+        // A batch of one: the same two steps as post_batch, without an iterator (which
+        // would move the request twice more on its way into the ring).
+        let room = self.ring.free().min(1);
+        let mut chain = Chain::new();
+        let refused = self.stage(0, room, 1, wr, &mut chain).err();
+        let batch = self.post_staged(usize::from(refused.is_none()), chain, refused);
         self.ring.finish_one(batch)
     }
 
@@ -176,74 +181,81 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         I: IntoIterator<Item = R>,
     {
         let mut wrs = wrs.into_iter();
-        let batch = self.stage_and_post(&mut wrs, MAX_BATCH);
+        let room = self.ring.free().min(MAX_BATCH);
+        let mut chain = Chain::new();
+        let (mut n, mut refused) = (0, None);
+        for wr in wrs.by_ref() {
+            match self.stage(n, room, MAX_BATCH, wr, &mut chain) {
+                Ok(()) => n += 1,
+                Err(r) => {
+                    refused = Some(r);
+                    break;
+                }
+            }
+        }
+        let batch = self.post_staged(n, chain, refused);
         self.ring.finish_batch(batch, wrs)
     }
 
-    /// The one send path: checks each request, stages it in the ring, links the C
-    /// requests into one chain and posts it with one provider call. Takes at most `most`
-    /// requests from `wrs` (refusing one more: the batch is too long).
+    /// Step one of every post: checks `wr`, moves it into the ring `n` places past the
+    /// head, and (on a QP without the extended API) builds or stamps its C request and
+    /// appends it to `chain`. `room` is how many this post may stage, `most` the longest
+    /// post allowed.
     #[inline(always)]
-    fn stage_and_post(&mut self, wrs: &mut impl Iterator<Item = R>, most: usize) -> Batch<R> {
-        let SendQueue { ring, scratch, raw, limits, key, ext, tag, .. } = self;
+    fn stage(&mut self, n: usize, room: usize, most: usize, wr: R, chain: &mut Chain) -> Result<(), Box<Refused<R>>> {
+        let SendQueue { ring, scratch, limits, key, ext, tag, .. } = self;
+        if n == room {
+            let e = if n == most { batch_too_long() } else { queue_full(Verb::PostSend, ring.cap) };
+            return Err(refusal(e, wr));
+        }
+        let SendScratch { sges, raws, counts } = &mut **scratch;
+        let k = match wr.check(limits, *key, &mut sges[n], TOKEN()) {
+            Ok(k) => k,
+            Err(e) => return Err(refusal(e, wr)),
+        };
+        if ext.is_none() {
+            let seq = send_wr_id(tag.bits(), ring.head + n as u64);
+            let cur = ring.stage(n, wr).c_request(seq, &mut sges[n], k, &mut raws[n], TOKEN());
+            chain.link(cur);
+        } else {
+            chain.all_ext &= wr.ext_takes(*ext, k, TOKEN());
+            counts[n] = k as u8;
+            ring.stage(n, wr);
+        }
+        Ok(())
+    }
+
+    /// Step two of every post: hands the `n` staged requests to the provider in one call
+    /// (the extended API's batch when it takes them all, else the chain of C requests).
+    #[inline(always)]
+    fn post_staged(&mut self, n: usize, mut chain: Chain, refused: Option<Box<Refused<R>>>) -> Batch<R> {
+        let SendQueue { ring, scratch, raw, ext, tag, .. } = self;
         let (raw, ext, tag) = (*raw, *ext, tag.bits());
         let SendScratch { sges, raws, counts } = &mut **scratch;
-        let room = most.min(ring.free());
-        // Without an extended QP (the common case) each C request is built and linked as
-        // its request arrives, straight from the slot the request moved into.
-        let mut all_ext = ext.is_some();
-        let (mut n, mut refused) = (0, None);
-        let mut first: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-        let mut prev: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-        for wr in wrs.by_ref() {
-            if n == room {
-                let e = if n == most { batch_too_long() } else { queue_full(Verb::PostSend, ring.cap) };
-                refused = refuse(e, wr);
-                break;
-            }
-            let k = match wr.check(limits, *key, &mut sges[n], TOKEN()) {
-                Ok(k) => k,
-                Err(e) => {
-                    refused = refuse(e, wr);
-                    break;
-                }
-            };
-            if ext.is_none() {
-                let seq = send_wr_id(tag, ring.head + n as u64);
-                let cur = ring.stage(n, wr).c_request(seq, &mut sges[n], k, &mut raws[n], TOKEN());
-                link(&mut first, &mut prev, cur);
-            } else {
-                all_ext &= wr.ext_takes(ext, k, TOKEN());
-                counts[n] = k as u8;
-                ring.stage(n, wr);
-            }
-            n += 1;
-        }
         let (posted, failure) = if n == 0 {
             (0, None)
-        } else if all_ext {
+        } else if ext.is_some() && chain.all_ext {
             post_extended(ext, ring, tag, n, sges, counts)
         } else {
             if ext.is_some() {
                 // A batch the extended API does not take whole goes the classic way.
                 for i in 0..n {
                     let seq = send_wr_id(tag, ring.head + i as u64);
-                    // SAFETY: 0..n were staged above.
+                    // SAFETY: 0..n were staged by `stage`.
                     let wr = unsafe { ring.staged(i) };
-                    let cur = wr.c_request(seq, &mut sges[i], usize::from(counts[i]), &mut raws[i], TOKEN());
-                    link(&mut first, &mut prev, cur);
+                    chain.link(wr.c_request(seq, &mut sges[i], usize::from(counts[i]), &mut raws[i], TOKEN()));
                 }
             }
             let mut bad = std::ptr::null_mut();
-            // SAFETY: first..prev is a chain of valid C requests (linked above, the last
-            // `next` NULL), each in the scratch space or in the heap block of a request the
-            // ring keeps until its completion, with SGEs naming bytes of buffers the ring
-            // keeps too; a UD request's address handle is kept with it.
-            let rc = unsafe { ffi::ibv_post_send(raw, first, &mut bad) };
+            // SAFETY: chain.first.. is a chain of valid C requests (linked by `stage` or
+            // above, the last `next` NULL), each in the scratch space or in the heap block
+            // of a request the ring keeps until its completion, with SGEs naming bytes of
+            // buffers the ring keeps too; a UD request's address handle is kept with it.
+            let rc = unsafe { ffi::ibv_post_send(raw, chain.first, &mut bad) };
             match conv::errno(Verb::PostSend, rc) {
                 Ok(()) => (n, None),
-                // SAFETY: `first` heads the chain built above.
-                Err(e) => (unsafe { stopped_at(first, bad) }, Some(Box::new(e))),
+                // SAFETY: `chain.first` heads the chain built above.
+                Err(e) => (unsafe { stopped_at(chain.first, bad) }, Some(Box::new(e))),
             }
         };
         Batch { staged: n, posted, failure, refused }
@@ -261,17 +273,39 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     }
 }
 
-/// Appends `cur` to the chain `first..prev`.
-#[inline(always)]
-fn link(first: &mut *mut ffi::ibv_send_wr, prev: &mut *mut ffi::ibv_send_wr, cur: *mut ffi::ibv_send_wr) {
-    if prev.is_null() {
-        *first = cur;
-    } else {
-        // SAFETY: `prev` is the C request built just before this one (in the scratch space
-        // or a request's own heap block), which nothing moved since.
-        unsafe { (**prev).next = cur };
+/// The C requests of one post, linked as they are built.
+struct Chain {
+    first: *mut ffi::ibv_send_wr,
+    prev: *mut ffi::ibv_send_wr,
+    /// Whether the extended API takes every request staged so far.
+    all_ext: bool,
+}
+
+impl Chain {
+    #[inline(always)]
+    fn new() -> Self {
+        Chain { first: std::ptr::null_mut(), prev: std::ptr::null_mut(), all_ext: true }
     }
-    *prev = cur;
+
+    /// Appends `cur`.
+    #[inline(always)]
+    fn link(&mut self, cur: *mut ffi::ibv_send_wr) {
+        if self.prev.is_null() {
+            self.first = cur;
+        } else {
+            // SAFETY: `prev` is the C request built just before this one (in the scratch
+            // space or a request's own heap block), which nothing moved since.
+            unsafe { (*self.prev).next = cur };
+        }
+        self.prev = cur;
+    }
+}
+
+/// A refusal of one request, boxed (the failure path only).
+#[cold]
+#[inline(never)]
+fn refusal<R>(error: Error, wr: R) -> Box<Refused<R>> {
+    Box::new(Refused::new(error, wr))
 }
 
 /// Posts the `n` requests staged in `ring` through the extended API in one batch; returns

@@ -71,7 +71,7 @@ impl<T: SendBuf> Prepared<T> {
 
     /// The C request, ready to post as `wr_id`: its SGE pointer taken afresh from this
     /// borrow of the block (so no pointer from an earlier borrow is used), its `next` NULL.
-    #[inline]
+    #[inline(always)]
     fn stamp(&mut self, wr_id: u64) -> *mut ffi::ibv_send_wr {
         let inner = &mut *self.inner;
         let raw = &mut inner.raw;
@@ -199,7 +199,7 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
 
     /// Whether this QP takes it: certainly when it was checked against the same limits
     /// (prepared here, or for a QP alike), else when what it needs fits.
-    #[inline]
+    #[inline(always)]
     fn check(&self, limits: &Limits, key: u64, _sges: &mut Sges, _: Token) -> Result<usize> {
         let inner = &*self.inner;
         if inner.key == key && inner.limits.pd == limits.pd {
@@ -208,7 +208,7 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
         takes(inner, limits)
     }
 
-    #[inline]
+    #[inline(always)]
     fn c_request(
         &mut self,
         wr_id: u64,
@@ -233,7 +233,7 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
         // through their C requests.
     }
 
-    #[inline]
+    #[inline(always)]
     fn finish(self, end: End, _: Token) -> Done<Prepared<T>> {
         let (id, op) = (self.inner.wr.id, self.inner.wr.codes().wc);
         Done {

@@ -111,12 +111,12 @@ impl<T: SendBuf> sealed::Sealed for SendWr<T> {}
 impl<T: SendBuf> SendRequest for SendWr<T> {
     type Back = T;
 
-    #[inline]
+    #[inline(always)]
     fn check(&self, limits: &SendLimits, _key: u64, sges: &mut Sges, _: Token) -> Result<usize> {
         check_send(limits, self, sges)
     }
 
-    #[inline]
+    #[inline(always)]
     fn c_request(
         &mut self,
         wr_id: u64,
@@ -139,7 +139,7 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
         unsafe { extended(qpx, self, wr_id, sges, n) }
     }
 
-    #[inline]
+    #[inline(always)]
     fn finish(self, end: End, _: Token) -> Done<T> {
         let op = self.codes().wc;
         Done {
@@ -167,7 +167,7 @@ pub(super) fn zeroed_wr() -> ffi::ibv_send_wr {
 /// of the 128 bytes. `out` starts zeroed ([`zeroed_wr`]) and only [`classic`] writes it,
 /// so it writes every field any request of its own may have set (`next`, the immediate,
 /// the `wr` union); the fields it never sets (XRC, memory-window bind, TSO) stay zero.
-#[inline]
+#[inline(always)]
 pub(super) fn classic<'o, T: SendBuf>(
     wr: &SendWr<T>,
     seq: u64,
@@ -245,7 +245,7 @@ unsafe fn extended<T: SendBuf>(qpx: *mut ffi::ibv_qp_ex, wr: &SendWr<T>, seq: u6
 
 /// Checks `wr` against a queue's limits and writes its SGEs into `sges`; returns how
 /// many. No allocation; the error paths are out of line.
-#[inline]
+#[inline(always)]
 pub(super) fn check_send<T: SendBuf>(limits: &SendLimits, wr: &SendWr<T>, sges: &mut Sges) -> Result<usize> {
     let SendLimits { max_sge, max_inline, ud, pd } = *limits;
     // A UD send without an address handle would have the provider read a NULL one.

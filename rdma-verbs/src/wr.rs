@@ -103,13 +103,16 @@ impl SharedReceiveQueue {
     }
 }
 
+/// What a send request does: the crate's one opcode table is [`Op::codes`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
     Send,
+    SendImm,
     Write,
+    WriteImm,
     Read,
-    CompSwap { compare: u64, swap: u64 },
-    FetchAdd { add: u64 },
+    CompSwap,
+    FetchAdd,
 }
 
 /// One operation as each API names it.
@@ -122,16 +125,82 @@ pub(crate) struct OpCodes {
     pub(crate) wc: WcOpcode,
 }
 
+impl Op {
+    /// This operation in each API: the crate's one opcode table.
+    #[inline(always)]
+    pub(crate) fn codes(self) -> OpCodes {
+        use ffi::ibv_wr_opcode as O;
+        let (wr, ops, wc) = match self {
+            Op::Send => (O::IBV_WR_SEND, SendOps::SEND, WcOpcode::Send),
+            Op::SendImm => (O::IBV_WR_SEND_WITH_IMM, SendOps::SEND_WITH_IMM, WcOpcode::Send),
+            Op::Write => (O::IBV_WR_RDMA_WRITE, SendOps::RDMA_WRITE, WcOpcode::RdmaWrite),
+            Op::WriteImm => (O::IBV_WR_RDMA_WRITE_WITH_IMM, SendOps::RDMA_WRITE_WITH_IMM, WcOpcode::RdmaWrite),
+            Op::Read => (O::IBV_WR_RDMA_READ, SendOps::RDMA_READ, WcOpcode::RdmaRead),
+            Op::CompSwap => (O::IBV_WR_ATOMIC_CMP_AND_SWP, SendOps::ATOMIC_CMP_AND_SWP, WcOpcode::CompSwap),
+            Op::FetchAdd => (O::IBV_WR_ATOMIC_FETCH_AND_ADD, SendOps::ATOMIC_FETCH_AND_ADD, WcOpcode::FetchAdd),
+        };
+        OpCodes { wr, ops, wc }
+    }
+
+    pub(crate) fn is_atomic(self) -> bool {
+        matches!(self, Op::CompSwap | Op::FetchAdd)
+    }
+
+    pub(crate) fn has_remote(self) -> bool {
+        matches!(self, Op::Write | Op::WriteImm | Op::Read | Op::CompSwap | Op::FetchAdd)
+    }
+}
+
+/// The `wr` union of a C send request, built with the request: the remote address and
+/// key (RDMA), with the operands (atomics), or the address handle, QPN and Q_Key (UD);
+/// zero for a connected SEND. Posting copies it as it is.
+#[derive(Clone, Copy)]
+pub(crate) struct Target(pub(crate) ffi::ibv_send_wr__bindgen_ty_2);
+
+// SAFETY: plain integers, and for UD the address handle's pointer, which the request's
+// `ah` field keeps alive and which only the provider reads.
+unsafe impl Send for Target {}
+// SAFETY: as for Send; nothing writes through it.
+unsafe impl Sync for Target {}
+
+impl Target {
+    fn rdma(remote: &RemoteMr) -> Self {
+        Target(ffi::ibv_send_wr__bindgen_ty_2 {
+            rdma: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: remote.addr, rkey: remote.rkey },
+        })
+    }
+
+    fn atomic(remote: &RemoteMr, compare_add: u64, swap: u64) -> Self {
+        Target(ffi::ibv_send_wr__bindgen_ty_2 {
+            atomic: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                remote_addr: remote.addr,
+                compare_add,
+                swap,
+                rkey: remote.rkey,
+            },
+        })
+    }
+}
+
 /// A send-side work request: what to do, with which buffer.
+///
+/// It holds what the C request needs in the form the provider reads (the `wr` union is
+/// built here, once), in at most 128 bytes for a [`Chunk`](crate::Chunk): a post moves it
+/// into its queue with a few register moves, not a `memcpy` call.
 pub struct SendWr<T> {
-    pub(crate) op: Op,
     pub(crate) buf: T,
     pub(crate) range: Range<usize>,
-    pub(crate) remote: Option<RemoteMr>,
-    pub(crate) imm: Option<u32>,
-    pub(crate) flags: ffi::ibv_send_flags,
-    pub(crate) ud: Option<(AddressHandle, u32, u32)>,
     pub(crate) id: u64,
+    pub(crate) target: Target,
+    /// The remote region's length (RDMA and atomics), for the range check.
+    pub(crate) remote_len: u64,
+    /// A UD request's address handle, kept alive until the completion.
+    pub(crate) ah: Option<AddressHandle>,
+    /// Immediate data, host order (with [`Op::SendImm`] and [`Op::WriteImm`]).
+    pub(crate) imm: u32,
+    pub(crate) op: Op,
+    /// `ibv_send_flags` bits (all of the safe ones fit in a byte).
+    pub(crate) flags: u8,
 }
 
 impl<T> std::fmt::Debug for SendWr<T> {
@@ -139,57 +208,116 @@ impl<T> std::fmt::Debug for SendWr<T> {
         f.debug_struct("SendWr")
             .field("op", &self.op)
             .field("range", &self.range)
-            .field("remote", &self.remote)
-            .field("imm", &self.imm)
-            .field("flags", &format_args!("{:#x}", self.flags.0))
-            .field("ud", &self.ud.as_ref().map(|(_, qpn, qkey)| (qpn, qkey)))
+            .field("remote", &self.remote())
+            .field("imm", &matches!(self.op, Op::SendImm | Op::WriteImm).then_some(self.imm))
+            .field("flags", &format_args!("{:#x}", self.flags))
+            .field("ud", &self.ud())
             .field("id", &self.id)
             .finish_non_exhaustive()
     }
 }
 
+impl<T> SendWr<T> {
+    /// The remote region of an RDMA or atomic request.
+    pub(crate) fn remote(&self) -> Option<RemoteMr> {
+        let (addr, rkey) = match self.op {
+            // SAFETY: the constructors write the `rdma` variant for these operations.
+            Op::Write | Op::WriteImm | Op::Read => unsafe { (self.target.0.rdma.remote_addr, self.target.0.rdma.rkey) },
+            // SAFETY: and the `atomic` variant for these.
+            Op::CompSwap | Op::FetchAdd => unsafe { (self.target.0.atomic.remote_addr, self.target.0.atomic.rkey) },
+            Op::Send | Op::SendImm => return None,
+        };
+        Some(RemoteMr { addr, len: self.remote_len, rkey })
+    }
+
+    /// The atomic operands (compare or add, swap).
+    pub(crate) fn operands(&self) -> (u64, u64) {
+        if !self.op.is_atomic() {
+            return (0, 0);
+        }
+        // SAFETY: the constructors write the `atomic` variant for atomics.
+        let a = unsafe { self.target.0.atomic };
+        (a.compare_add, a.swap)
+    }
+
+    /// A UD request's destination QPN and Q_Key.
+    pub(crate) fn ud(&self) -> Option<(u32, u32)> {
+        // SAFETY: `send_ud` writes the `ud` variant and sets `ah`; nothing else sets `ah`.
+        self.ah.as_ref().map(|_| unsafe { (self.target.0.ud.remote_qpn, self.target.0.ud.remote_qkey) })
+    }
+
+    /// Points an RDMA or atomic request at another remote region (its operands kept);
+    /// returns the old one, or None (nothing changed) for a request with no remote side.
+    pub(crate) fn retarget(&mut self, remote: RemoteMr) -> Option<RemoteMr> {
+        let old = self.remote()?;
+        self.target = if self.op.is_atomic() {
+            let (compare_add, swap) = self.operands();
+            Target::atomic(&remote, compare_add, swap)
+        } else {
+            Target::rdma(&remote)
+        };
+        self.remote_len = remote.len;
+        Some(old)
+    }
+}
+
 impl<T: SendBuf> SendWr<T> {
-    fn new(op: Op, buf: T, range: Range<usize>, remote: Option<RemoteMr>) -> Self {
-        SendWr { op, buf, range, remote, imm: None, flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED, ud: None, id: 0 }
+    #[inline(always)]
+    fn new(op: Op, buf: T, range: Range<usize>, target: Target, remote_len: u64) -> Self {
+        let flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 as u8;
+        SendWr { buf, range, id: 0, target, remote_len, ah: None, imm: 0, op, flags }
     }
 
     /// SEND `range` of `buf` to the peer's next receive.
+    #[inline]
     pub fn send(buf: T, range: Range<usize>) -> Self {
-        Self::new(Op::Send, buf, range, None)
+        Self::new(Op::Send, buf, range, Target::rdma(&RemoteMr { addr: 0, len: 0, rkey: 0 }), 0)
     }
 
     /// RDMA WRITE `range` of `buf` to the start of `remote`.
+    #[inline]
     pub fn write(buf: T, range: Range<usize>, remote: RemoteMr) -> Self {
-        Self::new(Op::Write, buf, range, Some(remote))
+        Self::new(Op::Write, buf, range, Target::rdma(&remote), remote.len)
     }
 
     /// A UD SEND to `remote_qpn` through `ah`, with the receiver's Q_Key.
     pub fn send_ud(buf: T, range: Range<usize>, ah: &AddressHandle, remote_qpn: u32, qkey: u32) -> Self {
-        let mut wr = Self::new(Op::Send, buf, range, None);
-        wr.ud = Some((ah.clone(), remote_qpn, qkey));
+        let ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 { ah: ah.as_raw(), remote_qpn, remote_qkey: qkey };
+        let mut wr = Self::new(Op::Send, buf, range, Target(ffi::ibv_send_wr__bindgen_ty_2 { ud }), 0);
+        wr.ah = Some(ah.clone());
         wr
     }
 
-    /// Adds immediate data (SEND with immediate, RDMA WRITE with immediate).
+    /// Adds immediate data (SEND with immediate, RDMA WRITE with immediate; other
+    /// operations carry none).
+    #[inline]
     pub fn imm(mut self, imm: u32) -> Self {
-        self.imm = Some(imm);
+        self.op = match self.op {
+            Op::Send => Op::SendImm,
+            Op::Write => Op::WriteImm,
+            op => op,
+        };
+        self.imm = imm;
         self
     }
 
     /// Whether this request makes a completion (default: yes). Unsignaled requests are
     /// released by the next signaled completion after them.
+    #[inline]
     pub fn signaled(mut self, yes: bool) -> Self {
         self.set(ffi::ibv_send_flags::IBV_SEND_SIGNALED, yes);
         self
     }
 
     /// Waits for earlier RDMA READs and atomics to finish before this one starts.
+    #[inline]
     pub fn fence(mut self) -> Self {
         self.set(ffi::ibv_send_flags::IBV_SEND_FENCE, true);
         self
     }
 
     /// Asks the receiver's CQ to raise a solicited event.
+    #[inline]
     pub fn solicited(mut self) -> Self {
         self.set(ffi::ibv_send_flags::IBV_SEND_SOLICITED, true);
         self
@@ -197,12 +325,14 @@ impl<T: SendBuf> SendWr<T> {
 
     /// Copies the data into the work request at post time (checked against the QP's
     /// max inline data before posting).
+    #[inline]
     pub fn inline(mut self) -> Self {
         self.set(ffi::ibv_send_flags::IBV_SEND_INLINE, true);
         self
     }
 
     /// The caller's identifier, handed back with the completion.
+    #[inline]
     pub fn id(mut self, id: u64) -> Self {
         self.id = id;
         self
@@ -213,50 +343,40 @@ impl<T: SendBuf> SendWr<T> {
         self.buf
     }
 
-    /// This request's operation in each API: the crate's one opcode table.
-    #[inline]
-    pub(crate) fn codes(&self) -> OpCodes {
-        use ffi::ibv_wr_opcode as O;
-        let (wr, ops, wc) = match (self.op, self.imm.is_some()) {
-            (Op::Send, false) => (O::IBV_WR_SEND, SendOps::SEND, WcOpcode::Send),
-            (Op::Send, true) => (O::IBV_WR_SEND_WITH_IMM, SendOps::SEND_WITH_IMM, WcOpcode::Send),
-            (Op::Write, false) => (O::IBV_WR_RDMA_WRITE, SendOps::RDMA_WRITE, WcOpcode::RdmaWrite),
-            (Op::Write, true) => (O::IBV_WR_RDMA_WRITE_WITH_IMM, SendOps::RDMA_WRITE_WITH_IMM, WcOpcode::RdmaWrite),
-            (Op::Read, _) => (O::IBV_WR_RDMA_READ, SendOps::RDMA_READ, WcOpcode::RdmaRead),
-            (Op::CompSwap { .. }, _) => (O::IBV_WR_ATOMIC_CMP_AND_SWP, SendOps::ATOMIC_CMP_AND_SWP, WcOpcode::CompSwap),
-            (Op::FetchAdd { .. }, _) => {
-                (O::IBV_WR_ATOMIC_FETCH_AND_ADD, SendOps::ATOMIC_FETCH_AND_ADD, WcOpcode::FetchAdd)
-            }
-        };
-        OpCodes { wr, ops, wc }
-    }
-
+    #[inline(always)]
     pub(crate) fn is_inline(&self) -> bool {
-        self.flags.0 & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0
+        u32::from(self.flags) & ffi::ibv_send_flags::IBV_SEND_INLINE.0 != 0
     }
 
-    fn set(&mut self, flag: ffi::ibv_send_flags, on: bool) {
-        self.flags =
-            if on { ffi::ibv_send_flags(self.flags.0 | flag.0) } else { ffi::ibv_send_flags(self.flags.0 & !flag.0) };
+    /// The `ibv_send_flags` as C takes them.
+    #[inline(always)]
+    pub(crate) fn send_flags(&self) -> u32 {
+        u32::from(self.flags)
+    }
+
+    pub(crate) fn set(&mut self, flag: ffi::ibv_send_flags, on: bool) {
+        let bit = flag.0 as u8;
+        self.flags = if on { self.flags | bit } else { self.flags & !bit };
     }
 }
 
 impl<T: ExclusiveBuf> SendWr<T> {
     /// RDMA READ the start of `remote` into `range` of `buf`.
+    #[inline]
     pub fn read(buf: T, range: Range<usize>, remote: RemoteMr) -> Self {
-        Self::new(Op::Read, buf, range, Some(remote))
+        Self::new(Op::Read, buf, range, Target::rdma(&remote), remote.len)
     }
 
     /// Atomic compare-and-swap on the 8 bytes at `remote.addr`; the old value lands in
     /// the first 8 bytes of `buf` at `offset`.
     pub fn compare_swap(buf: T, offset: usize, remote: RemoteMr, compare: u64, swap: u64) -> Self {
-        Self::new(Op::CompSwap { compare, swap }, buf, offset..offset + 8, Some(remote))
+        Self::new(Op::CompSwap, buf, offset..offset + 8, Target::atomic(&remote, compare, swap), remote.len)
     }
 
     /// Atomic fetch-and-add on the 8 bytes at `remote.addr`; the old value lands in `buf`
     /// at `offset`.
     pub fn fetch_add(buf: T, offset: usize, remote: RemoteMr, add: u64) -> Self {
-        Self::new(Op::FetchAdd { add }, buf, offset..offset + 8, Some(remote))
+        Self::new(Op::FetchAdd, buf, offset..offset + 8, Target::atomic(&remote, add, 0), remote.len)
     }
 }
 
@@ -328,5 +448,19 @@ impl<T> Done<T> {
             vendor_err: self.vendor_err,
         };
         Refused::new(error, self.buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buf::Chunk;
+
+    /// A post moves the request into its ring: at 128 bytes or less the compiler does that
+    /// with register moves; past it, with a `memcpy` call (scripts/instructions shows it).
+    #[test]
+    fn a_chunk_request_fits_in_128_bytes() {
+        assert!(std::mem::size_of::<SendWr<Chunk>>() <= 128, "{}", std::mem::size_of::<SendWr<Chunk>>());
+        assert!(std::mem::size_of::<SendWr<std::sync::Arc<Chunk>>>() <= 96);
     }
 }

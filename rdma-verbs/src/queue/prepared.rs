@@ -1,6 +1,7 @@
 //! Prepared requests: [`Prepared`], posted through a [`PreparedQueue`] (documented there).
 
 use std::fmt;
+use std::mem::MaybeUninit;
 use std::ops::{DerefMut, Range};
 
 use super::request::{check_send, classic, zeroed_wr, End, Ext, SendLimits as Limits, SendRequest, Token};
@@ -9,6 +10,7 @@ use crate::buf::SendBuf;
 use crate::error::{Error, Refused, Result, Verb};
 use crate::ffi;
 use crate::mr::RemoteMr;
+use crate::wc::WcOpcode;
 use crate::wr::{Done, SendWr};
 
 /// A send work request checked and built once, to be posted many times through a
@@ -28,6 +30,8 @@ struct Inner<T> {
     key: u64,
     /// What it needs of a QP: SGEs, and bytes inline (0 when not inline).
     needs: (u32, u32),
+    /// What its completion says.
+    wc_op: WcOpcode,
 }
 
 // SAFETY: the raw pointers in the C request point into this block (the SGEs) or at the
@@ -46,7 +50,8 @@ impl<T: SendBuf> Prepared<T> {
         };
         let needs = needs(&wr, n);
         let key = limits.key();
-        let mut inner = Box::new(Inner { raw: zeroed_wr(), sges, wr, limits, key, needs });
+        let wc_op = wr.op.codes().wc;
+        let mut inner = Box::new(Inner { raw: zeroed_wr(), sges, wr, limits, key, needs, wc_op });
         let Inner { raw, sges, wr, .. } = &mut *inner;
         classic(wr, 0, sges, n, raw);
         Ok(Prepared { inner })
@@ -95,9 +100,8 @@ impl<T: SendBuf> Prepared<T> {
     /// requests are released by the next signaled completion after them.
     #[inline]
     pub fn set_signaled(&mut self, yes: bool) {
-        let bit = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        let flags = if yes { self.inner.wr.flags.0 | bit } else { self.inner.wr.flags.0 & !bit };
-        self.inner.wr.flags = ffi::ibv_send_flags(flags);
+        self.inner.wr.set(ffi::ibv_send_flags::IBV_SEND_SIGNALED, yes);
+        let flags = self.inner.wr.send_flags();
         self.raw().send_flags = flags;
     }
 
@@ -116,11 +120,12 @@ impl<T: SendBuf> Prepared<T> {
     /// Targets another remote region (RDMA WRITE, READ, atomics): checked again; on
     /// refusal the request is unchanged. A request without a remote side refuses.
     pub fn set_remote(&mut self, remote: RemoteMr) -> Result<()> {
-        let Some(old) = self.inner.wr.remote else {
+        let Some(old) = self.inner.wr.retarget(remote) else {
             return Err(Error::invalid(Verb::PostSend, "this request has no remote side (a SEND)"));
         };
-        self.inner.wr.remote = Some(remote);
-        self.rebuild().inspect_err(|_| self.inner.wr.remote = Some(old))
+        self.rebuild().inspect_err(|_| {
+            self.inner.wr.retarget(old);
+        })
     }
 
     /// The buffer, read-only.
@@ -234,11 +239,14 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
     }
 
     #[inline(always)]
-    fn finish(self, end: End, _: Token) -> Done<Prepared<T>> {
-        let (id, op) = (self.inner.wr.id, self.inner.wr.codes().wc);
+    unsafe fn finish(slot: &mut MaybeUninit<Self>, end: End, _: Token) -> Done<Prepared<T>> {
+        // SAFETY: the caller's contract: `slot` holds a request, read out here once (a
+        // prepared request is one pointer).
+        let p = unsafe { slot.assume_init_read() };
+        let (id, op) = (p.inner.wr.id, p.inner.wc_op);
         Done {
             id,
-            buf: self,
+            buf: p,
             status: end.status,
             byte_len: end.byte_len,
             op,

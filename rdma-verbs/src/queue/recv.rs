@@ -198,8 +198,8 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     /// its buffer. Receives complete in posting order; anything else is refused.
     #[inline]
     pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<T>> {
-        let next =
-            ours(wc, true, &self.tag).filter(|&low| wc.qp_num() == self.qp_num && low == self.ring.tail & LOW_MASK);
+        let next = ours(wc, true, self.tag.bits())
+            .filter(|&low| wc.qp_num() == self.qp_num && low == self.ring.tail & LOW_MASK);
         if next.is_none() || self.ring.outstanding() == 0 {
             return Err(not_ours("receive", wc));
         }
@@ -303,7 +303,7 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
     /// finished receive with its buffer.
     #[inline]
     pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<T>> {
-        let Some(low) = ours(wc, true, &self.tag) else {
+        let Some(low) = ours(wc, true, self.tag.bits()) else {
             return Err(not_ours("shared receive", wc));
         };
         let (index, generation) = ((low & ((1 << SLOT_BITS) - 1)) as usize, (low >> SLOT_BITS) as u32);

@@ -1,6 +1,7 @@
 //! What a send queue posts: the [`SendRequest`] trait, and its main kind, a [`SendWr`]
 //! checked and built into its C form at each post.
 
+use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 
 use super::Sges;
@@ -54,7 +55,7 @@ pub(super) use sealed::Token;
 /// The queue is one machine for both; this trait is the variation: how a request is
 /// checked against the QP, where its C form comes from, and what its completion hands
 /// back.
-pub trait SendRequest: sealed::Sealed + Send + 'static {
+pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
     /// What a completion hands back in [`Done::buf`]: the buffer of a `SendWr`, the whole
     /// request of a `Prepared` one (to post again).
     type Back;
@@ -89,9 +90,14 @@ pub trait SendRequest: sealed::Sealed + Send + 'static {
     #[doc(hidden)]
     unsafe fn extended(&self, qpx: *mut ffi::ibv_qp_ex, wr_id: u64, sges: &Sges, n: usize, _: Token);
 
-    /// The finished request: what comes back, with how it ended.
+    /// The finished request, read out of its ring slot (no move of the whole request):
+    /// what comes back, with how it ended.
+    ///
+    /// # Safety
+    /// `slot` holds a request, which this reads out: the caller treats the slot as empty
+    /// afterwards.
     #[doc(hidden)]
-    fn finish(self, end: End, _: Token) -> Done<Self::Back>;
+    unsafe fn finish(slot: &mut MaybeUninit<Self>, end: End, _: Token) -> Done<Self::Back>;
 }
 
 /// How a send request ended, as its queue saw it.
@@ -140,16 +146,23 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
     }
 
     #[inline(always)]
-    fn finish(self, end: End, _: Token) -> Done<T> {
-        let op = self.codes().wc;
-        Done {
-            id: self.id,
-            buf: self.buf,
-            status: end.status,
-            byte_len: end.byte_len,
-            op,
-            qp_num: end.qp_num,
-            vendor_err: end.vendor_err,
+    unsafe fn finish(slot: &mut MaybeUninit<Self>, end: End, _: Token) -> Done<T> {
+        let wr = slot.as_mut_ptr();
+        // SAFETY: the caller's contract: `slot` holds a request, read out here once. Of its
+        // fields only `buf` (moved out) and `ah` (dropped in place) own anything; the rest
+        // are plain values, read by copy.
+        unsafe {
+            let buf = std::ptr::read(&raw const (*wr).buf);
+            std::ptr::drop_in_place(&raw mut (*wr).ah);
+            Done {
+                id: (*wr).id,
+                buf,
+                status: end.status,
+                byte_len: end.byte_len,
+                op: (*wr).op.codes().wc,
+                qp_num: end.qp_num,
+                vendor_err: end.vendor_err,
+            }
         }
     }
 }
@@ -179,25 +192,10 @@ pub(super) fn classic<'o, T: SendBuf>(
     out.wr_id = seq;
     out.sg_list = sges.as_mut_ptr().cast();
     out.num_sge = n as i32;
-    out.send_flags = wr.flags.0;
-    out.opcode = wr.codes().wr;
-    out.__bindgen_anon_1.imm_data = wr.imm.map_or(0, u32::to_be);
-    if let Some(r) = wr.remote {
-        out.wr = match wr.op {
-            Op::CompSwap { compare, swap } => atomic(&r, compare, swap),
-            Op::FetchAdd { add } => atomic(&r, add, 0),
-            _ => ffi::ibv_send_wr__bindgen_ty_2 {
-                rdma: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: r.addr, rkey: r.rkey },
-            },
-        };
-    }
-    if wr.remote.is_none() && wr.ud.is_none() {
-        out.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: 0, rkey: 0 };
-    }
-    if let Some((ah, qpn, qkey)) = &wr.ud {
-        out.wr.ud =
-            ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 { ah: ah.as_raw(), remote_qpn: *qpn, remote_qkey: *qkey };
-    }
+    out.send_flags = wr.send_flags();
+    out.opcode = wr.op.codes().wr;
+    out.__bindgen_anon_1.imm_data = wr.imm.to_be();
+    out.wr = wr.target.0;
     out
 }
 
@@ -211,19 +209,23 @@ unsafe fn extended<T: SendBuf>(qpx: *mut ffi::ibv_qp_ex, wr: &SendWr<T>, seq: u6
     unsafe {
         (*qpx).wr_id = seq;
         // rxe (rdma-core 44) wants IBV_SEND_INLINE here as well as set_inline_data.
-        (*qpx).wr_flags = wr.flags.0;
-        let r = wr.remote.unwrap_or(RemoteMr { addr: 0, len: 0, rkey: 0 });
-        match (wr.op, wr.imm) {
-            (Op::Send, None) => ffi::ibv_wr_send(qpx),
-            (Op::Send, Some(imm)) => ffi::ibv_wr_send_imm(qpx, imm.to_be()),
-            (Op::Write, None) => ffi::ibv_wr_rdma_write(qpx, r.rkey, r.addr),
-            (Op::Write, Some(imm)) => ffi::ibv_wr_rdma_write_imm(qpx, r.rkey, r.addr, imm.to_be()),
-            (Op::Read, _) => ffi::ibv_wr_rdma_read(qpx, r.rkey, r.addr),
-            (Op::CompSwap { compare, swap }, _) => ffi::ibv_wr_atomic_cmp_swp(qpx, r.rkey, r.addr, compare, swap),
-            (Op::FetchAdd { add }, _) => ffi::ibv_wr_atomic_fetch_add(qpx, r.rkey, r.addr, add),
+        (*qpx).wr_flags = wr.send_flags();
+        let r = wr.remote().unwrap_or(RemoteMr { addr: 0, len: 0, rkey: 0 });
+        let imm = wr.imm.to_be();
+        match wr.op {
+            Op::Send => ffi::ibv_wr_send(qpx),
+            Op::SendImm => ffi::ibv_wr_send_imm(qpx, imm),
+            Op::Write => ffi::ibv_wr_rdma_write(qpx, r.rkey, r.addr),
+            Op::WriteImm => ffi::ibv_wr_rdma_write_imm(qpx, r.rkey, r.addr, imm),
+            Op::Read => ffi::ibv_wr_rdma_read(qpx, r.rkey, r.addr),
+            Op::CompSwap => {
+                let (compare, swap) = wr.operands();
+                ffi::ibv_wr_atomic_cmp_swp(qpx, r.rkey, r.addr, compare, swap)
+            }
+            Op::FetchAdd => ffi::ibv_wr_atomic_fetch_add(qpx, r.rkey, r.addr, wr.operands().0),
         }
-        if let Some((ah, qpn, qkey)) = &wr.ud {
-            ffi::ibv_wr_set_ud_addr(qpx, ah.as_raw(), *qpn, *qkey);
+        if let (Some(ah), Some((qpn, qkey))) = (&wr.ah, wr.ud()) {
+            ffi::ibv_wr_set_ud_addr(qpx, ah.as_raw(), qpn, qkey);
         }
         let sge = sges[0].assume_init();
         if wr.is_inline() && n == 1 {
@@ -249,7 +251,7 @@ unsafe fn extended<T: SendBuf>(qpx: *mut ffi::ibv_qp_ex, wr: &SendWr<T>, seq: u6
 pub(super) fn check_send<T: SendBuf>(limits: &SendLimits, wr: &SendWr<T>, sges: &mut Sges) -> Result<usize> {
     let SendLimits { max_sge, max_inline, ud, pd } = *limits;
     // A UD send without an address handle would have the provider read a NULL one.
-    if wr.ud.is_some() != ud {
+    if wr.ah.is_some() != ud {
         return Err(refused(SendRefusal::Transport { ud }));
     }
     let n = wr.buf.sges(wr.range.clone(), pd, sges)?;
@@ -260,13 +262,11 @@ pub(super) fn check_send<T: SendBuf>(limits: &SendLimits, wr: &SendWr<T>, sges: 
     if wr.is_inline() && len > max_inline as usize {
         return Err(refused(SendRefusal::Inline { len, max: max_inline }));
     }
-    if let Some(remote) = wr.remote {
-        if len as u64 > remote.len {
-            return Err(refused(SendRefusal::Remote { len, remote: remote.len }));
-        }
-        if matches!(wr.op, Op::CompSwap { .. } | Op::FetchAdd { .. }) && (remote.addr % 8 != 0 || remote.len < 8) {
-            return Err(refused(SendRefusal::Atomic));
-        }
+    if wr.op.has_remote() && len as u64 > wr.remote_len {
+        return Err(refused(SendRefusal::Remote { len, remote: wr.remote_len }));
+    }
+    if wr.op.is_atomic() && wr.remote().is_some_and(|r| r.addr % 8 != 0 || r.len < 8) {
+        return Err(refused(SendRefusal::Atomic));
     }
     Ok(n)
 }
@@ -278,7 +278,9 @@ pub(super) fn check_send<T: SendBuf>(limits: &SendLimits, wr: &SendWr<T>, sges: 
 fn ext_takes<T: SendBuf>(ext: Ext, wr: &SendWr<T>, n: usize) -> bool {
     let Some((_, ops)) = ext else { return false };
     let q = compat::quirks();
-    n >= 1 && ops.contains(wr.codes().ops) && (n == 1 || if wr.is_inline() { q.wr_inline_list } else { q.wr_sge_list })
+    n >= 1
+        && ops.contains(wr.op.codes().ops)
+        && (n == 1 || if wr.is_inline() { q.wr_inline_list } else { q.wr_sge_list })
 }
 
 /// Why the safe send path refused a work request before calling the provider.
@@ -306,15 +308,4 @@ fn refused(why: SendRefusal) -> Error {
         }
     };
     Error::invalid(Verb::PostSend, what)
-}
-
-fn atomic(remote: &RemoteMr, compare_add: u64, swap: u64) -> ffi::ibv_send_wr__bindgen_ty_2 {
-    ffi::ibv_send_wr__bindgen_ty_2 {
-        atomic: ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-            remote_addr: remote.addr,
-            compare_add,
-            swap,
-            rkey: remote.rkey,
-        },
-    }
 }

@@ -4,7 +4,7 @@
 use std::mem::MaybeUninit;
 
 use super::not_ours;
-use super::tag::{ours, Tag, LOW_MASK};
+use super::tag::{ours, LOW_MASK};
 use crate::error::{Error, Refused, Result};
 use crate::wc::{WcStatus, WorkCompletion};
 
@@ -89,11 +89,19 @@ impl<E> Ring<E> {
     /// Takes the oldest entry. The caller checked that one is outstanding.
     #[inline]
     pub(super) fn pop(&mut self) -> E {
-        let seq = self.tail;
-        self.tail += 1;
         // SAFETY: entries between tail and head are initialized, and this one is moved
         // out exactly once (tail moved past it).
-        unsafe { self.slot(seq).assume_init_read() }
+        unsafe { self.pop_slot().assume_init_read() }
+    }
+
+    /// Gives up the oldest entry in place: the ring counts it gone, and the caller reads
+    /// it out of the slot (which holds it initialized), or it leaks. The caller checked
+    /// that one is outstanding.
+    #[inline]
+    pub(super) fn pop_slot(&mut self) -> &mut MaybeUninit<E> {
+        let seq = self.tail;
+        self.tail += 1;
+        self.slot(seq)
     }
 
     /// Ends a batch of `n` staged entries of which the provider took the first `posted`:
@@ -168,16 +176,17 @@ impl<E> Ring<E> {
         Err(Refused::new(error, unposted))
     }
 
-    /// Takes the send completion `wc` of the queue with `tag` on QP `qp_num`: hands each
-    /// entry it finishes to `done`, in posting order (the unsignaled ones before it as
-    /// successes, then its own with its status and length), and returns how many.
+    /// Takes the send completion `wc` of the queue whose tag bits are `tag` on QP
+    /// `qp_num`: hands the slot of each entry it finishes to `done`, which reads it out,
+    /// in posting order (the unsignaled ones before it as successes, then its own with its
+    /// status and length), and returns how many.
     #[inline]
     pub(super) fn complete_sends(
         &mut self,
         wc: &mut WorkCompletion,
-        tag: &Tag,
+        tag: u64,
         qp_num: u32,
-        mut done: impl FnMut(E, WcStatus, u32, u32),
+        mut done: impl FnMut(&mut MaybeUninit<E>, WcStatus, u32, u32),
     ) -> Result<usize> {
         // How far past the oldest outstanding request this one is (sequence numbers wrap
         // at 40 bits; at most a ring's worth is outstanding).
@@ -190,9 +199,9 @@ impl<E> Ring<E> {
         };
         wc.consume();
         for _ in 0..ahead {
-            done(self.pop(), WcStatus::Success, 0, 0);
+            done(self.pop_slot(), WcStatus::Success, 0, 0);
         }
-        done(self.pop(), wc.status(), wc.byte_len(), wc.vendor_err());
+        done(self.pop_slot(), wc.status(), wc.byte_len(), wc.vendor_err());
         Ok(ahead as usize + 1)
     }
 

@@ -43,6 +43,8 @@ pub struct SendQueue<T: SendBuf, R: SendRequest = SendWr<T>> {
     /// `ibv_post_send` the rest.
     ext: Ext,
     tag: Tag,
+    /// `tag.bits()`, the high bits of every `wr_id` this queue posts.
+    tag_bits: u64,
     claim: Claim<QpInner>,
     _buf: PhantomData<fn() -> T>,
 }
@@ -115,6 +117,7 @@ impl QueuePair {
         let claim = Claim::take(&self.inner, |q| &q.send_claimed, "this QP's send side")?;
         let room = CqReservation::take(&self.inner.send_cq, depth.into(), Verb::Claim, "this send queue")?;
         let limits = self.send_limits();
+        let tag = Tag::reserve()?;
         Ok(SendQueue {
             ring: Ring::new(depth),
             scratch: SendScratch::new(),
@@ -124,7 +127,8 @@ impl QueuePair {
             key: limits.key(),
             limits,
             ext: self.inner.qp_ex.map(|q| (q, self.inner.send_ops)),
-            tag: Tag::reserve()?,
+            tag_bits: tag.bits(),
+            tag,
             claim,
             _buf: PhantomData,
         })
@@ -203,24 +207,30 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// post allowed.
     #[inline(always)]
     fn stage(&mut self, n: usize, room: usize, most: usize, wr: R, chain: &mut Chain) -> Result<(), Box<Refused<R>>> {
-        let SendQueue { ring, scratch, limits, key, ext, tag, .. } = self;
+        let SendQueue { ring, scratch, limits, key, ext, tag_bits, .. } = self;
         if n == room {
             let e = if n == most { batch_too_long() } else { queue_full(Verb::PostSend, ring.cap) };
             return Err(refusal(e, wr));
         }
         let SendScratch { sges, raws, counts } = &mut **scratch;
-        let k = match wr.check(limits, *key, &mut sges[n], TOKEN()) {
+        // Into the ring first, then checked there: the request is written once, where it
+        // stays, and a refused one is read back out (the cold path).
+        let staged = ring.stage(n, wr);
+        let k = match staged.check(limits, *key, &mut sges[n], TOKEN()) {
             Ok(k) => k,
-            Err(e) => return Err(refusal(e, wr)),
+            // SAFETY: staged just above, neither committed nor taken back.
+            Err(e) => return Err(refusal(e, unsafe { ring.unstage(n) })),
         };
         if ext.is_none() {
-            let seq = send_wr_id(tag.bits(), ring.head + n as u64);
-            let cur = ring.stage(n, wr).c_request(seq, &mut sges[n], k, &mut raws[n], TOKEN());
+            let seq = send_wr_id(*tag_bits, ring.head + n as u64);
+            // SAFETY: staged above.
+            let cur = unsafe { ring.staged(n) }.c_request(seq, &mut sges[n], k, &mut raws[n], TOKEN());
             chain.link(cur);
         } else {
-            chain.all_ext &= wr.ext_takes(*ext, k, TOKEN());
+            // SAFETY: staged above.
+            let staged = unsafe { ring.staged(n) };
+            chain.all_ext &= staged.ext_takes(*ext, k, TOKEN());
             counts[n] = k as u8;
-            ring.stage(n, wr);
         }
         Ok(())
     }
@@ -229,8 +239,8 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// (the extended API's batch when it takes them all, else the chain of C requests).
     #[inline(always)]
     fn post_staged(&mut self, n: usize, mut chain: Chain, refused: Option<Box<Refused<R>>>) -> Batch<R> {
-        let SendQueue { ring, scratch, raw, ext, tag, .. } = self;
-        let (raw, ext, tag) = (*raw, *ext, tag.bits());
+        let SendQueue { ring, scratch, raw, ext, tag_bits, .. } = self;
+        let (raw, ext, tag) = (*raw, *ext, *tag_bits);
         let SendScratch { sges, raws, counts } = &mut **scratch;
         let (posted, failure) = if n == 0 {
             (0, None)
@@ -267,8 +277,9 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     #[inline]
     pub fn complete(&mut self, wc: &mut WorkCompletion, mut done: impl FnMut(Done<R::Back>)) -> Result<usize> {
         let qp_num = self.qp_num;
-        self.ring.complete_sends(wc, &self.tag, qp_num, |wr, status, byte_len, vendor_err| {
-            done(wr.finish(End { status, byte_len, qp_num, vendor_err }, TOKEN()))
+        self.ring.complete_sends(wc, self.tag_bits, qp_num, |slot, status, byte_len, vendor_err| {
+            // SAFETY: the ring hands over each finished slot once, holding its request.
+            done(unsafe { R::finish(slot, End { status, byte_len, qp_num, vendor_err }, TOKEN()) })
         })
     }
 }

@@ -59,10 +59,11 @@ pub(super) fn send_wr_id(tag: u64, seq: u64) -> u64 {
     tag | (seq & LOW_MASK)
 }
 
-/// The low bits of `wr_id` when the completion carries `tag` on the given side.
+/// The low bits of `wr_id` when the completion carries the tag whose bits are `tag` on
+/// the given side.
 #[inline]
-pub(super) fn ours(wc: &WorkCompletion, recv: bool, tag: &Tag) -> Option<u64> {
+pub(super) fn ours(wc: &WorkCompletion, recv: bool, tag: u64) -> Option<u64> {
     let id = wc.wr_id();
     let side = if recv { RECV_TAG } else { 0 };
-    (id & !LOW_MASK == side | tag.bits()).then_some(id & LOW_MASK)
+    (id & !LOW_MASK == side | tag).then_some(id & LOW_MASK)
 }

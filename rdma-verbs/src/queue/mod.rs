@@ -100,17 +100,66 @@ const NO_SGES: Sges = [const { MaybeUninit::uninit() }; MAX_SGE];
 /// A C work request with a `next` link.
 trait Linked {
     fn next(&self) -> *mut Self;
+    fn set_next(&mut self, next: *mut Self);
 }
 
 impl Linked for ffi::ibv_send_wr {
     fn next(&self) -> *mut Self {
         self.next
     }
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
 }
 
 impl Linked for ffi::ibv_recv_wr {
     fn next(&self) -> *mut Self {
         self.next
+    }
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+}
+
+/// The C requests of one post, linked as they are built: the one chain builder of the
+/// send and receive queues.
+struct Chain<W> {
+    first: *mut W,
+    prev: *mut W,
+}
+
+impl<W: Linked> Chain<W> {
+    #[inline(always)]
+    fn new() -> Self {
+        Chain { first: std::ptr::null_mut(), prev: std::ptr::null_mut() }
+    }
+
+    /// Appends `cur`, whose `next` is NULL.
+    #[inline(always)]
+    fn link(&mut self, cur: *mut W) {
+        if self.prev.is_null() {
+            self.first = cur;
+        } else {
+            // SAFETY: `prev` is the C request linked just before this one (in a queue's
+            // scratch space or a prepared request's heap block), which nothing moved since.
+            unsafe { (*self.prev).set_next(cur) };
+        }
+        self.prev = cur;
+    }
+
+    /// Hands the chain of `n` requests to `post` (one provider call, given the head and
+    /// where to say which request it stopped at); returns how many went in, and the error.
+    #[inline(always)]
+    fn post(self, verb: Verb, n: usize, post: impl FnOnce(*mut W, &mut *mut W) -> i32) -> (usize, Option<Box<Error>>) {
+        if n == 0 {
+            return (0, None);
+        }
+        let mut bad = std::ptr::null_mut();
+        match crate::conv::errno(verb, post(self.first, &mut bad)) {
+            Ok(()) => (n, None),
+            // SAFETY: `first` heads the chain built by `link`, whose last `next` is NULL.
+            Err(e) => (unsafe { stopped_at(self.first, bad) }, Some(Box::new(e))),
+        }
     }
 }
 

@@ -2,13 +2,12 @@
 //! [`SrqQueue`] (a shared receive queue's, completing in any order).
 
 use std::fmt;
-use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use super::claim::{bury, Claim, ClaimOwner};
 use super::ring::{refuse, Batch, Ring};
 use super::tag::{ours, Tag, LOW_MASK, RECV_TAG, SLOT_BITS, TAG_SHIFT};
-use super::{depth, not_ours, queue_full, stopped_at, Sges, MAX_BATCH, NO_SGES};
+use super::{depth, not_ours, queue_full, Chain, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{ExclusiveBuf, PdId};
 use crate::conv;
 use crate::cq::CqReservation;
@@ -41,6 +40,7 @@ impl QueuePair {
         Ok(RecvQueue {
             room: Some(room),
             ring: Ring::new(depth),
+            scratch: Box::new(RecvScratch { sges: [NO_SGES; MAX_BATCH], raws: [EMPTY_RECV; MAX_BATCH] }),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
             max_sge: self.inner.caps.max_recv_sge,
@@ -51,20 +51,26 @@ impl QueuePair {
     }
 }
 
-/// Builds the C receive work request for `range` of `buf` into `wr`, its SGEs into `sges`.
-#[inline]
-fn fill_recv<T: ExclusiveBuf>(
+/// Builds the C receive work request for `range` of `buf` into `out` (its `next` NULL),
+/// its SGEs into `sges`, in place; returns it.
+#[inline(always)]
+fn fill_recv<'o, T: ExclusiveBuf>(
     buf: &T,
     range: Range<usize>,
     wr_id: u64,
     (max_sge, pd): (u32, PdId),
     sges: &mut Sges,
-) -> Result<ffi::ibv_recv_wr> {
+    out: &'o mut ffi::ibv_recv_wr,
+) -> Result<&'o mut ffi::ibv_recv_wr> {
     let n = buf.sges(range, pd, sges)?;
     if n as u32 > max_sge {
         return Err(too_many_recv_sges(n, max_sge));
     }
-    Ok(ffi::ibv_recv_wr { wr_id, next: std::ptr::null_mut(), sg_list: sges.as_mut_ptr().cast(), num_sge: n as i32 })
+    out.wr_id = wr_id;
+    out.next = std::ptr::null_mut();
+    out.sg_list = sges.as_mut_ptr().cast();
+    out.num_sge = n as i32;
+    Ok(out)
 }
 
 #[cold]
@@ -73,37 +79,23 @@ fn too_many_recv_sges(n: usize, max_sge: u32) -> Error {
     Error::invalid(Verb::PostRecv, format!("{n} SGEs, but the queue takes {max_sge} (max_recv_sge)"))
 }
 
-/// Links `raws` into one chain and posts it through `post`; returns how many went in
-/// and the provider's error.
-#[inline]
-fn post_recv_chain(
-    verb: Verb,
-    raws: &mut [MaybeUninit<ffi::ibv_recv_wr>],
-    post: impl FnOnce(*mut ffi::ibv_recv_wr, &mut *mut ffi::ibv_recv_wr) -> i32,
-) -> (usize, Option<Box<Error>>) {
-    let n = raws.len();
-    if n == 0 {
-        return (0, None);
-    }
-    for i in 1..n {
-        let next = raws[i].as_mut_ptr();
-        // SAFETY: the caller initialized raws[..n].
-        unsafe { raws[i - 1].assume_init_mut() }.next = next;
-    }
-    let first = raws[0].as_mut_ptr();
-    let mut bad = std::ptr::null_mut();
-    match conv::errno(verb, post(first, &mut bad)) {
-        Ok(()) => (n, None),
-        // SAFETY: `first` heads the chain linked above, whose last `next` is NULL (fill_recv).
-        Err(e) => (unsafe { stopped_at(first, bad) }, Some(Box::new(e))),
-    }
-}
-
 // ---- receive side ---------------------------------------------------------------
+
+const EMPTY_RECV: ffi::ibv_recv_wr =
+    ffi::ibv_recv_wr { wr_id: 0, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
+
+/// Scratch space of a receive queue's batches, kept with it (16 KiB would cost every
+/// post stack probes and cold pages); nothing in it outlives a post.
+struct RecvScratch {
+    sges: [Sges; MAX_BATCH],
+    raws: [ffi::ibv_recv_wr; MAX_BATCH],
+}
 
 /// The receive side of a QP, owning the buffers it has posted. See the [module docs](self).
 pub struct RecvQueue<T: Send + 'static> {
     ring: Ring<(T, u64)>,
+    /// Where a batch's C requests and SGEs are built (as the send queue's).
+    scratch: Box<RecvScratch>,
     /// This queue's share of the receive CQ (buried with what is still posted).
     room: Option<CqReservation>,
     raw: *mut ffi::ibv_qp,
@@ -140,15 +132,15 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         if self.ring.free() == 0 {
             return Err(Refused::new(queue_full(Verb::PostRecv, self.ring.cap), buf));
         }
-        let mut sges = NO_SGES;
-        let mut wr = match fill_recv(&buf, range, self.wr_id(self.ring.head), (self.max_sge, self.pd), &mut sges) {
+        let (mut sges, mut wr) = (NO_SGES, EMPTY_RECV);
+        let wr = match fill_recv(&buf, range, self.wr_id(self.ring.head), (self.max_sge, self.pd), &mut sges, &mut wr) {
             Ok(wr) => wr,
             Err(e) => return Err(Refused::new(e, buf)),
         };
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is alive (claim); the SGEs name bytes of `buf`, which the ring
         // owns until the completion and nobody else can reach (ExclusiveBuf).
-        let rc = unsafe { ffi::ibv_post_recv(self.raw, &mut wr, &mut bad) };
+        let rc = unsafe { ffi::ibv_post_recv(self.raw, wr, &mut bad) };
         if let Err(e) = conv::errno(Verb::PostRecv, rc) {
             return Err(Refused::new(e, buf));
         }
@@ -162,19 +154,20 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     where
         I: IntoIterator<Item = (T, Range<usize>, u64)>,
     {
-        let mut sges = [NO_SGES; MAX_BATCH];
-        let mut raws: [MaybeUninit<ffi::ibv_recv_wr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
+        let RecvScratch { sges, raws } = &mut *self.scratch;
         let room = MAX_BATCH.min(self.ring.free());
         let (mut n, mut refused) = (0, None);
+        let mut chain = Chain::new();
         let mut recvs = recvs.into_iter();
         for (buf, range, id) in recvs.by_ref() {
             if n == room {
                 refused = refuse(queue_full(Verb::PostRecv, self.ring.cap), (buf, id));
                 break;
             }
-            match fill_recv(&buf, range, self.wr_id(self.ring.head + n as u64), (self.max_sge, self.pd), &mut sges[n]) {
+            let wr_id = RECV_TAG | self.tag.bits() | ((self.ring.head + n as u64) & LOW_MASK);
+            match fill_recv(&buf, range, wr_id, (self.max_sge, self.pd), &mut sges[n], &mut raws[n]) {
                 Ok(wr) => {
-                    raws[n].write(wr);
+                    chain.link(wr);
                     self.ring.stage(n, (buf, id));
                     n += 1;
                 }
@@ -186,8 +179,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         }
         let raw = self.raw;
         // SAFETY: the QP is alive; a valid chain whose buffers the ring keeps.
-        let (posted, failure) =
-            post_recv_chain(Verb::PostRecv, &mut raws[..n], |wr, bad| unsafe { ffi::ibv_post_recv(raw, wr, bad) });
+        let (posted, failure) = chain.post(Verb::PostRecv, n, |wr, bad| unsafe { ffi::ibv_post_recv(raw, wr, bad) });
         let batch = Batch { staged: n, posted, failure, refused };
         self.ring
             .finish_batch(batch, recvs.map(|(buf, _, id)| (buf, id)))
@@ -282,15 +274,15 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
         let index = self.free[self.nfree - 1];
         let slot = &mut self.slots[index as usize];
         let wr_id = RECV_TAG | self.tag.bits() | (u64::from(slot.generation) << SLOT_BITS) | u64::from(index);
-        let mut sges = NO_SGES;
-        let mut wr = match fill_recv(&buf, range, wr_id, (self.max_sge, self.pd), &mut sges) {
+        let (mut sges, mut wr) = (NO_SGES, EMPTY_RECV);
+        let wr = match fill_recv(&buf, range, wr_id, (self.max_sge, self.pd), &mut sges, &mut wr) {
             Ok(wr) => wr,
             Err(e) => return Err(Refused::new(e, buf)),
         };
         let mut bad = std::ptr::null_mut();
         // SAFETY: the SRQ is alive (claim); the SGEs name bytes of `buf`, which the slot
         // owns until the completion and nobody else can reach (ExclusiveBuf).
-        let rc = unsafe { ffi::ibv_post_srq_recv(self.raw, &mut wr, &mut bad) };
+        let rc = unsafe { ffi::ibv_post_srq_recv(self.raw, wr, &mut bad) };
         if let Err(e) = conv::errno(Verb::PostSrqRecv, rc) {
             return Err(Refused::new(e, buf));
         }

@@ -8,7 +8,7 @@ use super::claim::{bury, Claim, ClaimOwner};
 use super::request::{zeroed_wr, End, Ext, SendLimits, SendRequest, TOKEN};
 use super::ring::{Batch, Ring};
 use super::tag::{send_wr_id, Tag};
-use super::{batch_too_long, depth, queue_full, stopped_at, Sges, MAX_BATCH, NO_SGES};
+use super::{batch_too_long, depth, queue_full, Chain, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{PdId, SendBuf};
 use crate::conv;
 use crate::cq::CqReservation;
@@ -169,7 +169,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         // A batch of one: the same two steps as post_batch, without an iterator (which
         // would move the request twice more on its way into the ring).
         let room = self.ring.free().min(1);
-        let mut chain = Chain::new();
+        let mut chain = Staging::new();
         let refused = self.stage(0, room, 1, wr, &mut chain).err();
         let batch = self.post_staged(usize::from(refused.is_none()), chain, refused);
         self.ring.finish_one(batch)
@@ -186,7 +186,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     {
         let mut wrs = wrs.into_iter();
         let room = self.ring.free().min(MAX_BATCH);
-        let mut chain = Chain::new();
+        let mut chain = Staging::new();
         let (mut n, mut refused) = (0, None);
         for wr in wrs.by_ref() {
             match self.stage(n, room, MAX_BATCH, wr, &mut chain) {
@@ -206,7 +206,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// appends it to `chain`. `room` is how many this post may stage, `most` the longest
     /// post allowed.
     #[inline(always)]
-    fn stage(&mut self, n: usize, room: usize, most: usize, wr: R, chain: &mut Chain) -> Result<(), Box<Refused<R>>> {
+    fn stage(&mut self, n: usize, room: usize, most: usize, wr: R, chain: &mut Staging) -> Result<(), Box<Refused<R>>> {
         let SendQueue { ring, scratch, limits, key, ext, tag_bits, .. } = self;
         if n == room {
             let e = if n == most { batch_too_long() } else { queue_full(Verb::PostSend, ring.cap) };
@@ -225,7 +225,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             let seq = send_wr_id(*tag_bits, ring.head + n as u64);
             // SAFETY: staged above.
             let cur = unsafe { ring.staged(n) }.c_request(seq, &mut sges[n], k, &mut raws[n], TOKEN());
-            chain.link(cur);
+            chain.classic.link(cur);
         } else {
             // SAFETY: staged above.
             let staged = unsafe { ring.staged(n) };
@@ -238,7 +238,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// Step two of every post: hands the `n` staged requests to the provider in one call
     /// (the extended API's batch when it takes them all, else the chain of C requests).
     #[inline(always)]
-    fn post_staged(&mut self, n: usize, mut chain: Chain, refused: Option<Box<Refused<R>>>) -> Batch<R> {
+    fn post_staged(&mut self, n: usize, mut chain: Staging, refused: Option<Box<Refused<R>>>) -> Batch<R> {
         let SendQueue { ring, scratch, raw, ext, tag_bits, .. } = self;
         let (raw, ext, tag) = (*raw, *ext, *tag_bits);
         let SendScratch { sges, raws, counts } = &mut **scratch;
@@ -253,20 +253,14 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
                     let seq = send_wr_id(tag, ring.head + i as u64);
                     // SAFETY: 0..n were staged by `stage`.
                     let wr = unsafe { ring.staged(i) };
-                    chain.link(wr.c_request(seq, &mut sges[i], usize::from(counts[i]), &mut raws[i], TOKEN()));
+                    chain.classic.link(wr.c_request(seq, &mut sges[i], usize::from(counts[i]), &mut raws[i], TOKEN()));
                 }
             }
-            let mut bad = std::ptr::null_mut();
-            // SAFETY: chain.first.. is a chain of valid C requests (linked by `stage` or
-            // above, the last `next` NULL), each in the scratch space or in the heap block
-            // of a request the ring keeps until its completion, with SGEs naming bytes of
+            // SAFETY: the chain holds valid C requests (linked by `stage` or above, the
+            // last `next` NULL), each in the scratch space or in the heap block of a
+            // request the ring keeps until its completion, with SGEs naming bytes of
             // buffers the ring keeps too; a UD request's address handle is kept with it.
-            let rc = unsafe { ffi::ibv_post_send(raw, chain.first, &mut bad) };
-            match conv::errno(Verb::PostSend, rc) {
-                Ok(()) => (n, None),
-                // SAFETY: `chain.first` heads the chain built above.
-                Err(e) => (unsafe { stopped_at(chain.first, bad) }, Some(Box::new(e))),
-            }
+            chain.classic.post(Verb::PostSend, n, |first, bad| unsafe { ffi::ibv_post_send(raw, first, bad) })
         };
         Batch { staged: n, posted, failure, refused }
     }
@@ -284,31 +278,17 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     }
 }
 
-/// The C requests of one post, linked as they are built.
-struct Chain {
-    first: *mut ffi::ibv_send_wr,
-    prev: *mut ffi::ibv_send_wr,
-    /// Whether the extended API takes every request staged so far.
+/// What `stage` builds for one post: the chain of C requests, and whether the extended
+/// API takes every request staged so far (then nothing is linked).
+struct Staging {
+    classic: Chain<ffi::ibv_send_wr>,
     all_ext: bool,
 }
 
-impl Chain {
+impl Staging {
     #[inline(always)]
     fn new() -> Self {
-        Chain { first: std::ptr::null_mut(), prev: std::ptr::null_mut(), all_ext: true }
-    }
-
-    /// Appends `cur`.
-    #[inline(always)]
-    fn link(&mut self, cur: *mut ffi::ibv_send_wr) {
-        if self.prev.is_null() {
-            self.first = cur;
-        } else {
-            // SAFETY: `prev` is the C request built just before this one (in the scratch
-            // space or a request's own heap block), which nothing moved since.
-            unsafe { (*self.prev).next = cur };
-        }
-        self.prev = cur;
+        Staging { classic: Chain::new(), all_ext: true }
     }
 }
 

@@ -5,7 +5,7 @@
 //!
 #![doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/quickstart.rs")), "```")]
 //!
-//! The [`queue`] module documents why this is sound: posted buffers travel with their
+//! [`SendQueue`] documents why this is sound: posted buffers travel with their
 //! work requests and come back with the completions, so safe code can never touch memory
 //! the device is reading or writing. [`QueuePair::post_send_raw`] is the unsafe C-shaped
 //! path for those who manage that themselves.

@@ -1,75 +1,11 @@
 //! The safe data path: send and receive queues that own what they have posted.
 //!
-//! # Soundness
-//!
-//! The device reads and writes posted buffers behind the compiler's back. The safe API
-//! makes sure no Rust reference can observe or disturb that, without a lock or an
-//! allocation on the fast path:
-//!
-//! - A buffer is posted by value: a [`Chunk`](crate::Chunk) (exclusive) or an `Arc<Chunk>` (shared,
-//!   read-only, for sources the device only reads). The queue keeps it in a slot until
-//!   the work request completes, and hands it back with the completion
-//!   ([`SendQueue::complete`], [`RecvQueue::complete`]). While it is posted, the program
-//!   has no reference to an exclusive chunk, so it cannot read a receive or RDMA READ
-//!   target, write a source, move it or free it; and a shared chunk cannot be written
-//!   by anyone while any clone is out.
-//! - Targets the device writes (receives, RDMA READ, atomics) take only exclusive
-//!   chunks: the types refuse `Arc<Chunk>` there ([`ExclusiveBuf`](crate::ExclusiveBuf)).
-//! - Each side of a QP has one owner: [`SendQueue`] and [`RecvQueue`] are claimed once
-//!   per QP and post through `&mut self`. The two sides are separate queues in verbs
-//!   (the provider locks them separately), so they may live on different threads.
-//! - Completions are matched to slots by the `wr_id`, which this module chooses: the
-//!   side, a tag unique in this process to the posting queue (kept reserved while any of
-//!   its requests may still complete), and a sequence number or slot. A completion from
-//!   another queue, another QP (even of another device with the same QP number), or a
-//!   predecessor queue of the same QP is refused; a completion already taken is refused
-//!   because `complete` marks it taken. Making a
-//!   completion up is `unsafe` ([`WorkCompletion::from_raw`]). Send completions arrive in
-//!   posting order, so a signaled completion also releases the unsignaled requests
-//!   before it. A `WorkCompletion` is neither `Copy` nor `Clone`, and `complete` marks the
-//!   one it takes, so no completion is ever presented twice.
-//! - Dropping a queue that still has requests outstanding must not free their buffers
-//!   while the device may use them: they move to the QP, which frees them right after
-//!   `ibv_destroy_qp`, when the device can no longer touch them.
-//!
-//! - A CQ never overruns through these queues: each claims its depth (at most that many
-//!   requests outstanding) and sets that many entries of its CQ aside; a claim that the CQ
-//!   cannot hold besides the others' shares is refused, with the size the CQ needs. A
-//!   dropped queue's share stays with its buried requests until they cannot complete.
-//!   (An SRQ's receives complete on the CQs of whichever QPs take them: size those CQs
-//!   for the SRQ's depth too.)
-//!
-//! - The buffer traits ([`SendBuf`](crate::SendBuf), [`ExclusiveBuf`](crate::ExclusiveBuf)) are sealed: a buffer's SGEs are
-//!   trusted to name only bytes the buffer owns, so only this crate's chunk types (and
-//!   arrays of them) are buffers.
-//!
-//! Polling is [`CompletionQueue::poll`](crate::CompletionQueue::poll) (`&mut self`: one
-//! poller). Waiting through a completion channel is on the CQ as well.
-//!
-//! One [`SendQueue`] posts every kind of send request ([`SendRequest`]): [`SendWr`](crate::SendWr)s,
-//! checked and built into their C form at each post, or [`Prepared`] requests, checked and
-//! built once and posted again with only the `wr_id` stamped ([`PreparedQueue`] says how,
-//! and why it is as sound). A post is a batch of one; a batch is one provider call.
-//!
-//! # The walk from post to completion
-//!
-//! 1. [`SendQueue::post_batch`] (or `post`, a batch of one) takes each request, checks it
-//!    against the QP ([`SendRequest`]: SGE count, inline size, remote range, transport,
-//!    protection domain), moves it into the next slot of the queue's ring, and builds or
-//!    stamps its C request with a `wr_id` that names this queue and the slot.
-//! 2. The C requests are linked into one chain and handed to the provider in one
-//!    `ibv_post_send` (one doorbell). What the provider refuses is taken back out of the
-//!    ring and handed back, in order, in a [`Refused`](crate::Refused).
-//! 3. [`CompletionQueue::poll`](crate::CompletionQueue::poll) fills
-//!    [`WorkCompletion`]s (`ibv_poll_cq`, nothing added).
-//! 4. [`SendQueue::complete`] checks that the completion's `wr_id` is this queue's and
-//!    outstanding, pops the request and the unsignaled ones before it, and hands each back
-//!    as a [`Done`](crate::Done) (its buffer, your id, its operation, its status);
-//!    [`Done::result`](crate::Done::result) turns a failure into an error naming all that.
-//!
-//! Receives go through a [`RecvQueue`] the same way, one chain per batch. Shared receive
-//! queues get a [`SrqQueue`]: receives complete out of order there (any QP may take the
-//! next one), so it keeps its buffers in a slot table with a free list.
+//! Why it is sound, and the walk from post to completion, are documented on
+//! [`SendQueue`] (public, where a user reads them). Inside: `send` holds the one send
+//! core, `request` what it posts ([`SendRequest`]), `prepared` the prepared requests,
+//! `recv` the receive queues, `ring` the in-order ring with its one failure path, `tag`
+//! the `wr_id`s, `claim` one owner per side and the graveyard; [`Chain`] here is the one
+//! chain builder.
 
 use std::mem::MaybeUninit;
 

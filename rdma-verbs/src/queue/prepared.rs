@@ -172,7 +172,7 @@ fn needs<T: SendBuf>(wr: &SendWr<T>, n: usize) -> (u32, u32) {
 /// heap block that belongs to the request; posting stamps the `wr_id`, links the chain
 /// and calls the provider, which is what a C program reposting a prebuilt chain does.
 ///
-/// Soundness is the send queue's (see the [queue module](crate::queue)): a prepared request
+/// Soundness is the send queue's (see [`SendQueue`]): a prepared request
 /// owns its buffer, is posted by value, stays in the queue's ring until its completion
 /// hands it back, and exposes no `&mut` to the buffer value itself, so it cannot be
 /// swapped for another while its SGEs name the first. Its bytes can be changed between

@@ -91,7 +91,8 @@ struct RecvScratch {
     raws: [ffi::ibv_recv_wr; MAX_BATCH],
 }
 
-/// The receive side of a QP, owning the buffers it has posted. See the [module docs](self).
+/// The receive side of a QP, owning the buffers it has posted. Why that is sound is
+/// documented on [`SendQueue`](crate::SendQueue).
 pub struct RecvQueue<T: Send + 'static> {
     ring: Ring<(T, u64)>,
     /// Where a batch's C requests and SGEs are built (as the send queue's).

@@ -36,6 +36,20 @@ pub(super) struct CapRequest {
 }
 
 impl CapRequest {
+    /// What a new builder asks for: the default depths, one SGE each way, no inline data.
+    pub(super) fn defaults(qp_type: QpType) -> Self {
+        CapRequest {
+            qp_type,
+            has_srq: false,
+            max_send_wr: DEFAULT_MAX_WR,
+            max_recv_wr: None,
+            max_send_sge: 1,
+            max_recv_sge: None,
+            max_inline_data: 0,
+            send_ops: None,
+        }
+    }
+
     /// Checks the sizes against the device and returns the C capabilities to ask for.
     pub(super) fn check(&self, max_qp_wr: u32, max_sge: u32) -> Result<ffi::ibv_qp_cap> {
         const VERB: Verb = Verb::CreateQpEx;

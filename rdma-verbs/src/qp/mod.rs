@@ -109,16 +109,7 @@ impl QueuePair {
             send_cq,
             recv_cq,
             srq: None,
-            req: CapRequest {
-                qp_type,
-                has_srq: false,
-                max_send_wr: DEFAULT_MAX_WR,
-                max_recv_wr: None,
-                max_send_sge: 1,
-                max_recv_sge: None,
-                max_inline_data: 0,
-                send_ops: None,
-            },
+            req: CapRequest::defaults(qp_type),
             sq_sig_all: false,
             psn: None,
         }
@@ -460,16 +451,7 @@ mod tests {
     use crate::port::Gid;
 
     fn req(qp_type: QpType) -> CapRequest {
-        CapRequest {
-            qp_type,
-            has_srq: false,
-            max_send_wr: DEFAULT_MAX_WR,
-            max_recv_wr: None,
-            max_send_sge: 1,
-            max_recv_sge: None,
-            max_inline_data: 0,
-            send_ops: None,
-        }
+        CapRequest::defaults(qp_type)
     }
 
     fn what(e: Error) -> String {

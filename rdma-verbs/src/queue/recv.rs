@@ -191,9 +191,9 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     /// its buffer. Receives complete in posting order; anything else is refused.
     #[inline]
     pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<T>> {
-        let next = ours(wc, true, self.tag.bits())
-            .filter(|&low| wc.qp_num() == self.qp_num && low == self.ring.tail & LOW_MASK);
-        if next.is_none() || self.ring.outstanding() == 0 {
+        // Ours when it is the oldest outstanding receive of this queue on this QP.
+        let expected = self.wr_id(self.ring.tail);
+        if (wc.wr_id() != expected) | (wc.qp_num() != self.qp_num) | (self.ring.outstanding() == 0) {
             return Err(not_ours("receive", wc));
         }
         let (buf, id) = self.ring.pop();

@@ -4,7 +4,7 @@
 use std::mem::MaybeUninit;
 
 use super::not_ours;
-use super::tag::{ours, LOW_MASK};
+use super::tag::LOW_MASK;
 use crate::error::{Error, Refused, Result};
 use crate::wc::{WcStatus, WorkCompletion};
 
@@ -189,14 +189,14 @@ impl<E> Ring<E> {
         mut done: impl FnMut(&mut MaybeUninit<E>, WcStatus, u32, u32),
     ) -> Result<usize> {
         // How far past the oldest outstanding request this one is (sequence numbers wrap
-        // at 40 bits; at most a ring's worth is outstanding).
-        let ahead = ours(wc, false, tag)
-            .filter(|_| wc.qp_num() == qp_num)
-            .map(|low| low.wrapping_sub(self.tail) & LOW_MASK)
-            .filter(|&d| d < self.outstanding());
-        let Some(ahead) = ahead else {
+        // at 40 bits; at most a ring's worth is outstanding). Ours when the wr_id carries
+        // this queue's tag (send side), the QP is this one, and it is outstanding: three
+        // tests without a branch between them.
+        let id = wc.wr_id();
+        let ahead = id.wrapping_sub(self.tail) & LOW_MASK;
+        if (id & !LOW_MASK != tag) | (wc.qp_num() != qp_num) | (ahead >= self.outstanding()) {
             return Err(not_ours("send", wc));
-        };
+        }
         wc.consume();
         for _ in 0..ahead {
             done(self.pop_slot(), WcStatus::Success, 0, 0);

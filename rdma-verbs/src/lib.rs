@@ -35,6 +35,7 @@ pub use rdma_sys as ffi;
 // `wire` (the byte formats a peer sends), `compat` (which rdma-core has which bugs) and
 // `diag` (the doctor's library). The layers of the modules: docs/architecture.md.
 mod ah;
+mod aio;
 mod buf;
 mod c_enum;
 mod cm;
@@ -60,6 +61,11 @@ pub mod wire;
 mod wr;
 
 pub use ah::{AddressHandle, AhAttr, Remote, DEFAULT_HOP_LIMIT};
+#[cfg(feature = "async-io")]
+pub use aio::AsyncIoFd;
+#[cfg(feature = "tokio")]
+pub use aio::TokioFd;
+pub use aio::{AsyncCq, ChannelFd, Readiness};
 pub use buf::{Chunk, ExclusiveBuf, PdId, Segment, SendBuf, MAX_SGE};
 pub use cm::{
     CmEvent, CmEventKind, CmId, ConnInfo, ConnParam, ConnectRequest, EventChannel, PortSpace, RejectReason, UdInfo,

@@ -76,6 +76,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static COUNTING: Counting = Counting;
 
+/// How many allocations and frees this thread has made so far, for the other tests'
+/// steady-state checks.
+pub fn heap_ops() -> (u64, u64) {
+    (ALLOCS.with(Cell::get), FREES.with(Cell::get))
+}
+
 /// How many allocations and frees this thread has made so far.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct HeapOps {

@@ -1,0 +1,261 @@
+//! Completions awaited on any async executor: [`AsyncCq`].
+//!
+//! A CQ built [`with_channel`](crate::CqBuilder::with_channel) has a file descriptor that
+//! becomes readable when the armed CQ raises an event. An async runtime's reactor can
+//! watch it like a socket; that is all a runtime has to supply ([`Readiness`]), so the
+//! core here names no executor. The adapters are thin and behind cargo features:
+//! `tokio` ([`AsyncCq::tokio`], over `tokio::io::unix::AsyncFd`) and `async-io`
+//! ([`AsyncCq::async_io`], over `async_io::Async`, which smol and async-std use).
+//!
+//! Awaiting completions costs nothing when they are already there: the CQ is polled
+//! first, as a busy-polling loop would. Only when it is empty is it armed, polled again
+//! (a completion that arrived before the arming raises no event), and the task parked
+//! until the channel says more arrived. Events are acknowledged in batches.
+//!
+//! ```no_run
+//! # async fn demo(cq: rdma_verbs::CompletionQueue) -> rdma_verbs::Result<()> {
+//! use rdma_verbs::{AsyncCq, WorkCompletion};
+//! let mut cq = AsyncCq::tokio(cq)?; // inside a tokio runtime; the CQ has a channel
+//! let mut wcs = [WorkCompletion::EMPTY; 16];
+//! for wc in cq.completions(&mut wcs).await? {
+//!     wc.ok()?; // then hand it to its queue: sq.complete(wc, ...) or rq.complete(wc)
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::future::poll_fn;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::task::{Context, Poll};
+
+use crate::cq::CompletionQueue;
+use crate::error::{Error, Result, Verb};
+use crate::wc::WorkCompletion;
+
+/// What an async runtime supplies to [`AsyncCq`]: its reactor's readiness of one file
+/// descriptor (the CQ's completion channel, non-blocking).
+///
+/// Implemented for tokio and async-io behind the cargo features of those names; another
+/// runtime implements it over its own reactor and builds its queue with
+/// [`AsyncCq::with_readiness`].
+pub trait Readiness {
+    /// Returns `Ready(Ok(()))` once `read` has read something from the descriptor
+    /// (`Ok(true)`). When `read` finds nothing (`Ok(false)`: it would block), forgets any
+    /// readiness the reactor reported and waits for new readiness, registering `cx`'s
+    /// waker (`Pending`). An error of `read` or of the reactor ends it.
+    fn poll_read_with(&mut self, cx: &mut Context<'_>, read: &mut dyn FnMut() -> Result<bool>) -> Poll<Result<()>>;
+}
+
+/// The completion channel's descriptor, as a runtime's reactor watches it. It does not
+/// own the descriptor: the CQ does, and the [`AsyncCq`] holding both drops this first.
+#[derive(Debug)]
+pub struct ChannelFd(RawFd);
+
+impl AsRawFd for ChannelFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+impl AsFd for ChannelFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor is the completion channel's, open until the CQ is
+        // destroyed; the AsyncCq holding this drops it (and so the runtime's registration)
+        // before the CQ.
+        unsafe { BorrowedFd::borrow_raw(self.0) }
+    }
+}
+
+/// A [`CompletionQueue`] whose completions are awaited instead of polled for in a loop.
+/// See the [module docs](self).
+///
+/// One task awaits a CQ at a time (`&mut self`). The queues whose completions land here
+/// ([`SendQueue`](crate::SendQueue), [`RecvQueue`](crate::RecvQueue)) take them as
+/// before: `complete` with each [`WorkCompletion`].
+pub struct AsyncCq<R> {
+    // Declared first: dropped (deregistered from the reactor) before the CQ closes the fd.
+    ready: R,
+    cq: CompletionQueue,
+    spin: u32,
+    armed: bool,
+    waits: u64,
+}
+
+impl<R: Readiness> AsyncCq<R> {
+    /// Takes `cq` (built with a completion channel) and watches its channel with the
+    /// reactor handle `make` returns for the descriptor.
+    pub fn with_readiness(cq: CompletionQueue, make: impl FnOnce(ChannelFd) -> io::Result<R>) -> Result<Self> {
+        let Some(fd) = cq.channel_fd() else {
+            return Err(Error::invalid(
+                Verb::GetCqEvent,
+                "the CQ has no completion channel: build it with CompletionQueue::builder(..).with_channel()",
+            ));
+        };
+        let ready = make(ChannelFd(fd)).map_err(reactor)?;
+        Ok(AsyncCq { ready, cq, spin: 0, armed: false, waits: 0 })
+    }
+
+    /// How many more times to poll an empty CQ before arming it and parking the task
+    /// (default 0). Parking costs a reactor round trip and the channel's event (a
+    /// system call or two); spinning costs the core. 0 suits a thread-per-core server
+    /// with other work to run; a few hundred polls (a few microseconds) can cut latency
+    /// when a completion is about to arrive.
+    pub fn set_spin(&mut self, polls: u32) {
+        self.spin = polls;
+    }
+
+    /// How many times an await found the CQ empty and parked its task until the channel
+    /// said more arrived: how often awaiting was not free.
+    pub fn waits(&self) -> u64 {
+        self.waits
+    }
+
+    /// The CQ, to poll or inspect it directly.
+    pub fn cq(&mut self) -> &mut CompletionQueue {
+        &mut self.cq
+    }
+
+    /// Moves up to `wcs.len()` completions into the front of `wcs` and returns how many:
+    /// at least one when `Ready(Ok)`. `Pending` when the CQ is empty, with `cx`'s waker
+    /// registered to be woken when a completion arrives.
+    pub fn poll_completions(&mut self, cx: &mut Context<'_>, wcs: &mut [WorkCompletion]) -> Poll<Result<usize>> {
+        let AsyncCq { ready, cq, spin, armed, waits } = self;
+        loop {
+            for _ in 0..=*spin {
+                let n = cq.poll(wcs)?.len();
+                if n > 0 {
+                    return Poll::Ready(Ok(n));
+                }
+            }
+            if !*armed {
+                cq.arm(false)?;
+                *armed = true;
+                // A completion that arrived after the poll and before the arming raised
+                // no event: look once more before parking.
+                let n = cq.poll(wcs)?.len();
+                if n > 0 {
+                    return Poll::Ready(Ok(n));
+                }
+            }
+            match ready.poll_read_with(cx, &mut || cq.try_wait()) {
+                Poll::Pending => {
+                    *waits += 1;
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                // The event spent the arming: poll, and arm again if still empty.
+                Poll::Ready(Ok(())) => *armed = false,
+            }
+        }
+    }
+
+    /// Waits for completions and moves up to `wcs.len()` of them into the front of
+    /// `wcs`: that part is returned, never empty. No allocation: the future is this
+    /// call's state on the caller's stack or in its task.
+    pub async fn completions<'a>(&mut self, wcs: &'a mut [WorkCompletion]) -> Result<&'a mut [WorkCompletion]> {
+        let n = poll_fn(|cx| self.poll_completions(cx, wcs)).await?;
+        Ok(&mut wcs[..n])
+    }
+
+    /// Gives the CQ back (its arming, if any, stays: a later event is consumed by
+    /// [`CompletionQueue::wait`] or acknowledged when the CQ is destroyed).
+    pub fn into_inner(self) -> CompletionQueue {
+        let AsyncCq { ready, cq, .. } = self;
+        drop(ready);
+        cq
+    }
+}
+
+impl<R> std::fmt::Debug for AsyncCq<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncCq").field("cq", &self.cq).field("spin", &self.spin).field("waits", &self.waits).finish()
+    }
+}
+
+/// An error of the runtime's reactor.
+#[cold]
+fn reactor(source: io::Error) -> Error {
+    Error::Io { what: "watching the completion channel with the async runtime's reactor", source }
+}
+
+#[cfg(feature = "tokio")]
+mod tokio_rt {
+    use super::*;
+    use tokio::io::unix::AsyncFd;
+
+    /// The tokio reactor's readiness of a completion channel (feature `tokio`).
+    #[derive(Debug)]
+    pub struct TokioFd(AsyncFd<ChannelFd>);
+
+    impl Readiness for TokioFd {
+        fn poll_read_with(&mut self, cx: &mut Context<'_>, read: &mut dyn FnMut() -> Result<bool>) -> Poll<Result<()>> {
+            loop {
+                // tokio caches readiness: no system call until it is cleared.
+                let mut guard = match self.0.poll_read_ready(cx) {
+                    Poll::Ready(Ok(g)) => g,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(reactor(e))),
+                    Poll::Pending => return Poll::Pending,
+                };
+                if read()? {
+                    return Poll::Ready(Ok(()));
+                }
+                guard.clear_ready();
+            }
+        }
+    }
+
+    impl AsyncCq<TokioFd> {
+        /// Takes `cq` (built with a completion channel) and watches its channel with the
+        /// tokio reactor of the runtime this is called in (feature `tokio`).
+        pub fn tokio(cq: CompletionQueue) -> Result<Self> {
+            if tokio::runtime::Handle::try_current().is_err() {
+                return Err(reactor(io::Error::other("AsyncCq::tokio called outside a tokio runtime")));
+            }
+            Self::with_readiness(cq, |fd| {
+                // SAFETY: the descriptor is the completion channel's, open until the CQ is
+                // destroyed, and ChannelFd always names it; the AsyncCq drops this
+                // registration before the CQ.
+                let registered = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
+                registered.map(TokioFd).map_err(io::Error::from)
+            })
+        }
+    }
+}
+#[cfg(feature = "tokio")]
+pub use tokio_rt::TokioFd;
+
+#[cfg(feature = "async-io")]
+mod async_io_rt {
+    use super::*;
+
+    /// The async-io reactor's readiness of a completion channel (feature `async-io`; the
+    /// reactor of smol and async-std).
+    #[derive(Debug)]
+    pub struct AsyncIoFd(async_io::Async<ChannelFd>);
+
+    impl Readiness for AsyncIoFd {
+        fn poll_read_with(&mut self, cx: &mut Context<'_>, read: &mut dyn FnMut() -> Result<bool>) -> Poll<Result<()>> {
+            // async-io keeps no readiness of its own: try first, as its `read_with` does.
+            loop {
+                if read()? {
+                    return Poll::Ready(Ok(()));
+                }
+                match self.0.poll_readable(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(reactor(e))),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        }
+    }
+
+    impl AsyncCq<AsyncIoFd> {
+        /// Takes `cq` (built with a completion channel) and watches its channel with
+        /// async-io's reactor (feature `async-io`).
+        pub fn async_io(cq: CompletionQueue) -> Result<Self> {
+            Self::with_readiness(cq, |fd| async_io::Async::new(fd).map(AsyncIoFd))
+        }
+    }
+}
+#[cfg(feature = "async-io")]
+pub use async_io_rt::AsyncIoFd;

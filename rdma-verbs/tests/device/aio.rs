@@ -260,3 +260,19 @@ fn awaiting_completions_allocates_nothing_in_steady_state() {
         assert_eq!(after, before, "awaiting touched the heap in steady state");
     });
 }
+
+/// examples/async_echo: a tokio server accepting rdma_cm connections, each served by its
+/// own task, and as many clients on the same runtime; it exits 0 only when every echo
+/// matched what was sent, byte for byte.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn async_echo_serves_many_connections_on_one_runtime_and_every_echo_matches() {
+    let _leaks = LeakCheck::new();
+    let out = std::process::Command::new(crate::example("async_echo"))
+        .args(["--loopback", "--connections", "16", "--messages", "100", "--size", "256", "-t", "60"])
+        .output()
+        .expect("run examples/async_echo");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "async_echo failed: {}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains("16 connections x 100 messages of 256 bytes: every echo matched"), "{stdout}");
+}

@@ -1,0 +1,324 @@
+//! `async_echo`: a tokio server that accepts rdma_cm connections and echoes every SEND,
+//! and its clients, each connection served by its own task on one runtime.
+//!
+//! ```text
+//! async_echo --loopback [--addr IP] [--connections N] [--messages M] [--size BYTES]
+//! async_echo --server [--addr IP] [-p PORT] [--connections N]
+//! async_echo --connect IP [-p PORT] [--connections N] [--messages M] [--size BYTES]
+//! ```
+//!
+//! A client connects (RC, port space TCP) with the number of messages it will send in its
+//! private data (8 bytes, little-endian), then sends each message (its connection number
+//! and sequence in every byte's pattern), awaits the echo and compares it byte for byte.
+//! The server echoes that many messages per connection, then disconnects it.
+//!
+//! Completions are awaited (`AsyncCq::tokio`), two CQs per connection (sends, receives),
+//! so a task parks on its CQs' channels instead of spinning. Connection setup (address
+//! and route resolution, accept, connect) waits on rdma_cm in blocking calls, each on a
+//! thread of tokio's blocking pool. `--loopback` runs the server and N clients in one
+//! process on one runtime; the exit status is 0 only when every echo matched (1 on a
+//! failure, 2 on a command-line error). The address is one of the RDMA device's (scripts/rxe
+//! exports `RDMA_IP`, the default of `--addr`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use rdma_verbs::{
+    AccessFlags, AlignedBuf, AsyncCq, Chunk, CmId, CompletionQueue, ConnParam, EventChannel, PortSpace,
+    ProtectionDomain, QpType, QueuePair, RecvQueue, SendQueue, SendWr, TokioFd, WorkCompletion,
+};
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "rdma_cm echo server and clients on tokio, completions awaited")]
+struct Opts {
+    /// Run the server and the clients in this process, on one runtime.
+    #[arg(long, conflicts_with_all = ["server", "connect"])]
+    loopback: bool,
+    /// Serve --connections clients, then exit.
+    #[arg(long, conflicts_with = "connect")]
+    server: bool,
+    /// Connect to the server at this address.
+    #[arg(long, value_name = "IP")]
+    connect: Option<IpAddr>,
+    /// The address to listen on (server, loopback); default: $RDMA_IP.
+    #[arg(long, value_name = "IP")]
+    addr: Option<IpAddr>,
+    /// rdma_cm port.
+    #[arg(short, long, default_value_t = 7472)]
+    port: u16,
+    /// Connections, each served by its own task.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    connections: u32,
+    /// Messages each client sends and checks.
+    #[arg(long, default_value_t = 100)]
+    messages: u64,
+    /// Bytes per message.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
+    size: u32,
+    /// Bound on every rdma_cm wait and every await, in seconds.
+    #[arg(short, long, default_value_t = 30)]
+    timeout: u64,
+}
+
+type Res<T> = Result<T, String>;
+
+fn err(e: rdma_verbs::Error) -> String {
+    e.to_string()
+}
+
+/// One end of a connection, made in blocking setup code; its CQs become async in the task.
+struct Setup {
+    id: CmId,
+    _qp: QueuePair,
+    scq: CompletionQueue,
+    rcq: CompletionQueue,
+    sq: SendQueue<Chunk>,
+    rq: RecvQueue<Chunk>,
+    send_buf: Chunk,
+    /// The messages this connection carries (the client's count).
+    messages: u64,
+}
+
+/// An established connection, its completions awaited.
+struct Conn {
+    // The queues first: dropped before the QP and the id.
+    sq: SendQueue<Chunk>,
+    rq: RecvQueue<Chunk>,
+    scq: AsyncCq<TokioFd>,
+    rcq: AsyncCq<TokioFd>,
+    send_buf: Option<Chunk>,
+    id: CmId,
+    messages: u64,
+}
+
+impl Setup {
+    /// Makes the QP of `id` (two channel CQs, 4 requests each way) and posts its receive.
+    fn new(id: CmId, size: usize, messages: u64) -> Res<Setup> {
+        let ctx = id.context().map_err(err)?;
+        let pd = ProtectionDomain::new(&ctx).map_err(err)?;
+        let cq = || CompletionQueue::builder(&ctx, 8).with_channel().build().map_err(err);
+        let (scq, rcq) = (cq()?, cq()?);
+        let qp =
+            id.create_qp(QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(4).max_recv_wr(4)).map_err(err)?;
+        let mut bufs = pd
+            .register(AlignedBuf::new(2 * size).map_err(err)?, AccessFlags::LOCAL_WRITE)
+            .and_then(|mr| mr.into_chunks(size))
+            .map_err(err)?;
+        let (send_buf, recv_buf) = (bufs.remove(0), bufs.remove(0));
+        let mut rq: RecvQueue<Chunk> = qp.recv_queue().map_err(err)?;
+        rq.post(recv_buf, 0..size, 0).map_err(|r| err(r.error))?;
+        let sq = qp.send_queue().map_err(err)?;
+        Ok(Setup { id, _qp: qp, scq, rcq, sq, rq, send_buf, messages })
+    }
+
+    /// Inside the runtime: the CQs become async.
+    fn into_conn(self) -> Res<Conn> {
+        let Setup { id, _qp, scq, rcq, sq, rq, send_buf, messages } = self;
+        let (scq, rcq) = (AsyncCq::tokio(scq).map_err(err)?, AsyncCq::tokio(rcq).map_err(err)?);
+        Ok(Conn { sq, rq, scq, rcq, send_buf: Some(send_buf), id, messages })
+    }
+}
+
+impl Conn {
+    /// SENDs `len` bytes of the send buffer, after `fill` wrote them, and awaits the
+    /// completion (the buffer comes back).
+    async fn send(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> Res<()> {
+        let mut buf = self.send_buf.take().ok_or("the send buffer is out")?;
+        fill(&mut buf[..len]);
+        self.sq.post(SendWr::send(buf, 0..len)).map_err(|r| err(r.error))?;
+        let mut wcs = [WorkCompletion::EMPTY; 2];
+        while self.send_buf.is_none() {
+            for wc in self.scq.completions(&mut wcs).await.map_err(err)? {
+                let mut back = None;
+                self.sq.complete(wc, |d| back = Some(d.result())).map_err(err)?;
+                if let Some(done) = back {
+                    self.send_buf = Some(done.map_err(|r| err(r.error))?.buf);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Awaits the next receive, hands its bytes to `check`, and posts the buffer again.
+    async fn recv(&mut self, check: impl FnOnce(&[u8]) -> Res<()>) -> Res<()> {
+        let mut wcs = [WorkCompletion::EMPTY; 1];
+        let wc = &mut self.rcq.completions(&mut wcs).await.map_err(err)?[0];
+        let got = self.rq.complete(wc).map_err(err)?.result().map_err(|r| err(r.error))?;
+        let outcome = check(&got.buf[..got.byte_len as usize]);
+        let len = got.buf.len();
+        self.rq.post(got.buf, 0..len, 0).map_err(|r| err(r.error))?;
+        outcome
+    }
+}
+
+/// The byte `i` of message `seq` of connection `conn`.
+fn pattern(conn: u32, seq: u64, i: usize) -> u8 {
+    (conn as u64).wrapping_mul(131).wrapping_add(seq.wrapping_mul(7)).wrapping_add(i as u64) as u8
+}
+
+/// Server side of one connection: echoes its messages, then disconnects.
+async fn serve(mut c: Conn, size: usize, limit: Duration) -> Res<()> {
+    let (mut echo, mut len) = (vec![0u8; size], 0);
+    for _ in 0..c.messages {
+        tokio::time::timeout(
+            limit,
+            c.recv(|m| {
+                len = m.len().min(size);
+                echo[..len].copy_from_slice(&m[..len]);
+                Ok(())
+            }),
+        )
+        .await
+        .map_err(|_| "server: no message within the timeout")??;
+        tokio::time::timeout(limit, c.send(len, |b| b.copy_from_slice(&echo[..len])))
+            .await
+            .map_err(|_| "server: the echo's send did not complete")??;
+    }
+    let _ = c.id.disconnect();
+    Ok(())
+}
+
+/// Client side of connection `n`: sends its messages and checks each echo.
+async fn talk(n: u32, mut c: Conn, size: usize, limit: Duration) -> Res<()> {
+    for seq in 0..c.messages {
+        tokio::time::timeout(
+            limit,
+            c.send(size, |b| b.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(n, seq, i))),
+        )
+        .await
+        .map_err(|_| format!("connection {n}: send {seq} did not complete"))??;
+        tokio::time::timeout(
+            limit,
+            c.recv(|m| {
+                let ok = m.len() == size && m.iter().enumerate().all(|(i, &x)| x == pattern(n, seq, i));
+                if ok {
+                    Ok(())
+                } else {
+                    Err(format!("connection {n}: echo {seq} differs from what was sent"))
+                }
+            }),
+        )
+        .await
+        .map_err(|_| format!("connection {n}: no echo of message {seq}"))??;
+    }
+    let _ = c.id.disconnect();
+    Ok(())
+}
+
+/// Accepts `n` connections on `addr` (blocking, on a thread of its own), each handed to
+/// a task of `rt` that serves it; returns when all of them are served.
+async fn server(
+    addr: SocketAddr,
+    n: u32,
+    size: usize,
+    limit: Duration,
+    listening: tokio::sync::oneshot::Sender<()>,
+) -> Res<()> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Res<Setup>>();
+    let acceptor = tokio::task::spawn_blocking(move || -> Res<()> {
+        let channel = EventChannel::new().map_err(err)?;
+        let listener = CmId::new(&channel, PortSpace::Tcp).map_err(err)?;
+        listener.bind(addr).map_err(err)?;
+        listener.listen(n).map_err(err)?;
+        eprintln!("async_echo: listening on {addr}");
+        let _ = listening.send(());
+        for _ in 0..n {
+            let req = listener.get_request(limit).map_err(err)?;
+            let messages = req.private_data().get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+            let Some(messages) = messages else {
+                let _ = req.id().reject(b"send the message count");
+                let _ = tx.send(Err("a client sent no message count".into()));
+                continue;
+            };
+            let setup = Setup::new(req.into_id(), size, messages)?;
+            setup.id.accept(&ConnParam::new(), limit).map_err(err)?;
+            if tx.send(Ok(setup)).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    });
+    let mut tasks = Vec::new();
+    while let Some(setup) = rx.recv().await {
+        let conn = setup?.into_conn()?;
+        tasks.push(tokio::spawn(serve(conn, size, limit)));
+    }
+    acceptor.await.map_err(|e| e.to_string())??;
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}
+
+/// Connects `n` clients to `addr`, each in its own task; returns when all have checked
+/// every echo.
+async fn clients(addr: SocketAddr, n: u32, messages: u64, size: usize, limit: Duration) -> Res<()> {
+    let mut tasks = Vec::new();
+    for conn in 0..n {
+        tasks.push(tokio::spawn(async move {
+            let setup = tokio::task::spawn_blocking(move || -> Res<Setup> {
+                let channel = EventChannel::new().map_err(err)?;
+                let id = CmId::new(&channel, PortSpace::Tcp).map_err(err)?;
+                id.resolve_addr(None, addr, limit).map_err(err)?;
+                id.resolve_route(limit).map_err(err)?;
+                let setup = Setup::new(id, size, messages)?;
+                let count = messages.to_le_bytes();
+                setup.id.connect(&ConnParam::new().private_data(&count), limit).map_err(err)?;
+                Ok(setup)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            talk(conn, setup.into_conn()?, size, limit).await
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}
+
+fn run(o: &Opts) -> Res<()> {
+    let limit = Duration::from_secs(o.timeout);
+    let size = o.size as usize;
+    let env_addr = || std::env::var("RDMA_IP").ok().and_then(|s| s.parse().ok());
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        if let Some(ip) = o.connect {
+            return clients(SocketAddr::new(ip, o.port), o.connections, o.messages, size, limit).await;
+        }
+        let ip = o.addr.or_else(env_addr).ok_or("no address: give --addr or set RDMA_IP")?;
+        let addr = SocketAddr::new(ip, o.port);
+        let (listening, ready) = tokio::sync::oneshot::channel();
+        if o.server {
+            return server(addr, o.connections, size, limit, listening).await;
+        }
+        let serving = tokio::spawn(server(addr, o.connections, size, limit, listening));
+        ready.await.map_err(|_| "the server did not start")?;
+        clients(addr, o.connections, o.messages, size, limit).await?;
+        serving.await.map_err(|e| e.to_string())?
+    })?;
+    if !o.server {
+        println!(
+            "async_echo: {} connections x {} messages of {size} bytes: every echo matched",
+            o.connections, o.messages
+        );
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let opts = Opts::parse();
+    if !(opts.loopback || opts.server || opts.connect.is_some()) {
+        eprintln!("async_echo: give --loopback, --server or --connect IP");
+        return ExitCode::from(2);
+    }
+    match run(&opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("async_echo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -26,9 +26,10 @@
 use std::future::poll_fn;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use crate::cq::CompletionQueue;
+use crate::cq::{CompletionQueue, CqInner};
 use crate::error::{Error, Result, Verb};
 use crate::wc::WorkCompletion;
 
@@ -46,23 +47,31 @@ pub trait Readiness {
     fn poll_read_with(&mut self, cx: &mut Context<'_>, read: &mut dyn FnMut() -> Result<bool>) -> Poll<Result<()>>;
 }
 
-/// The completion channel's descriptor, as a runtime's reactor watches it. It does not
-/// own the descriptor: the CQ does, and the [`AsyncCq`] holding both drops this first.
-#[derive(Debug)]
-pub struct ChannelFd(RawFd);
+/// The completion channel's descriptor, as a runtime's reactor watches it. It keeps the
+/// CQ, and so its channel and descriptor, alive while it exists (the [`AsyncCq`] holding
+/// both drops it first).
+pub struct ChannelFd {
+    fd: RawFd,
+    _cq: Arc<CqInner>,
+}
 
 impl AsRawFd for ChannelFd {
     fn as_raw_fd(&self) -> RawFd {
-        self.0
+        self.fd
     }
 }
 
 impl AsFd for ChannelFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the descriptor is the completion channel's, open until the CQ is
-        // destroyed; the AsyncCq holding this drops it (and so the runtime's registration)
-        // before the CQ.
-        unsafe { BorrowedFd::borrow_raw(self.0) }
+        // SAFETY: the descriptor is the completion channel's, which is closed only when
+        // the CQ is destroyed, and `_cq` keeps the CQ alive as long as this exists.
+        unsafe { BorrowedFd::borrow_raw(self.fd) }
+    }
+}
+
+impl std::fmt::Debug for ChannelFd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ChannelFd").field(&self.fd).finish()
     }
 }
 
@@ -91,7 +100,7 @@ impl<R: Readiness> AsyncCq<R> {
                 "the CQ has no completion channel: build it with CompletionQueue::builder(..).with_channel()",
             ));
         };
-        let ready = make(ChannelFd(fd)).map_err(reactor)?;
+        let ready = make(ChannelFd { fd, _cq: Arc::clone(&cq.inner) }).map_err(reactor)?;
         Ok(AsyncCq { ready, cq, spin: 0, armed: false, waits: 0 })
     }
 
@@ -212,9 +221,9 @@ mod tokio_rt {
                 return Err(reactor(io::Error::other("AsyncCq::tokio called outside a tokio runtime")));
             }
             Self::with_readiness(cq, |fd| {
-                // SAFETY: the descriptor is the completion channel's, open until the CQ is
-                // destroyed, and ChannelFd always names it; the AsyncCq drops this
-                // registration before the CQ.
+                // SAFETY: the descriptor is the completion channel's, which stays open as
+                // long as the ChannelFd (it keeps the CQ alive), and ChannelFd always
+                // returns that one descriptor.
                 let registered = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
                 registered.map(TokioFd).map_err(io::Error::from)
             })

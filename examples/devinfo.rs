@@ -1,5 +1,5 @@
 //! `devinfo`: list RDMA devices and their ports, like `ibv_devinfo`, through the
-//! raw `rdma_sys` bindings. It is the project's smoke test: if this prints a port
+//! raw `rdma_verbs_sys` bindings. It is the project's smoke test: if this prints a port
 //! in `PORT_ACTIVE` with a RoCE v2 GID, the verbs stack under us works.
 //!
 //! ```text
@@ -23,7 +23,7 @@ use std::io::{self, Write as _};
 use std::net::Ipv6Addr;
 use std::process::ExitCode;
 
-use rdma_sys as ffi;
+use rdma_verbs_sys as ffi;
 
 const USAGE: &str = "usage: devinfo [-d NAME] [-l] [-v]
   -d, --ib-dev NAME  show only device NAME (default: every device)

@@ -11,7 +11,7 @@ use std::process::Command;
 
 #[test]
 fn checked_in_bindings_match_what_bindgen_generates_here() {
-    if rdma_sys::PREGENERATED {
+    if rdma_verbs_sys::PREGENERATED {
         panic!("this build copied src/bindings.rs instead of generating it (is DOCS_RS set?)");
     }
     let generated = include_str!(concat!(env!("OUT_DIR"), "/bindings.rs"));
@@ -34,7 +34,7 @@ fn checked_in_bindings_match_what_bindgen_generates_here() {
 /// compares each number with what Rust sees.
 #[test]
 fn c_compiler_agrees_on_struct_layouts() {
-    use rdma_sys::*;
+    use rdma_verbs_sys::*;
     macro_rules! probes {
         ($($c:literal => $rust:expr),* $(,)?) => { vec![$(($c, $rust)),*] };
     }

@@ -28,7 +28,7 @@
 //! the failure came from the control plane (kernel path) or the data plane (provider).
 #![warn(missing_docs)]
 
-pub use rdma_sys as ffi;
+pub use rdma_verbs_sys as ffi;
 
 // One public path per type: the modules are private and everything is re-exported here,
 // flat (as git2 does), except for four namespaces of their own: `ffi` (the raw C API),

@@ -7,7 +7,7 @@ use std::os::raw::{c_int, c_void};
 use std::ptr::{self, null_mut};
 use std::time::{Duration, Instant};
 
-use rdma_sys::*;
+use rdma_verbs_sys::*;
 
 /// How long any wait for a completion or event may take before the test fails.
 /// Generous: the tests run under emulation, where rxe is 10-30x slower.

@@ -6,7 +6,7 @@
 use std::ptr::null_mut;
 use std::time::Instant;
 
-use rdma_sys::*;
+use rdma_verbs_sys::*;
 
 use crate::common::*;
 

@@ -4,7 +4,7 @@ use std::mem::offset_of;
 use std::os::raw::c_int;
 use std::ptr::{self, null};
 
-use rdma_sys::*;
+use rdma_verbs_sys::*;
 
 use crate::common::LeakCheck;
 use crate::common::{check_rc, Device, PORT};

@@ -2,7 +2,7 @@
 
 use std::ptr::null_mut;
 
-use rdma_sys::*;
+use rdma_verbs_sys::*;
 
 use crate::common::*;
 

@@ -5,7 +5,7 @@
 use std::os::raw::{c_uint, c_void};
 use std::time::Duration;
 
-use rdma_sys::*;
+use rdma_verbs_sys::*;
 
 use crate::common::*;
 

@@ -313,7 +313,7 @@ pub enum Error {
         timeout: Duration,
     },
     /// The byte stream of an endpoint exchange failed: an I/O error, or the peer closed
-    /// it (see [`endpoint`](crate::endpoint)).
+    /// it (see [`Handshake`](crate::Handshake)).
     #[error("{what}: {source}")]
     Io {
         /// What was being done, e.g. "reading the peer's endpoint".
@@ -323,7 +323,7 @@ pub enum Error {
         source: io::Error,
     },
     /// A peer's message was malformed, described an endpoint this side cannot connect
-    /// to, or said that the peer gave up (see [`endpoint`](crate::endpoint)).
+    /// to, or said that the peer gave up (see [`Handshake`](crate::Handshake)).
     #[error("{what}: {source}")]
     Wire {
         /// What was being done, e.g. "reading the peer's endpoint".

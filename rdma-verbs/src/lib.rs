@@ -1,5 +1,27 @@
 //! Safe Rust over the Linux RDMA verbs (libibverbs and librdmacm from rdma-core).
 //!
+//! # Getting started
+//!
+//! Depend on `rdma-verbs` (not yet on crates.io: a path or git dependency on a clone, as
+//! the repository's README says) with rdma-core's development files installed:
+//! `apt-get install libibverbs-dev librdmacm-dev pkg-config` on Debian and Ubuntu,
+//! `dnf install rdma-core-devel pkgconf-pkg-config` on Fedora and RHEL. libclang is
+//! optional: with it the bindings are generated from your headers, without it the
+//! pregenerated ones are used ([`ffi`] says more). Then:
+//!
+//! ```
+//! let names = rdma_verbs::devices().map(|list| list.names()); // an error where the kernel has no RDMA
+//! println!("RDMA devices: {names:?}");
+//! ```
+//!
+//! The tour, in the order a program meets the types: [`Context`] (an open device),
+//! [`ProtectionDomain`], memory ([`MemoryRegion`], cut into [`Chunk`]s), a
+//! [`CompletionQueue`], a [`QueuePair`] (built, then connected to what the peer's
+//! [`QueuePair::local_info`] says, exchanged by a [`Handshake`] or through rdma_cm's
+//! [`CmId`]), and the data path: [`SendQueue`] and [`RecvQueue`] take [`SendWr`]s and
+//! buffers and give each buffer back with its completion ([`Done`]). Every failure is an
+//! [`Error`] naming the verb. The raw C API is [`ffi`].
+//!
 //! An RC QP sends "hello" to itself (this example is `tests/device/doc/quickstart.rs`,
 //! which the device tests run on rxe, as they run every example in these docs):
 //!

@@ -1,63 +1,7 @@
 //! Memory regions (`struct ibv_mr`): memory the device may read and write.
 //!
-//! A [`MemoryRegion`] registers a buffer with a [`ProtectionDomain`] and owns it (an
-//! [`AlignedBuf`], a `Vec<u8>`, a `Box<[u8]>`) or borrows it (`&'a mut [u8]`, which ties
-//! the region to the slice's lifetime). The buffer is deregistered before it is freed,
-//! and [`MemoryRegion::destroy`] gives it back with its contents.
-//!
-//! # Who may write the memory, and how Rust may look at it
-//!
-//! Rust may hand out `&[u8]` only for memory nobody writes while the reference lives, and
-//! `&mut [u8]` only for memory nobody else touches at all. The device is invisible to the
-//! compiler, so the access flags decide which views are sound:
-//!
-//! - **[`Local`] regions** (the default: [`AccessFlags::LOCAL_WRITE`], optionally
-//!   [`AccessFlags::REMOTE_READ`]). The device writes such memory only when this process
-//!   asks it to: a receive, the response to an RDMA READ, the result of an atomic. Those
-//!   writes start from work requests posted here, so the data path can keep Rust
-//!   references away from the memory until the completion (that is its job: posting is
-//!   where the borrow is taken). A peer may *read* the memory at any time with
-//!   `REMOTE_READ`; reading does not disturb Rust. So a local region gives
-//!   [`as_slice`](MemoryRegion::as_slice) and, with `&mut self`,
-//!   [`as_mut_slice`](MemoryRegion::as_mut_slice).
-//! - **[`RemoteWritable`] regions** (`REMOTE_WRITE`, `REMOTE_ATOMIC`, `MW_BIND` or a bit
-//!   this crate does not know). A peer that holds the rkey may write the memory at any
-//!   moment, with no action of this process: a plain reference would let the compiler
-//!   assume bytes that the NIC is changing stay put (cache them, merge or re-order reads,
-//!   invent reads). Such a region has no `as_slice`. It offers instead
-//!   [`read_at`](MemoryRegion::read_at) and [`write_at`](MemoryRegion::write_at), which
-//!   copy through accesses the compiler must perform as written (atomic loads, volatile
-//!   stores: the tools Rust has for memory changed outside the program), and
-//!   [`atomic_u64`](MemoryRegion::atomic_u64), an `&AtomicU64` view of an aligned word,
-//!   the natural type for the target of a peer's fetch-and-add or compare-and-swap.
-//!   Aligned 8-byte words are read in one load, so a word a peer updates atomically is
-//!   never seen torn.
-//!
-//! When are a peer's writes complete? The RDMA WRITE itself produces no completion at
-//! the target. The peer must tell: typically it follows its WRITEs with a SEND or a
-//! WRITE with immediate on the same QP, and the receive completion for that message
-//! orders the earlier WRITEs before it. After such a completion, and while the protocol
-//! guarantees the peer writes no more, the bytes are stable: `read_at` reads them, and a
-//! program that can promise this for the time of a borrow may use the unsafe
-//! [`as_slice_unchecked`](MemoryRegion::as_slice_unchecked).
-//!
-//! `MW_BIND` counts as remote-writable because a memory window bound to the region may
-//! grant remote write. Bits this crate does not name are kept and passed to the device,
-//! but only for remote-writable regions: an unknown bit might grant remote write.
-//!
-//! # Access rule: remote write and atomics need local write
-//!
-//! The verbs reject `REMOTE_WRITE` or `REMOTE_ATOMIC` without `LOCAL_WRITE` (EINVAL).
-//! Asking for them states the intent unambiguously, so registration adds `LOCAL_WRITE`
-//! itself; [`MemoryRegion::access`] reports the flags actually registered.
-//!
-//! # Ownership
-//!
-//! A region holds a clone of its protection domain (which holds the context), so it may
-//! outlive the handles it was created from. The C region is deregistered first, then the
-//! buffer is freed (or the borrow released), then the PD reference is dropped. If
-//! deregistration fails, the device may still use the buffer: it is leaked, not freed,
-//! and the error is logged (or returned by `destroy`).
+//! What a region is, who may write its memory and how Rust may look at it, the access
+//! rule and ownership: [`MemoryRegion`]'s documentation (public; this module is not).
 
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
@@ -131,6 +75,65 @@ fn usize_bound(b: Bound<&usize>) -> Bound<u64> {
 ///
 /// Create one with [`ProtectionDomain::register`], [`ProtectionDomain::register_slice`] or
 /// [`ProtectionDomain::register_remote_writable`].
+///
+/// A [`MemoryRegion`] registers a buffer with a [`ProtectionDomain`] and owns it (an
+/// [`AlignedBuf`], a `Vec<u8>`, a `Box<[u8]>`) or borrows it (`&'a mut [u8]`, which ties
+/// the region to the slice's lifetime). The buffer is deregistered before it is freed,
+/// and [`MemoryRegion::destroy`] gives it back with its contents.
+///
+/// # Who may write the memory, and how Rust may look at it
+///
+/// Rust may hand out `&[u8]` only for memory nobody writes while the reference lives, and
+/// `&mut [u8]` only for memory nobody else touches at all. The device is invisible to the
+/// compiler, so the access flags decide which views are sound:
+///
+/// - **[`Local`] regions** (the default: [`AccessFlags::LOCAL_WRITE`], optionally
+///   [`AccessFlags::REMOTE_READ`]). The device writes such memory only when this process
+///   asks it to: a receive, the response to an RDMA READ, the result of an atomic. Those
+///   writes start from work requests posted here, so the data path can keep Rust
+///   references away from the memory until the completion (that is its job: posting is
+///   where the borrow is taken). A peer may *read* the memory at any time with
+///   `REMOTE_READ`; reading does not disturb Rust. So a local region gives
+///   [`as_slice`](MemoryRegion::as_slice) and, with `&mut self`,
+///   [`as_mut_slice`](MemoryRegion::as_mut_slice).
+/// - **[`RemoteWritable`] regions** (`REMOTE_WRITE`, `REMOTE_ATOMIC`, `MW_BIND` or a bit
+///   this crate does not know). A peer that holds the rkey may write the memory at any
+///   moment, with no action of this process: a plain reference would let the compiler
+///   assume bytes that the NIC is changing stay put (cache them, merge or re-order reads,
+///   invent reads). Such a region has no `as_slice`. It offers instead
+///   [`read_at`](MemoryRegion::read_at) and [`write_at`](MemoryRegion::write_at), which
+///   copy through accesses the compiler must perform as written (atomic loads, volatile
+///   stores: the tools Rust has for memory changed outside the program), and
+///   [`atomic_u64`](MemoryRegion::atomic_u64), an `&AtomicU64` view of an aligned word,
+///   the natural type for the target of a peer's fetch-and-add or compare-and-swap.
+///   Aligned 8-byte words are read in one load, so a word a peer updates atomically is
+///   never seen torn.
+///
+/// When are a peer's writes complete? The RDMA WRITE itself produces no completion at
+/// the target. The peer must tell: typically it follows its WRITEs with a SEND or a
+/// WRITE with immediate on the same QP, and the receive completion for that message
+/// orders the earlier WRITEs before it. After such a completion, and while the protocol
+/// guarantees the peer writes no more, the bytes are stable: `read_at` reads them, and a
+/// program that can promise this for the time of a borrow may use the unsafe
+/// [`as_slice_unchecked`](MemoryRegion::as_slice_unchecked).
+///
+/// `MW_BIND` counts as remote-writable because a memory window bound to the region may
+/// grant remote write. Bits this crate does not name are kept and passed to the device,
+/// but only for remote-writable regions: an unknown bit might grant remote write.
+///
+/// # Access rule: remote write and atomics need local write
+///
+/// The verbs reject `REMOTE_WRITE` or `REMOTE_ATOMIC` without `LOCAL_WRITE` (EINVAL).
+/// Asking for them states the intent unambiguously, so registration adds `LOCAL_WRITE`
+/// itself; [`MemoryRegion::access`] reports the flags actually registered.
+///
+/// # Ownership
+///
+/// A region holds a clone of its protection domain (which holds the context), so it may
+/// outlive the handles it was created from. The C region is deregistered first, then the
+/// buffer is freed (or the borrow released), then the PD reference is dropped. If
+/// deregistration fails, the device may still use the buffer: it is leaked, not freed,
+/// and the error is logged (or returned by `destroy`).
 pub struct MemoryRegion<B: RegisterableBuffer, A: AccessMode = Local> {
     /// The C region. Deregistered in `drop`/`destroy` before the buffer is rebuilt and
     /// freed and before `pd` is released.
@@ -180,7 +183,7 @@ impl ProtectionDomain {
     /// Registers `buf` so that peers may write it (`REMOTE_WRITE`), update it atomically
     /// (`REMOTE_ATOMIC`), or bind windows to it (`MW_BIND`). `LOCAL_WRITE` is added when
     /// remote write or atomics are asked for. The region gives volatile copies and atomic
-    /// words instead of slices (see the [module documentation](self)).
+    /// words instead of slices (see [`MemoryRegion`]).
     #[doc(alias = "ibv_reg_mr")]
     pub fn register_remote_writable<B: RegisterableBuffer>(
         &self,
@@ -286,7 +289,7 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
     }
 
     /// The start of the memory as a raw pointer (like `Cell::as_ptr`). Accessing the
-    /// memory through it is subject to the rules in the [module documentation](self).
+    /// memory through it is subject to the rules in [`MemoryRegion`]'s documentation.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }

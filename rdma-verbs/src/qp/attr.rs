@@ -18,7 +18,7 @@ pub const DEFAULT_QKEY: u32 = 0x1111_1111;
 /// Largest packet sequence number: PSNs are 24 bits.
 pub const MAX_PSN: u32 = 0xFF_FFFF;
 
-/// A random 24-bit PSN: what a QP starts from unless [`QueuePairBuilder::psn`] fixes it.
+/// A random 24-bit PSN: what a QP starts from unless [`QueuePairBuilder::psn`](crate::QueuePairBuilder::psn) fixes it.
 /// Starting PSNs should differ between connections, so that packets of an old connection
 /// are not taken for the new one's.
 pub fn random_psn() -> u32 {
@@ -225,8 +225,8 @@ impl RtrAttr {
     }
 }
 
-/// RTR -> RTS attributes. UC and UD QPs use only `sq_psn`: give it [`QueuePair::psn`], the
-/// PSN [`QueuePair::local_info`] advertised.
+/// RTR -> RTS attributes. UC and UD QPs use only `sq_psn`: give it [`QueuePair::psn`](crate::QueuePair::psn), the
+/// PSN [`QueuePair::local_info`](crate::QueuePair::local_info) advertised.
 ///
 /// The defaults cannot hang a sender forever: `timeout` 14 (4.096 us * 2^14, about 67 ms
 /// per try), `retry_cnt` 7, `rnr_retry` 6. An `rnr_retry` of 7 means "retry forever while
@@ -235,8 +235,8 @@ impl RtrAttr {
 /// `max_qp_init_rd_atom`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RtsAttr {
-    /// The first PSN this QP sends (24 bits): the peer's `rq_psn`, so [`QueuePair::psn`]
-    /// (what [`QueuePair::local_info`] told the peer). Default 0.
+    /// The first PSN this QP sends (24 bits): the peer's `rq_psn`, so [`QueuePair::psn`](crate::QueuePair::psn)
+    /// (what [`QueuePair::local_info`](crate::QueuePair::local_info) told the peer). Default 0.
     pub sq_psn: u32,
     /// Local ACK timeout code (RC; 0..=31; 0 waits forever).
     pub timeout: u8,

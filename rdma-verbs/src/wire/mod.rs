@@ -1,8 +1,8 @@
 //! Every byte format a peer sends us, with strict parsers that return
-//! [`WireError`](crate::WireError) (the crate's one parse error): the endpoint message
+//! [`WireError`] (the crate's one parse error): the endpoint message
 //! and the handshake's status message ([`Endpoint`], [`Status`], and reading and writing
-//! them on a byte stream), a QP's connection details ([`RemoteQpInfo`](crate::RemoteQpInfo)),
-//! a memory region's descriptor ([`RemoteMr`](crate::RemoteMr)), and rdma-core's
+//! them on a byte stream), a QP's connection details ([`RemoteQpInfo`]),
+//! a memory region's descriptor ([`RemoteMr`]), and rdma-core's
 //! `ibv_rc_pingpong` text exchange ([`pingpong`]). Nothing a peer sends can panic a
 //! parser or make it read without bound: every message has a fixed length.
 //!
@@ -187,7 +187,7 @@ impl Endpoint {
         Ok(())
     }
 
-    /// The QP number, PSN, LID and GID, as [`QueuePair::connect`] takes them.
+    /// The QP number, PSN, LID and GID, as [`QueuePair::connect`](crate::QueuePair::connect) takes them.
     pub fn qp_info(&self) -> RemoteQpInfo {
         RemoteQpInfo { qpn: self.qpn, psn: self.psn, lid: self.lid, gid: self.gid }
     }

@@ -7,7 +7,8 @@
 //! `apt-get install libibverbs-dev librdmacm-dev pkg-config` on Debian and Ubuntu,
 //! `dnf install rdma-core-devel pkgconf-pkg-config` on Fedora and RHEL. libclang is
 //! optional: with it the bindings are generated from your headers, without it the
-//! pregenerated ones are used ([`ffi`] says more). Then:
+//! pregenerated ones are used ([`ffi`] says more; the `bindgen` feature insists on
+//! generating them). Then:
 //!
 //! ```
 //! let names = rdma_verbs::devices().map(|list| list.names()); // an error where the kernel has no RDMA

@@ -2,7 +2,8 @@
 //! from the installed headers or uses the checked-in `src/bindings.rs`.
 //!
 //! - Default: bindgen when libclang can be loaded; otherwise the pregenerated bindings,
-//!   provided the installed rdma-core is at least the release they were made from.
+//!   provided the target is x86_64 (where they were made) and the installed rdma-core is
+//!   at least the release they were made from.
 //! - Feature `bindgen`: bindgen always; a build without libclang fails.
 //! - `DOCS_RS` set (docs.rs, or a docs.rs-like build): the pregenerated bindings, and
 //!   no rdma-core needed at all (nothing is linked).
@@ -83,6 +84,15 @@ fn main() {
             );
         }
         Err(Generate::NoLibclang(why)) if !forced => {
+            // Pregenerated bindings were made on x86_64 Linux: their layout assertions would
+            // stop a build for another target, but say it plainly first.
+            let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+            if arch != "x86_64" {
+                fail(&format!(
+                    "libclang could not be loaded ({why}), and the pregenerated bindings are made for \
+                     x86_64, not {arch}. Install libclang so that bindgen generates bindings from your headers."
+                ));
+            }
             // Pregenerated bindings describe the release they were made from; an older one
             // may lack functions, fields and constants they declare.
             let old = [(&installed[0], &pre_verbs), (&installed[1], &pre_rdmacm)]

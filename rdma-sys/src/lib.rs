@@ -4,8 +4,9 @@
 //!
 //! The bindings come from bindgen, run by the build script on the installed headers
 //! (found with pkg-config) when libclang can be loaded; otherwise, and on docs.rs, from
-//! the checked-in `src/bindings.rs`, made from rdma-core 44 (libibverbs 1.14.44), which
-//! the build script uses only with an rdma-core at least that new. The `bindgen` feature
+//! the checked-in `src/bindings.rs`, made from rdma-core 44 (libibverbs 1.14.44) on
+//! x86_64, which the build script uses only there and with an rdma-core at least that
+//! new. The `bindgen` feature
 //! makes generation mandatory. [`PREGENERATED`] says which this build used; a test
 //! compares the two item by item for everything the crates use.
 //!

@@ -1,27 +1,6 @@
 //! Completions awaited on any async executor: [`AsyncCq`].
 //!
-//! A CQ built [`with_channel`](crate::CqBuilder::with_channel) has a file descriptor that
-//! becomes readable when the armed CQ raises an event. An async runtime's reactor can
-//! watch it like a socket; that is all a runtime has to supply ([`Readiness`]), so the
-//! core here names no executor. The adapters are thin and behind cargo features:
-//! `tokio` ([`AsyncCq::tokio`], over `tokio::io::unix::AsyncFd`) and `async-io`
-//! ([`AsyncCq::async_io`], over `async_io::Async`, which smol and async-std use).
-//!
-//! Awaiting completions costs nothing when they are already there: the CQ is polled
-//! first, as a busy-polling loop would. Only when it is empty is it armed, polled again
-//! (a completion that arrived before the arming raises no event), and the task parked
-//! until the channel says more arrived. Events are acknowledged in batches.
-//!
-//! ```no_run
-//! # async fn demo(cq: rdma_verbs::CompletionQueue) -> rdma_verbs::Result<()> {
-//! use rdma_verbs::{AsyncCq, WorkCompletion};
-//! let mut cq = AsyncCq::tokio(cq)?; // inside a tokio runtime; the CQ has a channel
-//! let mut wcs = [WorkCompletion::EMPTY; 16];
-//! for wc in cq.completions(&mut wcs).await? {
-//!     wc.ok()?; // then hand it to its queue: sq.complete(wc, ...) or rq.complete(wc)
-//! }
-//! # Ok(()) }
-//! ```
+//! How it works and an example: [`AsyncCq`]'s documentation (public; this module is not).
 
 use std::future::poll_fn;
 use std::io;
@@ -76,7 +55,29 @@ impl std::fmt::Debug for ChannelFd {
 }
 
 /// A [`CompletionQueue`] whose completions are awaited instead of polled for in a loop.
-/// See the [module docs](self).
+///
+/// A CQ built [`with_channel`](crate::CqBuilder::with_channel) has a file descriptor that
+/// becomes readable when the armed CQ raises an event. An async runtime's reactor can
+/// watch it like a socket; that is all a runtime has to supply ([`Readiness`]), so the
+/// core here names no executor. The adapters are thin and behind cargo features:
+/// `tokio` ([`AsyncCq::tokio`], over `tokio::io::unix::AsyncFd`) and `async-io`
+/// ([`AsyncCq::async_io`], over `async_io::Async`, which smol and async-std use).
+///
+/// Awaiting completions costs nothing when they are already there: the CQ is polled
+/// first, as a busy-polling loop would. Only when it is empty is it armed, polled again
+/// (a completion that arrived before the arming raises no event), and the task parked
+/// until the channel says more arrived. Events are acknowledged in batches.
+///
+/// ```no_run
+/// # async fn demo(cq: rdma_verbs::CompletionQueue) -> rdma_verbs::Result<()> {
+/// use rdma_verbs::{AsyncCq, WorkCompletion};
+/// let mut cq = AsyncCq::tokio(cq)?; // inside a tokio runtime; the CQ has a channel
+/// let mut wcs = [WorkCompletion::EMPTY; 16];
+/// for wc in cq.completions(&mut wcs).await? {
+///     wc.ok()?; // then hand it to its queue: sq.complete(wc, ...) or rq.complete(wc)
+/// }
+/// # Ok(()) }
+/// ```
 ///
 /// One task awaits a CQ at a time (`&mut self`). The queues whose completions land here
 /// ([`SendQueue`](crate::SendQueue), [`RecvQueue`](crate::RecvQueue)) take them as

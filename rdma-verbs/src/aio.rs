@@ -68,16 +68,10 @@ impl std::fmt::Debug for ChannelFd {
 /// (a completion that arrived before the arming raises no event), and the task parked
 /// until the channel says more arrived. Events are acknowledged in batches.
 ///
-/// ```no_run
-/// # async fn demo(cq: rdma_verbs::CompletionQueue) -> rdma_verbs::Result<()> {
-/// use rdma_verbs::{AsyncCq, WorkCompletion};
-/// let mut cq = AsyncCq::tokio(cq)?; // inside a tokio runtime; the CQ has a channel
-/// let mut wcs = [WorkCompletion::EMPTY; 16];
-/// for wc in cq.completions(&mut wcs).await? {
-///     wc.ok()?; // then hand it to its queue: sq.complete(wc, ...) or rq.complete(wc)
-/// }
-/// # Ok(()) }
-/// ```
+/// A SEND to itself, its completions awaited on tokio (this example is
+/// `tests/device/doc/async_cq.rs`, which the device tests run on rxe):
+///
+#[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/async_cq.rs")), "```")]
 ///
 /// One task awaits a CQ at a time (`&mut self`). The queues whose completions land here
 /// ([`SendQueue`](crate::SendQueue), [`RecvQueue`](crate::RecvQueue)) take them as

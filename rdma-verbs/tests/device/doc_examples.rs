@@ -9,6 +9,7 @@
 //! | `doc/cq_wait.rs` | `CompletionQueue` |
 //! | `doc/handshake.rs` | `Handshake` |
 //! | `doc/cm_client.rs` | `CmId` |
+//! | `doc/async_cq.rs` | `AsyncCq` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -83,5 +84,16 @@ mod cm_client {
     #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
     fn the_cm_id_example_connects_through_rdma_cm_and_talks_with_its_server() {
         crate::cm::isolated(this_test!(), || super::run(main));
+    }
+}
+
+mod async_cq {
+    include!("doc/async_cq.rs");
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_async_cq_example_awaits_a_send_to_itself_on_tokio() {
+        let _leaks = super::LeakCheck::new();
+        super::run(main);
     }
 }

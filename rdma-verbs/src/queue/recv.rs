@@ -81,6 +81,12 @@ fn too_many_recv_sges(n: usize, max_sge: u32) -> Error {
 
 // ---- receive side ---------------------------------------------------------------
 
+/// The `wr_id` of the receive with sequence number `seq` of the queue with `tag`.
+#[inline]
+fn recv_wr_id(tag: &Tag, seq: u64) -> u64 {
+    RECV_TAG | tag.bits() | (seq & LOW_MASK)
+}
+
 const EMPTY_RECV: ffi::ibv_recv_wr =
     ffi::ibv_recv_wr { wr_id: 0, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
 
@@ -123,7 +129,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 
     #[inline]
     fn wr_id(&self, seq: u64) -> u64 {
-        RECV_TAG | self.tag.bits() | (seq & LOW_MASK)
+        recv_wr_id(&self.tag, seq)
     }
 
     /// Posts a receive into `range` of `buf` (one provider call, no allocation, no
@@ -165,7 +171,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
                 refused = refuse(queue_full(Verb::PostRecv, self.ring.cap), (buf, id));
                 break;
             }
-            let wr_id = RECV_TAG | self.tag.bits() | ((self.ring.head + n as u64) & LOW_MASK);
+            let wr_id = recv_wr_id(&self.tag, self.ring.head + n as u64);
             match fill_recv(&buf, range, wr_id, (self.max_sge, self.pd), &mut sges[n], &mut raws[n]) {
                 Ok(wr) => {
                     chain.link(wr);

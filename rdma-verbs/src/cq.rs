@@ -193,6 +193,34 @@ impl CqReservation {
     }
 }
 
+impl CqReservation {
+    /// Sets the rest of the CQ aside for the queue that holds this share, when `cq` is
+    /// that CQ and no other queue has room on it: for a queue that takes every completion
+    /// of its CQ as its own (no other queue can claim room on it afterwards).
+    pub(crate) fn whole(&self, cq: &CompletionQueue, verb: Verb, what: &str) -> Result<CqReservation> {
+        if !Arc::ptr_eq(&self.cq, &cq.inner) {
+            return Err(Error::invalid(
+                verb,
+                format!("{what} awaits its QP side's own CQ, and this CQ is another: pass the QP's CQ"),
+            ));
+        }
+        let mut reserved = self.cq.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        if *reserved != self.n {
+            let others = *reserved - self.n;
+            return Err(Error::invalid(
+                verb,
+                format!(
+                    "{what} needs a CQ of its own, but other queues reserved {others} of its entries: \
+                     give this QP side a CQ it does not share"
+                ),
+            ));
+        }
+        let rest = self.cq.entries().saturating_sub(*reserved);
+        *reserved += rest;
+        Ok(CqReservation { cq: Arc::clone(&self.cq), n: rest })
+    }
+}
+
 impl Drop for CqReservation {
     fn drop(&mut self) {
         let mut reserved = self.cq.reserved.lock().unwrap_or_else(|p| p.into_inner());

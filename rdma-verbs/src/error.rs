@@ -121,6 +121,8 @@ verbs! {
     Poll = "poll", Control;
     /// Claiming a queue of a QP or SRQ ([`crate::QueuePair::send_queue`] and friends).
     Claim = "claiming a queue", Data;
+    /// Awaiting a request's completion ([`crate::AsyncSendQueue`], [`crate::AsyncRecvQueue`]).
+    Await = "awaiting a completion", Data;
     /// Allocating page-aligned memory.
     AlignedBufNew = "AlignedBuf::new", Control;
     /// Cutting a region into chunks.

@@ -109,6 +109,7 @@ pub use qp::{
     random_psn, InitAttr, QpAccess, QpAttrs, QpCaps, QpState, QueuePair, QueuePairBuilder, RemoteQpInfo, RtrAttr,
     RtsAttr, SendOps, DEFAULT_MAX_WR, DEFAULT_QKEY, MAX_PSN,
 };
+pub use queue::{AsyncRecvQueue, AsyncSendQueue, Ticket, Tickets};
 pub use queue::{Prepared, PreparedQueue, RecvQueue, SendQueue, SendRequest, SrqQueue, MAX_BATCH};
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use wc::{WcFlags, WorkCompletion};

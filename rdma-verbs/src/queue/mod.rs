@@ -14,6 +14,7 @@ use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::wc::WorkCompletion;
 
+mod awaited;
 mod claim;
 mod prepared;
 mod recv;
@@ -22,6 +23,7 @@ mod ring;
 mod send;
 mod tag;
 
+pub use awaited::{AsyncRecvQueue, AsyncSendQueue, Ticket, Tickets};
 pub use prepared::{Prepared, PreparedQueue};
 pub use recv::{RecvQueue, SrqQueue};
 pub use request::SendRequest;

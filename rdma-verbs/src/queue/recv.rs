@@ -117,6 +117,16 @@ pub struct RecvQueue<T: Send + 'static> {
 unsafe impl<T: Send + 'static> Send for RecvQueue<T> {}
 
 impl<T: ExclusiveBuf> RecvQueue<T> {
+    /// How many receives may be outstanding.
+    pub(super) fn depth(&self) -> u64 {
+        self.ring.cap
+    }
+
+    /// This queue's share of its CQ.
+    pub(super) fn cq_share(&self) -> &CqReservation {
+        self.room.as_ref().expect("a live queue holds its share")
+    }
+
     /// Receives posted and not yet completed.
     pub fn outstanding(&self) -> usize {
         self.ring.outstanding() as usize

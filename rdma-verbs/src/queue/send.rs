@@ -215,6 +215,21 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         &self.limits
     }
 
+    /// How many requests may be outstanding.
+    pub(super) fn depth(&self) -> u64 {
+        self.ring.cap
+    }
+
+    /// How many requests were ever posted.
+    pub(super) fn posted(&self) -> u64 {
+        self.ring.head
+    }
+
+    /// This queue's share of its CQ.
+    pub(super) fn cq_share(&self) -> &CqReservation {
+        self.room.as_ref().expect("a live queue holds its share")
+    }
+
     /// Requests posted and not yet completed.
     pub fn outstanding(&self) -> usize {
         self.ring.outstanding() as usize

@@ -10,6 +10,7 @@
 //! | `doc/handshake.rs` | `Handshake` |
 //! | `doc/cm_client.rs` | `CmId` |
 //! | `doc/async_cq.rs` | `AsyncCq` |
+//! | `doc/awaited.rs` | `AsyncSendQueue` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -93,6 +94,17 @@ mod async_cq {
     #[test]
     #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
     fn the_async_cq_example_awaits_a_send_to_itself_on_tokio() {
+        let _leaks = super::LeakCheck::new();
+        super::run(main);
+    }
+}
+
+mod awaited {
+    include!("doc/awaited.rs");
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_awaited_queues_example_sends_to_itself_and_awaits_each_ticket_on_tokio() {
         let _leaks = super::LeakCheck::new();
         super::run(main);
     }

@@ -37,14 +37,14 @@ const ROLE: &str = "RDMA_VERBS_FAULTS_ROLE";
 const STARTUP: Duration = Duration::from_secs(60);
 
 /// The part this process plays in `test`, when it is a re-executed peer.
-fn role() -> Option<String> {
+pub(crate) fn role() -> Option<String> {
     std::env::var(ROLE).ok()
 }
 
 /// Another process of this test binary, running one test in the part `role`: its stdout
 /// lines arrive on a channel (and are echoed indented), its stdin takes our lines. It is
 /// killed and reaped when dropped.
-struct Peer {
+pub(crate) struct Peer {
     role: String,
     child: Child,
     stdin: ChildStdin,
@@ -109,7 +109,7 @@ impl Peer {
 
     /// SIGKILL, then reap: when this returns the process is gone, and the kernel has
     /// closed its files (and with them destroyed its QPs and CM ids).
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         self.child.kill().expect("SIGKILL the peer");
         let status = self.child.wait().expect("reap the peer");
         eprintln!("{}: {status}", self.role);
@@ -160,14 +160,14 @@ const RETRY_CNT: u8 = 3;
 /// Requests kept outstanding; the size of each WRITE and of each SEND.
 const DEPTH: usize = 96;
 const MSG: usize = 32 << 10;
-const SEND_LEN: usize = 4096;
+pub(crate) const SEND_LEN: usize = 4096;
 /// Receives the peer posts. Once they are used, the next SEND meets an empty receive
 /// queue and waits (receiver not ready, retried for as long as the peer lives:
 /// `rnr_retry` 7) with the rest of the queue behind it: a slow consumer. The kill lands
 /// in that state, so every request from that SEND on is in flight when the peer dies, on
 /// any machine however fast. (Without the stall, rxe moved the whole queue before the
 /// SIGKILL took effect: ~60-130 ms to kill and reap in the VM.)
-const PEER_RECVS: usize = 32;
+pub(crate) const PEER_RECVS: usize = 32;
 /// Requests that succeed before the stall: the WRITEs and SENDs up to the first SEND
 /// without a receive (even ids are WRITEs, odd ids SENDs).
 const STALL_AT: u64 = 2 * PEER_RECVS as u64 + 1;
@@ -180,7 +180,7 @@ const READY: &str = "peer-ready";
 
 /// The peer: one RC QP with receives posted and a remote-writable region, connected to
 /// the parent's QP; then it waits to be killed.
-fn qp_peer() {
+pub(crate) fn qp_peer() {
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let cq = CompletionQueue::new(&ctx, PEER_RECVS as u32 + 16).unwrap();
@@ -255,10 +255,38 @@ impl Stream {
     }
 }
 
+/// Starts a [`qp_peer`] process for `test` (which must call `qp_peer` when [`role`] is
+/// `"qp-peer"`) and connects `qp` to it by hand, with the small [`TIMEOUT`] and
+/// [`RETRY_CNT`] (so a dead peer fails requests within [`failure_bound`]) and
+/// `rnr_retry` 7. Returns the peer, ready, and its remote-writable region.
+pub(crate) fn qp_peer_connected(test: &str, ctx: &Context, qp: &QueuePair) -> (Peer, RemoteMr) {
+    let mut peer = Peer::spawn(test, "qp-peer", &[]);
+    let info = peer.expect(INFO, STARTUP);
+    let (them, remote) = info.split_once(' ').unwrap_or_else(|| panic!("peer's info line: {info:?}"));
+    let them = RemoteQpInfo::from_bytes(&unhex(them).unwrap_or_else(|e| panic!("peer's QP: {e}")))
+        .unwrap_or_else(|e| panic!("peer's QP: {e}"));
+    let remote = RemoteMr::from_bytes(&unhex::<{ RemoteMr::WIRE_LEN }>(remote).unwrap_or_else(|e| panic!("{e}")))
+        .unwrap_or_else(|e| panic!("peer's region: {e}"));
+    assert!(remote.len >= MSG as u64, "the peer's region holds one message: {remote:?}");
+
+    // INIT, RTR and RTS by hand: RTS takes the small timeout and retry count.
+    let me = qp.local_info(1).unwrap();
+    qp.to_init(&InitAttr::default()).unwrap();
+    let sgid = ctx.default_gid(1).unwrap().index;
+    qp.to_rtr(&RtrAttr::new(Remote::gid(them.gid, sgid), them.qpn, them.psn)).unwrap();
+    let rts = RtsAttr { sq_psn: me.psn, timeout: TIMEOUT, retry_cnt: RETRY_CNT, rnr_retry: 7, ..RtsAttr::default() };
+    qp.to_rts(&rts).unwrap();
+    let attrs = qp.query().unwrap();
+    assert_eq!((attrs.timeout, attrs.retry_cnt), (TIMEOUT, RETRY_CNT), "the QP holds the asked timeout and retries");
+    peer.say(&format!("{INFO} {}", hex(&me.to_bytes())));
+    peer.expect(READY, STARTUP);
+    (peer, remote)
+}
+
 /// Bound on the time from the SIGKILL to the last error completion: the requester gives
 /// up after `RETRY_CNT + 1` ACK timeouts of 4.096 us * 2^`TIMEOUT` each, then flushes the
 /// rest at once; plus the emulation margin (which also covers the process's exit).
-fn failure_bound() -> (Duration, Duration) {
+pub(crate) fn failure_bound() -> (Duration, Duration) {
     let one = Duration::from_nanos(4096 << TIMEOUT);
     let nominal = one * (u32::from(RETRY_CNT) + 1);
     (nominal, nominal + TCG_MARGIN)
@@ -283,26 +311,7 @@ fn peer_killed_mid_transfer_fails_every_outstanding_request_exactly_once_within_
     let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(DEPTH as u32).max_recv_wr(1).build().unwrap();
     let sq: SendQueue<Chunk> = qp.send_queue().unwrap();
 
-    let mut peer = Peer::spawn(this_test!(), "qp-peer", &[]);
-    let info = peer.expect(INFO, STARTUP);
-    let (them, remote) = info.split_once(' ').unwrap_or_else(|| panic!("peer's info line: {info:?}"));
-    let them = RemoteQpInfo::from_bytes(&unhex(them).unwrap_or_else(|e| panic!("peer's QP: {e}")))
-        .unwrap_or_else(|e| panic!("peer's QP: {e}"));
-    let remote = RemoteMr::from_bytes(&unhex::<{ RemoteMr::WIRE_LEN }>(remote).unwrap_or_else(|e| panic!("{e}")))
-        .unwrap_or_else(|e| panic!("peer's region: {e}"));
-    assert!(remote.len >= MSG as u64, "the peer's region holds one message: {remote:?}");
-
-    // INIT, RTR and RTS by hand: RTS takes the small timeout and retry count.
-    let me = qp.local_info(1).unwrap();
-    qp.to_init(&InitAttr::default()).unwrap();
-    let sgid = ctx.default_gid(1).unwrap().index;
-    qp.to_rtr(&RtrAttr::new(Remote::gid(them.gid, sgid), them.qpn, them.psn)).unwrap();
-    let rts = RtsAttr { sq_psn: me.psn, timeout: TIMEOUT, retry_cnt: RETRY_CNT, rnr_retry: 7, ..RtsAttr::default() };
-    qp.to_rts(&rts).unwrap();
-    let attrs = qp.query().unwrap();
-    assert_eq!((attrs.timeout, attrs.retry_cnt), (TIMEOUT, RETRY_CNT), "the QP holds the asked timeout and retries");
-    peer.say(&format!("{INFO} {}", hex(&me.to_bytes())));
-    peer.expect(READY, STARTUP);
+    let (mut peer, remote) = qp_peer_connected(this_test!(), &ctx, &qp);
 
     let free = chunks(&pd, DEPTH, MSG, AccessFlags::LOCAL_WRITE);
     let mut st = Stream { sq, cq, free, remote, next_id: 0, seen: Vec::new() };

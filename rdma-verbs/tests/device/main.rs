@@ -25,6 +25,7 @@ macro_rules! this_test {
 mod access;
 mod aio;
 mod alloc;
+mod awaited;
 mod basics;
 mod cm;
 mod cq;

@@ -13,11 +13,14 @@
 //! under emulation) the speed drifts between them. So after the `write_poll` group the
 //! four loops also run in turns, `BENCH_ROUNDS` (default 15) rounds with the order
 //! rotating, and the ratios printed with the targets (safe <= 1.05 and raw <= 1.02 of C;
-//! prepared requests are safe code too) are of those interleaved medians.
+//! prepared requests are safe code too) are of those interleaved medians. The run ends
+//! with them: each ratio as the median of the per-round ratios, with its min and max over
+//! the rounds. Criterion's own medians are printed before that, labelled for reference
+//! only (measured one loop after another, they carry the drift between them).
 
 use std::ffi::c_long;
 use std::hint::black_box;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
@@ -216,7 +219,7 @@ impl Loops {
                     times[which].push(t.elapsed().as_nanos() as f64 / f64::from(PER_TURN));
                 }
             }
-            let [s, p, r, c] = times.map(|mut v| {
+            let [s, p, r, c] = times.clone().map(|mut v| {
                 v.sort_by(f64::total_cmp);
                 v[v.len() / 2]
             });
@@ -231,9 +234,27 @@ impl Loops {
                 verdict(p / c, 1.05),
                 verdict(r / c, 1.02)
             );
+            // The spread: each round's own ratio (the loops of one round ran moments apart).
+            let spread = |k: usize| {
+                let mut v: Vec<f64> = (0..rounds).map(|i| times[k][i] / times[3][i]).collect();
+                v.sort_by(f64::total_cmp);
+                format!("{:.3} [{:.3}..{:.3}]", v[v.len() / 2], v[0], v[v.len() - 1])
+            };
+            FINAL.lock().unwrap().push(format!(
+                "{batch:<6} {:>25} {:>25} {:>25}  {}",
+                spread(0),
+                spread(1),
+                spread(2),
+                if s / c <= 1.05 && p / c <= 1.05 && r / c <= 1.02 { "ok" } else { "MISS" }
+            ));
         }
+        *ROUNDS.lock().unwrap() = rounds;
     }
 }
+
+/// The interleaved table's rows with their spread, printed last (the sound figures).
+static FINAL: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static ROUNDS: Mutex<usize> = Mutex::new(0);
 
 fn benches(c: &mut Criterion) {
     let ctx =
@@ -347,6 +368,27 @@ fn main() {
     data_path();
     Criterion::default().final_summary();
     print_ratios();
+    print_final();
+}
+
+/// The last table: the interleaved ratios with their spread over rounds, the figures to
+/// quote.
+fn print_final() {
+    let rows = FINAL.lock().unwrap();
+    if rows.is_empty() {
+        return;
+    }
+    println!(
+        "\nRust/C ratios, interleaved (the sound figures): median of the per-round ratios [min..max] over {} rounds",
+        ROUNDS.lock().unwrap()
+    );
+    println!(
+        "{:<6} {:>25} {:>25} {:>25}  targets (safe, prepared <= 1.05; raw <= 1.02)",
+        "batch", "safe/C", "prepared/C", "raw/C"
+    );
+    for row in rows.iter() {
+        println!("{row}");
+    }
 }
 
 /// Reads criterion's medians back and prints the Rust/C ratios.
@@ -357,7 +399,11 @@ fn print_ratios() {
         let v: serde_json::Value = serde_json::from_str(&text).ok()?;
         v["median"]["point_estimate"].as_f64()
     };
-    println!("\nRust/C ratios of medians (1.00 = the C loop's cost):");
+    println!(
+        "\nFor reference only: Rust/C ratios of criterion's medians. Criterion measured each loop on its own, one \
+         after the other, so drift in the machine's speed between them moves these ratios (under emulation by \
+         tens of percent); quote the interleaved table below."
+    );
     println!("{:<22} {:>10} {:>10} {:>10} {:>9} {:>9}", "benchmark", "safe ns", "raw ns", "C ns", "safe/C", "raw/C");
     let mut rows: Vec<(String, String, String, String)> = BATCHES
         .iter()

@@ -33,6 +33,15 @@
 //! the device is reading or writing. [`QueuePair::post_send_raw`] is the unsafe C-shaped
 //! path for those who manage that themselves.
 //!
+//! # Async
+//!
+//! Completions can be awaited on any executor, at no cost when they are already there:
+//! [`AsyncCq`] polls a CQ first and parks the task on its completion channel only when it
+//! is empty; [`AsyncSendQueue`] and [`AsyncRecvQueue`] return a [`Ticket`] from each post
+//! and hand the request back when its ticket (or `next`) is awaited, with no allocation
+//! per request. The features `tokio` and `async-io` (smol, async-std) supply the reactor;
+//! [`Readiness`] is all another runtime implements.
+//!
 //! # Ownership: an `Arc` chain
 //!
 //! Every object holds a reference-counted handle to what it was created from: a memory

@@ -153,18 +153,22 @@ impl Waiter {
 
     /// The CQ out of its `AsyncCq`, to arm and wait on it.
     fn plain(&mut self) -> &mut CompletionQueue {
-        if let Waiter::Async(a) = std::mem::replace(self, Waiter::Switching) {
-            *self = Waiter::Plain(a.into_inner());
-        }
+        *self = match std::mem::replace(self, Waiter::Switching) {
+            Waiter::Async(a) => Waiter::Plain(a.into_inner()),
+            other => other,
+        };
         self.cq()
     }
 
     /// The CQ awaited on the runtime `rt`.
     fn awaited(&mut self, rt: &Runtime) -> &mut AsyncCq<TokioFd> {
-        if let Waiter::Plain(cq) = std::mem::replace(self, Waiter::Switching) {
-            let _in_runtime = rt.enter();
-            *self = Waiter::Async(AsyncCq::tokio(cq).expect("watching a CQ's channel with tokio"));
-        }
+        *self = match std::mem::replace(self, Waiter::Switching) {
+            Waiter::Plain(cq) => {
+                let _in_runtime = rt.enter();
+                Waiter::Async(AsyncCq::tokio(cq).expect("watching a CQ's channel with tokio"))
+            }
+            other => other,
+        };
         match self {
             Waiter::Async(a) => a,
             _ => unreachable!("a CQ between its forms"),
@@ -231,7 +235,10 @@ enum Way {
     Busy,
     BusyThreads,
     Blocking,
+    /// Every end a task on the one shared current-thread runtime; the spin.
     Async(u32),
+    /// Every end a task on its own current-thread runtime, on its own thread; the spin.
+    AsyncPerEnd(u32),
 }
 
 impl Way {
@@ -240,7 +247,8 @@ impl Way {
             Way::Busy => "busy (1 thread)".into(),
             Way::BusyThreads => "busy (thread per end)".into(),
             Way::Blocking => "blocking (thread per end)".into(),
-            Way::Async(n) => format!("async spin {n}"),
+            Way::Async(n) => format!("async spin {n} (1 thread)"),
+            Way::AsyncPerEnd(n) => format!("async spin {n} (rt per end)"),
         }
     }
 }
@@ -259,7 +267,8 @@ fn turn(way: Way, sides: &mut Vec<Side>, rt: &Runtime, messages: u64) -> Turn {
             busy(sides, messages);
             Turn { time: t.elapsed(), waits: 0 }
         }
-        Way::BusyThreads => threads(sides, messages, |s, m| {
+        Way::BusyThreads => threads(sides, messages, |s, m, ready| {
+            ready.wait();
             busy(std::slice::from_mut(s), m);
             0
         }),
@@ -267,9 +276,13 @@ fn turn(way: Way, sides: &mut Vec<Side>, rt: &Runtime, messages: u64) -> Turn {
             for s in sides.iter_mut() {
                 s.cq.plain();
             }
-            threads(sides, messages, blocking)
+            threads(sides, messages, |s, m, ready| {
+                ready.wait();
+                blocking(s, m)
+            })
         }
         Way::Async(spin) => awaited(rt, sides, messages, spin),
+        Way::AsyncPerEnd(spin) => threads(sides, messages, |s, m, ready| per_end(s, m, ready, spin)),
     }
 }
 
@@ -326,20 +339,18 @@ fn blocking(side: &mut Side, messages: u64) -> u64 {
     waits
 }
 
-/// Each side on its own thread running `run`; timed from the moment all are ready.
-fn threads(sides: &mut [Side], messages: u64, run: fn(&mut Side, u64) -> u64) -> Turn {
+/// Each side on its own thread running `run`, which waits on the barrier when it is ready
+/// to start; timed from the moment all are ready.
+fn threads(sides: &mut [Side], messages: u64, run: impl Fn(&mut Side, u64, &Barrier) -> u64 + Sync) -> Turn {
     let ready = Barrier::new(sides.len() + 1);
     thread::scope(|scope| {
         let handles: Vec<_> = sides
             .iter_mut()
             .map(|side| {
-                let ready = &ready;
+                let (ready, run) = (&ready, &run);
                 thread::Builder::new()
                     .stack_size(256 << 10)
-                    .spawn_scoped(scope, move || {
-                        ready.wait();
-                        run(side, messages)
-                    })
+                    .spawn_scoped(scope, move || run(side, messages, ready))
                     .expect("spawning a thread")
             })
             .collect();
@@ -360,7 +371,15 @@ fn awaited(rt: &Runtime, sides: &mut Vec<Side>, messages: u64, spin: u32) -> Tur
     }
     let time = rt.block_on(async {
         let t = Instant::now();
-        let tasks: Vec<_> = sides.drain(..).map(|s| tokio::spawn(task(s, messages))).collect();
+        let tasks: Vec<_> = sides
+            .drain(..)
+            .map(|mut s| {
+                tokio::spawn(async move {
+                    task(&mut s, messages).await;
+                    s
+                })
+            })
+            .collect();
         for task in tasks {
             let side =
                 tokio::time::timeout(LIMIT, task).await.expect("an awaited end made no progress (a lost completion?)");
@@ -373,16 +392,34 @@ fn awaited(rt: &Runtime, sides: &mut Vec<Side>, messages: u64, spin: u32) -> Tur
 }
 
 /// What each end's task does: await completions and handle them until done.
-async fn task(mut side: Side, messages: u64) -> Side {
+async fn task(side: &mut Side, messages: u64) {
     let mut wcs = [WorkCompletion::EMPTY; 16];
-    let Side { end, cq: Waiter::Async(cq) } = &mut side else { unreachable!("awaited() made the CQs async") };
+    let Side { end, cq: Waiter::Async(cq) } = side else { unreachable!("the CQ was made async for the turn") };
     end.start(messages);
     while !end.done() {
         for wc in cq.completions(&mut wcs).await.expect("awaiting completions") {
             end.handle(wc);
         }
     }
-    side
+}
+
+/// One end on its own thread with its own current-thread runtime (as a peer in another
+/// process would be), its CQ registered with that runtime for the turn and taken back
+/// out after it. Returns how often the task parked.
+fn per_end(side: &mut Side, messages: u64, ready: &Barrier, spin: u32) -> u64 {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build().expect("a runtime");
+    // Out of the shared runtime's reactor (if it was there), into this one's.
+    side.cq.plain();
+    side.cq.awaited(&rt).set_spin(spin);
+    ready.wait();
+    rt.block_on(async {
+        tokio::time::timeout(LIMIT, task(side, messages))
+            .await
+            .expect("an awaited end made no progress (a lost completion?)")
+    });
+    let waits = side.cq.awaited(&rt).waits();
+    side.cq.plain();
+    waits
 }
 
 /// The ways of one load and what each turn measured, per round.
@@ -434,12 +471,12 @@ impl Interleaved {
     /// The table of one load: `unit` names the value, `show` turns a cost into it.
     fn print(&self, title: &str, unit: &str, show: impl Fn(f64) -> f64) {
         println!("\n{title}");
-        println!("{:<26} {:>12} {:>12} {:>12} {:>10}", "way", format!("median {unit}"), "min", "max", "waits");
+        println!("{:<29} {:>12} {:>12} {:>12} {:>10}", "way", format!("median {unit}"), "min", "max", "waits");
         for (w, way) in self.ways.iter().enumerate() {
             let (lo, hi) = min_max(&self.cost[w]);
             let (a, b) = (show(lo), show(hi));
             println!(
-                "{:<26} {:>12.1} {:>12.1} {:>12.1} {:>10.2}",
+                "{:<29} {:>12.1} {:>12.1} {:>12.1} {:>10.2}",
                 way.name(),
                 show(median(&self.cost[w])),
                 a.min(b),
@@ -457,7 +494,7 @@ impl Interleaved {
         let per_round: Vec<f64> = self.cost[w].iter().zip(&self.cost[b]).map(|(x, y)| x / y).collect();
         let (lo, hi) = min_max(&per_round);
         println!(
-            "{:<12} {:<14} {:<26} {:>9.3} {:>7.3} {:>7.3} {:>7.3} {:>6}",
+            "{:<10} {:<29} {:<29} {:>7.3} {:>7.3} {:>7.3} {:>7.3} {:>6}",
             load,
             way.name(),
             format!("/ {}", base.name()),
@@ -519,11 +556,12 @@ fn main() {
 /// The interleaved runs and their tables, the ratio table last.
 fn interleaved(k: &Knobs, rt: &Runtime, one: &mut Vec<Side>, many: &mut Vec<Side>) {
     let poll_ns = empty_poll_ns(one);
-    let asyncs = SPINS.map(Way::Async);
+    let (shared, per_end) = (SPINS.map(Way::Async), SPINS.map(Way::AsyncPerEnd));
     let mut ways = vec![Way::Busy, Way::BusyThreads, Way::Blocking];
-    ways.extend(asyncs);
+    ways.extend(shared.iter().chain(&per_end));
     let ping = interleave(&ways, one, rt, k.rounds, k.iters, k.iters as f64);
-    ways.retain(|&w| w != Way::BusyThreads);
+    // At many connections: one thread polling, a thread per end blocking, one runtime.
+    ways.retain(|w| matches!(w, Way::Busy | Way::Blocking | Way::Async(_)));
     let per_turn = (2 * k.conns as u64 * k.messages) as f64;
     let rate = interleave(&ways, many, rt, k.rounds, k.messages, per_turn);
 
@@ -539,8 +577,8 @@ fn interleaved(k: &Knobs, rt: &Runtime, one: &mut Vec<Side>, many: &mut Vec<Side
     );
     rate.print(
         &format!(
-            "message rate, {} connections, window {}: {} rounds of {} round trips per connection per way; \
-             waits = parkings per message",
+            "message rate, {} connections, window {}: {} rounds of {} round trips per connection per way, \
+             order rotating; waits = parkings per message",
             k.conns, k.window, k.rounds, k.messages
         ),
         "msg/s",
@@ -549,18 +587,24 @@ fn interleaved(k: &Knobs, rt: &Runtime, one: &mut Vec<Side>, many: &mut Vec<Side
 
     println!(
         "\nFINAL (interleaved, the numbers to quote): cost ratios of medians, async over busy polling and over \
-         blocking\n(time per round trip, or per message at {} connections; 1.10 = async takes 10% longer); \
-         min/median/max of the per-round ratios",
+         blocking\n(time per round trip, or per message at {} connections; 1.10 = async takes 10% longer), \
+         each against the way with as many threads; min/median/max of the per-round ratios",
         k.conns
     );
     println!(
-        "{:<12} {:<14} {:<26} {:>9} {:>7} {:>7} {:>7} {:>6}",
+        "{:<10} {:<29} {:<29} {:>7} {:>7} {:>7} {:>7} {:>6}",
         "load", "way", "against", "ratio", "min", "median", "max", "rounds"
     );
-    for (load, r) in [("ping-pong", &ping), ("rate", &rate)] {
-        for way in asyncs {
-            r.ratio(load, way, Way::Busy);
-            r.ratio(load, way, Way::Blocking);
-        }
+    for way in shared {
+        ping.ratio("ping-pong", way, Way::Busy);
+        ping.ratio("ping-pong", way, Way::Blocking);
+    }
+    for way in per_end {
+        ping.ratio("ping-pong", way, Way::BusyThreads);
+        ping.ratio("ping-pong", way, Way::Blocking);
+    }
+    for way in shared {
+        rate.ratio("rate", way, Way::Busy);
+        rate.ratio("rate", way, Way::Blocking);
     }
 }

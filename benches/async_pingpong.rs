@@ -17,9 +17,17 @@
 //! - `blocking`: each end on its own thread (128 threads at 64 connections: the
 //!   thread-per-connection design; the crate has no shared channel): poll, when empty
 //!   arm and poll again, then `cq.wait` until the channel's event.
-//! - `async-N`: each end its own task (two per connection, as a server's task and its
-//!   client's) on one current-thread tokio runtime, awaiting `AsyncCq::completions`
-//!   with `set_spin(N)`. One thread, like `busy`.
+//! - `async spin N (1 thread)`: each end its own task (two per connection, as a server's
+//!   task and its client's) on one current-thread tokio runtime, awaiting
+//!   `AsyncCq::completions` with `set_spin(N)`. One thread, like `busy`, and what a
+//!   thread-per-core server does; a task that spins here holds up its peer.
+//! - `async spin N (rt per end)` (ping-pong only): each end its task on its own
+//!   current-thread runtime on its own thread, as a peer in another process would be;
+//!   as many threads as `busy-threads` and `blocking`, and the case spinning is for.
+//!
+//! The FINAL table compares each async way with the busy and blocking ways of as many
+//! threads. Under TCG on two vCPUs, rxe needs those CPUs itself: ways whose threads spin
+//! or sleep on both of them pay for it far more than they would beside a hardware NIC.
 //!
 //! Criterion measures some of them one after the other; on a noisy machine (a VM under
 //! emulation) the speed drifts between them. So afterwards every way runs in turns,

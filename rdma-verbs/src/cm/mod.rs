@@ -51,10 +51,12 @@
 //! [`Context`]: crate::Context
 
 mod addr;
+mod aio;
 mod channel;
 mod event;
 mod id;
 
+pub use aio::{AsyncCmId, AsyncEventChannel};
 pub use channel::EventChannel;
 pub use event::{CmEvent, CmEventKind, ConnInfo, ConnectRequest, RejectReason, UdInfo};
 pub use id::CmId;

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::channel::{ChannelInner, EventChannel};
-use super::event::{CmEvent, CmEventKind, ConnectRequest, EventData};
+use super::event::{CmEvent, CmEventKind, ConnectRequest};
 use super::id::{resolve_addr_hint, resolve_wait, CmId};
 use super::ConnParam;
 use crate::aio::{reactor, ChannelFd, Readiness, Timer};
@@ -77,14 +77,14 @@ impl<R: Readiness> AsyncEventChannel<R> {
     /// waker registered to be woken when the channel has more.
     #[doc(alias = "rdma_get_cm_event")]
     pub fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Result<CmEvent>> {
-        self.poll_take(cx, &|_| true)
+        self.poll_take(cx, None)
     }
 
     /// Waits at most `timeout` for the next event of any id on the channel
     /// ([`Error::Timeout`] after that).
     #[doc(alias = "rdma_get_cm_event")]
     pub async fn next_event(&mut self, timeout: Duration) -> Result<CmEvent> {
-        self.bounded(&|_| true, timeout, Verb::GetCmEvent).await
+        self.bounded(None, timeout, Verb::GetCmEvent).await
     }
 
     /// Gives the channel back (its descriptor is no longer watched).
@@ -92,18 +92,18 @@ impl<R: Readiness> AsyncEventChannel<R> {
         self.channel.clone()
     }
 
-    /// The first event that `want` takes: from the queue, else read from the descriptor,
+    /// The first event about the id with serial `of` (any id's: `None`): from the queue, else read from the descriptor,
     /// else `Pending` once the reactor watches it.
-    fn poll_take(&mut self, cx: &mut Context<'_>, want: &dyn Fn(&EventData) -> bool) -> Poll<Result<CmEvent>> {
+    fn poll_take(&mut self, cx: &mut Context<'_>, of: Option<u64>) -> Poll<Result<CmEvent>> {
         let inner: &Arc<ChannelInner> = &self.channel.inner;
         let waker = cx.waker().clone();
         // Poll first: the queue and the descriptor before any reactor round trip.
-        if let Some(event) = inner.try_take(want, &waker)? {
+        if let Some(event) = inner.try_take(of, &waker)? {
             return Poll::Ready(Ok(event));
         }
         let mut found = None;
         let mut read = || -> Result<bool> {
-            found = inner.try_take(want, &waker)?;
+            found = inner.try_take(of, &waker)?;
             Ok(found.is_some())
         };
         match self.ready.poll_read_with(cx, &mut read) {
@@ -113,15 +113,15 @@ impl<R: Readiness> AsyncEventChannel<R> {
         }
     }
 
-    /// The first event that `want` takes, within `timeout` (`verb` names the wait).
-    async fn bounded(&mut self, want: &dyn Fn(&EventData) -> bool, timeout: Duration, verb: Verb) -> Result<CmEvent> {
+    /// The first event about the id with serial `of` (any id's: `None`), within `timeout` (`verb` names the wait).
+    async fn bounded(&mut self, of: Option<u64>, timeout: Duration, verb: Verb) -> Result<CmEvent> {
         // A timeout too large for the clock is no timeout.
         let deadline = Instant::now().checked_add(timeout);
         if deadline.is_some() && self.timer.is_none() {
             self.timer = Some(Timer::new(&*self.make)?);
         }
         poll_fn(|cx| {
-            if let Poll::Ready(r) = self.poll_take(cx, want) {
+            if let Poll::Ready(r) = self.poll_take(cx, of) {
                 return Poll::Ready(r);
             }
             match (&mut self.timer, deadline) {
@@ -211,7 +211,7 @@ impl<R: Readiness> AsyncCmId<R> {
     /// `Pending` with `cx`'s waker registered until there is one.
     pub fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Result<CmEvent>> {
         let serial = self.id.serial();
-        self.events.poll_take(cx, &|d| d.target == serial)
+        self.events.poll_take(cx, Some(serial))
     }
 
     /// Waits at most `timeout` for the next event about this id.
@@ -222,7 +222,7 @@ impl<R: Readiness> AsyncCmId<R> {
 
     async fn wait(&mut self, timeout: Duration, verb: Verb) -> Result<CmEvent> {
         let serial = self.id.serial();
-        self.events.bounded(&|d| d.target == serial, timeout, verb).await
+        self.events.bounded(Some(serial), timeout, verb).await
     }
 
     /// [`CmId::resolve_addr`], awaited: `dst` to a local device, port and source address.
@@ -279,9 +279,12 @@ impl<R: Readiness> AsyncCmId<R> {
     }
 
     /// [`CmId::disconnect`], then waits at most `timeout` for this side's
-    /// [`Disconnected`](CmEventKind::Disconnected) (at once when the peer disconnected
-    /// first: its event is already here). An ESTABLISHED left by a dropped connect or
-    /// accept is passed over; another event is an error naming it.
+    /// [`Disconnected`](CmEventKind::Disconnected): at once when the peer disconnected
+    /// first (its event is already here, and this call answers it), else when the peer
+    /// answers by disconnecting (or destroying its id) or the CM gives up on it. So a
+    /// peer that awaits this too must not wait for this side's disconnect to finish
+    /// before starting its own. An ESTABLISHED left by a dropped connect or accept is
+    /// passed over; another event is an error naming it.
     #[doc(alias = "rdma_disconnect")]
     pub async fn disconnect(&mut self, timeout: Duration) -> Result<()> {
         const VERB: Verb = Verb::Disconnect;
@@ -346,5 +349,23 @@ mod async_io_rt {
         pub fn async_io(id: CmId) -> Result<Self> {
             Self::with_make(id, Arc::new(AsyncIoFd::register))
         }
+    }
+}
+
+#[cfg(all(test, feature = "tokio"))]
+mod tests {
+    use super::*;
+    use crate::aio::TokioFd;
+
+    /// What a task spawned on a multi-thread runtime holds across its awaits must be Send.
+    #[allow(dead_code, clippy::manual_async_fn)]
+    fn futures_are_send(id: &mut AsyncCmId<TokioFd>, ch: &mut AsyncEventChannel<TokioFd>, p: &ConnParam<'_>) {
+        fn send<T: Send>(_: &T) {}
+        send(&id.connect(p, Duration::ZERO));
+        send(&id.accept(p, Duration::ZERO));
+        send(&id.get_request(Duration::ZERO));
+        send(&id.disconnect(Duration::ZERO));
+        send(&id.resolve_addr(None, "10.0.0.1:1".parse().unwrap(), Duration::ZERO));
+        send(&ch.next_event(Duration::ZERO));
     }
 }

@@ -146,14 +146,12 @@ impl ChannelInner {
         }
     }
 
-    /// The first queued event that `want` takes; else reads what the kernel has ready
-    /// and looks again. Without sleeping; for the async waiter, whose task `waker`
-    /// is woken when another reader queues events after this found none.
-    pub(super) fn try_take(
-        self: &Arc<Self>,
-        want: &dyn Fn(&EventData) -> bool,
-        waker: &Waker,
-    ) -> Result<Option<CmEvent>> {
+    /// The first queued event about the id with serial `of` (any id's: `None`); else
+    /// reads what the kernel has ready and looks again. Without sleeping; for the async
+    /// waiter, whose task `waker` is woken when another reader queues events after this
+    /// found none.
+    pub(super) fn try_take(self: &Arc<Self>, of: Option<u64>, waker: &Waker) -> Result<Option<CmEvent>> {
+        let want = |d: &EventData| of.is_none_or(|serial| d.target == serial);
         let mut st = self.lock();
         // This reader's own reads need not wake it.
         st.waker = None;

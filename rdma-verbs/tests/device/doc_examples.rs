@@ -10,6 +10,7 @@
 //! | `doc/handshake.rs` | `Handshake` |
 //! | `doc/cm_client.rs` | `CmId` |
 //! | `doc/async_cq.rs` | `AsyncCq` |
+//! | `doc/async_cm.rs` | `AsyncCmId` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -95,5 +96,16 @@ mod async_cq {
     fn the_async_cq_example_awaits_a_send_to_itself_on_tokio() {
         let _leaks = super::LeakCheck::new();
         super::run(main);
+    }
+}
+
+mod async_cm {
+    include!("doc/async_cm.rs");
+
+    /// In a process of its own, as the other rdma_cm example.
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_async_cm_id_example_accepts_in_a_loop_and_connects_two_clients_on_tokio() {
+        crate::cm::isolated(this_test!(), || super::run(main));
     }
 }

@@ -67,16 +67,20 @@ struct Conn<R> {
 
 impl<R: Rt> Conn<R> {
     fn new(id: AsyncCmId<R>) -> Conn<R> {
-        let ctx = id.id().context().unwrap();
-        let pd = ProtectionDomain::new(&ctx).unwrap();
-        let cq = CompletionQueue::builder(&ctx, 16).with_channel().build().unwrap();
-        let qp =
-            id.id().create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(4).max_recv_wr(4)).unwrap();
+        Self::try_new(id).unwrap()
+    }
+
+    /// [`new`](Self::new), for an id whose peer may be gone (its QP is then refused).
+    fn try_new(id: AsyncCmId<R>) -> rdma_verbs::Result<Conn<R>> {
+        let ctx = id.id().context()?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let cq = CompletionQueue::builder(&ctx, 16).with_channel().build()?;
+        let qp = id.id().create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(4).max_recv_wr(4))?;
         let mut bufs = chunks(&pd, 2, LEN, AccessFlags::LOCAL_WRITE);
         let (send_buf, recv_buf) = (bufs.pop().unwrap(), bufs.pop().unwrap());
         let mut rq: RecvQueue<Chunk> = qp.recv_queue().unwrap();
         rq.post(recv_buf, 0..LEN, 0).unwrap();
-        Conn { sq: qp.send_queue().unwrap(), rq, cq: R::cq(cq), send_buf: Some(send_buf), _qp: qp, id }
+        Ok(Conn { sq: qp.send_queue().unwrap(), rq, cq: R::cq(cq), send_buf: Some(send_buf), _qp: qp, id })
     }
 
     /// SENDs `data` and awaits the send's completion; receives that complete meanwhile
@@ -296,8 +300,15 @@ fn dropped_get_request_connect_and_accept_futures_leave_the_ids_usable_and_destr
                 async {
                     loop {
                         let request = listener.get_request(T).await.unwrap();
-                        let mut s = Conn::new(TokioFd::id(request.into_id()));
-                        // The request of the destroyed client, if it came, fails to accept.
+                        // The request of the destroyed client, if it came, fails: its QP
+                        // is refused, or its accept.
+                        let mut s = match Conn::try_new(TokioFd::id(request.into_id())) {
+                            Ok(s) => s,
+                            Err(e) => {
+                                eprintln!("the destroyed client's request: {e}");
+                                continue;
+                            }
+                        };
                         match s.id.accept(&ConnParam::new(), T).await {
                             Ok(()) => return s,
                             Err(e) => eprintln!("the destroyed client's request: {e}"),

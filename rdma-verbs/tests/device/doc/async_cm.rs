@@ -7,7 +7,7 @@ use rdma_verbs::{AsyncCmId, CmId, CompletionQueue, ConnParam, EventChannel, Port
 fn make_qp(id: &CmId) -> rdma_verbs::Result<QueuePair> {
     let ctx = id.context()?;
     let (pd, cq) = (ProtectionDomain::new(&ctx)?, CompletionQueue::new(&ctx, 16)?);
-    id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq))
+    id.create_qp(QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(4).max_recv_wr(4))
 }
 
 fn main() -> rdma_verbs::Result<()> {

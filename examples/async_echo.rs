@@ -13,9 +13,11 @@
 //! The server echoes that many messages per connection, then disconnects it.
 //!
 //! Completions are awaited (`AsyncCq::tokio`), two CQs per connection (sends, receives),
-//! so a task parks on its CQs' channels instead of spinning. Connection setup (address
-//! and route resolution, accept, connect) waits on rdma_cm in blocking calls, each on a
-//! thread of tokio's blocking pool. `--loopback` runs the server and N clients in one
+//! so a task parks on its CQs' channels instead of spinning. Connection setup is awaited
+//! too (`AsyncCmId::tokio`): the server's listener takes the requests in a loop and hands
+//! each to a task of its own, which accepts it on an event channel of its own; each
+//! client resolves and connects in its task; both sides await their DISCONNECTED at the
+//! end. No thread of tokio's blocking pool is used. `--loopback` runs the server and N clients in one
 //! process on one runtime; the exit status is 0 only when every echo matched (1 on a
 //! failure, 2 on a command-line error). The address is one of the RDMA device's (scripts/rxe
 //! exports `RDMA_IP`, the default of `--addr`).
@@ -26,8 +28,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, AsyncCq, Chunk, CmId, CompletionQueue, ConnParam, EventChannel, PortSpace,
-    ProtectionDomain, QpType, QueuePair, RecvQueue, SendQueue, SendWr, TokioFd, WorkCompletion,
+    AccessFlags, AlignedBuf, AsyncCmId, AsyncCq, Chunk, CmId, CompletionQueue, ConnParam, ConnectRequest, EventChannel,
+    PortSpace, ProtectionDomain, QpType, QueuePair, RecvQueue, SendQueue, SendWr, TokioFd, WorkCompletion,
 };
 
 #[derive(Parser, Debug, Clone)]
@@ -68,20 +70,7 @@ fn err(e: rdma_verbs::Error) -> String {
     e.to_string()
 }
 
-/// One end of a connection, made in blocking setup code; its CQs become async in the task.
-struct Setup {
-    id: CmId,
-    _qp: QueuePair,
-    scq: CompletionQueue,
-    rcq: CompletionQueue,
-    sq: SendQueue<Chunk>,
-    rq: RecvQueue<Chunk>,
-    send_buf: Chunk,
-    /// The messages this connection carries (the client's count).
-    messages: u64,
-}
-
-/// An established connection, its completions awaited.
+/// One end of a connection, its rdma_cm events and completions awaited.
 struct Conn {
     // The queues first: dropped before the QP and the id.
     sq: SendQueue<Chunk>,
@@ -89,19 +78,23 @@ struct Conn {
     scq: AsyncCq<TokioFd>,
     rcq: AsyncCq<TokioFd>,
     send_buf: Option<Chunk>,
-    id: CmId,
+    _qp: QueuePair,
+    id: AsyncCmId<TokioFd>,
+    /// The messages this connection carries (the client's count).
     messages: u64,
 }
 
-impl Setup {
+impl Conn {
     /// Makes the QP of `id` (two channel CQs, 4 requests each way) and posts its receive.
-    fn new(id: CmId, size: usize, messages: u64) -> Res<Setup> {
-        let ctx = id.context().map_err(err)?;
+    fn new(id: AsyncCmId<TokioFd>, size: usize, messages: u64) -> Res<Conn> {
+        let ctx = id.id().context().map_err(err)?;
         let pd = ProtectionDomain::new(&ctx).map_err(err)?;
         let cq = || CompletionQueue::builder(&ctx, 8).with_channel().build().map_err(err);
         let (scq, rcq) = (cq()?, cq()?);
-        let qp =
-            id.create_qp(QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(4).max_recv_wr(4)).map_err(err)?;
+        let qp = id
+            .id()
+            .create_qp(QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(4).max_recv_wr(4))
+            .map_err(err)?;
         let mut bufs = pd
             .register(AlignedBuf::new(2 * size).map_err(err)?, AccessFlags::LOCAL_WRITE)
             .and_then(|mr| mr.into_chunks(size))
@@ -110,18 +103,10 @@ impl Setup {
         let mut rq: RecvQueue<Chunk> = qp.recv_queue().map_err(err)?;
         rq.post(recv_buf, 0..size, 0).map_err(|r| err(r.error))?;
         let sq = qp.send_queue().map_err(err)?;
-        Ok(Setup { id, _qp: qp, scq, rcq, sq, rq, send_buf, messages })
-    }
-
-    /// Inside the runtime: the CQs become async.
-    fn into_conn(self) -> Res<Conn> {
-        let Setup { id, _qp, scq, rcq, sq, rq, send_buf, messages } = self;
         let (scq, rcq) = (AsyncCq::tokio(scq).map_err(err)?, AsyncCq::tokio(rcq).map_err(err)?);
-        Ok(Conn { sq, rq, scq, rcq, send_buf: Some(send_buf), id, messages })
+        Ok(Conn { sq, rq, scq, rcq, send_buf: Some(send_buf), _qp: qp, id, messages })
     }
-}
 
-impl Conn {
     /// SENDs `len` bytes of the send buffer, after `fill` wrote them, and awaits the
     /// completion (the buffer comes back).
     async fn send(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> Res<()> {
@@ -176,8 +161,7 @@ async fn serve(mut c: Conn, size: usize, limit: Duration) -> Res<()> {
             .await
             .map_err(|_| "server: the echo's send did not complete")??;
     }
-    let _ = c.id.disconnect();
-    Ok(())
+    c.id.disconnect(limit).await.map_err(|e| format!("server: {e}"))
 }
 
 /// Client side of connection `n`: sends its messages and checks each echo.
@@ -203,12 +187,24 @@ async fn talk(n: u32, mut c: Conn, size: usize, limit: Duration) -> Res<()> {
         .await
         .map_err(|_| format!("connection {n}: no echo of message {seq}"))??;
     }
-    let _ = c.id.disconnect();
-    Ok(())
+    c.id.disconnect(limit).await.map_err(|e| format!("connection {n}: {e}"))
 }
 
-/// Accepts `n` connections on `addr` (blocking, on a thread of its own), each handed to
-/// a task of `rt` that serves it; returns when all of them are served.
+/// Accepts one connection (in the task that serves it: the id moves onto an event
+/// channel of its own), then serves it.
+async fn accept(req: ConnectRequest, size: usize, limit: Duration) -> Res<()> {
+    let messages = req.private_data().get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+    let Some(messages) = messages else {
+        let _ = req.id().reject(b"send the message count");
+        return Err("a client sent no message count".into());
+    };
+    let mut c = Conn::new(AsyncCmId::tokio(req.into_id()).map_err(err)?, size, messages)?;
+    c.id.accept(&ConnParam::new(), limit).await.map_err(err)?;
+    serve(c, size, limit).await
+}
+
+/// Accepts `n` connections on `addr` in a loop, each handed to a task of its own that
+/// accepts and serves it; returns when all of them are served.
 async fn server(
     addr: SocketAddr,
     n: u32,
@@ -216,36 +212,17 @@ async fn server(
     limit: Duration,
     listening: tokio::sync::oneshot::Sender<()>,
 ) -> Res<()> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Res<Setup>>();
-    let acceptor = tokio::task::spawn_blocking(move || -> Res<()> {
-        let channel = EventChannel::new().map_err(err)?;
-        let listener = CmId::new(&channel, PortSpace::Tcp).map_err(err)?;
-        listener.bind(addr).map_err(err)?;
-        listener.listen(n).map_err(err)?;
-        eprintln!("async_echo: listening on {addr}");
-        let _ = listening.send(());
-        for _ in 0..n {
-            let req = listener.get_request(limit).map_err(err)?;
-            let messages = req.private_data().get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
-            let Some(messages) = messages else {
-                let _ = req.id().reject(b"send the message count");
-                let _ = tx.send(Err("a client sent no message count".into()));
-                continue;
-            };
-            let setup = Setup::new(req.into_id(), size, messages)?;
-            setup.id.accept(&ConnParam::new(), limit).map_err(err)?;
-            if tx.send(Ok(setup)).is_err() {
-                break;
-            }
-        }
-        Ok(())
-    });
+    let listener = CmId::new(&EventChannel::new().map_err(err)?, PortSpace::Tcp).map_err(err)?;
+    let mut listener = AsyncCmId::tokio(listener).map_err(err)?;
+    listener.id().bind(addr).map_err(err)?;
+    listener.id().listen(n).map_err(err)?;
+    eprintln!("async_echo: listening on {addr}");
+    let _ = listening.send(());
     let mut tasks = Vec::new();
-    while let Some(setup) = rx.recv().await {
-        let conn = setup?.into_conn()?;
-        tasks.push(tokio::spawn(serve(conn, size, limit)));
+    for _ in 0..n {
+        let req = listener.get_request(limit).await.map_err(err)?;
+        tasks.push(tokio::spawn(accept(req, size, limit)));
     }
-    acceptor.await.map_err(|e| e.to_string())??;
     for t in tasks {
         t.await.map_err(|e| e.to_string())??;
     }
@@ -258,19 +235,14 @@ async fn clients(addr: SocketAddr, n: u32, messages: u64, size: usize, limit: Du
     let mut tasks = Vec::new();
     for conn in 0..n {
         tasks.push(tokio::spawn(async move {
-            let setup = tokio::task::spawn_blocking(move || -> Res<Setup> {
-                let channel = EventChannel::new().map_err(err)?;
-                let id = CmId::new(&channel, PortSpace::Tcp).map_err(err)?;
-                id.resolve_addr(None, addr, limit).map_err(err)?;
-                id.resolve_route(limit).map_err(err)?;
-                let setup = Setup::new(id, size, messages)?;
-                let count = messages.to_le_bytes();
-                setup.id.connect(&ConnParam::new().private_data(&count), limit).map_err(err)?;
-                Ok(setup)
-            })
-            .await
-            .map_err(|e| e.to_string())??;
-            talk(conn, setup.into_conn()?, size, limit).await
+            let id = CmId::new(&EventChannel::new().map_err(err)?, PortSpace::Tcp).map_err(err)?;
+            let mut id = AsyncCmId::tokio(id).map_err(err)?;
+            id.resolve_addr(None, addr, limit).await.map_err(err)?;
+            id.resolve_route(limit).await.map_err(err)?;
+            let mut c = Conn::new(id, size, messages)?;
+            let count = messages.to_le_bytes();
+            c.id.connect(&ConnParam::new().private_data(&count), limit).await.map_err(err)?;
+            talk(conn, c, size, limit).await
         }));
     }
     for t in tasks {

@@ -1,23 +1,29 @@
-//! Completions awaited on any async executor: [`AsyncCq`].
+//! Readiness of file descriptors on any async executor: completions awaited
+//! ([`AsyncCq`]), and the pieces the async rdma_cm (`cm`) builds on ([`ChannelFd`],
+//! [`Readiness`], a timer on a descriptor of its own).
 //!
 //! How it works and an example: [`AsyncCq`]'s documentation (public; this module is not).
 
 use std::future::poll_fn;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
-use crate::cq::{CompletionQueue, CqInner};
+use crate::cq::CompletionQueue;
 use crate::error::{Error, Result, Verb};
 use crate::wc::WorkCompletion;
 
-/// What an async runtime supplies to [`AsyncCq`]: its reactor's readiness of one file
-/// descriptor (the CQ's completion channel, non-blocking).
+/// What an async runtime supplies to [`AsyncCq`] and to the async rdma_cm types
+/// ([`AsyncEventChannel`](crate::AsyncEventChannel), [`AsyncCmId`](crate::AsyncCmId)):
+/// its reactor's readiness of one non-blocking file descriptor (a CQ's completion
+/// channel, an rdma_cm event channel, or the timer that bounds an rdma_cm wait).
 ///
 /// Implemented for tokio and async-io behind the cargo features of those names; another
 /// runtime implements it over its own reactor and builds its queue with
-/// [`AsyncCq::with_readiness`].
+/// [`AsyncCq::with_readiness`] (and its channels with
+/// [`AsyncEventChannel::with_readiness`](crate::AsyncEventChannel::with_readiness)).
 pub trait Readiness {
     /// Returns `Ready(Ok(()))` once `read` has read something from the descriptor
     /// (`Ok(true)`). When `read` finds nothing (`Ok(false)`: it would block), forgets any
@@ -26,12 +32,21 @@ pub trait Readiness {
     fn poll_read_with(&mut self, cx: &mut Context<'_>, read: &mut dyn FnMut() -> Result<bool>) -> Poll<Result<()>>;
 }
 
-/// The completion channel's descriptor, as a runtime's reactor watches it. It keeps the
-/// CQ, and so its channel and descriptor, alive while it exists (the [`AsyncCq`] holding
-/// both drops it first).
+/// A channel's descriptor, as a runtime's reactor watches it: a CQ's completion channel,
+/// an rdma_cm event channel, or the timer of an rdma_cm wait. It keeps the object that
+/// owns the descriptor alive while it exists, so the descriptor stays open as long as
+/// the reactor watches it.
 pub struct ChannelFd {
     fd: RawFd,
-    _cq: Arc<CqInner>,
+    _owner: Arc<dyn Send + Sync>,
+}
+
+impl ChannelFd {
+    /// # Safety
+    /// `fd` must be open as long as `owner` lives, and be non-blocking.
+    pub(crate) unsafe fn new(fd: RawFd, owner: Arc<dyn Send + Sync>) -> ChannelFd {
+        ChannelFd { fd, _owner: owner }
+    }
 }
 
 impl AsRawFd for ChannelFd {
@@ -42,8 +57,8 @@ impl AsRawFd for ChannelFd {
 
 impl AsFd for ChannelFd {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the descriptor is the completion channel's, which is closed only when
-        // the CQ is destroyed, and `_cq` keeps the CQ alive as long as this exists.
+        // SAFETY: the descriptor is closed only when its owner goes (the contract of
+        // `new`), and `_owner` keeps it alive as long as this exists.
         unsafe { BorrowedFd::borrow_raw(self.fd) }
     }
 }
@@ -95,7 +110,10 @@ impl<R: Readiness> AsyncCq<R> {
                 "the CQ has no completion channel: build it with CompletionQueue::builder(..).with_channel()",
             ));
         };
-        let ready = make(ChannelFd { fd, _cq: Arc::clone(&cq.inner) }).map_err(reactor)?;
+        let owner: Arc<dyn Send + Sync> = Arc::clone(&cq.inner) as Arc<dyn Send + Sync>;
+        // SAFETY: the completion channel's descriptor is closed only when the CQ is
+        // destroyed, which `owner` prevents; the CQ made it non-blocking.
+        let ready = make(unsafe { ChannelFd::new(fd, owner) }).map_err(reactor)?;
         Ok(AsyncCq { ready, cq, spin: 0, armed: false, waits: 0 })
     }
 
@@ -201,8 +219,91 @@ impl<R> std::fmt::Debug for AsyncCq<R> {
 
 /// An error of the runtime's reactor.
 #[cold]
-fn reactor(source: io::Error) -> Error {
-    Error::Io { what: "watching the completion channel with the async runtime's reactor", source }
+pub(crate) fn reactor(source: io::Error) -> Error {
+    Error::Io { what: "watching a channel's descriptor with the async runtime's reactor", source }
+}
+
+/// A deadline on a descriptor of its own (a non-blocking `timerfd`), which a runtime's
+/// reactor watches like any channel: how an async wait of this crate is bounded without
+/// naming a runtime's timer. One per waiter, re-armed for each wait.
+pub(crate) struct Timer<R> {
+    // Declared first: deregistered from the reactor before the descriptor closes.
+    ready: R,
+    fd: Arc<OwnedFd>,
+    armed_for: Option<Instant>,
+}
+
+impl<R: Readiness> Timer<R> {
+    /// A disarmed timer, watched by the reactor handle `make` returns.
+    pub(crate) fn new(make: &dyn Fn(ChannelFd) -> io::Result<R>) -> Result<Timer<R>> {
+        // SAFETY: no pointer arguments; returns -1 with errno set on failure.
+        let raw = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(Error::last_os(Verb::TimerfdCreate));
+        }
+        // SAFETY: a descriptor just opened, owned by nothing else.
+        let fd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        let owner: Arc<dyn Send + Sync> = Arc::clone(&fd) as Arc<dyn Send + Sync>;
+        // SAFETY: `owner` keeps the descriptor open; it is non-blocking (TFD_NONBLOCK).
+        let ready = make(unsafe { ChannelFd::new(raw, owner) }).map_err(reactor)?;
+        Ok(Timer { ready, fd, armed_for: None })
+    }
+
+    /// `Ready(Ok)` once `deadline` has passed; `Pending` (with `cx`'s waker registered
+    /// with the reactor) before. Arms the timer for `deadline` when it is not yet.
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>, deadline: Instant) -> Poll<Result<()>> {
+        if Instant::now() >= deadline {
+            return Poll::Ready(Ok(()));
+        }
+        let Timer { ready, fd, armed_for } = self;
+        if *armed_for != Some(deadline) {
+            arm(fd.as_raw_fd(), deadline)?;
+            *armed_for = Some(deadline);
+        }
+        let fd = fd.as_raw_fd();
+        ready.poll_read_with(cx, &mut || {
+            let mut ticks = 0u64;
+            // SAFETY: reads 8 bytes into `ticks` from the timer's non-blocking descriptor.
+            let n = unsafe { libc::read(fd, (&mut ticks as *mut u64).cast(), 8) };
+            if n < 0 {
+                let e = Error::last_os(Verb::TimerfdRead);
+                return match e.errno() {
+                    Some(libc::EAGAIN | libc::EINTR) => Ok(false),
+                    _ => Err(e),
+                };
+            }
+            // An expiry of an earlier arming, or one a hair early: arm again, wait on.
+            if Instant::now() < deadline {
+                arm(fd, deadline)?;
+                return Ok(false);
+            }
+            Ok(true)
+        })
+    }
+}
+
+/// Arms the timer to expire once, at `deadline` (the monotonic clock, as `Instant`'s).
+fn arm(fd: RawFd, deadline: Instant) -> Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now()).max(std::time::Duration::from_nanos(1));
+    let value = libc::itimerspec {
+        it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+        it_value: libc::timespec {
+            tv_sec: libc::time_t::try_from(left.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(left.subsec_nanos() as i32),
+        },
+    };
+    // SAFETY: a live timerfd; `value` is a valid itimerspec, the old value is not wanted.
+    let rc = unsafe { libc::timerfd_settime(fd, 0, &value, std::ptr::null_mut()) };
+    if rc < 0 {
+        return Err(Error::last_os(Verb::TimerfdSettime));
+    }
+    Ok(())
+}
+
+impl<R> std::fmt::Debug for Timer<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Timer").field("fd", &self.fd.as_raw_fd()).field("armed_for", &self.armed_for).finish()
+    }
 }
 
 #[cfg(feature = "tokio")]
@@ -210,7 +311,7 @@ mod tokio_rt {
     use super::*;
     use tokio::io::unix::AsyncFd;
 
-    /// The tokio reactor's readiness of a completion channel (feature `tokio`).
+    /// The tokio reactor's readiness of a channel's descriptor (feature `tokio`).
     #[derive(Debug)]
     pub struct TokioFd(AsyncFd<ChannelFd>);
 
@@ -231,20 +332,25 @@ mod tokio_rt {
         }
     }
 
+    impl TokioFd {
+        /// Registers `fd` with the tokio reactor of the runtime this is called in.
+        pub(crate) fn register(fd: ChannelFd) -> io::Result<TokioFd> {
+            if tokio::runtime::Handle::try_current().is_err() {
+                return Err(io::Error::other("called outside a tokio runtime (its reactor watches the descriptor)"));
+            }
+            // SAFETY: a ChannelFd's descriptor stays open, the same file description, as
+            // long as the ChannelFd (it keeps the descriptor's owner alive), and it always
+            // returns that one descriptor.
+            let registered = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
+            registered.map(TokioFd).map_err(io::Error::from)
+        }
+    }
+
     impl AsyncCq<TokioFd> {
         /// Takes `cq` (built with a completion channel) and watches its channel with the
         /// tokio reactor of the runtime this is called in (feature `tokio`).
         pub fn tokio(cq: CompletionQueue) -> Result<Self> {
-            if tokio::runtime::Handle::try_current().is_err() {
-                return Err(reactor(io::Error::other("AsyncCq::tokio called outside a tokio runtime")));
-            }
-            Self::with_readiness(cq, |fd| {
-                // SAFETY: the descriptor is the completion channel's, which stays open as
-                // long as the ChannelFd (it keeps the CQ alive), and ChannelFd always
-                // returns that one descriptor.
-                let registered = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
-                registered.map(TokioFd).map_err(io::Error::from)
-            })
+            Self::with_readiness(cq, TokioFd::register)
         }
     }
 }
@@ -255,8 +361,8 @@ pub use tokio_rt::TokioFd;
 mod async_io_rt {
     use super::*;
 
-    /// The async-io reactor's readiness of a completion channel (feature `async-io`; the
-    /// reactor of smol and async-std).
+    /// The async-io reactor's readiness of a channel's descriptor (feature `async-io`;
+    /// the reactor of smol and async-std).
     #[derive(Debug)]
     pub struct AsyncIoFd(async_io::Async<ChannelFd>);
 
@@ -276,11 +382,18 @@ mod async_io_rt {
         }
     }
 
+    impl AsyncIoFd {
+        /// Registers `fd` with async-io's reactor.
+        pub(crate) fn register(fd: ChannelFd) -> io::Result<AsyncIoFd> {
+            async_io::Async::new(fd).map(AsyncIoFd)
+        }
+    }
+
     impl AsyncCq<AsyncIoFd> {
         /// Takes `cq` (built with a completion channel) and watches its channel with
         /// async-io's reactor (feature `async-io`).
         pub fn async_io(cq: CompletionQueue) -> Result<Self> {
-            Self::with_readiness(cq, |fd| async_io::Async::new(fd).map(AsyncIoFd))
+            Self::with_readiness(cq, AsyncIoFd::register)
         }
     }
 }

@@ -113,12 +113,19 @@ verbs! {
     Accept = "rdma_accept", Control;
     Reject = "rdma_reject", Control;
     Disconnect = "rdma_disconnect", Control;
+    MigrateId = "rdma_migrate_id", Control;
     /// Reading the file descriptor flags of a channel.
     GetFl = "fcntl(F_GETFL)", Control;
     /// Making a channel's file descriptor non-blocking.
     SetFl = "fcntl(F_SETFL)", Control;
     /// Waiting on a channel's file descriptor.
     Poll = "poll", Control;
+    /// Making the timer that bounds an async wait.
+    TimerfdCreate = "timerfd_create", Control;
+    /// Arming the timer that bounds an async wait.
+    TimerfdSettime = "timerfd_settime", Control;
+    /// Reading the timer that bounds an async wait.
+    TimerfdRead = "read(timerfd)", Control;
     /// Claiming a queue of a QP or SRQ ([`crate::QueuePair::send_queue`] and friends).
     Claim = "claiming a queue", Data;
     /// Awaiting a request's completion ([`crate::AsyncSendQueue`], [`crate::AsyncRecvQueue`]).
@@ -205,7 +212,12 @@ impl Verb {
                  and was a signaled request posted at all?"
             }
             Verb::GetAsyncEvent => "the device reported nothing: usual for a healthy device",
-            Verb::GetCmEvent | Verb::ResolveAddr | Verb::ResolveRoute | Verb::Connect | Verb::Accept => {
+            Verb::GetCmEvent
+            | Verb::ResolveAddr
+            | Verb::ResolveRoute
+            | Verb::Connect
+            | Verb::Accept
+            | Verb::Disconnect => {
                 "the peer or the fabric did not answer: check the address and port, that the server \
                  listens, and the route (ping the peer's IP over the RDMA netdev)"
             }

@@ -100,7 +100,8 @@ pub use aio::TokioFd;
 pub use aio::{AsyncCq, ChannelFd, Readiness};
 pub use buf::{Chunk, ExclusiveBuf, PdId, Segment, SendBuf, MAX_SGE};
 pub use cm::{
-    CmEvent, CmEventKind, CmId, ConnInfo, ConnParam, ConnectRequest, EventChannel, PortSpace, RejectReason, UdInfo,
+    AsyncCmId, AsyncEventChannel, CmEvent, CmEventKind, CmId, ConnInfo, ConnParam, ConnectRequest, EventChannel,
+    PortSpace, RejectReason, UdInfo,
 };
 pub use codes::{QpType, WcOpcode, WcStatus};
 pub use context::Context;

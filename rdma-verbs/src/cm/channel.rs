@@ -6,6 +6,7 @@ use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::ptr::{self, NonNull};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use super::event::{CmEvent, CmEventKind, EventData};
@@ -51,6 +52,10 @@ pub(super) struct State {
     pending: VecDeque<Queued>,
     /// Whether a thread is in poll(2) on the descriptor.
     reading: bool,
+    /// The task of an async waiter ([`AsyncEventChannel`](super::AsyncEventChannel))
+    /// that found nothing for it: woken when another reader queues events, since the
+    /// descriptor's readiness that reader consumed will not wake it.
+    waker: Option<Waker>,
 }
 
 /// An event in the queue: its data, and the new id of a connection request.
@@ -60,6 +65,24 @@ struct Queued {
 }
 
 impl State {
+    /// Moves the queued events of the id with this serial to `to`, in order: the id now
+    /// gets its events on `to`'s channel.
+    pub(super) fn move_events(&mut self, to: &mut State, serial: u64) {
+        let mut i = 0;
+        while i < self.pending.len() {
+            if self.pending[i].data.target == serial {
+                to.pending.extend(self.pending.remove(i));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Whether connection requests to the listener with this serial are queued.
+    pub(super) fn has_requests_for(&self, serial: u64) -> bool {
+        self.pending.iter().any(|q| q.data.target == serial && q.child.is_some())
+    }
+
     /// Forgets the queued events of the id with this serial: it is being destroyed. The
     /// new ids of its connection requests are destroyed too (the kernel rejects them),
     /// and their own queued events with them.
@@ -87,7 +110,7 @@ impl ChannelInner {
         self.raw.as_ptr()
     }
 
-    fn fd(&self) -> RawFd {
+    pub(super) fn fd(&self) -> RawFd {
         // SAFETY: the channel is live; `fd` is set at creation and never changes.
         unsafe { (*self.raw.as_ptr()).fd }
     }
@@ -116,7 +139,46 @@ impl ChannelInner {
             // SAFETY: a fresh event from rdma_get_cm_event, acknowledged below, once.
             let queued = unsafe { take_event(ev) };
             st.pending.push_back(queued);
+            // The async waiter, if any, learns of it here, not from the descriptor.
+            if let Some(w) = st.waker.take() {
+                w.wake();
+            }
         }
+    }
+
+    /// The first queued event about the id with serial `of` (any id's: `None`); else
+    /// reads what the kernel has ready and looks again. Without sleeping; for the async
+    /// waiter, whose task `waker` is woken when another reader queues events after this
+    /// found none.
+    pub(super) fn try_take(self: &Arc<Self>, of: Option<u64>, waker: &Waker) -> Result<Option<CmEvent>> {
+        let want = |d: &EventData| of.is_none_or(|serial| d.target == serial);
+        let mut st = self.lock();
+        // This reader's own reads need not wake it.
+        st.waker = None;
+        let mut found = st.pending.iter().position(|q| want(&q.data));
+        if found.is_none() {
+            let before = st.pending.len();
+            let drained = self.drain(&mut st);
+            if st.pending.len() > before {
+                // A thread in poll(2) may be waiting for one of these.
+                self.turn.notify_all();
+            }
+            found = st.pending.iter().position(|q| want(&q.data));
+            if found.is_none() {
+                drained?;
+                st.waker = Some(waker.clone());
+                return Ok(None);
+            }
+        }
+        let queued = found.and_then(|i| st.pending.remove(i));
+        drop(st);
+        // Outside the lock: the request's new id is wrapped here.
+        Ok(queued.map(|q| self.hand_out(q)))
+    }
+
+    /// Forgets the async waiter (it is gone).
+    pub(super) fn forget_waker(&self) {
+        self.lock().waker = None;
     }
 
     /// Waits for the first event that `want` takes, at most `timeout`. One waiting thread
@@ -261,7 +323,7 @@ impl EventChannel {
         };
         let inner = Arc::new(ChannelInner {
             raw,
-            state: Mutex::new(State { pending: VecDeque::new(), reading: false }),
+            state: Mutex::new(State { pending: VecDeque::new(), reading: false, waker: None }),
             turn: Condvar::new(),
         });
         let fd = inner.fd();

@@ -6,7 +6,7 @@ use std::fmt;
 use super::id::CmId;
 use crate::ah::AhAttr;
 use crate::c_enum::c_enum;
-use crate::error::{Error, Verb};
+use crate::error::{Error, Result, Verb};
 use crate::ffi;
 
 c_enum! {
@@ -338,6 +338,15 @@ impl CmEvent {
         self.request.take()
     }
 
+    /// The event if it is `kind`, else the error it stands for (`verb` waited for `kind`).
+    pub(super) fn expect(self, kind: CmEventKind, verb: Verb) -> Result<CmEvent> {
+        if self.kind() == kind {
+            Ok(self)
+        } else {
+            Err(self.into_error(verb, kind))
+        }
+    }
+
     /// This event as an error, for code that waited for something else: the error events
     /// with their errno, a rejection with its reason and private data.
     pub(super) fn into_error(self, verb: Verb, expected: CmEventKind) -> Error {
@@ -391,6 +400,12 @@ pub struct ConnectRequest {
 }
 
 impl ConnectRequest {
+    /// The request of a [`CmEventKind::ConnectRequest`] event.
+    pub(super) fn from_event(mut event: CmEvent) -> Result<ConnectRequest> {
+        let id = event.take_request().ok_or_else(|| Error::verb(Verb::GetCmEvent, libc::EPROTO))?;
+        Ok(ConnectRequest { id, event })
+    }
+
     /// The new id, bound to the device the request came in on.
     pub fn id(&self) -> &CmId {
         &self.id

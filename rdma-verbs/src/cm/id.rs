@@ -164,6 +164,24 @@ impl Drop for CmQpLink {
     }
 }
 
+/// The hint of a failed address resolution.
+pub(super) fn resolve_addr_hint(e: Error, dst: SocketAddr) -> Error {
+    match e {
+        Error::Verb { .. } => e.with_hint(format!(
+            "no route to {} through an RDMA device: for RoCE, use the IP of a netdev under an \
+             RDMA device (not 127.0.0.1 unless the device sits on lo)",
+            dst.ip()
+        )),
+        other => other,
+    }
+}
+
+/// Added to the CM's own timeout of a resolution when waiting for its event (see
+/// [`RESOLVE_GRACE`]).
+pub(super) fn resolve_wait(timeout: Duration) -> Duration {
+    timeout + RESOLVE_GRACE
+}
+
 /// Milliseconds for librdmacm: at least 1, at most what fits in a C int.
 fn millis(timeout: Duration) -> c_int {
     c_int::try_from(timeout.as_millis()).unwrap_or(c_int::MAX).max(1)
@@ -213,6 +231,12 @@ impl CmId {
 
     pub(super) fn serial(&self) -> u64 {
         self.inner.serial
+    }
+
+    /// Whether only this id holds its channel (no handle of it and no other id on it),
+    /// so that no other id's events arrive there.
+    pub(super) fn has_channel_alone(&self) -> bool {
+        Arc::strong_count(&self.inner.channel) == 1
     }
 
     /// The raw pointer, valid while `self` lives. Calling librdmacm on it behind this
@@ -328,6 +352,14 @@ impl CmId {
     #[doc(alias = "rdma_resolve_addr")]
     pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<()> {
         const VERB: Verb = Verb::ResolveAddr;
+        self.start_resolve_addr(src, dst, timeout)?;
+        let event = self.expect(CmEventKind::AddrResolved, timeout + RESOLVE_GRACE, VERB);
+        event.map(drop).map_err(|e| resolve_addr_hint(e, dst))
+    }
+
+    /// `rdma_resolve_addr` without the wait: its event comes later.
+    pub(super) fn start_resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr, timeout: Duration) -> Result<()> {
+        const VERB: Verb = Verb::ResolveAddr;
         let mut src = src.map(SockAddr::new);
         let mut dst_c = SockAddr::new(dst);
         let src_ptr = src.as_mut().map_or(ptr::null_mut(), SockAddr::as_ffi);
@@ -341,14 +373,6 @@ impl CmId {
                 e.with_hint("the id is already resolved or listening, or the address is not IPv4/IPv6")
             }
             _ => e,
-        })?;
-        self.expect(CmEventKind::AddrResolved, timeout + RESOLVE_GRACE, VERB).map(drop).map_err(|e| match e {
-            Error::Verb { .. } => e.with_hint(format!(
-                "no route to {} through an RDMA device: for RoCE, use the IP of a netdev under an \
-                 RDMA device (not 127.0.0.1 unless the device sits on lo)",
-                dst.ip()
-            )),
-            other => other,
         })
     }
 
@@ -356,13 +380,18 @@ impl CmId {
     /// [`resolve_addr`](Self::resolve_addr), waiting as it does.
     #[doc(alias = "rdma_resolve_route")]
     pub fn resolve_route(&self, timeout: Duration) -> Result<()> {
+        self.start_resolve_route(timeout)?;
+        self.expect(CmEventKind::RouteResolved, timeout + RESOLVE_GRACE, Verb::ResolveRoute).map(drop)
+    }
+
+    /// `rdma_resolve_route` without the wait.
+    pub(super) fn start_resolve_route(&self, timeout: Duration) -> Result<()> {
         const VERB: Verb = Verb::ResolveRoute;
         if self.verbs().is_null() {
             return Err(Error::invalid(VERB, "the address is not resolved: call resolve_addr() first"));
         }
         // SAFETY: the id is live and bound to a device.
-        self.locked(|id| conv::rc(VERB, unsafe { ffi::rdma_resolve_route(id, millis(timeout)) }))?;
-        self.expect(CmEventKind::RouteResolved, timeout + RESOLVE_GRACE, VERB).map(drop)
+        self.locked(|id| conv::rc(VERB, unsafe { ffi::rdma_resolve_route(id, millis(timeout)) }))
     }
 
     /// The device context librdmacm bound the id to: allocate the PD, CQs and memory
@@ -475,6 +504,12 @@ impl CmId {
     /// nothing listens on the port. After a timeout, drop the id.
     #[doc(alias = "rdma_connect")]
     pub fn connect(&self, param: &ConnParam<'_>, timeout: Duration) -> Result<CmEvent> {
+        self.start_connect(param)?;
+        self.expect(CmEventKind::Established, timeout, Verb::Connect)
+    }
+
+    /// `rdma_connect` without the wait.
+    pub(super) fn start_connect(&self, param: &ConnParam<'_>) -> Result<()> {
         const VERB: Verb = Verb::Connect;
         if self.verbs().is_null() {
             return Err(Error::invalid(VERB, "the route is not resolved: resolve_addr() and resolve_route() first"));
@@ -490,17 +525,15 @@ impl CmId {
                  initiator_depth exceed the device's limits",
             ),
             _ => e,
-        })?;
-        self.expect(CmEventKind::Established, timeout, VERB)
+        })
     }
 
     /// Waits at most `timeout` for a connection request on this listener and returns it
     /// with its new id. Other events of the listener are errors.
     #[doc(alias = "rdma_get_request")]
     pub fn get_request(&self, timeout: Duration) -> Result<ConnectRequest> {
-        let mut event = self.expect(CmEventKind::ConnectRequest, timeout, Verb::GetCmEvent)?;
-        let id = event.take_request().ok_or_else(|| Error::verb(Verb::GetCmEvent, libc::EPROTO))?;
-        Ok(ConnectRequest { id, event })
+        let event = self.expect(CmEventKind::ConnectRequest, timeout, Verb::GetCmEvent)?;
+        ConnectRequest::from_event(event)
     }
 
     /// Accepts the connection request this id came with (`rdma_accept`): librdmacm
@@ -509,6 +542,14 @@ impl CmId {
     /// ends at once.
     #[doc(alias = "rdma_accept")]
     pub fn accept(&self, param: &ConnParam<'_>, timeout: Duration) -> Result<()> {
+        if !self.start_accept(param)? {
+            return Ok(());
+        }
+        self.expect(CmEventKind::Established, timeout, Verb::Accept).map(drop)
+    }
+
+    /// `rdma_accept` without the wait: whether an ESTABLISHED event is to come (RC).
+    pub(super) fn start_accept(&self, param: &ConnParam<'_>) -> Result<bool> {
         const VERB: Verb = Verb::Accept;
         self.require_qp(VERB)?;
         let mut c = self.conn_param(VERB, param, PrivateDataOp::Accept)?;
@@ -521,10 +562,7 @@ impl CmId {
             ),
             _ => e,
         })?;
-        if self.inner.ps == PortSpace::Udp {
-            return Ok(());
-        }
-        self.expect(CmEventKind::Established, timeout, VERB).map(drop)
+        Ok(self.inner.ps != PortSpace::Udp)
     }
 
     /// Rejects the connection request this id came with (`rdma_reject`): the peer sees
@@ -569,11 +607,41 @@ impl CmId {
     fn expect(&self, kind: CmEventKind, timeout: Duration, verb: Verb) -> Result<CmEvent> {
         let serial = self.inner.serial;
         let event = self.inner.channel.wait(|d| d.target == serial, timeout, verb)?;
-        if event.kind() == kind {
-            Ok(event)
-        } else {
-            Err(event.into_error(verb, kind))
+        event.expect(kind, verb)
+    }
+
+    /// Moves the id onto `to` (`rdma_migrate_id`), with the events about it that the old
+    /// channel has read and not handed out: from now on its events arrive on `to`. Only
+    /// while nothing else holds the id (no QP or context made from it yet), and not for a
+    /// listener with connection requests queued (their new ids stay on the old channel).
+    pub(super) fn migrate(&mut self, to: &EventChannel) -> Result<()> {
+        const VERB: Verb = Verb::MigrateId;
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            return Err(Error::invalid(
+                VERB,
+                "the id is shared (a QP or a context made from it holds it): give it a channel of \
+                 its own before making its QP",
+            ));
+        };
+        if Arc::ptr_eq(&inner.channel, &to.inner) {
+            return Ok(());
         }
+        let old = Arc::clone(&inner.channel);
+        // Both locks: nobody reads either channel meanwhile. `to` is one this crate just
+        // made, which nobody else locks, so the order cannot deadlock.
+        let mut from = old.lock();
+        let mut into = to.inner.lock();
+        if from.has_requests_for(inner.serial) {
+            return Err(Error::invalid(VERB, "connection requests to this listener are queued on its channel"));
+        }
+        // SAFETY: the id and both channels are live; every event read about the id has
+        // been acknowledged (under the lock, which we hold), so this does not wait.
+        let rc = unsafe { ffi::rdma_migrate_id(inner.raw.as_ptr(), to.as_raw()) };
+        conv::rc(VERB, rc)?;
+        from.move_events(&mut into, inner.serial);
+        drop((from, into));
+        inner.channel = Arc::clone(&to.inner);
+        Ok(())
     }
 
     /// Destroys the id now and reports the result (`rdma_destroy_id`). Fails with EBUSY,

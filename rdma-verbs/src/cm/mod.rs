@@ -22,6 +22,15 @@
 //! channel's descriptor is non-blocking and can go into an event loop ([`AsRawFd`]), with
 //! [`EventChannel::try_next_event`] on readiness.
 //!
+//! # Awaiting instead of waiting
+//!
+//! [`AsyncCmId`] does the steps that wait (resolving, connecting, taking requests,
+//! accepting, disconnecting) as futures on any executor, and [`AsyncEventChannel`]
+//! awaits every event of a channel; the runtime's reactor watches the channel's
+//! descriptor through the same [`Readiness`](crate::Readiness) as a CQ's. Each
+//! `AsyncCmId` has a channel of its own (`rdma_migrate_id` moves an id that shares one),
+//! so a server takes requests in a loop and serves each connection in its own task.
+//!
 //! # Lifetimes and teardown
 //!
 //! A QP made through an id ([`CmId::create_qp`]) holds the id; a [`Context`] from
@@ -51,10 +60,12 @@
 //! [`Context`]: crate::Context
 
 mod addr;
+mod aio;
 mod channel;
 mod event;
 mod id;
 
+pub use aio::{AsyncCmId, AsyncEventChannel};
 pub use channel::EventChannel;
 pub use event::{CmEvent, CmEventKind, ConnInfo, ConnectRequest, RejectReason, UdInfo};
 pub use id::CmId;

@@ -11,6 +11,7 @@
 //! | `doc/cm_client.rs` | `CmId` |
 //! | `doc/async_cq.rs` | `AsyncCq` |
 //! | `doc/awaited.rs` | `AsyncSendQueue` |
+//! | `doc/async_cm.rs` | `AsyncCmId` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -107,5 +108,16 @@ mod awaited {
     fn the_awaited_queues_example_sends_to_itself_and_awaits_each_ticket_on_tokio() {
         let _leaks = super::LeakCheck::new();
         super::run(main);
+    }
+}
+
+mod async_cm {
+    include!("doc/async_cm.rs");
+
+    /// In a process of its own, as the other rdma_cm example.
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_async_cm_id_example_accepts_in_a_loop_and_connects_two_clients_on_tokio() {
+        crate::cm::isolated(this_test!(), || super::run(main));
     }
 }

@@ -23,6 +23,7 @@ macro_rules! this_test {
 }
 
 mod access;
+mod acm;
 mod aio;
 mod alloc;
 mod awaited;

@@ -12,8 +12,9 @@
 //! and sequence in every byte's pattern), awaits the echo and compares it byte for byte.
 //! The server echoes that many messages per connection, then disconnects it.
 //!
-//! Completions are awaited (`AsyncCq::tokio`), two CQs per connection (sends, receives),
-//! so a task parks on its CQs' channels instead of spinning. Connection setup is awaited
+//! Completions are awaited: each side of a connection is an `AsyncSendQueue` or
+//! `AsyncRecvQueue` on a channel CQ of its own (`AsyncCq::tokio`), so a post returns a
+//! ticket at once and a task parks on its CQs' channels instead of spinning. Connection setup is awaited
 //! too (`AsyncCmId::tokio`): the server's listener takes the requests in a loop and hands
 //! each to a task of its own, which accepts it on an event channel of its own; each
 //! client resolves and connects in its task; both sides await their DISCONNECTED at the
@@ -28,8 +29,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, AsyncCmId, AsyncCq, Chunk, CmId, CompletionQueue, ConnParam, ConnectRequest, EventChannel,
-    PortSpace, ProtectionDomain, QpType, QueuePair, RecvQueue, SendQueue, SendWr, TokioFd, WorkCompletion,
+    AccessFlags, AlignedBuf, AsyncCmId, AsyncCq, AsyncRecvQueue, AsyncSendQueue, Chunk, CmId, CompletionQueue,
+    ConnParam, ConnectRequest, EventChannel, PortSpace, ProtectionDomain, QpType, QueuePair, SendWr, TokioFd,
 };
 
 #[derive(Parser, Debug, Clone)]
@@ -73,10 +74,8 @@ fn err(e: rdma_verbs::Error) -> String {
 /// One end of a connection, its rdma_cm events and completions awaited.
 struct Conn {
     // The queues first: dropped before the QP and the id.
-    sq: SendQueue<Chunk>,
-    rq: RecvQueue<Chunk>,
-    scq: AsyncCq<TokioFd>,
-    rcq: AsyncCq<TokioFd>,
+    sq: AsyncSendQueue<Chunk, TokioFd>,
+    rq: AsyncRecvQueue<Chunk, TokioFd>,
     send_buf: Option<Chunk>,
     _qp: QueuePair,
     id: AsyncCmId<TokioFd>,
@@ -85,11 +84,12 @@ struct Conn {
 }
 
 impl Conn {
-    /// Makes the QP of `id` (two channel CQs, 4 requests each way) and posts its receive.
+    /// Makes the QP of `id` (a channel CQ for each side, 4 requests each way) and posts
+    /// its receive.
     fn new(id: AsyncCmId<TokioFd>, size: usize, messages: u64) -> Res<Conn> {
         let ctx = id.id().context().map_err(err)?;
         let pd = ProtectionDomain::new(&ctx).map_err(err)?;
-        let cq = || CompletionQueue::builder(&ctx, 8).with_channel().build().map_err(err);
+        let cq = || CompletionQueue::builder(&ctx, 4).with_channel().build().map_err(err);
         let (scq, rcq) = (cq()?, cq()?);
         let qp = id
             .id()
@@ -100,11 +100,13 @@ impl Conn {
             .and_then(|mr| mr.into_chunks(size))
             .map_err(err)?;
         let (send_buf, recv_buf) = (bufs.remove(0), bufs.remove(0));
-        let mut rq: RecvQueue<Chunk> = qp.recv_queue().map_err(err)?;
+        // Each side awaited on its own CQ: posts return tickets, awaits hand buffers back.
+        let sq = AsyncSendQueue::new(qp.send_queue().map_err(err)?, AsyncCq::tokio(scq).map_err(err)?)
+            .map_err(|r| err(r.error))?;
+        let mut rq = AsyncRecvQueue::new(qp.recv_queue().map_err(err)?, AsyncCq::tokio(rcq).map_err(err)?)
+            .map_err(|r| err(r.error))?;
         rq.post(recv_buf, 0..size, 0).map_err(|r| err(r.error))?;
-        let sq = qp.send_queue().map_err(err)?;
-        let (scq, rcq) = (AsyncCq::tokio(scq).map_err(err)?, AsyncCq::tokio(rcq).map_err(err)?);
-        Ok(Conn { sq, rq, scq, rcq, send_buf: Some(send_buf), _qp: qp, id, messages })
+        Ok(Conn { sq, rq, send_buf: Some(send_buf), _qp: qp, id, messages })
     }
 
     /// SENDs `len` bytes of the send buffer, after `fill` wrote them, and awaits the
@@ -112,25 +114,15 @@ impl Conn {
     async fn send(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> Res<()> {
         let mut buf = self.send_buf.take().ok_or("the send buffer is out")?;
         fill(&mut buf[..len]);
-        self.sq.post(SendWr::send(buf, 0..len)).map_err(|r| err(r.error))?;
-        let mut wcs = [WorkCompletion::EMPTY; 2];
-        while self.send_buf.is_none() {
-            for wc in self.scq.completions(&mut wcs).await.map_err(err)? {
-                let mut back = None;
-                self.sq.complete(wc, |d| back = Some(d.result())).map_err(err)?;
-                if let Some(done) = back {
-                    self.send_buf = Some(done.map_err(|r| err(r.error))?.buf);
-                }
-            }
-        }
+        let sent = self.sq.post(SendWr::send(buf, 0..len)).map_err(|r| err(r.error))?;
+        let done = self.sq.wait(sent).await.map_err(err)?;
+        self.send_buf = Some(done.result().map_err(|r| err(r.error))?.buf);
         Ok(())
     }
 
     /// Awaits the next receive, hands its bytes to `check`, and posts the buffer again.
     async fn recv(&mut self, check: impl FnOnce(&[u8]) -> Res<()>) -> Res<()> {
-        let mut wcs = [WorkCompletion::EMPTY; 1];
-        let wc = &mut self.rcq.completions(&mut wcs).await.map_err(err)?[0];
-        let got = self.rq.complete(wc).map_err(err)?.result().map_err(|r| err(r.error))?;
+        let got = self.rq.next().await.map_err(err)?.result().map_err(|r| err(r.error))?;
         let outcome = check(&got.buf[..got.byte_len as usize]);
         let len = got.buf.len();
         self.rq.post(got.buf, 0..len, 0).map_err(|r| err(r.error))?;

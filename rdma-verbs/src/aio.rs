@@ -155,8 +155,12 @@ impl<R: Readiness> AsyncCq<R> {
         self.waits
     }
 
-    /// The CQ, to poll or inspect it directly.
+    /// The CQ, to poll or inspect it directly. Whatever is done with it (an arming and a
+    /// wait of its own consume the armed state), the next await arms it again before it
+    /// parks: arming twice is harmless, an event spent behind this queue's back would
+    /// leave the await waiting for ever.
     pub fn cq(&mut self) -> &mut CompletionQueue {
+        self.armed = false;
         &mut self.cq
     }
 

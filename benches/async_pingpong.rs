@@ -246,6 +246,9 @@ fn connections(ctx: &Context, pd: &ProtectionDomain, conns: usize, window: u64) 
 enum Way {
     Busy,
     BusyThreads,
+    /// `BusyThreads` once more, as another way: its ratio to `BusyThreads` is the noise
+    /// floor (A/A) of the ping-pong ratios.
+    BusyThreadsAgain,
     Blocking,
     /// Every end a task on the one shared current-thread runtime; the spin.
     Async(u32),
@@ -258,6 +261,7 @@ impl Way {
         match self {
             Way::Busy => "busy (1 thread)".into(),
             Way::BusyThreads => "busy (thread per end)".into(),
+            Way::BusyThreadsAgain => "busy (thread per end) A/A".into(),
             Way::Blocking => "blocking (thread per end)".into(),
             Way::Async(n) => format!("async spin {n} (1 thread)"),
             Way::AsyncPerEnd(n) => format!("async spin {n} (rt per end)"),
@@ -279,7 +283,7 @@ fn turn(way: Way, sides: &mut Vec<Side>, rt: &Runtime, messages: u64) -> Turn {
             busy(sides, messages);
             Turn { time: t.elapsed(), waits: 0 }
         }
-        Way::BusyThreads => threads(sides, messages, |s, m, ready| {
+        Way::BusyThreads | Way::BusyThreadsAgain => threads(sides, messages, |s, m, ready| {
             ready.wait();
             busy(std::slice::from_mut(s), m);
             0
@@ -570,7 +574,7 @@ fn interleaved(k: &Knobs, rt: &Runtime, one: &mut Vec<Side>, many: &mut Vec<Side
     let poll_ns = empty_poll_ns(one);
     let shared = SPINS.map(Way::Async);
     let per_end: Vec<Way> = SPINS.iter().chain(&LONG_SPINS).map(|&n| Way::AsyncPerEnd(n)).collect();
-    let mut ways = vec![Way::Busy, Way::BusyThreads, Way::Blocking];
+    let mut ways = vec![Way::Busy, Way::BusyThreads, Way::BusyThreadsAgain, Way::Blocking];
     ways.extend(shared.iter().chain(&per_end));
     let ping = interleave(&ways, one, rt, k.rounds, k.iters, k.iters as f64);
     // At many connections: one thread polling, a thread per end blocking, one runtime.
@@ -608,6 +612,8 @@ fn interleaved(k: &Knobs, rt: &Runtime, one: &mut Vec<Side>, many: &mut Vec<Side
         "{:<10} {:<29} {:<29} {:>7} {:>7} {:>7} {:>7} {:>6}",
         "load", "way", "against", "ratio", "min", "median", "max", "rounds"
     );
+    // The noise floor: the same way measured twice in every round.
+    ping.ratio("ping-pong", Way::BusyThreadsAgain, Way::BusyThreads);
     for way in shared {
         ping.ratio("ping-pong", way, Way::Busy);
         ping.ratio("ping-pong", way, Way::Blocking);

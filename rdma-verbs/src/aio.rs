@@ -126,25 +126,30 @@ impl<R: Readiness> AsyncCq<R> {
     /// - **0 (the default) on a runtime thread serving many connections** (a
     ///   thread-per-core server): a spinning task holds up the tasks whose completions
     ///   are already there. At 64 connections with one request each in flight, all on
-    ///   one current-thread runtime, spin 200 gave 20% fewer messages/s than spin 0, and
-    ///   spin 2000 77% fewer.
+    ///   one current-thread runtime: about 4,600 to 5,200 messages/s at spin 0, 3,600 to
+    ///   3,800 at spin 200, 1,100 to 1,300 at spin 2000.
     /// - **Spin for about as long as a completion takes to come when latency matters and
     ///   the task has its thread to itself** (its peer working elsewhere): N polls last N
     ///   times an empty poll (tens of nanoseconds on hardware, which makes "a few
-    ///   microseconds" a few hundred polls). With a runtime per end on its own thread,
-    ///   spin 2000 (about 2 ms of polls there) cut the parkings per
-    ///   round trip from 1.95 to 1.24 and the round trip's median by 40%.
+    ///   microseconds" a few hundred polls). With a runtime per end on its own thread, a
+    ///   ping-pong's round trip against a thread per end busy-polling: spin 0 parks 1.4
+    ///   times per round trip and costs 3.9 to 4.8 times as much; spin 200 parks 0.07 to
+    ///   0.14 times and costs 1.3 to 1.6 times; spin 2000 (a few round trips' time there)
+    ///   parks 0.01 times or less and costs 0.99 to 1.15 times, spin 20000 1.00 to 1.06:
+    ///   as much as busy polling, within the noise (the same busy way measured twice: 0.95).
     /// - Spinning never helps while what it waits for needs the same thread: with both
-    ///   ends of a ping-pong on one runtime, the round trip grew from 0.51 ms (spin 0)
-    ///   to 0.64 ms (200) and 1.83 ms (2000).
+    ///   ends of a ping-pong on one runtime, the round trip grew from 0.54 ms (spin 0)
+    ///   to 0.83 ms (200) and 2.0 ms (2000).
     ///
-    /// Parking is what awaiting costs: each end parked once per round trip there, and
-    /// that ping-pong took 3.2 times as long as one thread busy-polling both CQs (and a
-    /// fourteenth of the time of a thread per end blocking on the channel).
+    /// Parking is what awaiting costs when nothing spins: a round trip in which each end
+    /// parks once costs about what a thread per end blocking on the channel costs (1.05 to
+    /// 1.24 times) and 3.3 to 4.1 times one thread busy-polling both CQs.
     ///
     /// These numbers are `scripts/rxe cargo bench --bench async_pingpong`
-    /// (`benches/async_pingpong.rs`) on rxe in a VM under emulation (2 vCPUs, a busy host):
-    /// indicative only, the ratios more than the times. Run it where you deploy.
+    /// (`benches/async_pingpong.rs`), four runs of 15 interleaved rounds on an idle host,
+    /// on rxe in a VM under emulation (2 vCPUs; an empty poll 86 to 187 ns; a busy-polled
+    /// round trip about 0.1 ms): the ratios say more than the times. Run it where you
+    /// deploy.
     pub fn set_spin(&mut self, polls: u32) {
         self.spin = polls;
     }

@@ -80,6 +80,17 @@ struct Slots<B, R> {
     _whole: CqReservation,
 }
 
+impl<B, R> Slots<B, R> {
+    fn debug(&self, f: &mut std::fmt::Formatter<'_>, name: &str, queue: &dyn std::fmt::Debug) -> std::fmt::Result {
+        f.debug_struct(name)
+            .field("queue", queue)
+            .field("posted", &self.posted)
+            .field("finished", &self.arrived)
+            .field("handed_back", &self.front)
+            .finish()
+    }
+}
+
 static QUEUE_IDS: AtomicU64 = AtomicU64::new(1);
 
 impl<B, R: Readiness> Slots<B, R> {
@@ -186,6 +197,41 @@ impl<B, R: Readiness> Slots<B, R> {
             }
         }
         Poll::Ready(first_error.map_or(Ok(()), Err))
+    }
+
+    /// `Ready` with the request of `ticket` once it is finished, completing what the CQ
+    /// holds with `complete` meanwhile.
+    fn poll_wait(
+        &mut self,
+        cx: &mut Context<'_>,
+        ticket: &Ticket,
+        mut complete: impl FnMut(&mut WorkCompletion, &mut dyn FnMut(Done<B>)) -> Result<usize>,
+    ) -> Poll<Result<Done<B>>> {
+        loop {
+            if let Some(done) = self.take(ticket)? {
+                return Poll::Ready(Ok(done));
+            }
+            ready!(self.fill(cx, &mut complete))?;
+        }
+    }
+
+    /// `Ready` with the oldest finished request not yet handed back, as `poll_wait`.
+    fn poll_next(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut complete: impl FnMut(&mut WorkCompletion, &mut dyn FnMut(Done<B>)) -> Result<usize>,
+    ) -> Poll<Result<Done<B>>> {
+        loop {
+            if let Some(done) = self.take_next() {
+                return Poll::Ready(Ok(done));
+            }
+            ready!(self.fill(cx, &mut complete))?;
+        }
+    }
+
+    /// Requests posted and not yet handed back.
+    fn outstanding(&self) -> usize {
+        (self.posted - self.front) as usize
     }
 }
 
@@ -316,33 +362,20 @@ impl<T: SendBuf, R: Readiness, W: SendRequest> AsyncSendQueue<T, R, W> {
     /// [`wait`](Self::wait) as a poll: `Ready` with the request of `ticket` once it is
     /// finished, else `Pending` with `cx`'s waker registered.
     pub fn poll_wait(&mut self, cx: &mut Context<'_>, ticket: &Ticket) -> Poll<Result<Done<W::Back>>> {
-        loop {
-            if let Some(done) = self.slots.take(ticket)? {
-                return Poll::Ready(Ok(done));
-            }
-            ready!(self.poll_fill(cx))?;
-        }
+        let AsyncSendQueue { queue, slots } = self;
+        slots.poll_wait(cx, ticket, |wc, store| queue.complete(wc, store))
     }
 
     /// [`next`](Self::next) as a poll.
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Done<W::Back>>> {
-        loop {
-            if let Some(done) = self.slots.take_next() {
-                return Poll::Ready(Ok(done));
-            }
-            ready!(self.poll_fill(cx))?;
-        }
-    }
-
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let AsyncSendQueue { queue, slots } = self;
-        slots.fill(cx, |wc, store| queue.complete(wc, &mut *store))
+        slots.poll_next(cx, |wc, store| queue.complete(wc, store))
     }
 
     /// Requests posted and not yet handed back (finished ones waiting in their slots
     /// included).
     pub fn outstanding(&self) -> usize {
-        (self.slots.posted - self.slots.front) as usize
+        self.slots.outstanding()
     }
 
     /// The QP number.
@@ -363,12 +396,7 @@ impl<T: SendBuf, R: Readiness, W: SendRequest> AsyncSendQueue<T, R, W> {
 
 impl<T: SendBuf, R, W: SendRequest> std::fmt::Debug for AsyncSendQueue<T, R, W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncSendQueue")
-            .field("queue", &self.queue)
-            .field("posted", &self.slots.posted)
-            .field("finished", &self.slots.arrived)
-            .field("handed_back", &self.slots.front)
-            .finish()
+        self.slots.debug(f, "AsyncSendQueue", &self.queue)
     }
 }
 
@@ -420,35 +448,19 @@ impl<T: ExclusiveBuf, R: Readiness> AsyncRecvQueue<T, R> {
 
     /// [`wait`](Self::wait) as a poll.
     pub fn poll_wait(&mut self, cx: &mut Context<'_>, ticket: &Ticket) -> Poll<Result<Done<T>>> {
-        loop {
-            if let Some(done) = self.slots.take(ticket)? {
-                return Poll::Ready(Ok(done));
-            }
-            ready!(self.poll_fill(cx))?;
-        }
+        let AsyncRecvQueue { queue, slots } = self;
+        slots.poll_wait(cx, ticket, |wc, store| complete_recv(queue, wc, store))
     }
 
     /// [`next`](Self::next) as a poll.
     pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Done<T>>> {
-        loop {
-            if let Some(done) = self.slots.take_next() {
-                return Poll::Ready(Ok(done));
-            }
-            ready!(self.poll_fill(cx))?;
-        }
-    }
-
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let AsyncRecvQueue { queue, slots } = self;
-        slots.fill(cx, |wc, store| {
-            store(queue.complete(wc)?);
-            Ok(1)
-        })
+        slots.poll_next(cx, |wc, store| complete_recv(queue, wc, store))
     }
 
     /// Receives posted and not yet handed back.
     pub fn outstanding(&self) -> usize {
-        (self.slots.posted - self.slots.front) as usize
+        self.slots.outstanding()
     }
 
     /// The QP number.
@@ -467,13 +479,18 @@ impl<T: ExclusiveBuf, R: Readiness> AsyncRecvQueue<T, R> {
     }
 }
 
+/// Takes a receive completion and keeps the finished receive.
+fn complete_recv<T: ExclusiveBuf>(
+    queue: &mut RecvQueue<T>,
+    wc: &mut WorkCompletion,
+    store: &mut dyn FnMut(Done<T>),
+) -> Result<usize> {
+    store(queue.complete(wc)?);
+    Ok(1)
+}
+
 impl<T: ExclusiveBuf, R> std::fmt::Debug for AsyncRecvQueue<T, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncRecvQueue")
-            .field("queue", &self.queue)
-            .field("posted", &self.slots.posted)
-            .field("finished", &self.slots.arrived)
-            .field("handed_back", &self.slots.front)
-            .finish()
+        self.slots.debug(f, "AsyncRecvQueue", &self.queue)
     }
 }

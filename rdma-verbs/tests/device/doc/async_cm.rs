@@ -1,7 +1,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use rdma_verbs::{AsyncCmId, CmId, CompletionQueue, ConnParam, EventChannel, PortSpace, ProtectionDomain, QpType, QueuePair};
+use rdma_verbs::{
+    AsyncCmId, CmId, CompletionQueue, ConnParam, EventChannel, PortSpace, ProtectionDomain, QpType, QueuePair,
+};
 
 /// The QP of a connection's id: made before connecting or accepting.
 fn make_qp(id: &CmId) -> rdma_verbs::Result<QueuePair> {

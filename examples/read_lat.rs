@@ -1,7 +1,7 @@
 //! RDMA READ latency (perftest's ib_read_lat): the client times read round trips; the server only serves its region.
 //!
 //! ```text
-//! read_lat [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS] [-p TCP_PORT] [--json] (--loopback | [HOST])
+//! read_lat [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS] [-u TIMEOUT] [-p TCP_PORT] [--json] (--loopback | [HOST])
 //! ```
 //!
 //! Without a host it is the server; with one, the client, which prints perftest's latency

@@ -1,7 +1,7 @@
 //! SEND latency (perftest's ib_send_lat): a ping-pong of sends into posted receives; half the round trip is reported.
 //!
 //! ```text
-//! send_lat [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS] [-p TCP_PORT] [--json] (--loopback | [HOST])
+//! send_lat [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS] [-u TIMEOUT] [-p TCP_PORT] [--json] (--loopback | [HOST])
 //! ```
 //!
 //! Without a host it is the server; with one, the client, which prints perftest's latency

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! write_bw [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS | -D SECS] [-t DEPTH] [-Q MOD] [-l LIST] [-q QPS]
-//!          [-p TCP_PORT] [--report_gbits] [--json] (--loopback | [HOST])
+//!          [-u TIMEOUT] [-p TCP_PORT] [--report_gbits] [--json] (--loopback | [HOST])
 //! ```
 //!
 //! Without a host argument it is the server: it waits on the TCP port (`-p`, default

@@ -1,7 +1,7 @@
 //! RDMA WRITE latency (perftest's ib_write_lat): a ping-pong of writes, each side polling the last byte of its own buffer; half the round trip is reported.
 //!
 //! ```text
-//! write_lat [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS] [-p TCP_PORT] [--json] (--loopback | [HOST])
+//! write_lat [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS] [-u TIMEOUT] [-p TCP_PORT] [--json] (--loopback | [HOST])
 //! ```
 //!
 //! Without a host it is the server; with one, the client, which prints perftest's latency

@@ -627,7 +627,11 @@ impl Bw {
         let mut cq = CompletionQueue::new(ctx, (self.f.tx_depth + 1) * self.f.qps)?;
         let pool = self.pool_len(size, self.f.tx_depth);
         // RtsAttr's max_rd_atomic is a u8; -o is at most MAX_OUTS (checked).
-        let rts = RtsAttr { max_rd_atomic: u8::try_from(self.outs).unwrap_or(u8::MAX), ..RtsAttr::default() };
+        let rts = RtsAttr {
+            max_rd_atomic: u8::try_from(self.outs).unwrap_or(u8::MAX),
+            timeout: self.f.common.qp_timeout,
+            ..RtsAttr::default()
+        };
         let mut lanes = Vec::with_capacity(self.f.qps as usize);
         for _ in 0..self.f.qps {
             let qp =
@@ -700,10 +704,9 @@ impl Bw {
         let o = &self.f;
         // A pool source frees its buffers only on a signaled completion: signal within it.
         let moderation = u64::from(self.cq_mod(size).min(depth));
-        let tx_depth = o.tx_depth as usize;
-        let post_list = u64::from(o.post_list);
         let deadline = o.duration.map(Duration::from_secs_f64);
         let limit = if deadline.is_some() { u64::MAX } else { iters };
+        let plan = Plan { moderation, tx_depth: o.tx_depth as usize, post_list: u64::from(o.post_list), limit };
         let started = Instant::now();
         let mut progress_at = started + Duration::from_secs(3);
         let mut last = (started, 0u64);
@@ -720,53 +723,10 @@ impl Bw {
                 stop_posting = stop_posting || started.elapsed() >= d;
             }
             for lane in lanes.iter_mut() {
-                while !stop_posting && lane.posted < limit {
-                    let room = (tx_depth - lane.sq.outstanding()) as u64;
-                    let left = limit - lane.posted;
-                    if room < post_list.min(left) {
-                        break; // wait for a whole post list's room, as perftest does
-                    }
-                    let k = post_list.min(left).min(lane.src.available(lane.posted) as u64);
-                    if k == 0 {
-                        break;
-                    }
-                    let first = lane.posted;
-                    // A request in flight must be signaled whenever the lane cannot post
-                    // again without a completion (send queue or buffers full), or none
-                    // would ever come: the moderation's own signals may all be further on
-                    // (a post list that does not divide -t, a pool, credits).
-                    let stuck_after =
-                        left > k && (room - k < post_list.min(left - k) || lane.src.buffers_free() <= k as usize);
-                    let signal_in_flight = lane.last_signaled > first - lane.sq.outstanding() as u64;
-                    let batch_signals = (first / moderation + 1) * moderation <= first + k || first + k >= limit;
-                    let force_last = stuck_after && !signal_in_flight && !batch_signals;
-                    let src = &mut lane.src;
-                    let mut last_signaled = lane.last_signaled;
-                    let wrs = (0..k).map_while(|j| {
-                        let n = first + j + 1;
-                        let signaled = n % moderation == 0 || n == limit || (force_last && j + 1 == k);
-                        if signaled {
-                            last_signaled = n;
-                        }
-                        src.next(n, signaled)
-                    });
-                    lane.posted += lane.sq.post_batch(wrs).map_err(rdma_verbs::Error::from)? as u64;
-                    lane.last_signaled = last_signaled;
-                    lane.tail_signaled = last_signaled == lane.posted;
-                }
-                // An unsignaled tail completes only behind a signaled request: a timed
-                // run ends with one more, signaled.
-                if stop_posting
-                    && !lane.tail_signaled
-                    && lane.sq.outstanding() < tx_depth
-                    && lane.src.available(lane.posted) > 0
-                {
-                    if let Some(p) = lane.src.next(lane.posted + 1, true) {
-                        lane.sq.post(p).map_err(rdma_verbs::Error::from)?;
-                        lane.posted += 1;
-                        lane.last_signaled = lane.posted;
-                        lane.tail_signaled = true;
-                    }
+                if stop_posting {
+                    lane.post_tail(&plan)?;
+                } else {
+                    lane.post_ready(&plan)?;
                 }
             }
             let n = cq.poll(&mut wcs)?.len();
@@ -883,7 +843,22 @@ struct Lane<S: Source> {
     // Whether the last posted request was signaled: an unsignaled tail completes only
     // behind a signaled one, so a timed run ends with one more signaled request.
     tail_signaled: bool,
+    /// The number of the next request the moderation signals: the first multiple of
+    /// `-Q` after `posted` (kept, not divided out for every request).
+    next_mark: u64,
     _qp: QueuePair,
+}
+
+/// How a client posts, fixed for a run.
+struct Plan {
+    /// Every `moderation`th request is signaled (`-Q`).
+    moderation: u64,
+    /// Requests in flight at most (`-t`).
+    tx_depth: usize,
+    /// Requests in one post (`-l`).
+    post_list: u64,
+    /// Requests to post (`u64::MAX` for a timed run).
+    limit: u64,
 }
 
 impl<S: Source> Lane<S> {
@@ -895,7 +870,88 @@ impl<S: Source> Lane<S> {
     ) -> Res<Self> {
         let sq = qp.prepared_queue()?;
         let free = wrs.map(|wr| sq.prepare(wr).map_err(|r| rdma_verbs::Error::from(r).into())).collect::<Res<_>>()?;
-        Ok(Lane { sq, src: src(free), posted: 0, last_signaled: 0, tail_signaled: true, _qp: qp })
+        Ok(Lane { sq, src: src(free), posted: 0, last_signaled: 0, tail_signaled: true, next_mark: 0, _qp: qp })
+    }
+
+    /// Posts while the send queue has room for a whole post list (perftest waits for that
+    /// too) and the source has requests. Signals every `moderation`th request, the last
+    /// one, and one more whenever the lane could not post again without a completion.
+    #[inline]
+    fn post_ready(&mut self, plan: &Plan) -> Res<()> {
+        let Plan { moderation, tx_depth, post_list, limit } = *plan;
+        if self.next_mark <= self.posted {
+            self.next_mark = (self.posted / moderation + 1) * moderation;
+        }
+        while self.posted < limit {
+            let outstanding = self.sq.outstanding();
+            let room = (tx_depth - outstanding) as u64;
+            let left = limit - self.posted;
+            let want = post_list.min(left);
+            if room < want {
+                break; // wait for a whole post list's room, as perftest does
+            }
+            let k = want.min(self.src.available(self.posted) as u64);
+            if k == 0 {
+                break;
+            }
+            let (first, end) = (self.posted, self.posted + k);
+            // A request in flight must be signaled whenever the lane cannot post again
+            // without a completion (send queue or buffers full), or none would ever come:
+            // the moderation's own signals may all be further on (a post list that does
+            // not divide -t, a pool, credits).
+            let stuck_after = left > k && (room - k < post_list.min(left - k) || self.src.buffers_free() <= k as usize);
+            let signal_in_flight = self.last_signaled > first - outstanding as u64;
+            let batch_signals = self.next_mark <= end || end >= limit;
+            let force_last = stuck_after && !signal_in_flight && !batch_signals;
+            if k == 1 {
+                // A post list of one (the default): one request, posted alone.
+                let at_mark = end == self.next_mark;
+                let signaled = at_mark || end == limit || force_last;
+                let Some(p) = self.src.next(end, signaled) else { break };
+                self.sq.post(p).map_err(rdma_verbs::Error::from)?;
+                self.posted = end;
+                if signaled {
+                    self.last_signaled = end;
+                }
+                self.tail_signaled = signaled;
+                if at_mark {
+                    self.next_mark += moderation;
+                }
+                continue;
+            }
+            let (src, mut mark, mut last_signaled) = (&mut self.src, self.next_mark, self.last_signaled);
+            let wrs = (first + 1..end + 1).map_while(|n| {
+                let at_mark = n == mark;
+                if at_mark {
+                    mark += moderation;
+                }
+                let signaled = at_mark || n == limit || (force_last && n == end);
+                if signaled {
+                    last_signaled = n;
+                }
+                src.next(n, signaled)
+            });
+            let posted = self.sq.post_batch(wrs).map_err(rdma_verbs::Error::from)? as u64;
+            self.posted += posted;
+            self.last_signaled = last_signaled;
+            self.tail_signaled = last_signaled == self.posted;
+            self.next_mark = if posted == k { mark } else { (self.posted / moderation + 1) * moderation };
+        }
+        Ok(())
+    }
+
+    /// A timed run's end: an unsignaled tail completes only behind a signaled request, so
+    /// one more, signaled, goes after it.
+    fn post_tail(&mut self, plan: &Plan) -> Res<()> {
+        if !self.tail_signaled && self.sq.outstanding() < plan.tx_depth && self.src.available(self.posted) > 0 {
+            if let Some(p) = self.src.next(self.posted + 1, true) {
+                self.sq.post(p).map_err(rdma_verbs::Error::from)?;
+                self.posted += 1;
+                self.last_signaled = self.posted;
+                self.tail_signaled = true;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -13,6 +13,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, FromArgMatches};
@@ -20,7 +21,7 @@ use rdma_verbs::wire::{self, Status};
 use rdma_verbs::Handshake;
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Prepared, PreparedQueue, QpAccess, QpType, QueuePair,
-    RecvQueue, RemoteMr, SendWr, WorkCompletion,
+    RecvQueue, RemoteMr, RtsAttr, SendWr, WorkCompletion,
 };
 
 /// Any error of a tool: a message for stderr.
@@ -59,6 +60,10 @@ pub struct Common {
     /// TCP port of the exchange (server/client mode).
     #[arg(short = 'p', long = "port", default_value_t = DEFAULT_PORT)]
     pub tcp_port: u16,
+    /// QP timeout, perftest's `-u`: an RC request unacknowledged for 4.096 us * 2^N is
+    /// sent again (0..=31; 0 waits forever).
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub qp_timeout: u8,
     /// Server and client in one process on one device (two QPs, two threads).
     #[arg(long)]
     pub loopback: bool,
@@ -138,7 +143,8 @@ impl Common {
 
     /// A handshake for `qp` with this side's port, GID index and what the peer may do.
     pub fn handshake<'a>(&self, qp: &'a QueuePair, access: QpAccess) -> Handshake<'a> {
-        let hs = Handshake::new(qp).port(self.ib_port).access(access);
+        let rts = RtsAttr { timeout: self.qp_timeout, ..RtsAttr::default() };
+        let hs = Handshake::new(qp).port(self.ib_port).access(access).rts(rts);
         match self.gid_index {
             Some(i) => hs.gid_index(i),
             None => hs,
@@ -594,8 +600,11 @@ fn lat_side(
         .max_inline_data(if inline { size as u32 } else { 0 })
         .build()?;
     // The region the peer writes (write_lat: polled for its last byte) or reads (read_lat).
-    let target =
-        pd.register_remote_writable(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    // Whole 8-byte words, so that the word holding the last byte is inside it.
+    let target = pd.register_remote_writable(
+        AlignedBuf::new(size.next_multiple_of(8))?,
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+    )?;
     // `_read_src` lives to the end: the peer reads it until the barrier.
     let (hs, _read_src) = match test {
         LatTest::Write => (c.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(target.remote()?), None),
@@ -652,41 +661,47 @@ fn lat_side(
         sq,
         free,
         moderation: u64::from(moderation),
+        to_signal: u64::from(moderation),
         posted: 0,
         recvs: 0,
         wcs: [WorkCompletion::EMPTY, WorkCompletion::EMPTY, WorkCompletion::EMPTY, WorkCompletion::EMPTY],
     };
+    // write_lat polls the word that holds the message's last byte.
+    let last_word = (target.atomic_u64((size - 1) & !7)?, (size - 1) & 7);
     let mut stamps = Vec::with_capacity(iters as usize + 1);
     let silence = clock.ticks(PEER_SILENCE);
     let run =
         |ping: &mut Pinger, stamps: &mut Vec<u64>, cq: &mut CompletionQueue, rq: &mut RecvQueue<Chunk>| -> Res<()> {
-            for i in 1..=iters {
-                let last = i == iters;
-                match test {
-                    LatTest::Write => {
+            // A loop per test, so that no round asks which test this is.
+            match test {
+                LatTest::Write => {
+                    for i in 1..=iters {
                         if !client {
-                            wait_byte(&target, size, i, clock, silence, || ping.drain_some(cq, rq))?;
+                            wait_byte(last_word, i, clock, silence, || ping.drain_some(cq, rq))?;
                         }
                         stamps.push(clock.now());
-                        ping.post(cq, rq, last, Some(i as u8))?;
+                        ping.post(cq, rq, i == iters, Some(i as u8))?;
                         if client {
-                            wait_byte(&target, size, i, clock, silence, || ping.drain_some(cq, rq))?;
+                            wait_byte(last_word, i, clock, silence, || ping.drain_some(cq, rq))?;
                         }
                     }
-                    LatTest::Send => {
+                }
+                LatTest::Send => {
+                    for i in 1..=iters {
                         if !client {
                             ping.wait_recv(cq, rq, i, clock, silence)?;
                         }
                         stamps.push(clock.now());
-                        ping.post(cq, rq, last, None)?;
+                        ping.post(cq, rq, i == iters, None)?;
                         if client {
                             ping.wait_recv(cq, rq, i, clock, silence)?;
                         }
                     }
-                    LatTest::Read => {
-                        if !client {
-                            return Ok(());
-                        }
+                }
+                // The read_lat server only serves its region, until the barrier.
+                LatTest::Read if !client => return Ok(()),
+                LatTest::Read => {
+                    for _ in 1..=iters {
                         stamps.push(clock.now());
                         ping.post(cq, rq, true, None)?;
                         ping.drain(cq, rq)?;
@@ -708,29 +723,29 @@ fn lat_side(
     Ok(Some(LatRow::from_samples(size, iters, us, test.divisor())?))
 }
 
-/// Spins on the last byte of `target` until it is `i` (mod 256), as `ib_write_lat` does:
-/// the device writes a message's bytes in order, so the last one arriving means the
-/// whole message did. `idle` recycles send completions now and then.
+/// Spins on the last byte of the target (`word`, and the byte's index in it) until it is
+/// `i` (mod 256), as `ib_write_lat` does: the device writes a message's bytes in order,
+/// so the last one arriving means the whole message did. One load a spin; `idle`
+/// recycles send completions now and then, and the clock is read only then.
 fn wait_byte(
-    target: &rdma_verbs::MemoryRegion<AlignedBuf, rdma_verbs::RemoteWritable>,
-    size: usize,
+    (word, at): (&AtomicU64, usize),
     i: u64,
     clock: &Clock,
     silence: u64,
     mut idle: impl FnMut() -> Res<()>,
 ) -> Res<()> {
-    let mut byte = [0u8; 1];
-    let started = clock.now();
+    let want = i as u8;
+    let mut started = None;
     let mut spins = 0u32;
     loop {
-        target.read_at(size - 1, &mut byte)?;
-        if byte[0] == i as u8 {
+        if word.load(Ordering::Acquire).to_ne_bytes()[at] == want {
             return Ok(());
         }
         spins = spins.wrapping_add(1);
         if spins % 1024 == 0 {
             idle()?;
-            if clock.now().wrapping_sub(started) > silence {
+            let now = clock.now();
+            if now.wrapping_sub(*started.get_or_insert(now)) > silence {
                 return Err(format!("iteration {i}: no RDMA WRITE from the peer within {PEER_SILENCE:?}").into());
             }
         }
@@ -742,6 +757,8 @@ struct Pinger {
     sq: PreparedQueue<Chunk>,
     free: Vec<Prepared<Chunk>>,
     moderation: u64,
+    /// Requests until the next one the moderation signals.
+    to_signal: u64,
     posted: u64,
     recvs: u64,
     wcs: [WorkCompletion; 4],
@@ -762,12 +779,18 @@ impl Pinger {
             self.drain_some(cq, rq)?;
         }
         let mut p = self.free.pop().ok_or("no free request")?;
-        if let Some(b) = last_byte {
-            let end = p.range().end;
-            p.bytes_mut()[end - 1] = b;
+        // The request sends its whole chunk: its last byte is the message's.
+        if let (Some(b), Some(at)) = (last_byte, p.bytes_mut().last_mut()) {
+            *at = b;
         }
         self.posted += 1;
-        p.set_signaled(last || self.posted % self.moderation == 0);
+        // Every `moderation`th request, counted down rather than divided out each time.
+        self.to_signal -= 1;
+        let at_mark = self.to_signal == 0;
+        if at_mark {
+            self.to_signal = self.moderation;
+        }
+        p.set_signaled(last || at_mark);
         self.sq.post(p).map_err(rdma_verbs::Error::from)?;
         Ok(())
     }
@@ -791,15 +814,21 @@ impl Pinger {
         Ok(())
     }
 
-    /// Until every posted request has completed.
+    /// Until every posted request has completed. The clock is read now and then only
+    /// (read_lat drains after every READ, and reading it may be a system call).
     fn drain(&mut self, cq: &mut CompletionQueue, rq: &mut RecvQueue<Chunk>) -> Res<()> {
-        let deadline = Instant::now() + PEER_SILENCE;
+        let mut deadline = None;
+        let mut polls = 0u32;
         while self.sq.outstanding() > 0 {
             self.drain_some(cq, rq)?;
-            if self.sq.outstanding() > 0 && Instant::now() > deadline {
-                return Err(
-                    format!("{} requests did not complete within {PEER_SILENCE:?}", self.sq.outstanding()).into()
-                );
+            polls = polls.wrapping_add(1);
+            if polls % 1024 == 0 && self.sq.outstanding() > 0 {
+                let now = Instant::now();
+                if now > *deadline.get_or_insert(now + PEER_SILENCE) {
+                    return Err(
+                        format!("{} requests did not complete within {PEER_SILENCE:?}", self.sq.outstanding()).into()
+                    );
+                }
             }
         }
         Ok(())

@@ -201,7 +201,8 @@ fn read_lat_loopback_and_server_client_print_sane_json() {
 #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
 fn write_bw_server_and_client_over_tcp_pass_the_data_check_and_print_the_table() {
     let _leaks = LeakCheck::new();
-    let (server, client) = server_client("write_bw", 18614, &["-s", "4096", "-n", "300", "-q", "2"], &[]);
+    // -u: perftest's QP timeout, taken by both sides (a shorter one than the default 14).
+    let (server, client) = server_client("write_bw", 18614, &["-s", "4096", "-n", "300", "-q", "2", "-u", "12"], &[]);
     assert!(server.status.success(), "write_bw server failed\n{}", server.report("server"));
     assert!(client.status.success(), "write_bw client failed\n{}", client.report("client"));
     assert!(
@@ -413,6 +414,8 @@ fn every_nonsense_flag_exits_non_zero_naming_the_problem() {
         ("write_bw", vec!["-Q", "1000"], "CQ moderation 1000 (-Q) is larger than the tx depth"),
         ("write_bw", vec!["-n", "0"], "0 iterations"),
         ("write_bw", vec!["-D", "0"], "duration 0 (-D)"),
+        ("write_bw", vec!["-u", "32"], "0..=31"),
+        ("write_lat", vec!["-u", "32"], "0..=31"),
         ("read_bw", vec!["-o", "0"], "0 outstanding reads (-o)"),
         ("read_bw", vec!["-o", "100000"], "outstanding reads (-o) is beyond"),
         ("read_bw", vec!["-t", "0"], "must be at least 1"),

@@ -25,7 +25,7 @@ use clap::Parser;
 
 use crate::input::load_report;
 use crate::saved::{check_nodes, NodesReport};
-use crate::{diagnose, known_bad, render, Options, EXIT_USAGE};
+use crate::{diagnose, known_bad, render, Options, Status, EXIT_USAGE};
 
 const AFTER_HELP: &str = "exit status: 0 healthy, 1 a layer failed, 2 usage error or unreadable input, \
 3 drift, 4 warnings only. Files read are limited to 4 MiB each.";
@@ -197,7 +197,18 @@ fn nodes_text(r: &NodesReport) -> String {
         f.advice.iter().for_each(|a| s += &format!("        advice (not run): {a}\n"));
         f.source.iter().for_each(|src| s += &format!("        source: {src}\n"));
     }
-    s += &format!("Result: {:?} (exit {})\n", r.status, r.exit_code);
+    let failed = r.layers.iter().filter(|l| l.outcome == crate::Outcome::Fail).count();
+    let why = match r.status {
+        Status::LayerFailed => format!("the link failed on {failed} device(s)"),
+        Status::Drift => format!("the nodes differ in {} field(s)", r.differences.len()),
+        Status::Warnings => "the nodes agree, with warnings".to_owned(),
+        Status::Healthy => "the nodes agree and every link is up".to_owned(),
+    };
+    let warnings = match r.findings.len() {
+        0 => String::new(),
+        n => format!(", {n} warning(s)"),
+    };
+    s += &format!("Result: {why}{warnings} (exit {})\n", r.exit_code);
     s
 }
 

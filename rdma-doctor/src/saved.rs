@@ -169,6 +169,36 @@ mod tests {
     }
 
     #[test]
+    fn a_known_bad_combination_is_found_in_a_node_report_and_in_a_baseline() {
+        let entries = known_bad::load(&[] as &[&str]).unwrap();
+        let cx5 = |d: &mut DeviceFacts| {
+            d.vendor_part_id = Some(4119);
+            d.fw_ver = "16.24.1000".into();
+            d.kernel_driver.version = Some("5.4-1.0.3.0".into());
+        };
+        let r = check_nodes(&[node("a", |_| {}), node("b", |_| {}), node("c", cx5)], &entries, &[]);
+        assert_eq!(r.findings.len(), 1, "{r:#?}");
+        assert_eq!(r.findings[0].scope, "c/mlx5_0");
+        assert!(r.findings[0].what.contains("known-bad [connectx5-fw-16.24.1000-ofed-5.4-1.0.3.0]"), "{r:#?}");
+
+        let (_, _, saved) = node("c", cx5);
+        let found = baseline_findings("c.json", &saved.baseline, &entries, &[]);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].what.starts_with("in the baseline c.json: known-bad [connectx5"), "{found:#?}");
+        // Already found on the live node: not twice.
+        let live = known_bad::check(&entries, "mlx5_0", &saved.baseline.devices["mlx5_0"]);
+        assert!(baseline_findings("c.json", &saved.baseline, &entries, &live).is_empty());
+    }
+
+    #[test]
+    fn a_baseline_that_recorded_a_failed_link_says_so() {
+        let (_, _, saved) = node("a", |d| d.ports.get_mut("1").unwrap().phys_state = "LinkErrorRecovery".into());
+        let found = baseline_findings("a.json", &saved.baseline, &[], &[]);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].what.contains("records a failed link: port 1 is ACTIVE but its physical state"), "{found:#?}");
+    }
+
+    #[test]
     fn a_node_slower_than_its_peers_fails_its_link_layer() {
         let entries = known_bad::load(&[] as &[&str]).unwrap();
         let slow = node("c", |d| d.ports.get_mut("1").unwrap().rate_gbps = 2.5);

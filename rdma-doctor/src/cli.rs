@@ -60,7 +60,7 @@ pub struct Args {
     /// path segment, `**` any number)
     #[arg(long, value_name = "PATTERN")]
     pub ignore: Vec<String>,
-    /// Add a known-bad list (also: RDMA_DOCTOR_KNOWN_BAD=FILE[:FILE])
+    /// Add a known-bad list (also: RDMA_DOCTOR_KNOWN_BAD, files separated by colons)
     #[arg(long, value_name = "FILE")]
     pub known_bad: Vec<PathBuf>,
     /// The rate every port should run at (default: the saved baseline's, if any)

@@ -29,6 +29,8 @@
 //! std::process::exit(report.exit_code);
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod cli;
 mod collect;
 pub mod compare;

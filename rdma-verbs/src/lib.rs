@@ -63,9 +63,9 @@
 pub use rdma_verbs_sys as ffi;
 
 // One public path per type: the modules are private and everything is re-exported here,
-// flat (as git2 does), except for four namespaces of their own: `ffi` (the raw C API),
-// `wire` (the byte formats a peer sends), `compat` (which rdma-core has which bugs) and
-// `diag` (the doctor's library). The layers of the modules: docs/architecture.md.
+// flat (as git2 does), except for three namespaces of their own: `ffi` (the raw C API),
+// `wire` (the byte formats a peer sends) and `compat` (which rdma-core has which bugs).
+// The doctor is a crate of its own (rdma-doctor). The layers: docs/architecture.md.
 mod ah;
 mod aio;
 mod buf;
@@ -77,7 +77,6 @@ mod context;
 mod conv;
 mod cq;
 mod device;
-pub mod diag;
 mod endpoint;
 mod error;
 mod event;

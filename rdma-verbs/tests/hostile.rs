@@ -8,22 +8,20 @@
 //! The parsers: the endpoint and handshake-status messages ([`Endpoint::from_bytes`],
 //! [`Status::from_bytes`], and [`endpoint::exchange`]/[`endpoint::sync`] on a stream),
 //! rdma-core's pingpong text message ([`pingpong::decode`], [`pingpong::check_done`]), the
-//! memory-region descriptor ([`RemoteMr::from_bytes`]), and the doctor's reports read from
-//! other nodes ([`compare::baseline_of`], [`compare::compare_nodes`], [`compare::drift`])
-//! and known-bad lists ([`known_bad::parse`]). rdma_cm private data has no parser in the
-//! library or the tools (it is handed over as bytes), so there is nothing of it to feed.
+//! memory-region descriptor ([`RemoteMr::from_bytes`]). The doctor's reports and known-bad
+//! lists have their own such tests (rdma-doctor/tests/hostile.rs). rdma_cm private data
+//! has no parser in the library or the tools (it is handed over as bytes), so there is
+//! nothing of it to feed.
 
 use std::io::{Read, Write};
 use std::net::{Ipv6Addr, Shutdown, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::diag::{compare, known_bad};
 use rdma_verbs::wire::{self, pingpong, Endpoint, Status, HEADER_LEN, MAGIC, STATUS_LEN, VERSION};
 use rdma_verbs::WireError;
 use rdma_verbs::{Error, Gid, Mtu, QpType, RemoteMr, RemoteQpInfo, Verb};
 use rdma_verbs::{DEFAULT_QKEY, MAX_PSN};
-use serde_json::{json, Value};
 
 /// A seeded generator (fastrand's), so every run feeds the same garbage and a failure
 /// replays; with the few shapes these tests draw.
@@ -428,140 +426,6 @@ fn region_descriptors_of_the_wrong_length_or_overflowing_are_refused() {
             }
             Err(e) => assert!(e.to_string().contains("overflows"), "{e}"),
         }
-    }
-}
-
-// ---- the doctor's reports from other nodes, and known-bad lists ---------------------------
-
-const NODE_A: &str = include_str!("../src/diag/testdata/node-a.json");
-
-#[test]
-fn a_saved_report_truncated_anywhere_is_refused_and_the_whole_one_is_read() {
-    let whole: Value = serde_json::from_str(NODE_A).expect("the test report parses");
-    assert!(compare::baseline_of(&whole).is_ok());
-    // The doctor reads a report as text, parses it as JSON, then asks for its baseline.
-    let read = |text: &str| -> Result<(), String> {
-        let v: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        compare::baseline_of(&v).map(|_| ())
-    };
-    let trimmed = NODE_A.trim_end();
-    for len in (0..trimmed.len()).filter(|&l| trimmed.is_char_boundary(l)) {
-        assert!(read(&trimmed[..len]).is_err(), "a report cut at byte {len} was read");
-    }
-    let mut r = Rng::seeded(7);
-    for _ in 0..20_000 {
-        let len = r.below(200) as usize;
-        let garbage = String::from_utf8_lossy(&r.bytes(len)).into_owned();
-        assert!(read(&garbage).is_err());
-    }
-}
-
-#[test]
-fn reports_of_another_format_or_version_or_shape_are_refused() {
-    let whole: Value = serde_json::from_str(NODE_A).expect("the test report parses");
-    let with = |key: &str, v: Value| {
-        let mut r = whole.clone();
-        r[key] = v;
-        r
-    };
-    let without = |key: &str| {
-        let mut r = whole.clone();
-        r.as_object_mut().expect("an object").remove(key);
-        r
-    };
-    for bad in [
-        with("format", json!("rdma-doctor-known-bad")),
-        with("format", json!(1)),
-        without("format"),
-        with("format_version", json!(2)),
-        with("format_version", json!(0)),
-        with("format_version", json!("1")),
-        with("format_version", json!(1.5)),
-        with("format_version", json!(-1)),
-        with("format_version", json!(u64::MAX)),
-        without("format_version"),
-        without("baseline"),
-        json!(null),
-        json!([whole.clone()]),
-        json!("rdma-doctor"),
-        json!(1),
-        json!({}),
-    ] {
-        assert!(compare::baseline_of(&bad).is_err(), "{bad}");
-    }
-}
-
-/// A value of any JSON shape, up to `depth` levels, with keys that look like paths.
-fn random_json(r: &mut Rng, depth: u32) -> Value {
-    let keys = ["", ".", "a.b", "*", "**", "source", "fw_ver", "0", "devices", "\u{0}", "ports"];
-    match if depth == 0 { r.below(4) } else { r.below(6) } {
-        0 => Value::Null,
-        1 => json!(r.below(2) == 0),
-        2 => json!(r.next() as i64),
-        3 => json!(keys[r.below(keys.len() as u64) as usize]),
-        4 => Value::Array((0..r.below(4)).map(|_| random_json(r, depth - 1)).collect()),
-        _ => {
-            let mut m = serde_json::Map::new();
-            for _ in 0..r.below(4) {
-                m.insert(keys[r.below(keys.len() as u64) as usize].to_owned(), random_json(r, depth - 1));
-            }
-            Value::Object(m)
-        }
-    }
-}
-
-#[test]
-fn comparing_hostile_baselines_never_panics_and_finds_every_difference() {
-    let whole: Value = serde_json::from_str(NODE_A).expect("the test report parses");
-    let base = compare::baseline_of(&whole).expect("a baseline").clone();
-    let ignore: Vec<String> = compare::NODES_IGNORE.iter().map(|s| s.to_string()).collect();
-    let mut r = Rng::seeded(8);
-    for _ in 0..3_000 {
-        let odd = random_json(&mut r, 5);
-        let nodes = vec![("a".to_owned(), base.clone()), ("b".to_owned(), base.clone()), ("c".to_owned(), odd.clone())];
-        let diffs = compare::compare_nodes(&nodes, &ignore);
-        let _ = compare::nodes_text(&diffs, nodes.len());
-        // Two identical nodes out of three are a majority: only "c" is ever odd.
-        assert!(diffs.iter().all(|d| d.odd.iter().all(|(n, _)| n == "c")), "{diffs:?}");
-        let drift = compare::drift(&base, &odd, &[]);
-        assert_eq!(drift.is_empty(), odd == base);
-    }
-    // As deep as the JSON parser lets a file be: no stack overflow in the comparison.
-    let deep = format!("{}1{}", "[".repeat(127), "]".repeat(127));
-    let deep: Value = serde_json::from_str(&deep).expect("127 levels parse");
-    assert_eq!(compare::flatten(&deep).len(), 1);
-    let too_deep = format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000));
-    assert!(serde_json::from_str::<Value>(&too_deep).is_err(), "the parser's depth limit holds");
-}
-
-#[test]
-fn known_bad_lists_truncated_garbage_or_of_another_format_are_refused() {
-    let builtin = known_bad::parse(known_bad::BUILTIN).expect("the shipped list parses");
-    assert!(!builtin.entries.is_empty());
-    let text = known_bad::BUILTIN.trim_end();
-    for len in (0..text.len()).filter(|&l| text.is_char_boundary(l)) {
-        assert!(known_bad::parse(&text[..len]).is_err(), "a list cut at byte {len} was read");
-    }
-    let mut r = Rng::seeded(9);
-    for _ in 0..20_000 {
-        let len = r.below(200) as usize;
-        assert!(known_bad::parse(&String::from_utf8_lossy(&r.bytes(len))).is_err());
-    }
-    let mut v: Value = serde_json::from_str(known_bad::BUILTIN).expect("JSON");
-    v["format_version"] = json!(2);
-    assert!(known_bad::parse(&v.to_string()).unwrap_err().contains("format version 1"));
-    let mut v: Value = serde_json::from_str(known_bad::BUILTIN).expect("JSON");
-    v["format"] = json!("rdma-doctor");
-    assert!(known_bad::parse(&v.to_string()).is_err());
-    let mut v: Value = serde_json::from_str(known_bad::BUILTIN).expect("JSON");
-    v["entries"][0]["unknown_field"] = json!(1);
-    assert!(known_bad::parse(&v.to_string()).is_err(), "unknown fields in an entry are refused");
-    // Versions of any shape compare without panicking.
-    for _ in 0..20_000 {
-        let a = String::from_utf8_lossy(&r.bytes_below(12)).into_owned();
-        let b = String::from_utf8_lossy(&r.bytes_below(12)).into_owned();
-        let _ = known_bad::compare_versions(&a, &b);
-        assert_eq!(known_bad::compare_versions(&a, &a), std::cmp::Ordering::Equal);
     }
 }
 

@@ -1,20 +1,21 @@
 //! What the doctor reads from other nodes and from users' files, on arbitrary text: a
-//! saved report (`baseline_of`, then `compare_nodes` and `drift` against a real report)
-//! and a known-bad list (`known_bad::parse`). None of them panics; a report whose
-//! baseline is taken compares against itself without a difference.
+//! saved report (`input::parse_report`, then `compare_nodes` and `drift` against a real
+//! report) and a known-bad list (`known_bad::parse`). None of them panics; a report that
+//! reads compares against itself without a difference.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rdma_verbs::diag::{compare, known_bad};
+use rdma_doctor::{compare, input, known_bad};
 use serde_json::Value;
 
-const NODE_A: &str = include_str!("../../src/diag/testdata/node-a.json");
+const NODE_A: &str = include_str!("../../../rdma-doctor/testdata/node-a.json");
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let _ = known_bad::parse(text);
-    let Ok(v) = serde_json::from_str::<Value>(text) else { return };
-    let Ok(theirs) = compare::baseline_of(&v) else { return };
+    let Ok(report) = input::parse_report(text) else { return };
+    let v = serde_json::to_value(&report.baseline).expect("a baseline serializes");
+    let theirs = &v;
     let ours: Value = serde_json::from_str(NODE_A).expect("the test report parses");
     let ours = compare::baseline_of(&ours).expect("a baseline");
     let ignore: Vec<String> = compare::NODES_IGNORE.iter().map(|s| s.to_string()).collect();

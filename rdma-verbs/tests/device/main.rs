@@ -34,7 +34,6 @@ mod cq_budget;
 mod datapath;
 mod datapath2;
 mod datapath_ext;
-mod diag;
 /// The examples in the docs, each a program in `doc/`, run.
 mod doc_examples;
 mod endpoint;

@@ -4,7 +4,7 @@
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 
-use super::report::{KernelLog, LogError};
+use crate::report::{KernelLog, LogError};
 
 /// Words that mark a kernel log line as RDMA's (matched lowercase).
 const KEYWORDS: &[&str] = &[

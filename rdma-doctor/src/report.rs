@@ -1,12 +1,13 @@
 //! The report: what was collected, what the layers say, and how it compares. Its JSON
 //! form is documented in `docs/doctor-json.md`; [`FORMAT_VERSION`] changes whenever a
-//! field changes meaning or goes away (new fields may appear within a version).
+//! field appears, changes meaning or goes away. Reading is strict: a field of the wrong
+//! type, a missing one or an unknown one refuses the whole report (`input`).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::verdict::LayerReport;
+use crate::verdict::LayerReport;
 
 /// The value of the `format` field.
 pub const FORMAT: &str = "rdma-doctor";
@@ -15,6 +16,7 @@ pub const FORMAT_VERSION: u32 = 1;
 
 /// Everything one run found on one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Report {
     /// Always [`FORMAT`].
     pub format: String,
@@ -42,6 +44,7 @@ pub struct Report {
 
 /// Where and when the report was made.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HostInfo {
     /// The node's host name.
     pub hostname: String,
@@ -53,6 +56,7 @@ pub struct HostInfo {
 
 /// A version number and where it was read.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VersionFact {
     /// The version, `None` when no source gave one.
     pub version: Option<String>,
@@ -62,6 +66,7 @@ pub struct VersionFact {
 
 /// The versioned facts of a node: what `--compare` and `--compare-nodes` look at.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Baseline {
     /// The running kernel.
     pub kernel: KernelInfo,
@@ -81,6 +86,7 @@ pub struct Baseline {
 
 /// The running kernel (`uname`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KernelInfo {
     /// `uname -r`.
     pub release: String,
@@ -92,6 +98,7 @@ pub struct KernelInfo {
 
 /// RDMA packages as the package manager records them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Packages {
     /// `dpkg`, `rpm`, or `None` when no database was readable.
     pub manager: Option<String>,
@@ -101,6 +108,7 @@ pub struct Packages {
 
 /// One kernel module.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModuleInfo {
     /// `Live`, `Loading`, `Unloading` (from /proc/modules), or `builtin`.
     pub state: String,
@@ -111,6 +119,7 @@ pub struct ModuleInfo {
 
 /// One node under `/dev/infiniband`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DevNode {
     /// Permission bits, octal, e.g. `0666`.
     pub mode: String,
@@ -122,6 +131,7 @@ pub struct DevNode {
 
 /// `RLIMIT_MEMLOCK` and the capability that lifts it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Memlock {
     /// Soft limit in bytes; `None` is unlimited.
     pub soft_bytes: Option<u64>,
@@ -133,6 +143,7 @@ pub struct Memlock {
 
 /// One RDMA device.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DeviceFacts {
     /// The kernel driver bound to it (e.g. `mlx5_core`, `rdma_rxe`).
     pub kernel_driver: VersionFact,
@@ -170,6 +181,7 @@ pub struct DeviceFacts {
 
 /// The provider library in use for a device.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProviderFacts {
     /// Provider name (`rxe`, `mlx5`).
     pub name: String,
@@ -181,6 +193,7 @@ pub struct ProviderFacts {
 
 /// One port.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PortFacts {
     /// `ACTIVE`, `DOWN`, `INIT`, ...
     pub state: String,
@@ -208,6 +221,7 @@ pub struct PortFacts {
 
 /// A network interface under a port.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NetdevFacts {
     /// Interface name.
     pub name: String,
@@ -221,6 +235,7 @@ pub struct NetdevFacts {
 
 /// One GID table entry.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GidFacts {
     /// The GID, as `ibv_devinfo` prints it (`::ffff:10.0.0.1`, `fe80::...`).
     pub gid: String,
@@ -233,6 +248,7 @@ pub struct GidFacts {
 
 /// What changes between runs and is never compared.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Observations {
     /// The kernel log, as far as it could be read.
     pub kernel_log: KernelLog,
@@ -244,6 +260,7 @@ pub struct Observations {
 
 /// The RDMA lines of the kernel log.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KernelLog {
     /// Whether `/dev/kmsg` could be read (it needs CAP_SYSLOG where dmesg_restrict is set).
     pub readable: bool,
@@ -257,6 +274,7 @@ pub struct KernelLog {
 
 /// A kernel log line reporting an errno.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LogError {
     /// The line.
     pub line: String,
@@ -278,6 +296,7 @@ pub enum Severity {
 
 /// A warning or a note.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Finding {
     /// Warning or note.
     pub severity: Severity,
@@ -293,6 +312,7 @@ pub struct Finding {
 
 /// One field that differs from a saved baseline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Drift {
     /// The field's path in the `baseline` section, e.g. `devices.mlx5_0.fw_ver`.
     pub field: String,
@@ -342,16 +362,23 @@ impl Report {
 
     /// Recomputes `status` and `exit_code` from the layers, drift and findings.
     pub fn settle_status(&mut self) {
-        use super::verdict::Outcome;
-        self.status = if self.layers.iter().any(|l| l.outcome == Outcome::Fail) {
+        self.status = Status::of(&self.layers, self.drift.len(), &self.findings);
+        self.exit_code = self.status.exit_code();
+    }
+}
+
+impl Status {
+    /// The most serious of: a layer failed, `differences` fields drifted, a warning.
+    pub fn of(layers: &[LayerReport], differences: usize, findings: &[Finding]) -> Status {
+        use crate::verdict::Outcome;
+        if layers.iter().any(|l| l.outcome == Outcome::Fail) {
             Status::LayerFailed
-        } else if !self.drift.is_empty() {
+        } else if differences > 0 {
             Status::Drift
-        } else if self.findings.iter().any(|f| f.severity == Severity::Warning) {
+        } else if findings.iter().any(|f| f.severity == Severity::Warning) {
             Status::Warnings
         } else {
             Status::Healthy
-        };
-        self.exit_code = self.status.exit_code();
+        }
     }
 }

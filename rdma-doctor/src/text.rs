@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
-use super::report::{Report, Severity, Status};
-use super::verdict::{human, Outcome};
+use crate::report::{Report, Severity, Status};
+use crate::verdict::{human, Outcome};
 
 /// Renders `r` for a person: versions, devices and ports, the kernel log, the verdict,
 /// findings, drift and the result.

@@ -18,21 +18,29 @@
 //!
 //! It never changes the system: no module is loaded, no link touched, no firmware
 //! written. Fixes are printed as advice. The JSON form is documented and versioned in
-//! `docs/doctor-json.md`; `examples/doctor.rs` is the command.
+//! `docs/doctor-json.md`; every file the doctor reads is read with a size limit and
+//! parsed strictly ([`input`]), and the known-bad list and the link checks run over
+//! every report it reads ([`saved`]). The `rdma-doctor` command is [`cli`]
+//! (`cargo install --path rdma-doctor`).
 //!
 //! ```no_run
-//! let report = rdma_verbs::diag::diagnose(&rdma_verbs::diag::Options::default()).unwrap();
-//! print!("{}", rdma_verbs::diag::render(&report));
+//! let report = rdma_doctor::diagnose(&rdma_doctor::Options::default()).unwrap();
+//! print!("{}", rdma_doctor::render(&report));
 //! std::process::exit(report.exit_code);
 //! ```
 
+#![warn(missing_docs)]
+
+pub mod cli;
 mod collect;
 pub mod compare;
 mod device;
+pub mod input;
 mod kmsg;
 pub mod known_bad;
 pub mod loopback;
 pub mod report;
+pub mod saved;
 mod text;
 pub mod verdict;
 mod versions;
@@ -71,8 +79,10 @@ pub struct Options {
     /// Known-bad lists to add to the built-in one.
     pub known_bad_files: Vec<PathBuf>,
     /// A saved report to compare with: its `baseline` section is the reference, and its
-    /// port rates are the rates expected.
-    pub compare: Option<serde_json::Value>,
+    /// port rates are the rates expected ([`input::load_report`] reads one).
+    pub compare: Option<Report>,
+    /// The file `compare` came from, to name it in findings.
+    pub compare_file: Option<PathBuf>,
     /// Field patterns not to compare (`devices.*.fw_ver`, `**.source`).
     pub ignore: Vec<String>,
     /// The rate every checked port should run at, Gb/s.
@@ -93,6 +103,7 @@ impl Default for Options {
             memlock: None,
             known_bad_files: Vec::new(),
             compare: None,
+            compare_file: None,
             ignore: Vec::new(),
             expected_rate: None,
             kernel_log_lines: 30,
@@ -105,11 +116,11 @@ impl Default for Options {
 /// system itself is in the report.
 pub fn diagnose(opts: &Options) -> Result<Report, String> {
     let known_bad = known_bad::load(&opts.known_bad_files)?;
-    let reference = opts.compare.as_ref().map(compare::baseline_of).transpose()?;
+    let reference = opts.compare.as_ref().map(|r| &r.baseline);
 
     let (host, kernel) = collect::host_and_kernel();
     let sysfs_devices = device::sysfs_devices();
-    let verbs_devices = crate::device::devices().map(|l| l.names()).unwrap_or_default();
+    let verbs_devices = rdma_verbs::devices().map(|l| l.names()).unwrap_or_default();
     let selected = select(opts, &sysfs_devices, &verbs_devices);
 
     let mut devices = BTreeMap::new();
@@ -146,14 +157,19 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     for (name, d) in &baseline.devices {
         findings.extend(known_bad::check(&known_bad, name, d));
     }
+    if let Some(old) = reference {
+        let file = opts.compare_file.as_ref().map_or("(given)".to_owned(), |f| f.display().to_string());
+        let more = saved::baseline_findings(&file, old, &known_bad, &findings);
+        findings.extend(more);
+    }
     findings.extend(notes(&baseline, &observations));
 
     let drift = match reference {
         Some(saved) => {
-            let now = serde_json::to_value(&baseline).map_err(|e| e.to_string())?;
+            let (saved, now) = (to_value(saved)?, to_value(&baseline)?);
             let mut ignore: Vec<String> = compare::SELF_IGNORE.iter().map(|s| s.to_string()).collect();
             ignore.extend(opts.ignore.iter().cloned());
-            compare::drift(saved, &now, &ignore)
+            compare::drift(&saved, &now, &ignore)
         }
         None => Vec::new(),
     };
@@ -161,7 +177,7 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     let mut report = Report {
         format: report::FORMAT.into(),
         format_version: FORMAT_VERSION,
-        tool: format!("rdma-verbs {}", env!("CARGO_PKG_VERSION")),
+        tool: format!("rdma-doctor {}", env!("CARGO_PKG_VERSION")),
         host,
         baseline,
         observations,
@@ -173,6 +189,10 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     };
     report.settle_status();
     Ok(report)
+}
+
+fn to_value(b: &Baseline) -> Result<serde_json::Value, String> {
+    serde_json::to_value(b).map_err(|e| e.to_string())
 }
 
 /// The devices to examine: `-d NAME` (even if absent: then the device layer says so),
@@ -189,12 +209,7 @@ fn select(opts: &Options, sysfs: &[String], verbs: &[String]) -> Vec<String> {
     }
 }
 
-fn expectations(
-    opts: &Options,
-    selected: &[String],
-    now: &Baseline,
-    reference: Option<&serde_json::Value>,
-) -> Expectations {
+fn expectations(opts: &Options, selected: &[String], now: &Baseline, saved: Option<&Baseline>) -> Expectations {
     let mut want = Expectations {
         devices: selected.to_vec(),
         port: opts.port,
@@ -202,11 +217,9 @@ fn expectations(
         loopback: opts.loopback,
         ..Expectations::default()
     };
-    let saved: Option<Baseline> = reference.and_then(|r| serde_json::from_value(r.clone()).ok());
     for (name, d) in &now.devices {
         for port in d.ports.keys() {
             let from_saved = saved
-                .as_ref()
                 .and_then(|s| s.devices.get(name))
                 .and_then(|sd| sd.ports.get(port))
                 .map(|p| p.rate_gbps)
@@ -216,7 +229,7 @@ fn expectations(
             }
         }
     }
-    if let Some(s) = &saved {
+    if let Some(s) = saved {
         for (name, d) in &s.devices {
             if let Some(p) = &d.parent_netdev {
                 want.known_parents.insert(name.clone(), p.clone());

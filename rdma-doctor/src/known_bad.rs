@@ -7,13 +7,14 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::report::{DeviceFacts, Finding, Severity};
+use crate::report::{DeviceFacts, Finding, Severity};
 
 /// The data file shipped with the crate.
 pub const BUILTIN: &str = include_str!("known-bad.json");
 
 /// A known-bad list (the built-in one, or a user's).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KnownBadList {
     /// `rdma-doctor-known-bad`.
     pub format: String,
@@ -61,7 +62,7 @@ pub struct KnownBad {
 
 /// Parses a known-bad file.
 pub fn parse(text: &str) -> Result<KnownBadList, String> {
-    let list: KnownBadList = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let list: KnownBadList = crate::input::parse_strict(text)?;
     if list.format != "rdma-doctor-known-bad" || list.format_version != 1 {
         return Err(format!(
             "not a known-bad list of format version 1 (format {:?}, version {})",
@@ -76,7 +77,7 @@ pub fn load(extra: &[impl AsRef<Path>]) -> Result<Vec<KnownBad>, String> {
     let mut entries = parse(BUILTIN).map_err(|e| format!("the built-in known-bad list: {e}"))?.entries;
     for path in extra {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = crate::input::read_limited(path)?;
         entries.extend(parse(&text).map_err(|e| format!("{}: {e}", path.display()))?.entries);
     }
     Ok(entries)
@@ -155,7 +156,7 @@ pub fn compare_versions(a: &str, b: &str) -> Ordering {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::diag::report::VersionFact;
+    use crate::report::VersionFact;
 
     fn mellanox(part: u32, fw: &str, driver_version: Option<&str>) -> DeviceFacts {
         DeviceFacts {

@@ -6,7 +6,7 @@ use std::ffi::CStr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 
-use super::report::{DevNode, HostInfo, KernelInfo, Memlock, ModuleInfo};
+use crate::report::{DevNode, HostInfo, KernelInfo, Memlock, ModuleInfo};
 
 /// The modules the RDMA stack is made of: the core, the user-space interfaces, the
 /// connection managers, and the device drivers (RDMA part and, for NICs, the Ethernet

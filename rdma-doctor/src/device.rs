@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::collect::read_trimmed;
-use super::report::{DeviceFacts, GidFacts, NetdevFacts, PortFacts, VersionFact};
-use super::versions;
-use crate::context::Context;
-use crate::port::{LinkLayer, PhysState, PortState};
+use crate::collect::read_trimmed;
+use crate::report::{DeviceFacts, GidFacts, NetdevFacts, PortFacts, VersionFact};
+use crate::versions;
+use rdma_verbs::Context;
+use rdma_verbs::{LinkLayer, PhysState, PortState};
 
 /// Where the kernel lists RDMA devices.
 pub const SYSFS_IB: &str = "/sys/class/infiniband";

@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::collect::DEVICE_DRIVERS;
-use super::loopback::LoopbackReport;
-use super::report::{Baseline, DeviceFacts, Memlock, Observations, PortFacts};
+use crate::collect::DEVICE_DRIVERS;
+use crate::loopback::LoopbackReport;
+use crate::report::{Baseline, DeviceFacts, Memlock, Observations, PortFacts};
 
 /// A layer of the RDMA stack, top down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -84,6 +84,7 @@ pub enum Outcome {
 
 /// One layer's result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LayerReport {
     /// `host` or the device name.
     pub scope: String,
@@ -199,7 +200,7 @@ fn check(
         Layer::DeviceNodes => device_nodes(name, d, facts),
         Layer::Provider => provider(name, d, facts),
         Layer::Port => port_state(name, &ports),
-        Layer::Link => link(name, &ports, want),
+        Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).copied()),
         Layer::Gid => gid(name, &ports),
         Layer::Memlock => check_memlock(name, &facts.memlock, want.memlock_need),
         Layer::ControlPlane | Layer::DataPlane => {
@@ -429,7 +430,9 @@ fn port_state(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
     )
 }
 
-fn link(name: &str, ports: &[(&String, &PortFacts)], want: &Expectations) -> LayerReport {
+/// The link layer of `ports`: each is LinkUp, at `expected(port)` Gb/s or more where that
+/// gives a rate. `name` is the scope of the report.
+pub(crate) fn link(name: &str, ports: &[(&String, &PortFacts)], expected: &dyn Fn(&str) -> Option<f64>) -> LayerReport {
     let mut evidence = Vec::new();
     for (n, p) in ports {
         let rate = format!("{} {} = {} Gb/s", p.width, p.speed, p.rate_gbps);
@@ -444,8 +447,8 @@ fn link(name: &str, ports: &[(&String, &PortFacts)], want: &Expectations) -> Lay
                     .into()],
             );
         }
-        if let Some(expected) = want.expected_rate.get(&(name.to_owned(), (*n).clone())) {
-            if p.rate_gbps + 0.01 < *expected {
+        if let Some(expected) = expected(n) {
+            if p.rate_gbps + 0.01 < expected {
                 evidence.push(format!("expected {expected} Gb/s"));
                 return LayerReport::fail(
                     name,
@@ -474,7 +477,7 @@ fn gid(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
             evidence.push(format!("port {n}: {}, addressed by LID {}", p.link_layer, p.lid));
             continue;
         }
-        let v2 = |g: &&super::report::GidFacts| g.gid_type == "RoCE v2";
+        let v2 = |g: &&crate::report::GidFacts| g.gid_type == "RoCE v2";
         let v4 = p.gids.iter().find(|(_, g)| v2(g) && g.gid.starts_with("::ffff:"));
         let v6 = p.gids.iter().find(|(_, g)| v2(g) && !g.gid.starts_with("fe80:") && !g.gid.starts_with("::ffff:"));
         match (v4, v6) {
@@ -602,7 +605,7 @@ mod tests {
 
     /// The first failing layer of the fixture node after `edit`, with its report.
     fn first_failure(edit: impl FnOnce(&mut Baseline, &mut Expectations)) -> Option<LayerReport> {
-        let report: crate::diag::Report = serde_json::from_str(include_str!("testdata/node-a.json")).unwrap();
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
         let mut facts = report.baseline;
         let mut want = Expectations {
             devices: vec!["mlx5_0".into()],

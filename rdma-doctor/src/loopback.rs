@@ -14,14 +14,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::context::Context;
-use crate::cq::CompletionQueue;
-use crate::error::Result;
-use crate::ffi;
-use crate::mr::{AccessFlags, AlignedBuf, Local, MemoryRegion, RemoteWritable};
-use crate::pd::ProtectionDomain;
-use crate::qp::{InitAttr, QpAccess, QpType, QueuePair};
-use crate::wc::{WcOpcode, WorkCompletion};
+use rdma_verbs::{
+    ffi, AccessFlags, AlignedBuf, CompletionQueue, Context, InitAttr, Local, MemoryRegion, ProtectionDomain, QpAccess,
+    QpType, QueuePair, RemoteWritable, Result, WcOpcode, WorkCompletion,
+};
 
 /// Bytes moved by each of WRITE, READ and SEND.
 const LEN: usize = 1024;
@@ -33,6 +29,7 @@ const SWAP: u64 = 0x00c0_ffee_0000_0042;
 
 /// What the loopback test did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LoopbackReport {
     /// Setting up (PD, CQs, QPs, regions, connecting): `None` when it worked, else why not.
     /// A failure here is the control plane's.
@@ -45,6 +42,7 @@ pub struct LoopbackReport {
 
 /// One operation of the loopback test.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct OpResult {
     /// `RDMA_WRITE`, `RDMA_READ`, `SEND`, `FETCH_ADD`, `CMP_SWAP`.
     pub op: String,

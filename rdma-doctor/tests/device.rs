@@ -1,18 +1,21 @@
-//! rdma-doctor (`rdma_verbs::diag`) on the test bed: the healthy device passes every
-//! layer with the loopback data test run; breaking one layer at a time (netdev down,
-//! rxe link deleted, a tiny memlock limit) makes the verdict name that layer; a saved
-//! report edited in one field drifts in exactly that field. Every change to the system
-//! is undone by a guard, and the guard's restore is checked.
+//! rdma-doctor on the test bed: the healthy device passes every layer with the loopback
+//! data test run; breaking one layer at a time (netdev down, rxe link deleted, a tiny
+//! memlock limit) makes the verdict name that layer; a saved report edited in one field
+//! drifts in exactly that field. Every change to the system is undone by a guard, and the
+//! guard's restore is checked.
+//!
+//! They need a real RDMA device, and `scripts/test` runs them on rxe (`scripts/rxe`), as
+//! rdma-verbs's device tests: without a device each of them fails; a plain `cargo test`
+//! lists them as ignored. Each takes a [`LeakCheck`]: the device's resource counts must be
+//! back where they started when it ends (tests run one at a time, `--test-threads=1`).
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rdma_verbs::diag::report::Memlock;
-use rdma_verbs::diag::{self, Layer, LayerReport, Options, Outcome, Report, Status};
+use rdma_doctor::report::{Memlock, Severity};
+use rdma_doctor::{input, Layer, LayerReport, Options, Outcome, Report, Status};
 use rdma_verbs::{Context, PortState};
-
-use crate::{device_name, open, LeakCheck};
 
 /// rxe reacts at once; emulation and the GID work around it can be slow.
 const WAIT: Duration = Duration::from_secs(15);
@@ -22,8 +25,8 @@ fn options() -> Options {
 }
 
 fn run(opts: &Options) -> Report {
-    let report = diag::diagnose(opts).unwrap_or_else(|e| panic!("diagnose: {e}"));
-    eprintln!("{}", diag::render(&report));
+    let report = rdma_doctor::diagnose(opts).unwrap_or_else(|e| panic!("diagnose: {e}"));
+    eprintln!("{}", rdma_doctor::render(&report));
     report
 }
 
@@ -101,7 +104,7 @@ fn saved_report_edited_in_one_field_drifts_in_exactly_that_field() {
     let fw = json.pointer_mut(&format!("/baseline/devices/{name}/fw_ver")).expect("fw_ver in the report");
     *fw = serde_json::Value::String("99.99.9999".into());
 
-    opts.compare = Some(json);
+    opts.compare = Some(input::parse_report(&json.to_string()).expect("the edited report reads"));
     let r = run(&opts);
     let fields: Vec<&str> = r.drift.iter().map(|d| d.field.as_str()).collect();
     assert_eq!(fields, [format!("devices.{name}.fw_ver")], "{:#?}", r.drift);
@@ -137,7 +140,7 @@ fn a_user_known_bad_entry_for_this_driver_is_a_warning_citing_its_source_with_ex
         "format_version": 1,
         "entries": [{
             "id": "site-test", "device": "the test bed", "kernel_driver": driver,
-            "problem": "flagged by this test", "advice": "nothing to do", "source": "tests/device/diag.rs"
+            "problem": "flagged by this test", "advice": "nothing to do", "source": "rdma-doctor/tests/device.rs"
         }]
     });
     std::fs::write(&path, list.to_string()).unwrap();
@@ -146,10 +149,10 @@ fn a_user_known_bad_entry_for_this_driver_is_a_warning_citing_its_source_with_ex
     std::fs::remove_file(&path).unwrap();
 
     assert!(r.layers.iter().all(|l| l.outcome != Outcome::Fail), "{:#?}", r.layers);
-    let warnings: Vec<_> = r.findings.iter().filter(|f| f.severity == diag::report::Severity::Warning).collect();
+    let warnings: Vec<_> = r.findings.iter().filter(|f| f.severity == Severity::Warning).collect();
     assert_eq!(warnings.len(), 1, "{warnings:#?}");
     assert!(warnings[0].what.contains("known-bad [site-test]"), "{:?}", warnings[0]);
-    assert_eq!(warnings[0].source.as_deref(), Some("tests/device/diag.rs"));
+    assert_eq!(warnings[0].source.as_deref(), Some("rdma-doctor/tests/device.rs"));
     assert_eq!((r.status, r.exit_code), (Status::Warnings, 4));
 }
 
@@ -183,15 +186,15 @@ fn deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before() {
     // librdmacm keeps one open for the life of a process that used it (the cm tests run
     // in this binary). So the test runs in a fresh process of this binary: this one
     // spawns it, bounds it in time, and checks its result.
-    const CHILD: &str = "RDMA_VERBS_LINK_TEST_CHILD";
+    const CHILD: &str = "RDMA_DOCTOR_LINK_TEST_CHILD";
     if std::env::var_os(CHILD).is_none() {
         let me = std::env::current_exe().unwrap();
         // Its output goes to a file and is shown indented, so that its own "test result"
         // line is not counted as this binary's.
-        let log_path = std::env::temp_dir().join(format!("rdma-verbs-link-test-{}.log", std::process::id()));
+        let log_path = std::env::temp_dir().join(format!("rdma-doctor-link-test-{}.log", std::process::id()));
         let log = std::fs::File::create(&log_path).unwrap();
         let mut child = Command::new(me)
-            .args(["--exact", "diag::deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before"])
+            .args(["--exact", "deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before"])
             .args(["--include-ignored", "--nocapture", "--test-threads=1"])
             .env(CHILD, "1")
             .stdout(log.try_clone().unwrap())
@@ -233,7 +236,7 @@ fn deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before() {
 
     let mut opts = options();
     opts.loopback = false;
-    let saved: serde_json::Value = serde_json::from_str(&run(&opts).to_json()).unwrap();
+    let saved = run(&opts);
     let guard = RxeLink { name: name.clone(), netdev: netdev.clone(), gid_index, gid };
 
     let out = Command::new("rdma").args(["link", "delete", &name]).output().expect("run `rdma` (iproute2)");
@@ -354,6 +357,65 @@ impl Drop for RxeLink {
     fn drop(&mut self) {
         if let Err(e) = self.restore() {
             eprintln!("re-creating {}: {e}", self.name);
+        }
+    }
+}
+
+// ---- the test bed: the device under test, and the resource-leak check -------------------
+
+/// Skipping is not an option: name the device or fail.
+fn device_name() -> String {
+    if let Ok(name) = std::env::var("RDMA_DEVICE") {
+        return name;
+    }
+    let list = rdma_verbs::devices().expect("ibv_get_device_list");
+    let name = list.iter().next().map(|d| d.name().to_owned());
+    name.expect("no RDMA device: device tests need one; run them with scripts/test (rxe in a VM)")
+}
+
+/// The device under test, opened.
+fn open() -> Context {
+    let name = device_name();
+    Context::open(Some(&name)).unwrap_or_else(|e| panic!("opening {name}: {e}"))
+}
+
+/// The device's resource counts as the kernel keeps them (`rdma -j resource show`): one
+/// `"name":count` pair per kind, in the device's object.
+fn resource_counts() -> Vec<(String, u64)> {
+    let dev = device_name();
+    let out = Command::new("rdma").args(["-j", "resource", "show"]).output().expect("run `rdma` (iproute2)");
+    assert!(out.status.success(), "rdma resource show failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let obj = text
+        .split('{')
+        .find(|o| o.contains(&format!("\"ifname\":\"{dev}\"")))
+        .unwrap_or_else(|| panic!("{dev} not in `rdma resource show`: {text}"));
+    let counts: Vec<(String, u64)> = ["pd", "cq", "qp", "mr", "srq", "ctx", "cm_id"]
+        .iter()
+        .filter_map(|k| {
+            let key = format!("\"{k}\":");
+            let at = obj.find(&key)? + key.len();
+            let n: String = obj[at..].chars().take_while(char::is_ascii_digit).collect();
+            Some(((*k).to_owned(), n.parse().ok()?))
+        })
+        .collect();
+    assert!(counts.len() >= 5, "too few resource counters for {dev} in `rdma -j resource show`: {text}");
+    counts
+}
+
+/// Asserts on drop that the device's resource counts are back to where they were.
+struct LeakCheck(Vec<(String, u64)>);
+
+impl LeakCheck {
+    fn new() -> Self {
+        LeakCheck(resource_counts())
+    }
+}
+
+impl Drop for LeakCheck {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert_eq!(resource_counts(), self.0, "device resources leaked (before vs after the test)");
         }
     }
 }

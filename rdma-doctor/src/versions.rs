@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 
-use super::report::{Packages, ProviderFacts, VersionFact};
-use crate::ffi;
+use crate::report::{Packages, ProviderFacts, VersionFact};
+use rdma_verbs::ffi;
 
 /// Packages worth recording; names differ between distributions.
 const PACKAGES: &[&str] = &[
@@ -25,9 +25,23 @@ const PACKAGES: &[&str] = &[
     "mlnx-tools",
 ];
 
-/// The shared object that contains `addr`, with symlinks resolved (`dladdr`).
+/// The shared object that contains `addr`: the file of the mapping of `/proc/self/maps`
+/// that holds it (the kernel names the file itself, symlinks resolved).
 pub(crate) fn object_of(addr: *const c_void) -> Option<PathBuf> {
-    crate::compat::loaded_object(addr)
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    mapping_of(&maps, addr as usize)
+}
+
+/// The file of the line of a maps table whose range holds `addr`
+/// (`start-end perms offset dev inode path`).
+fn mapping_of(maps: &str, addr: usize) -> Option<PathBuf> {
+    maps.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (start, end) = f.next()?.split_once('-')?;
+        let (start, end) = (usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?);
+        let path = f.nth(4)?;
+        (start <= addr && addr < end && path.starts_with('/')).then(|| PathBuf::from(path))
+    })
 }
 
 /// `1.14.44.0` from `libibverbs.so.1.14.44.0`.
@@ -164,6 +178,23 @@ pub(crate) fn parse_dpkg_status(status: &str) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_object_holding_an_address_is_the_mapping_whose_range_holds_it() {
+        let maps = "7f0000000000-7f0000001000 r--p 00000000 fd:01 42 /usr/lib/libibverbs.so.1.14.44.0\n\
+                    7f0000001000-7f0000009000 r-xp 00001000 fd:01 42 /usr/lib/libibverbs.so.1.14.44.0\n\
+                    7f0000009000-7f000000a000 rw-p 00000000 00:00 0 \n\
+                    7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]\n";
+        let lib = Some(PathBuf::from("/usr/lib/libibverbs.so.1.14.44.0"));
+        assert_eq!(mapping_of(maps, 0x7f00_0000_1234), lib);
+        assert_eq!(mapping_of(maps, 0x7f00_0000_9010), None);
+        assert_eq!(mapping_of(maps, 0x7ffd_0000_0010), None);
+        assert_eq!(mapping_of(maps, 0x10), None);
+        // This process: the function below lives in this test binary.
+        fn here() {}
+        let me = object_of(here as fn() as *const c_void).expect("a mapping");
+        assert_eq!(me, std::env::current_exe().unwrap());
+    }
 
     #[test]
     fn so_versions_and_dpkg_records_are_read() {

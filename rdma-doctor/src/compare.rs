@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::report::{Drift, FORMAT, FORMAT_VERSION};
+use crate::report::{Drift, FORMAT, FORMAT_VERSION};
 
 /// Fields never compared against a saved baseline: where a number was read is not the
 /// number.
@@ -187,7 +187,7 @@ mod tests {
     }
 
     /// A ConnectX-6 Dx node's report, as the doctor writes it.
-    const NODE_A: &str = include_str!("testdata/node-a.json");
+    const NODE_A: &str = include_str!("../testdata/node-a.json");
 
     fn node(edit: impl FnOnce(&mut Value)) -> Value {
         let mut v: Value = serde_json::from_str(NODE_A).unwrap();
@@ -201,7 +201,7 @@ mod tests {
 
     #[test]
     fn the_fixture_is_a_report_of_the_documented_format() {
-        let r: crate::diag::Report = serde_json::from_str(NODE_A).unwrap();
+        let r: crate::Report = serde_json::from_str(NODE_A).unwrap();
         assert_eq!((r.format.as_str(), r.format_version), (FORMAT, FORMAT_VERSION));
         assert_eq!(r.baseline.devices["mlx5_0"].vendor_part_id, Some(4125));
         let v: Value = serde_json::from_str(NODE_A).unwrap();

@@ -1,0 +1,154 @@
+//! The `rdma-doctor` command over recorded reports (testdata/), on the host (no device):
+//! a report with a wrong-typed or an unknown field is refused with exit 2 naming the file
+//! and the field; a file over the size limit, `/dev/zero` included, is refused at once; a
+//! known-bad firmware/driver combination is found in a node's report and in a baseline;
+//! `--compare-nodes --json` prints JSON.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A recorded report.
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join(name)
+}
+
+/// Runs the command with `args` (no loopback: nothing here needs the data plane).
+fn doctor(args: &[&str]) -> (i32, String, String) {
+    let out: Output = Command::new(env!("CARGO_BIN_EXE_rdma-doctor"))
+        .args(args)
+        .env_remove("RDMA_DOCTOR_KNOWN_BAD")
+        .output()
+        .expect("run rdma-doctor");
+    let text = |b: Vec<u8>| String::from_utf8(b).expect("UTF-8 output");
+    (out.status.code().expect("an exit status"), text(out.stdout), text(out.stderr))
+}
+
+const KNOWN_BAD_CX5: &str = "known-bad [connectx5-fw-16.24.1000-ofed-5.4-1.0.3.0]";
+
+#[test]
+fn a_baseline_with_a_wrong_typed_field_exits_2_naming_the_file_and_the_field() {
+    let file = fixture("report-wrong-type.json");
+    let (code, out, err) = doctor(&["--no-loopback", "--compare", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("report-wrong-type.json"), "{err}");
+    assert!(err.contains("field `baseline.devices.mlx5_0.ports.1.rate_gbps`: invalid type: string \"200\""), "{err}");
+    assert!(out.is_empty(), "no report for bad input: {out}");
+}
+
+#[test]
+fn a_node_report_with_a_wrong_typed_or_unknown_field_exits_2_naming_the_file_and_the_field() {
+    let a = fixture("node-a.json");
+    for (name, field) in [
+        ("report-wrong-type.json", "baseline.devices.mlx5_0.ports.1.rate_gbps"),
+        ("report-unknown-field.json", "unknown field `firmware`"),
+    ] {
+        let bad = fixture(name);
+        let (code, out, err) = doctor(&["--compare-nodes", a.to_str().unwrap(), bad.to_str().unwrap()]);
+        assert_eq!(code, 2, "{name}: {out}{err}");
+        assert!(err.contains(name) && err.contains(field), "{name}: {err}");
+    }
+}
+
+#[test]
+fn a_baseline_with_an_unknown_field_exits_2_naming_it() {
+    let file = fixture("report-unknown-field.json");
+    let (code, _, err) = doctor(&["--no-loopback", "--compare", file.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("report-unknown-field.json") && err.contains("unknown field `firmware`"), "{err}");
+    assert!(err.contains("baseline.devices.mlx5_0"), "{err}");
+}
+
+#[test]
+fn dev_zero_and_an_oversized_report_exit_2_at_once_naming_the_limit() {
+    let started = Instant::now();
+    let (code, _, err) = doctor(&["--no-loopback", "--compare", "/dev/zero"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/dev/zero: larger than 4 MiB"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+
+    // A valid report padded past the limit with whitespace: refused by size, not parsed.
+    let big = std::env::temp_dir().join(format!("rdma-doctor-big-{}.json", std::process::id()));
+    let mut text = std::fs::read_to_string(fixture("node-a.json")).unwrap();
+    text.push_str(&" ".repeat(5 << 20));
+    std::fs::write(&big, text).unwrap();
+    let a = fixture("node-a.json");
+    let (code, _, err) = doctor(&["--compare-nodes", a.to_str().unwrap(), big.to_str().unwrap()]);
+    std::fs::remove_file(&big).unwrap();
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("rdma-doctor-big-") && err.contains("larger than 4 MiB"), "{err}");
+
+    // A known-bad list too.
+    let (code, _, err) =
+        doctor(&["--compare-nodes", a.to_str().unwrap(), a.to_str().unwrap(), "--known-bad", "/dev/zero"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/dev/zero: larger than 4 MiB"), "{err}");
+}
+
+#[test]
+fn compare_nodes_names_the_known_bad_combination_of_one_node_not_only_the_firmware_difference() {
+    let files = ["node-a.json", "node-b.json", "node-c-connectx5-known-bad.json"].map(fixture);
+    let args: Vec<&str> = std::iter::once("--compare-nodes").chain(files.iter().map(|f| f.to_str().unwrap())).collect();
+    let (code, out, err) = doctor(&args);
+    // The nodes differ (firmware, part id): drift beats warnings.
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(out.contains("devices.mlx5_0.fw_ver") && out.contains("node-c has \"16.24.1000\""), "{out}");
+    let line = out.lines().find(|l| l.contains(KNOWN_BAD_CX5)).unwrap_or_else(|| panic!("no known-bad line: {out}"));
+    assert!(line.contains("[node-c/mlx5_0]"), "{line}");
+    assert_eq!(out.matches("known-bad [").count(), 1, "only node-c: {out}");
+}
+
+#[test]
+fn compare_nodes_json_prints_the_comparison_as_json() {
+    let files = ["node-a.json", "node-b.json", "node-c-connectx5-known-bad.json"].map(fixture);
+    let mut args: Vec<&str> = vec!["--compare-nodes"];
+    args.extend(files.iter().map(|f| f.to_str().unwrap()));
+    args.push("--json");
+    let (code, out, err) = doctor(&args);
+    assert_eq!(code, 3, "{out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    assert_eq!(v["format"], "rdma-doctor-nodes");
+    assert_eq!(v["format_version"], 1);
+    assert_eq!((v["status"].as_str(), v["exit_code"].as_i64()), (Some("drift"), Some(3)));
+    let labels: Vec<&str> = v["nodes"].as_array().unwrap().iter().map(|n| n["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["node-a", "node-b", "node-c"]);
+    let findings = v["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{findings:#?}");
+    assert_eq!(findings[0]["scope"], "node-c/mlx5_0");
+    assert_eq!(findings[0]["severity"], "warning");
+    assert!(findings[0]["what"].as_str().unwrap().contains(KNOWN_BAD_CX5));
+    assert!(v["differences"].as_array().unwrap().iter().any(|d| d["field"] == "devices.mlx5_0.fw_ver"));
+    assert!(v["layers"].as_array().unwrap().iter().all(|l| l["outcome"] == "pass"), "{}", v["layers"]);
+}
+
+#[test]
+fn a_baseline_with_the_known_bad_combination_is_flagged_as_such() {
+    // The live node here has no such device (no device at all on the host): the warning
+    // comes from the baseline alone.
+    let file = fixture("node-c-connectx5-known-bad.json");
+    let (code, out, err) = doctor(&["--no-loopback", "--compare", file.to_str().unwrap()]);
+    assert_ne!(code, 2, "{err}");
+    let line = out.lines().find(|l| l.contains(KNOWN_BAD_CX5)).unwrap_or_else(|| panic!("no known-bad line: {out}"));
+    assert!(line.contains("in the baseline") && line.contains("node-c-connectx5-known-bad.json"), "{line}");
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_exits_0() {
+    let a = fixture("node-a.json");
+    for args in [
+        vec!["--no-such-flag"],
+        vec!["--compare-nodes", a.to_str().unwrap()],
+        vec!["--timeout", "0"],
+        vec!["--memlock-need", "12Q"],
+        vec!["-p", "300"],
+    ] {
+        let (code, _, err) = doctor(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("error"), "{args:?}: {err}");
+    }
+    let (code, out, _) = doctor(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("--compare-nodes") && out.contains("exit status"), "{out}");
+}

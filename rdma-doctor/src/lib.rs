@@ -39,8 +39,10 @@ pub mod input;
 mod kmsg;
 pub mod known_bad;
 pub mod loopback;
+pub mod provider;
 pub mod report;
 pub mod saved;
+mod stderr;
 mod text;
 pub mod verdict;
 mod versions;
@@ -111,7 +113,9 @@ impl Default for Options {
     }
 }
 
-/// Collects, checks and compares. `Err` only for bad input: a known-bad file or a saved
+/// Collects, checks and compares. While it lists and opens the devices, fd 2 of the
+/// process points at a temporary file, to read libibverbs' warnings (call it while no
+/// other thread needs stderr). `Err` only for bad input: a known-bad file or a saved
 /// report that cannot be read (the doctor's usage error); everything wrong with the
 /// system itself is in the report.
 pub fn diagnose(opts: &Options) -> Result<Report, String> {
@@ -120,20 +124,19 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
 
     let (host, kernel) = collect::host_and_kernel();
     let sysfs_devices = device::sysfs_devices();
-    let verbs_devices = rdma_verbs::devices().map(|l| l.names()).unwrap_or_default();
-    let selected = select(opts, &sysfs_devices, &verbs_devices);
-
-    let mut devices = BTreeMap::new();
-    let mut contexts = BTreeMap::new();
-    for name in &selected {
-        if sysfs_devices.contains(name) || verbs_devices.contains(name) {
-            let (facts, ctx) = device::collect(name);
-            devices.insert(name.clone(), facts);
-            if let Some(ctx) = ctx {
-                contexts.insert(name.clone(), ctx);
-            }
-        }
-    }
+    // libibverbs says why a provider did not load only on stderr: listing and opening run
+    // with fd 2 captured (`stderr`).
+    let ((verbs_devices, selected, devices, contexts), said) = stderr::capture(|| {
+        let verbs_devices = rdma_verbs::devices().map(|l| l.names()).unwrap_or_default();
+        let selected = select(opts, &sysfs_devices, &verbs_devices);
+        let (devices, contexts) = collect_devices(&selected, &sysfs_devices, &verbs_devices);
+        (verbs_devices, selected, devices, contexts)
+    });
+    let providers: BTreeMap<String, provider::ProviderProbe> = devices
+        .iter()
+        .filter(|(_, d)| d.open_error.is_some())
+        .map(|(n, d)| (n.clone(), provider::probe(n, d, verbs_devices.contains(n), &said)))
+        .collect();
     let baseline = Baseline {
         kernel,
         libraries: versions::libraries(),
@@ -145,7 +148,8 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     };
     let observations = Observations { kernel_log: kmsg::read(opts.kernel_log_lines), verbs_devices, sysfs_devices };
 
-    let want = expectations(opts, &selected, &baseline, reference);
+    let mut want = expectations(opts, &selected, &baseline, reference);
+    want.providers = providers;
     let mut run = |name: &str, port: u8| match contexts.get(name) {
         Some(ctx) => loopback::run(ctx, port, opts.timeout),
         None => LoopbackReport { setup_error: Some(format!("{name} is not open")), ..LoopbackReport::default() },
@@ -163,6 +167,7 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
         findings.extend(more);
     }
     findings.extend(notes(&baseline, &observations));
+    findings.extend(provider_findings(&want.providers));
 
     let drift = match reference {
         Some(saved) => {
@@ -189,6 +194,40 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     };
     report.settle_status();
     Ok(report)
+}
+
+/// The devices of `selected` the kernel or libibverbs lists: their facts, and the
+/// contexts of the ones that opened.
+fn collect_devices(
+    selected: &[String],
+    sysfs: &[String],
+    verbs: &[String],
+) -> (BTreeMap<String, report::DeviceFacts>, BTreeMap<String, rdma_verbs::Context>) {
+    let mut devices = BTreeMap::new();
+    let mut contexts = BTreeMap::new();
+    for name in selected.iter().filter(|n| sysfs.contains(n) || verbs.contains(n)) {
+        let (facts, ctx) = device::collect(name);
+        devices.insert(name.clone(), facts);
+        if let Some(ctx) = ctx {
+            contexts.insert(name.clone(), ctx);
+        }
+    }
+    (devices, contexts)
+}
+
+/// libibverbs' own words about each device it could not open.
+fn provider_findings(probes: &BTreeMap<String, provider::ProviderProbe>) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for (name, p) in probes {
+        out.extend(p.warnings.iter().map(|w| Finding {
+            severity: Severity::Warning,
+            scope: name.clone(),
+            what: format!("libibverbs said: {w}"),
+            advice: None,
+            source: Some("libibverbs' stderr while the doctor listed and opened the devices".into()),
+        }));
+    }
+    out
 }
 
 fn to_value(b: &Baseline) -> Result<serde_json::Value, String> {

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::collect::DEVICE_DRIVERS;
 use crate::loopback::LoopbackReport;
+use crate::provider::ProviderProbe;
 use crate::report::{Baseline, DeviceFacts, Memlock, Observations, PortFacts};
 
 /// A layer of the RDMA stack, top down.
@@ -101,7 +102,7 @@ pub struct LayerReport {
 }
 
 impl LayerReport {
-    fn pass(scope: &str, layer: Layer, summary: impl Into<String>, evidence: Vec<String>) -> Self {
+    pub(crate) fn pass(scope: &str, layer: Layer, summary: impl Into<String>, evidence: Vec<String>) -> Self {
         LayerReport {
             scope: scope.into(),
             layer,
@@ -112,7 +113,13 @@ impl LayerReport {
         }
     }
 
-    fn fail(scope: &str, layer: Layer, summary: impl Into<String>, evidence: Vec<String>, fix: Vec<String>) -> Self {
+    pub(crate) fn fail(
+        scope: &str,
+        layer: Layer,
+        summary: impl Into<String>,
+        evidence: Vec<String>,
+        fix: Vec<String>,
+    ) -> Self {
         LayerReport { scope: scope.into(), layer, outcome: Outcome::Fail, summary: summary.into(), evidence, fix }
     }
 
@@ -145,6 +152,8 @@ pub struct Expectations {
     /// The netdev each soft device sat on in a saved baseline (for the exact re-create
     /// command when it is gone).
     pub known_parents: BTreeMap<String, String>,
+    /// What was found about the provider of each device libibverbs could not open.
+    pub providers: BTreeMap<String, ProviderProbe>,
 }
 
 /// Checks every layer, top down. `loopback(device, port)` runs the data-plane test; it is
@@ -198,7 +207,7 @@ fn check(
             LayerReport::pass(name, layer, format!("enumerated by the kernel ({driver}{fw})"), vec![])
         }
         Layer::DeviceNodes => device_nodes(name, d, facts),
-        Layer::Provider => provider(name, d, facts),
+        Layer::Provider => crate::provider::check(name, d, facts, want.providers.get(name)),
         Layer::Port => port_state(name, &ports),
         Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).copied()),
         Layer::Gid => gid(name, &ports),
@@ -349,32 +358,6 @@ fn device_nodes(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
             )
         }
         Some(_) => LayerReport::pass(name, Layer::DeviceNodes, format!("{path} opens"), evidence),
-    }
-}
-
-fn provider(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
-    let verbs = facts.libraries.get("libibverbs").and_then(|l| l.version.clone()).unwrap_or_else(|| "unknown".into());
-    let mut evidence = vec![format!("libibverbs {verbs}")];
-    if let Some(e) = &d.open_error {
-        evidence.push(e.clone());
-        let driver = d.kernel_driver_name.as_deref().unwrap_or("its kernel driver");
-        return LayerReport::fail(
-            name,
-            Layer::Provider,
-            format!("libibverbs cannot open the device (no user-space provider for {driver}, or it refused)"),
-            evidence,
-            vec![
-                "install the providers: apt-get install ibverbs-providers (Debian, Ubuntu) / dnf install libibverbs (RHEL, Fedora)".into(),
-                "see which provider libibverbs tries: IBV_SHOW_WARNINGS=1 ibv_devices; config files are in /etc/libibverbs.d/".into(),
-            ],
-        );
-    }
-    match &d.provider {
-        Some(p) => {
-            evidence.push(format!("provider {} in {}", p.name, p.library));
-            LayerReport::pass(name, Layer::Provider, format!("opened through provider {}", p.name), evidence)
-        }
-        None => LayerReport::pass(name, Layer::Provider, "opened (provider library not identified)", evidence),
     }
 }
 

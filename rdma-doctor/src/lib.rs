@@ -308,5 +308,30 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
             out.push(note(format!("kernel log: {} [{}]", e.line, e.meaning), None));
         }
     }
+    for line in &seen.kernel_log.lines {
+        let cited = seen.kernel_log.errors.iter().any(|e| &e.line == line);
+        if let (Some(meaning), false) = (kmsg::trouble(line), cited) {
+            out.push(note(format!("kernel log: {line} [{meaning}]"), None));
+        }
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_known_trouble_line_without_an_errno_is_a_finding() {
+        let records = ["4,3,100,-;mlx5_core 0000:03:00.0: timeout event on QP 0x1a2b", "6,4,200,-;rdma_rxe: loaded"];
+        let seen = Observations {
+            kernel_log: kmsg::filter(records.iter().copied(), 10, kmsg::Window::at(200)),
+            ..Observations::default()
+        };
+        let found = notes(&Baseline::default(), &seen);
+        let qp: Vec<&Finding> = found.iter().filter(|f| f.what.contains("timeout event on QP 0x1a2b")).collect();
+        assert_eq!(qp.len(), 1, "{found:#?}");
+        assert!(qp[0].what.contains("the device timed out a QP"), "{found:#?}");
+        assert!(!found.iter().any(|f| f.what.contains("rdma_rxe: loaded")), "{found:#?}");
+    }
 }

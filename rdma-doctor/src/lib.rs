@@ -150,6 +150,7 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
 
     let mut want = expectations(opts, &selected, &baseline, reference);
     want.providers = providers;
+    want.kernel_rdma = collect::kernel_has_rdma(&baseline.kernel.release);
     let mut run = |name: &str, port: u8| match contexts.get(name) {
         Some(ctx) => loopback::run(ctx, port, opts.timeout),
         None => LoopbackReport { setup_error: Some(format!("{name} is not open")), ..LoopbackReport::default() },

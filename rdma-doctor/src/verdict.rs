@@ -135,6 +135,9 @@ impl LayerReport {
     }
 }
 
+/// The scope of the device layers when no device was named and none was found.
+const NO_DEVICE: &str = "(first device)";
+
 /// What the verdict looks at besides the collected facts.
 #[derive(Debug, Clone, Default)]
 pub struct Expectations {
@@ -154,6 +157,9 @@ pub struct Expectations {
     pub known_parents: BTreeMap<String, String>,
     /// What was found about the provider of each device libibverbs could not open.
     pub providers: BTreeMap<String, ProviderProbe>,
+    /// Whether the running kernel has RDMA at all (ib_core loaded, built in or among its
+    /// modules); `None` when unknown.
+    pub kernel_rdma: Option<bool>,
 }
 
 /// Checks every layer, top down. `loopback(device, port)` runs the data-plane test; it is
@@ -164,11 +170,10 @@ pub fn evaluate(
     want: &Expectations,
     loopback: &mut dyn FnMut(&str, u8) -> LoopbackReport,
 ) -> (Vec<LayerReport>, BTreeMap<String, LoopbackReport>) {
-    let mut out = vec![modules(facts, seen)];
+    let mut out = vec![modules(facts, seen, want.kernel_rdma)];
     let mut runs = BTreeMap::new();
     let host_ok = out[0].outcome == Outcome::Pass;
-    let devices: Vec<String> =
-        if want.devices.is_empty() { vec!["(first device)".to_owned()] } else { want.devices.clone() };
+    let devices: Vec<String> = if want.devices.is_empty() { vec![NO_DEVICE.to_owned()] } else { want.devices.clone() };
     for name in &devices {
         let mut failed: Option<Layer> = if host_ok { None } else { Some(Layer::KernelModules) };
         for layer in Layer::DEVICE_LAYERS {
@@ -224,11 +229,24 @@ fn check(
     }
 }
 
-fn modules(facts: &Baseline, seen: &Observations) -> LayerReport {
+fn modules(facts: &Baseline, seen: &Observations, kernel_rdma: Option<bool>) -> LayerReport {
     const SCOPE: &str = "host";
     let m = &facts.modules;
     let mut evidence: Vec<String> = m.iter().map(|(n, i)| format!("{n}: {}", i.state)).collect();
     let missing: Vec<&str> = ["ib_core", "ib_uverbs"].into_iter().filter(|n| !m.contains_key(*n)).collect();
+    if !missing.is_empty() && kernel_rdma == Some(false) {
+        let release = &facts.kernel.release;
+        return LayerReport::fail(
+            SCOPE,
+            Layer::KernelModules,
+            format!("this kernel ({release}) has no RDMA support: ib_core is neither built in nor among its modules"),
+            evidence,
+            vec![
+                "boot a kernel built with CONFIG_INFINIBAND and CONFIG_INFINIBAND_USER_ACCESS (modprobe cannot help)".into(),
+                format!("or install its RDMA modules where the distribution ships them apart (Ubuntu: linux-modules-extra-{release})"),
+            ],
+        );
+    }
     if !missing.is_empty() {
         return LayerReport::fail(
             SCOPE,
@@ -266,7 +284,7 @@ fn modules(facts: &Baseline, seen: &Observations) -> LayerReport {
                 evidence,
                 vec![
                     "modprobe mlx5_ib   # NVIDIA ConnectX-4 and later (or the module of your vendor: bnxt_re, irdma, efa, ...)".into(),
-                    "SoftRoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IFACE".into(),
+                    "SoftRoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <netdev>".into(),
                 ],
             );
         }
@@ -347,25 +365,35 @@ fn device_missing(name: &str, seen: &Observations, facts: &Baseline, want: &Expe
     evidence.extend(seen.kernel_log.errors.iter().map(|e| format!("{} [{}]", e.line, e.meaning)));
     let drivers: Vec<&str> = DEVICE_DRIVERS.iter().copied().filter(|d| facts.modules.contains_key(*d)).collect();
     evidence.push(format!("device driver modules loaded: {}", list_or(&drivers, "none")));
-    let mut fix = Vec::new();
-    match want.known_parents.get(name) {
-        Some(netdev) => fix.push(format!("rdma link add {name} type rxe netdev {netdev}   # as in the saved baseline")),
-        None if drivers.contains(&"rdma_rxe") || name.starts_with("rxe") => {
-            fix.push(format!("rdma link add {name} type rxe netdev IFACE   # SoftRoCE devices are links on a netdev"));
-        }
-        None => {}
-    }
+    let mut fix: Vec<String> = soft_link_advice(name, &drivers, want).into_iter().collect();
     fix.push(
         "hardware: check the PCI function and its driver: lspci -nnk | grep -iA3 -E 'mellanox|infiniband|ethernet'"
             .into(),
     );
     fix.push("then the driver's messages: dmesg | grep -iE 'mlx5|rdma|infiniband'".into());
-    let what = if name == "(first device)" {
+    let what = if name == NO_DEVICE {
         "no RDMA device is enumerated".to_owned()
     } else {
         format!("{name} is not enumerated by the kernel")
     };
     LayerReport::fail(name, Layer::Device, what, evidence, fix)
+}
+
+/// The `rdma link add` that re-creates a soft device: for a name of a soft device (`rxe0`,
+/// `siw0`) or one the saved baseline had on a netdev, or, when no device is named and
+/// rdma_rxe is loaded, in a placeholder form. Never for a hardware device (`mlx5_0`).
+fn soft_link_advice(name: &str, drivers: &[&str], want: &Expectations) -> Option<String> {
+    let kind = if name.starts_with("siw") { "siw" } else { "rxe" };
+    if let Some(netdev) = want.known_parents.get(name) {
+        return Some(format!("rdma link add {name} type {kind} netdev {netdev}   # as in the saved baseline"));
+    }
+    if name.starts_with("rxe") || name.starts_with("siw") {
+        return Some(format!(
+            "rdma link add {name} type {kind} netdev <netdev>   # soft devices are links on a netdev"
+        ));
+    }
+    (name == NO_DEVICE && drivers.contains(&"rdma_rxe"))
+        .then(|| "SoftRoCE: rdma link add rxe0 type rxe netdev <netdev>   # rxe0: a name of your choice".to_owned())
 }
 
 fn device_nodes(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
@@ -445,8 +473,15 @@ fn port_state(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
     let mut fix = Vec::new();
     if p.link_layer == "Ethernet" {
         if let Some(nd) = &p.netdev {
-            fix.push(format!("ip link set {} up", nd.name));
-            fix.push(format!("then check the cable and the switch port: ethtool {}", nd.name));
+            if nd.admin_up {
+                fix.push(format!(
+                    "{} is administratively up but has no link (operstate {}): check the cable, the transceiver and the peer's switch port: ethtool {}",
+                    nd.name, nd.operstate, nd.name
+                ));
+            } else {
+                fix.push(format!("ip link set {} up", nd.name));
+                fix.push(format!("then check the cable and the switch port: ethtool {}", nd.name));
+            }
         }
     } else if p.state == "INIT" || p.state == "ARMED" {
         fix.push(
@@ -567,16 +602,22 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport) -> LayerRepo
     evidence.push(format!("loopback on port {port} took {} ms", run.elapsed_ms));
     if layer == Layer::ControlPlane {
         return match &run.setup_error {
-            Some(e) => LayerReport::fail(
-                name,
-                layer,
-                "creating or connecting the loopback QPs failed (kernel path)",
-                vec![e.clone()],
-                vec![
-                    "the kernel driver refused: dmesg | grep -iE 'rdma|infiniband|mlx5|rxe'".into(),
+            Some(e) => {
+                let mut fix = vec![
+                    "the kernel driver refused: dmesg | grep -iE 'rdma|infiniband|mlx5|rxe'".to_owned(),
                     format!("a second opinion: ibv_rc_pingpong -d {name} -g GID_INDEX (server) and the same with 127.0.0.1 (client)"),
-                ],
-            ),
+                ];
+                if crate::provider::os_error(e) == Some(libc::EAGAIN) {
+                    fix.insert(0, "EAGAIN: the kernel refused more objects: the rdma cgroup's limit (cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/rdma.max rdma.current) or the device's".into());
+                }
+                LayerReport::fail(
+                    name,
+                    layer,
+                    "creating or connecting the loopback QPs failed (kernel path)",
+                    vec![e.clone()],
+                    fix,
+                )
+            }
             None => LayerReport::pass(name, layer, "PD, CQs, regions and two RC QPs created and connected", vec![]),
         };
     }
@@ -739,7 +780,7 @@ mod tests {
             kernel_log: crate::kmsg::filter(records.iter().copied(), 30, crate::kmsg::Window::at(now)),
             ..Observations::default()
         };
-        let r = modules(&facts, &seen);
+        let r = modules(&facts, &seen, Some(true));
         assert_eq!((r.layer, r.outcome), (Layer::KernelModules, Outcome::Fail));
         assert!(
             r.summary
@@ -753,9 +794,70 @@ mod tests {
 
         // No probe error in the window: the RDMA part is simply not loaded.
         seen.kernel_log.errors.clear();
-        let r = modules(&facts, &seen);
+        let r = modules(&facts, &seen, Some(true));
         assert!(r.summary.starts_with("mlx5_core is loaded but its RDMA driver mlx5_ib is not"), "{r:#?}");
         assert_eq!(r.fix, ["modprobe mlx5_ib"]);
+    }
+
+    #[test]
+    fn advice_names_real_devices_and_soft_links_only_for_soft_devices() {
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let mut facts = report.baseline;
+        facts.modules.insert("rdma_rxe".into(), crate::report::ModuleInfo { state: "Live".into(), version: None });
+        let (seen, want) = (Observations::default(), Expectations::default());
+        let links = |r: &LayerReport| r.fix.iter().filter(|f| f.contains("rdma link add")).cloned().collect::<Vec<_>>();
+
+        let r = device_missing(NO_DEVICE, &seen, &facts, &want);
+        assert!(r.fix.iter().all(|f| !f.contains("(first device)")), "{r:#?}");
+        assert_eq!(
+            links(&r),
+            ["SoftRoCE: rdma link add rxe0 type rxe netdev <netdev>   # rxe0: a name of your choice"]
+        );
+        let r = device_missing("mlx5_1", &seen, &facts, &want);
+        assert!(links(&r).is_empty(), "mlx5_1 is no rxe link: {r:#?}");
+        let r = device_missing("rxe1", &seen, &facts, &want);
+        assert_eq!(links(&r), ["rdma link add rxe1 type rxe netdev <netdev>   # soft devices are links on a netdev"]);
+        let r = modules(&Baseline { devices: BTreeMap::new(), ..facts.clone() }, &seen, Some(true));
+        assert!(r.fix.iter().all(|f| !f.contains("IFACE")), "{r:#?}");
+    }
+
+    #[test]
+    fn a_carrier_loss_on_an_interface_that_is_up_is_the_cable_not_ip_link_set_up() {
+        let f = first_failure(|b, _| {
+            let p = port(b);
+            p.state = "DOWN".into();
+            p.phys_state = "Polling".into();
+            let nd = p.netdev.as_mut().unwrap();
+            (nd.admin_up, nd.operstate) = (true, "down".into());
+        })
+        .unwrap();
+        assert_eq!(f.layer, Layer::Port);
+        assert!(f.fix.iter().all(|x| !x.contains("ip link set")), "{f:#?}");
+        assert!(f.fix[0].contains("administratively up but has no link") && f.fix[0].contains("cable"), "{f:#?}");
+    }
+
+    #[test]
+    fn a_kernel_without_rdma_is_said_so_instead_of_modprobe() {
+        let mut facts = Baseline::default();
+        facts.kernel.release = "6.18.44-fc".into();
+        let r = modules(&facts, &Observations::default(), Some(false));
+        assert!(r.summary.starts_with("this kernel (6.18.44-fc) has no RDMA support"), "{r:#?}");
+        assert!(r.fix.iter().all(|f| !f.starts_with("modprobe")), "{r:#?}");
+        // Unknown (no /lib/modules to look in): the modprobe advice stays.
+        assert!(modules(&facts, &Observations::default(), None).fix[0].starts_with("modprobe ib_uverbs"));
+    }
+
+    #[test]
+    fn eagain_creating_the_loopback_objects_points_at_the_rdma_cgroup() {
+        let run = LoopbackReport {
+            setup_error: Some(
+                "ibv_alloc_pd failed (control plane): Resource temporarily unavailable (os error 11)".into(),
+            ),
+            ..LoopbackReport::default()
+        };
+        let r = planes(Layer::ControlPlane, "mlx5_0", 1, &run);
+        assert_eq!(r.outcome, Outcome::Fail);
+        assert!(r.fix[0].starts_with("EAGAIN") && r.fix[0].contains("rdma.max"), "{r:#?}");
     }
 
     #[test]

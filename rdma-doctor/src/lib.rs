@@ -40,6 +40,7 @@ mod kmsg;
 pub mod known_bad;
 pub mod loopback;
 pub mod provider;
+pub mod rates;
 pub mod report;
 pub mod saved;
 mod stderr;
@@ -58,7 +59,7 @@ pub use text::render;
 pub use verdict::{check_memlock, Layer, LayerReport, Outcome};
 
 use report::{Baseline, Finding, Memlock, Observations, Severity};
-use verdict::Expectations;
+use verdict::{Expectations, RateRef};
 
 /// What to examine and how.
 #[derive(Debug, Clone)]
@@ -257,6 +258,8 @@ fn expectations(opts: &Options, selected: &[String], now: &Baseline, saved: Opti
         loopback: opts.loopback,
         ..Expectations::default()
     };
+    let derived = rates::derived(&now.devices, &rates::netdev_speed_gbps);
+    let file = opts.compare_file.as_ref().map_or("(given)".to_owned(), |f| f.display().to_string());
     for (name, d) in &now.devices {
         for port in d.ports.keys() {
             let from_saved = saved
@@ -264,8 +267,13 @@ fn expectations(opts: &Options, selected: &[String], now: &Baseline, saved: Opti
                 .and_then(|sd| sd.ports.get(port))
                 .map(|p| p.rate_gbps)
                 .filter(|r| *r > 0.0);
-            if let Some(rate) = opts.expected_rate.or(from_saved) {
-                want.expected_rate.insert((name.clone(), port.clone()), rate);
+            let given = match (opts.expected_rate, from_saved) {
+                (Some(gbps), _) => Some(RateRef { gbps, from: "--expect-rate".into() }),
+                (None, Some(gbps)) => Some(RateRef { gbps, from: format!("the saved baseline {file}") }),
+                (None, None) => derived.get(&(name.clone(), port.clone())).cloned(),
+            };
+            if let Some(r) = given {
+                want.expected_rate.insert((name.clone(), port.clone()), r);
             }
         }
     }

@@ -135,6 +135,15 @@ impl LayerReport {
     }
 }
 
+/// A rate a port should run at, and the reference it was taken from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateRef {
+    /// Gb/s.
+    pub gbps: f64,
+    /// Where it came from, for the report (`the saved baseline a.json`, `its netdev's speed`).
+    pub from: String,
+}
+
 /// The scope of the device layers when no device was named and none was found.
 const NO_DEVICE: &str = "(first device)";
 
@@ -147,9 +156,10 @@ pub struct Expectations {
     pub port: Option<u8>,
     /// Bytes of locked memory a program must be able to register.
     pub memlock_need: u64,
-    /// The rate each checked port should run at, Gb/s (from the command line or a
-    /// saved baseline): a lower active rate is a degraded link.
-    pub expected_rate: BTreeMap<(String, String), f64>,
+    /// The rate each checked port should run at, with where that rate came from (the
+    /// command line, a saved baseline, the netdev's speed, a sibling port): a lower active
+    /// rate is a degraded link.
+    pub expected_rate: BTreeMap<(String, String), RateRef>,
     /// Run the loopback test (control and data plane).
     pub loopback: bool,
     /// The netdev each soft device sat on in a saved baseline (for the exact re-create
@@ -214,7 +224,7 @@ fn check(
         Layer::DeviceNodes => device_nodes(name, d, facts),
         Layer::Provider => crate::provider::check(name, d, facts, want.providers.get(name)),
         Layer::Port => port_state(name, &ports),
-        Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).copied()),
+        Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).cloned()),
         Layer::Gid => gid(name, &ports),
         Layer::Memlock => check_memlock(name, &facts.memlock, want.memlock_need),
         Layer::ControlPlane | Layer::DataPlane => {
@@ -499,10 +509,15 @@ fn port_state(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
     )
 }
 
-/// The link layer of `ports`: each is LinkUp, at `expected(port)` Gb/s or more where that
+/// The link layer of `ports`: each is LinkUp, at `expected(port)` or more where that
 /// gives a rate. `name` is the scope of the report.
-pub(crate) fn link(name: &str, ports: &[(&String, &PortFacts)], expected: &dyn Fn(&str) -> Option<f64>) -> LayerReport {
+pub(crate) fn link(
+    name: &str,
+    ports: &[(&String, &PortFacts)],
+    expected: &dyn Fn(&str) -> Option<RateRef>,
+) -> LayerReport {
     let mut evidence = Vec::new();
+    let mut compared = Vec::new();
     for (n, p) in ports {
         let rate = format!("{} {} = {} Gb/s", p.width, p.speed, p.rate_gbps);
         evidence.push(format!("port {n}: phys_state {}, {rate}", p.phys_state));
@@ -516,27 +531,36 @@ pub(crate) fn link(name: &str, ports: &[(&String, &PortFacts)], expected: &dyn F
                     .into()],
             );
         }
-        if let Some(expected) = expected(n) {
-            if p.rate_gbps + 0.01 < expected {
-                evidence.push(format!("expected {expected} Gb/s"));
-                return LayerReport::fail(
-                    name,
-                    Layer::Link,
-                    format!(
-                        "port {n} runs at {} Gb/s, below the expected {expected} Gb/s: a degraded link",
-                        p.rate_gbps
-                    ),
-                    evidence,
-                    vec![
-                        "reseat or replace the cable or transceiver; check the switch port's speed and errors".into(),
-                        "mlxlink -d <PCI address> (NVIDIA) or ethtool NETDEV shows the negotiated and supported speeds"
-                            .into(),
-                    ],
-                );
-            }
+        let Some(want) = expected(n) else { continue };
+        evidence.push(format!("expected {} Gb/s: {}", want.gbps, want.from));
+        if p.rate_gbps + 0.01 < want.gbps {
+            return degraded(name, n, p.rate_gbps, &want, evidence);
         }
+        compared.push(format!("port {n}: {}", want.from));
     }
-    LayerReport::pass(name, Layer::Link, "physical link up at the expected rate", evidence)
+    let summary = if compared.is_empty() {
+        "physical link up (rate not compared: no --expect-rate, saved baseline, netdev speed or sibling port)"
+            .to_owned()
+    } else {
+        format!("physical link up at the expected rate ({})", compared.join("; "))
+    };
+    LayerReport::pass(name, Layer::Link, summary, evidence)
+}
+
+fn degraded(name: &str, port: &str, rate: f64, want: &RateRef, evidence: Vec<String>) -> LayerReport {
+    LayerReport::fail(
+        name,
+        Layer::Link,
+        format!(
+            "port {port} runs at {rate} Gb/s, below the expected {} Gb/s ({}): a degraded link",
+            want.gbps, want.from
+        ),
+        evidence,
+        vec![
+            "reseat or replace the cable or transceiver; check the switch port's speed and errors".into(),
+            "mlxlink -d <PCI address> (NVIDIA) or ethtool NETDEV shows the negotiated and supported speeds".into(),
+        ],
+    )
 }
 
 fn gid(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
@@ -747,7 +771,8 @@ mod tests {
         // ACTIVE and LinkUp, but at 100 of the 200 Gb/s the saved baseline had.
         let f = first_failure(|b, w| {
             port(b).rate_gbps = 100.0;
-            w.expected_rate.insert(("mlx5_0".into(), "1".into()), 200.0);
+            w.expected_rate
+                .insert(("mlx5_0".into(), "1".into()), RateRef { gbps: 200.0, from: "the saved baseline".into() });
         })
         .unwrap();
         assert_eq!(f.layer, Layer::Link);

@@ -39,6 +39,7 @@ pub mod input;
 mod kmsg;
 pub mod known_bad;
 pub mod loopback;
+mod modules_layer;
 pub mod provider;
 pub mod rates;
 pub mod report;

@@ -181,7 +181,10 @@ pub fn os_error(text: &str) -> Option<i32> {
 
 fn cause(d: &DeviceFacts, probe: &ProviderProbe) -> Cause {
     if probe.listed {
-        return d.open_error.as_deref().and_then(os_error).map_or(Cause::Unknown, Cause::KernelRefused);
+        // Only ibv_open_device's own errno: a later verb (ibv_query_device) failing is not
+        // the open being refused.
+        let open = d.open_error.as_deref().filter(|e| e.starts_with("ibv_open_device"));
+        return open.and_then(os_error).map_or(Cause::Unknown, Cause::KernelRefused);
     }
     let Some(p) = probe.expected.clone() else { return Cause::Unknown };
     let load = probe.warnings.iter().find(|w| w.contains("couldn't load driver") || w.contains("kernel ABI"));
@@ -396,7 +399,7 @@ mod tests {
 
     #[test]
     fn eagain_from_ibv_open_device_is_the_kernel_and_the_rdma_cgroup_not_user_space() {
-        let (b, d) = node("ibv_open_device failed (control plane): Resource temporarily unavailable (os error 11)");
+        let (b, d) = node("ibv_open_device failed (control plane: libibverbs -> kernel driver): Resource temporarily unavailable (os error 11)");
         let p = ProviderProbe { listed: true, ..probe(&["/etc/libibverbs.d/mlx5.driver"], &[LIB], "") };
         let r = check("mlx5_0", &d, &b, Some(&p));
         assert!(r.summary.starts_with("the kernel refused ibv_open_device: EAGAIN"), "{r:#?}");
@@ -405,8 +408,13 @@ mod tests {
         no_install_advice(&r);
         // From a saved report (no probe): the errno and the listing still tell it.
         assert!(check("mlx5_0", &d, &b, None).summary.contains("rdma cgroup"));
-        let (b, d) = node("ibv_open_device failed (control plane): Too many open files (os error 24)");
+        let (b, d) = node(
+            "ibv_open_device failed (control plane: libibverbs -> kernel driver): Too many open files (os error 24)",
+        );
         assert!(check("mlx5_0", &d, &b, Some(&p)).summary.contains("open-file limit"));
+        // Another verb's EAGAIN after the open is not the open refused.
+        let (b, d) = node("ibv_query_device failed (control plane: libibverbs -> kernel driver): Resource temporarily unavailable (os error 11)");
+        assert!(!check("mlx5_0", &d, &b, Some(&p)).summary.contains("refused ibv_open_device"));
     }
 
     #[test]

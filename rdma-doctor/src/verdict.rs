@@ -701,7 +701,7 @@ mod tests {
     fn eagain_creating_the_loopback_objects_points_at_the_rdma_cgroup() {
         let run = LoopbackReport {
             setup_error: Some(
-                "ibv_alloc_pd failed (control plane): Resource temporarily unavailable (os error 11)".into(),
+                "ibv_alloc_pd failed (control plane: libibverbs -> kernel driver): Resource temporarily unavailable (os error 11)".into(),
             ),
             ..LoopbackReport::default()
         };

@@ -214,6 +214,12 @@ fn nodes_text(r: &NodesReport) -> String {
 
 /// The `main` of the command (and of `cargo run --example doctor`).
 pub fn main() -> ExitCode {
+    // libibverbs names a device no provider claims only with IBV_SHOW_WARNINGS set; the
+    // doctor captures that text (see `diagnose`). Set here, at the start of `main`, while
+    // the process has one thread and before libibverbs reads its environment.
+    if std::env::var_os("IBV_SHOW_WARNINGS").is_none() {
+        std::env::set_var("IBV_SHOW_WARNINGS", "1");
+    }
     let code = run(std::env::args_os(), &mut std::io::stdout().lock(), &mut std::io::stderr().lock());
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }

@@ -101,6 +101,32 @@ pub(crate) fn modules() -> BTreeMap<String, ModuleInfo> {
     out
 }
 
+/// Whether the running kernel (`release`) has RDMA at all: ib_core loaded, built in, or
+/// among its modules. `None` when `/lib/modules/RELEASE` cannot be read (a container).
+pub(crate) fn kernel_has_rdma(release: &str) -> Option<bool> {
+    if Path::new("/sys/module/ib_core").is_dir() {
+        return Some(true);
+    }
+    let dir = Path::new("/lib/modules").join(release);
+    let read = |f: &str| crate::input::read_limited(&dir.join(f)).ok();
+    rdma_in_kernel(read("modules.dep").as_deref(), read("modules.builtin").as_deref())
+}
+
+/// Whether `modules.dep` or `modules.builtin` lists ib_core (`.../ib_core.ko`, compressed
+/// or not); `None` when neither was read.
+pub(crate) fn rdma_in_kernel(dep: Option<&str>, builtin: Option<&str>) -> Option<bool> {
+    if dep.is_none() && builtin.is_none() {
+        return None;
+    }
+    let lists = |text: &str| {
+        text.lines().any(|l| {
+            let path = l.split(':').next().unwrap_or("");
+            path.rsplit('/').next().is_some_and(|file| file.starts_with("ib_core.ko"))
+        })
+    };
+    Some(dep.is_some_and(lists) || builtin.is_some_and(lists))
+}
+
 /// The RDMA lines of `/proc/modules` (`name size refcount users state address`).
 pub(crate) fn parse_proc_modules(text: &str) -> BTreeMap<String, ModuleInfo> {
     text.lines()
@@ -178,6 +204,17 @@ mod tests {
         let m = parse_proc_modules(text);
         assert_eq!(m.keys().collect::<Vec<_>>(), ["ib_uverbs", "mlx5_core", "rdma_rxe"]);
         assert_eq!(m["mlx5_core"].state, "Loading");
+    }
+
+    #[test]
+    fn a_kernel_without_ib_core_among_its_modules_has_no_rdma() {
+        let dep = "kernel/drivers/net/e1000/e1000.ko.zst:\nkernel/fs/fuse/fuse.ko.zst:\n";
+        assert_eq!(rdma_in_kernel(Some(dep), Some("kernel/fs/ext4/ext4.ko\n")), Some(false));
+        let with = "kernel/drivers/infiniband/core/ib_core.ko.zst:\nkernel/drivers/infiniband/core/ib_uverbs.ko.zst: kernel/drivers/infiniband/core/ib_core.ko.zst\n";
+        assert_eq!(rdma_in_kernel(Some(with), None), Some(true));
+        assert_eq!(rdma_in_kernel(Some(dep), Some("kernel/drivers/infiniband/core/ib_core.ko\n")), Some(true));
+        assert_eq!(rdma_in_kernel(None, None), None);
+        assert_eq!(rdma_in_kernel(Some("not_ib_core.ko:\n"), None), Some(false));
     }
 
     #[test]

@@ -13,13 +13,21 @@ use serde_json::Value;
 
 use crate::report::{Drift, FORMAT, FORMAT_VERSION};
 
-/// Fields never compared against a saved baseline: where a number was read is not the
-/// number.
-pub const SELF_IGNORE: &[&str] = &["**.source"];
+/// Facts about the user who ran the doctor, not about the node: whether its process had
+/// CAP_IPC_LOCK and could open each device node. Never compared.
+pub const USER_FACTS: &[&str] = &["memlock.cap_ipc_lock", "dev_nodes.*.can_open", "dev_nodes.*.error"];
 
-/// Fields that differ between healthy nodes by design: identities and addresses.
+/// Fields never compared against a saved baseline: where a number was read is not the
+/// number, and [`USER_FACTS`].
+pub const SELF_IGNORE: &[&str] = &["**.source", "memlock.cap_ipc_lock", "dev_nodes.*.can_open", "dev_nodes.*.error"];
+
+/// Fields that differ between healthy nodes by design: identities and addresses, and
+/// [`USER_FACTS`].
 pub const NODES_IGNORE: &[&str] = &[
     "**.source",
+    "memlock.cap_ipc_lock",
+    "dev_nodes.*.can_open",
+    "dev_nodes.*.error",
     "devices.*.node_guid",
     "devices.*.sys_image_guid",
     "devices.*.ports.*.lid",
@@ -270,6 +278,29 @@ mod tests {
         // Without the identity patterns, GUIDs differ too.
         assert!(compare_nodes(&nodes, &[]).len() > 1);
         assert!(compare_nodes(&nodes[..2], &ignore).is_empty());
+    }
+
+    #[test]
+    fn who_ran_the_doctor_is_not_a_difference_between_nodes_or_runs() {
+        let root = node(|v| {
+            set(v, "/baseline/memlock/cap_ipc_lock", json!(true));
+            let nodes = v.pointer_mut("/baseline/dev_nodes").unwrap().as_object_mut().unwrap();
+            for n in nodes.values_mut() {
+                n["can_open"] = json!(false);
+                n["error"] = json!("Permission denied (os error 13)");
+            }
+        });
+        let user = node(|_| {});
+        for list in [NODES_IGNORE, SELF_IGNORE] {
+            let ignore: Vec<String> = list.iter().map(|s| s.to_string()).collect();
+            let (a, b) = (baseline_of(&root).unwrap(), baseline_of(&user).unwrap());
+            assert!(drift(a, b, &ignore).is_empty(), "{:#?}", drift(a, b, &ignore));
+            let nodes = [("root".to_owned(), a.clone()), ("user".to_owned(), b.clone())];
+            assert!(compare_nodes(&nodes, &ignore).is_empty());
+        }
+        for f in USER_FACTS {
+            assert!(SELF_IGNORE.contains(f) && NODES_IGNORE.contains(f), "{f}");
+        }
     }
 
     #[test]

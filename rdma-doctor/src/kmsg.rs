@@ -31,7 +31,55 @@ const KEYWORDS: &[&str] = &[
     "hfi1",
 ];
 
-/// Reads the whole kernel ring buffer and keeps the last `keep` RDMA lines.
+/// The part of the kernel log the doctor reads: the first [`BOOT_WINDOW_USEC`] after boot
+/// (when the drivers probe) and the last [`RECENT_WINDOW_USEC`] before the run (a recent
+/// `modprobe`, a program that just failed). A line between the two is an old event of the
+/// running system (a registration that failed hours ago), not the state of the stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    /// Lines up to this many microseconds after boot.
+    pub boot_usec: u64,
+    /// Lines from this many microseconds after boot on.
+    pub since_usec: u64,
+}
+
+/// Drivers probe within the first 10 minutes after boot.
+pub(crate) const BOOT_WINDOW_USEC: u64 = 600_000_000;
+/// The last 30 minutes before the doctor ran.
+pub(crate) const RECENT_WINDOW_USEC: u64 = 1_800_000_000;
+
+impl Window {
+    /// The window for a run at `now_usec` after boot.
+    pub(crate) fn at(now_usec: u64) -> Window {
+        Window { boot_usec: BOOT_WINDOW_USEC, since_usec: now_usec.saturating_sub(RECENT_WINDOW_USEC) }
+    }
+
+    /// The whole log.
+    #[cfg(test)]
+    pub(crate) fn all() -> Window {
+        Window { boot_usec: u64::MAX, since_usec: 0 }
+    }
+
+    fn contains(self, usec: u64) -> bool {
+        usec <= self.boot_usec || usec >= self.since_usec
+    }
+}
+
+/// Microseconds since boot on the clock of the kernel log's time stamps (CLOCK_MONOTONIC:
+/// neither counts a suspend).
+fn now_usec() -> u64 {
+    // SAFETY: timespec is plain data; all-zero is a valid value.
+    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: `t` is a valid out-pointer.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) } != 0 {
+        return u64::MAX;
+    }
+    let secs = u64::try_from(t.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(t.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000).saturating_add(nanos / 1000)
+}
+
+/// Reads the kernel ring buffer and keeps the last `keep` RDMA lines of the [`Window`].
 pub(crate) fn read(keep: usize) -> KernelLog {
     let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open("/dev/kmsg");
     let mut file = match file {
@@ -53,12 +101,12 @@ pub(crate) fn read(keep: usize) -> KernelLog {
             }
         }
     }
-    filter(records.iter().map(String::as_str), keep)
+    filter(records.iter().map(String::as_str), keep, Window::at(now_usec()))
 }
 
-/// Keeps the RDMA records (`prio,seq,usec,flags;text`), as `[seconds] text`, and the
-/// ones that report an errno.
-pub(crate) fn filter<'a>(records: impl Iterator<Item = &'a str>, keep: usize) -> KernelLog {
+/// Keeps the RDMA records (`prio,seq,usec,flags;text`) of `window`, as `[seconds] text`,
+/// and the ones that report an errno.
+pub(crate) fn filter<'a>(records: impl Iterator<Item = &'a str>, keep: usize, window: Window) -> KernelLog {
     let mut lines = Vec::new();
     let mut errors = Vec::new();
     for rec in records {
@@ -71,6 +119,9 @@ pub(crate) fn filter<'a>(records: impl Iterator<Item = &'a str>, keep: usize) ->
             continue;
         }
         let usec: u64 = meta.split(',').nth(2).and_then(|u| u.parse().ok()).unwrap_or(0);
+        if !window.contains(usec) {
+            continue;
+        }
         let line = format!("[{:>5}.{:06}] {text}", usec / 1_000_000, usec % 1_000_000);
         if let Some(errno) = reported_errno(&lower) {
             errors.push(LogError { line: line.clone(), errno, meaning: errno_meaning(errno) });
@@ -80,6 +131,25 @@ pub(crate) fn filter<'a>(records: impl Iterator<Item = &'a str>, keep: usize) ->
     let skip = lines.len().saturating_sub(keep);
     let skip_err = errors.len().saturating_sub(keep);
     KernelLog { readable: true, error: None, lines: lines.split_off(skip), errors: errors.split_off(skip_err) }
+}
+
+/// Lines without an errno that are known to mean trouble, and what they mean (matched
+/// lowercase).
+const TROUBLE: &[(&str, &str)] = &[
+    ("timeout event on qp", "the device timed out a QP: its peer stopped answering, or the firmware is stuck"),
+    ("health compromised", "the device's firmware reported a fatal error (health poll): it needs a reset"),
+    ("fw fatal", "the device's firmware reported a fatal error: it needs a reset"),
+    ("internal error", "the device reported an internal error: the driver may have reset it"),
+    ("wait_func", "a firmware command timed out (the firmware is stuck or slow)"),
+    ("cmd timeout", "a firmware command timed out (the firmware is stuck or slow)"),
+    ("transmit queue", "a transmit queue timed out: the NIC stopped sending"),
+    ("tx timeout", "a transmit queue timed out: the NIC stopped sending"),
+];
+
+/// What a kernel log line means when it is known trouble without an errno.
+pub(crate) fn trouble(line: &str) -> Option<&'static str> {
+    let lower = line.to_ascii_lowercase();
+    TROUBLE.iter().find(|(pattern, _)| lower.contains(pattern)).map(|(_, meaning)| *meaning)
 }
 
 /// The errno in a failure line: `failed with error -16`, `err -110`, `ret = -12`, `(-5)`.
@@ -147,12 +217,30 @@ mod tests {
             "6,105,37200000,-;mlx5_core 0000:03:00.0: firmware version: 16.24.1000",
             "6,106,37300000,-;ACPI: Added _OSI(Processor Device), default domain",
         ];
-        let log = filter(records.iter().copied(), 10);
+        let log = filter(records.iter().copied(), 10, Window::all());
         assert_eq!(log.lines.len(), 5, "{:#?}", log.lines);
         assert!(log.lines[0].starts_with("[   34.245517] rdma_rxe: loaded"), "{}", log.lines[0]);
         let errnos: Vec<i32> = log.errors.iter().map(|e| e.errno).collect();
         assert_eq!(errnos, [16, 110], "{:#?}", log.errors);
         assert!(log.errors[0].meaning.starts_with("EBUSY (16)"), "{}", log.errors[0].meaning);
-        assert_eq!(filter(records.iter().copied(), 2).lines.len(), 2);
+        assert_eq!(filter(records.iter().copied(), 2, Window::all()).lines.len(), 2);
+    }
+
+    #[test]
+    fn only_the_boot_and_the_recent_windows_are_read() {
+        let now = 20_000_000_000; // 5.5 hours after boot
+        let records = [
+            "3,1,20000000,-;mlx5_core 0000:03:00.0: probe_one:1620:(pid 1): mlx5_init_one failed with error code -16",
+            "3,2,5000000000,-;mlx5_ib: mr_umem_get: umem get failed (-12)",
+            "4,3,19990000000,-;mlx5_core 0000:03:00.0: timeout event on QP 0x1a2b",
+        ];
+        let log = filter(records.iter().copied(), 10, Window::at(now));
+        assert_eq!(log.lines.len(), 2, "{:#?}", log.lines);
+        assert!(log.lines.iter().all(|l| !l.contains("umem get failed")), "{:#?}", log.lines);
+        assert_eq!(log.errors.iter().map(|e| e.errno).collect::<Vec<_>>(), [16]);
+        assert_eq!(trouble(&log.lines[1]), Some(TROUBLE[0].1));
+        assert_eq!(trouble(&log.lines[0]), None);
+        // Soon after boot the two windows meet: everything is read.
+        assert_eq!(filter(records.iter().copied(), 10, Window::at(BOOT_WINDOW_USEC)).lines.len(), 3);
     }
 }

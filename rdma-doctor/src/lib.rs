@@ -39,8 +39,12 @@ pub mod input;
 mod kmsg;
 pub mod known_bad;
 pub mod loopback;
+mod modules_layer;
+pub mod provider;
+pub mod rates;
 pub mod report;
 pub mod saved;
+mod stderr;
 mod text;
 pub mod verdict;
 mod versions;
@@ -56,7 +60,7 @@ pub use text::render;
 pub use verdict::{check_memlock, Layer, LayerReport, Outcome};
 
 use report::{Baseline, Finding, Memlock, Observations, Severity};
-use verdict::Expectations;
+use verdict::{Expectations, RateRef};
 
 /// What to examine and how.
 #[derive(Debug, Clone)]
@@ -111,7 +115,9 @@ impl Default for Options {
     }
 }
 
-/// Collects, checks and compares. `Err` only for bad input: a known-bad file or a saved
+/// Collects, checks and compares. While it lists and opens the devices, fd 2 of the
+/// process points at a temporary file, to read libibverbs' warnings (call it while no
+/// other thread needs stderr). `Err` only for bad input: a known-bad file or a saved
 /// report that cannot be read (the doctor's usage error); everything wrong with the
 /// system itself is in the report.
 pub fn diagnose(opts: &Options) -> Result<Report, String> {
@@ -120,20 +126,19 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
 
     let (host, kernel) = collect::host_and_kernel();
     let sysfs_devices = device::sysfs_devices();
-    let verbs_devices = rdma_verbs::devices().map(|l| l.names()).unwrap_or_default();
-    let selected = select(opts, &sysfs_devices, &verbs_devices);
-
-    let mut devices = BTreeMap::new();
-    let mut contexts = BTreeMap::new();
-    for name in &selected {
-        if sysfs_devices.contains(name) || verbs_devices.contains(name) {
-            let (facts, ctx) = device::collect(name);
-            devices.insert(name.clone(), facts);
-            if let Some(ctx) = ctx {
-                contexts.insert(name.clone(), ctx);
-            }
-        }
-    }
+    // libibverbs says why a provider did not load only on stderr: listing and opening run
+    // with fd 2 captured (`stderr`).
+    let ((verbs_devices, selected, devices, contexts), said) = stderr::capture(|| {
+        let verbs_devices = rdma_verbs::devices().map(|l| l.names()).unwrap_or_default();
+        let selected = select(opts, &sysfs_devices, &verbs_devices);
+        let (devices, contexts) = collect_devices(&selected, &sysfs_devices, &verbs_devices);
+        (verbs_devices, selected, devices, contexts)
+    });
+    let providers: BTreeMap<String, provider::ProviderProbe> = devices
+        .iter()
+        .filter(|(_, d)| d.open_error.is_some())
+        .map(|(n, d)| (n.clone(), provider::probe(n, d, verbs_devices.contains(n), &said)))
+        .collect();
     let baseline = Baseline {
         kernel,
         libraries: versions::libraries(),
@@ -145,7 +150,9 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     };
     let observations = Observations { kernel_log: kmsg::read(opts.kernel_log_lines), verbs_devices, sysfs_devices };
 
-    let want = expectations(opts, &selected, &baseline, reference);
+    let mut want = expectations(opts, &selected, &baseline, reference);
+    want.providers = providers;
+    want.kernel_rdma = collect::kernel_has_rdma(&baseline.kernel.release);
     let mut run = |name: &str, port: u8| match contexts.get(name) {
         Some(ctx) => loopback::run(ctx, port, opts.timeout),
         None => LoopbackReport { setup_error: Some(format!("{name} is not open")), ..LoopbackReport::default() },
@@ -163,6 +170,7 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
         findings.extend(more);
     }
     findings.extend(notes(&baseline, &observations));
+    findings.extend(provider_findings(&want.providers));
 
     let drift = match reference {
         Some(saved) => {
@@ -191,6 +199,40 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     Ok(report)
 }
 
+/// The devices of `selected` the kernel or libibverbs lists: their facts, and the
+/// contexts of the ones that opened.
+fn collect_devices(
+    selected: &[String],
+    sysfs: &[String],
+    verbs: &[String],
+) -> (BTreeMap<String, report::DeviceFacts>, BTreeMap<String, rdma_verbs::Context>) {
+    let mut devices = BTreeMap::new();
+    let mut contexts = BTreeMap::new();
+    for name in selected.iter().filter(|n| sysfs.contains(n) || verbs.contains(n)) {
+        let (facts, ctx) = device::collect(name);
+        devices.insert(name.clone(), facts);
+        if let Some(ctx) = ctx {
+            contexts.insert(name.clone(), ctx);
+        }
+    }
+    (devices, contexts)
+}
+
+/// libibverbs' own words about each device it could not open.
+fn provider_findings(probes: &BTreeMap<String, provider::ProviderProbe>) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for (name, p) in probes {
+        out.extend(p.warnings.iter().map(|w| Finding {
+            severity: Severity::Warning,
+            scope: name.clone(),
+            what: format!("libibverbs said: {w}"),
+            advice: None,
+            source: Some("libibverbs' stderr while the doctor listed and opened the devices".into()),
+        }));
+    }
+    out
+}
+
 fn to_value(b: &Baseline) -> Result<serde_json::Value, String> {
     serde_json::to_value(b).map_err(|e| e.to_string())
 }
@@ -217,6 +259,8 @@ fn expectations(opts: &Options, selected: &[String], now: &Baseline, saved: Opti
         loopback: opts.loopback,
         ..Expectations::default()
     };
+    let derived = rates::derived(&now.devices, &rates::netdev_speed_gbps);
+    let file = opts.compare_file.as_ref().map_or("(given)".to_owned(), |f| f.display().to_string());
     for (name, d) in &now.devices {
         for port in d.ports.keys() {
             let from_saved = saved
@@ -224,8 +268,13 @@ fn expectations(opts: &Options, selected: &[String], now: &Baseline, saved: Opti
                 .and_then(|sd| sd.ports.get(port))
                 .map(|p| p.rate_gbps)
                 .filter(|r| *r > 0.0);
-            if let Some(rate) = opts.expected_rate.or(from_saved) {
-                want.expected_rate.insert((name.clone(), port.clone()), rate);
+            let given = match (opts.expected_rate, from_saved) {
+                (Some(gbps), _) => Some(RateRef { gbps, from: "--expect-rate".into() }),
+                (None, Some(gbps)) => Some(RateRef { gbps, from: format!("the saved baseline {file}") }),
+                (None, None) => derived.get(&(name.clone(), port.clone())).cloned(),
+            };
+            if let Some(r) = given {
+                want.expected_rate.insert((name.clone(), port.clone()), r);
             }
         }
     }
@@ -269,5 +318,30 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
             out.push(note(format!("kernel log: {} [{}]", e.line, e.meaning), None));
         }
     }
+    for line in &seen.kernel_log.lines {
+        let cited = seen.kernel_log.errors.iter().any(|e| &e.line == line);
+        if let (Some(meaning), false) = (kmsg::trouble(line), cited) {
+            out.push(note(format!("kernel log: {line} [{meaning}]"), None));
+        }
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_known_trouble_line_without_an_errno_is_a_finding() {
+        let records = ["4,3,100,-;mlx5_core 0000:03:00.0: timeout event on QP 0x1a2b", "6,4,200,-;rdma_rxe: loaded"];
+        let seen = Observations {
+            kernel_log: kmsg::filter(records.iter().copied(), 10, kmsg::Window::at(200)),
+            ..Observations::default()
+        };
+        let found = notes(&Baseline::default(), &seen);
+        let qp: Vec<&Finding> = found.iter().filter(|f| f.what.contains("timeout event on QP 0x1a2b")).collect();
+        assert_eq!(qp.len(), 1, "{found:#?}");
+        assert!(qp[0].what.contains("the device timed out a QP"), "{found:#?}");
+        assert!(!found.iter().any(|f| f.what.contains("rdma_rxe: loaded")), "{found:#?}");
+    }
 }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::compare::{compare_nodes, NodeDifference, NODES_IGNORE};
 use crate::known_bad::{self, KnownBad};
 use crate::report::{Baseline, DeviceFacts, Finding, PortFacts, Report, Severity, Status, FORMAT_VERSION};
-use crate::verdict::{link, LayerReport, Outcome};
+use crate::verdict::{link, LayerReport, Outcome, RateRef};
 
 /// The value of the `format` field of a multi-node comparison.
 pub const NODES_FORMAT: &str = "rdma-doctor-nodes";
@@ -96,12 +96,11 @@ pub fn check_nodes(nodes: &[(String, String, Report)], entries: &[KnownBad], ign
         for (name, d) in &r.baseline.devices {
             let scope = format!("{label}/{name}");
             findings.extend(known_bad::check(entries, &scope, d));
-            let reference = |port: &str| fastest.get(&model_port(name, d, port)).copied();
-            let mut l = link(&scope, &active_ports(d), &reference);
-            if l.outcome == Outcome::Fail && l.summary.contains("degraded") {
-                l.evidence.push("expected: the fastest node with this device model and port".into());
-            }
-            layers.push(l);
+            let reference = |port: &str| {
+                let gbps = *fastest.get(&model_port(name, d, port))?;
+                Some(RateRef { gbps, from: "the fastest node with this device model and port".into() })
+            };
+            layers.push(link(&scope, &active_ports(d), &reference));
         }
     }
     let status = Status::of(&layers, differences.len(), &findings);

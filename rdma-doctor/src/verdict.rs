@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::collect::DEVICE_DRIVERS;
 use crate::loopback::LoopbackReport;
+use crate::provider::ProviderProbe;
 use crate::report::{Baseline, DeviceFacts, Memlock, Observations, PortFacts};
 
 /// A layer of the RDMA stack, top down.
@@ -101,7 +102,7 @@ pub struct LayerReport {
 }
 
 impl LayerReport {
-    fn pass(scope: &str, layer: Layer, summary: impl Into<String>, evidence: Vec<String>) -> Self {
+    pub(crate) fn pass(scope: &str, layer: Layer, summary: impl Into<String>, evidence: Vec<String>) -> Self {
         LayerReport {
             scope: scope.into(),
             layer,
@@ -112,7 +113,13 @@ impl LayerReport {
         }
     }
 
-    fn fail(scope: &str, layer: Layer, summary: impl Into<String>, evidence: Vec<String>, fix: Vec<String>) -> Self {
+    pub(crate) fn fail(
+        scope: &str,
+        layer: Layer,
+        summary: impl Into<String>,
+        evidence: Vec<String>,
+        fix: Vec<String>,
+    ) -> Self {
         LayerReport { scope: scope.into(), layer, outcome: Outcome::Fail, summary: summary.into(), evidence, fix }
     }
 
@@ -128,6 +135,18 @@ impl LayerReport {
     }
 }
 
+/// A rate a port should run at, and the reference it was taken from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateRef {
+    /// Gb/s.
+    pub gbps: f64,
+    /// Where it came from, for the report (`the saved baseline a.json`, `its netdev's speed`).
+    pub from: String,
+}
+
+/// The scope of the device layers when no device was named and none was found.
+const NO_DEVICE: &str = "(first device)";
+
 /// What the verdict looks at besides the collected facts.
 #[derive(Debug, Clone, Default)]
 pub struct Expectations {
@@ -137,14 +156,20 @@ pub struct Expectations {
     pub port: Option<u8>,
     /// Bytes of locked memory a program must be able to register.
     pub memlock_need: u64,
-    /// The rate each checked port should run at, Gb/s (from the command line or a
-    /// saved baseline): a lower active rate is a degraded link.
-    pub expected_rate: BTreeMap<(String, String), f64>,
+    /// The rate each checked port should run at, with where that rate came from (the
+    /// command line, a saved baseline, the netdev's speed, a sibling port): a lower active
+    /// rate is a degraded link.
+    pub expected_rate: BTreeMap<(String, String), RateRef>,
     /// Run the loopback test (control and data plane).
     pub loopback: bool,
     /// The netdev each soft device sat on in a saved baseline (for the exact re-create
     /// command when it is gone).
     pub known_parents: BTreeMap<String, String>,
+    /// What was found about the provider of each device libibverbs could not open.
+    pub providers: BTreeMap<String, ProviderProbe>,
+    /// Whether the running kernel has RDMA at all (ib_core loaded, built in or among its
+    /// modules); `None` when unknown.
+    pub kernel_rdma: Option<bool>,
 }
 
 /// Checks every layer, top down. `loopback(device, port)` runs the data-plane test; it is
@@ -155,11 +180,10 @@ pub fn evaluate(
     want: &Expectations,
     loopback: &mut dyn FnMut(&str, u8) -> LoopbackReport,
 ) -> (Vec<LayerReport>, BTreeMap<String, LoopbackReport>) {
-    let mut out = vec![modules(facts, seen)];
+    let mut out = vec![crate::modules_layer::check(facts, seen, want.kernel_rdma)];
     let mut runs = BTreeMap::new();
     let host_ok = out[0].outcome == Outcome::Pass;
-    let devices: Vec<String> =
-        if want.devices.is_empty() { vec!["(first device)".to_owned()] } else { want.devices.clone() };
+    let devices: Vec<String> = if want.devices.is_empty() { vec![NO_DEVICE.to_owned()] } else { want.devices.clone() };
     for name in &devices {
         let mut failed: Option<Layer> = if host_ok { None } else { Some(Layer::KernelModules) };
         for layer in Layer::DEVICE_LAYERS {
@@ -198,9 +222,9 @@ fn check(
             LayerReport::pass(name, layer, format!("enumerated by the kernel ({driver}{fw})"), vec![])
         }
         Layer::DeviceNodes => device_nodes(name, d, facts),
-        Layer::Provider => provider(name, d, facts),
+        Layer::Provider => crate::provider::check(name, d, facts, want.providers.get(name)),
         Layer::Port => port_state(name, &ports),
-        Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).copied()),
+        Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).cloned()),
         Layer::Gid => gid(name, &ports),
         Layer::Memlock => check_memlock(name, &facts.memlock, want.memlock_need),
         Layer::ControlPlane | Layer::DataPlane => {
@@ -215,97 +239,41 @@ fn check(
     }
 }
 
-fn modules(facts: &Baseline, seen: &Observations) -> LayerReport {
-    const SCOPE: &str = "host";
-    let m = &facts.modules;
-    let mut evidence: Vec<String> = m.iter().map(|(n, i)| format!("{n}: {}", i.state)).collect();
-    let missing: Vec<&str> = ["ib_core", "ib_uverbs"].into_iter().filter(|n| !m.contains_key(*n)).collect();
-    if !missing.is_empty() {
-        return LayerReport::fail(
-            SCOPE,
-            Layer::KernelModules,
-            format!("RDMA core module(s) not loaded: {}", missing.join(", ")),
-            evidence,
-            vec!["modprobe ib_uverbs   # loads ib_core too".into()],
-        );
-    }
-    let stuck: Vec<String> = m
-        .iter()
-        .filter(|(_, i)| i.state != "Live" && i.state != "builtin")
-        .map(|(n, i)| format!("{n} ({})", i.state))
-        .collect();
-    if !stuck.is_empty() {
-        evidence.extend(seen.kernel_log.errors.iter().map(|e| format!("{} [{}]", e.line, e.meaning)));
-        return LayerReport::fail(
-            SCOPE,
-            Layer::KernelModules,
-            format!("module(s) not live: {}", stuck.join(", ")),
-            evidence,
-            vec!["look at the driver's messages: dmesg | grep -iE 'mlx|rdma|infiniband'".into()],
-        );
-    }
-    let drivers: Vec<&str> = DEVICE_DRIVERS.iter().copied().filter(|d| m.contains_key(*d)).collect();
-    if seen.sysfs_devices.is_empty() {
-        if drivers.is_empty() {
-            return LayerReport::fail(
-                SCOPE,
-                Layer::KernelModules,
-                "no RDMA device driver module is loaded",
-                evidence,
-                vec![
-                    "modprobe mlx5_ib   # NVIDIA ConnectX-4 and later (or the module of your vendor: bnxt_re, irdma, efa, ...)".into(),
-                    "SoftRoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IFACE".into(),
-                ],
-            );
-        }
-        let probe: Vec<String> = seen.kernel_log.errors.iter().map(|e| format!("{} [{}]", e.line, e.meaning)).collect();
-        if !probe.is_empty() {
-            evidence.extend(probe);
-            return LayerReport::fail(
-                SCOPE,
-                Layer::KernelModules,
-                format!("{} loaded but the kernel log reports driver errors and no device appeared", drivers.join(", ")),
-                evidence,
-                vec![
-                    "EBUSY (-16): another driver holds the PCI function, or the firmware is rejected: check `lspci -k`, update the firmware (mlxup / flint)".into(),
-                    "ETIMEDOUT (-110): the firmware does not answer: a cold reboot (power cycle) of the host".into(),
-                ],
-            );
-        }
-    }
-    LayerReport::pass(
-        SCOPE,
-        Layer::KernelModules,
-        format!("ib_core, ib_uverbs and {} loaded", list_or(&drivers, "no device driver")),
-        evidence,
-    )
-}
-
 fn device_missing(name: &str, seen: &Observations, facts: &Baseline, want: &Expectations) -> LayerReport {
     let present = list_or(&seen.sysfs_devices.iter().map(String::as_str).collect::<Vec<_>>(), "none");
     let mut evidence = vec![format!("/sys/class/infiniband lists: {present}")];
     evidence.extend(seen.kernel_log.errors.iter().map(|e| format!("{} [{}]", e.line, e.meaning)));
     let drivers: Vec<&str> = DEVICE_DRIVERS.iter().copied().filter(|d| facts.modules.contains_key(*d)).collect();
     evidence.push(format!("device driver modules loaded: {}", list_or(&drivers, "none")));
-    let mut fix = Vec::new();
-    match want.known_parents.get(name) {
-        Some(netdev) => fix.push(format!("rdma link add {name} type rxe netdev {netdev}   # as in the saved baseline")),
-        None if drivers.contains(&"rdma_rxe") || name.starts_with("rxe") => {
-            fix.push(format!("rdma link add {name} type rxe netdev IFACE   # SoftRoCE devices are links on a netdev"));
-        }
-        None => {}
-    }
+    let mut fix: Vec<String> = soft_link_advice(name, &drivers, want).into_iter().collect();
     fix.push(
         "hardware: check the PCI function and its driver: lspci -nnk | grep -iA3 -E 'mellanox|infiniband|ethernet'"
             .into(),
     );
     fix.push("then the driver's messages: dmesg | grep -iE 'mlx5|rdma|infiniband'".into());
-    let what = if name == "(first device)" {
+    let what = if name == NO_DEVICE {
         "no RDMA device is enumerated".to_owned()
     } else {
         format!("{name} is not enumerated by the kernel")
     };
     LayerReport::fail(name, Layer::Device, what, evidence, fix)
+}
+
+/// The `rdma link add` that re-creates a soft device: for a name of a soft device (`rxe0`,
+/// `siw0`) or one the saved baseline had on a netdev, or, when no device is named and
+/// rdma_rxe is loaded, in a placeholder form. Never for a hardware device (`mlx5_0`).
+fn soft_link_advice(name: &str, drivers: &[&str], want: &Expectations) -> Option<String> {
+    let kind = if name.starts_with("siw") { "siw" } else { "rxe" };
+    if let Some(netdev) = want.known_parents.get(name) {
+        return Some(format!("rdma link add {name} type {kind} netdev {netdev}   # as in the saved baseline"));
+    }
+    if name.starts_with("rxe") || name.starts_with("siw") {
+        return Some(format!(
+            "rdma link add {name} type {kind} netdev <netdev>   # soft devices are links on a netdev"
+        ));
+    }
+    (name == NO_DEVICE && drivers.contains(&"rdma_rxe"))
+        .then(|| "SoftRoCE: rdma link add rxe0 type rxe netdev <netdev>   # rxe0: a name of your choice".to_owned())
 }
 
 fn device_nodes(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
@@ -352,32 +320,6 @@ fn device_nodes(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
     }
 }
 
-fn provider(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
-    let verbs = facts.libraries.get("libibverbs").and_then(|l| l.version.clone()).unwrap_or_else(|| "unknown".into());
-    let mut evidence = vec![format!("libibverbs {verbs}")];
-    if let Some(e) = &d.open_error {
-        evidence.push(e.clone());
-        let driver = d.kernel_driver_name.as_deref().unwrap_or("its kernel driver");
-        return LayerReport::fail(
-            name,
-            Layer::Provider,
-            format!("libibverbs cannot open the device (no user-space provider for {driver}, or it refused)"),
-            evidence,
-            vec![
-                "install the providers: apt-get install ibverbs-providers (Debian, Ubuntu) / dnf install libibverbs (RHEL, Fedora)".into(),
-                "see which provider libibverbs tries: IBV_SHOW_WARNINGS=1 ibv_devices; config files are in /etc/libibverbs.d/".into(),
-            ],
-        );
-    }
-    match &d.provider {
-        Some(p) => {
-            evidence.push(format!("provider {} in {}", p.name, p.library));
-            LayerReport::pass(name, Layer::Provider, format!("opened through provider {}", p.name), evidence)
-        }
-        None => LayerReport::pass(name, Layer::Provider, "opened (provider library not identified)", evidence),
-    }
-}
-
 fn port_state(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
     if ports.is_empty() {
         return LayerReport::fail(
@@ -411,8 +353,15 @@ fn port_state(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
     let mut fix = Vec::new();
     if p.link_layer == "Ethernet" {
         if let Some(nd) = &p.netdev {
-            fix.push(format!("ip link set {} up", nd.name));
-            fix.push(format!("then check the cable and the switch port: ethtool {}", nd.name));
+            if nd.admin_up {
+                fix.push(format!(
+                    "{} is administratively up but has no link (operstate {}): check the cable, the transceiver and the peer's switch port: ethtool {}",
+                    nd.name, nd.operstate, nd.name
+                ));
+            } else {
+                fix.push(format!("ip link set {} up", nd.name));
+                fix.push(format!("then check the cable and the switch port: ethtool {}", nd.name));
+            }
         }
     } else if p.state == "INIT" || p.state == "ARMED" {
         fix.push(
@@ -430,10 +379,15 @@ fn port_state(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
     )
 }
 
-/// The link layer of `ports`: each is LinkUp, at `expected(port)` Gb/s or more where that
+/// The link layer of `ports`: each is LinkUp, at `expected(port)` or more where that
 /// gives a rate. `name` is the scope of the report.
-pub(crate) fn link(name: &str, ports: &[(&String, &PortFacts)], expected: &dyn Fn(&str) -> Option<f64>) -> LayerReport {
+pub(crate) fn link(
+    name: &str,
+    ports: &[(&String, &PortFacts)],
+    expected: &dyn Fn(&str) -> Option<RateRef>,
+) -> LayerReport {
     let mut evidence = Vec::new();
+    let mut compared = Vec::new();
     for (n, p) in ports {
         let rate = format!("{} {} = {} Gb/s", p.width, p.speed, p.rate_gbps);
         evidence.push(format!("port {n}: phys_state {}, {rate}", p.phys_state));
@@ -447,27 +401,36 @@ pub(crate) fn link(name: &str, ports: &[(&String, &PortFacts)], expected: &dyn F
                     .into()],
             );
         }
-        if let Some(expected) = expected(n) {
-            if p.rate_gbps + 0.01 < expected {
-                evidence.push(format!("expected {expected} Gb/s"));
-                return LayerReport::fail(
-                    name,
-                    Layer::Link,
-                    format!(
-                        "port {n} runs at {} Gb/s, below the expected {expected} Gb/s: a degraded link",
-                        p.rate_gbps
-                    ),
-                    evidence,
-                    vec![
-                        "reseat or replace the cable or transceiver; check the switch port's speed and errors".into(),
-                        "mlxlink -d <PCI address> (NVIDIA) or ethtool NETDEV shows the negotiated and supported speeds"
-                            .into(),
-                    ],
-                );
-            }
+        let Some(want) = expected(n) else { continue };
+        evidence.push(format!("expected {} Gb/s: {}", want.gbps, want.from));
+        if p.rate_gbps + 0.01 < want.gbps {
+            return degraded(name, n, p.rate_gbps, &want, evidence);
         }
+        compared.push(format!("port {n}: {}", want.from));
     }
-    LayerReport::pass(name, Layer::Link, "physical link up at the expected rate", evidence)
+    let summary = if compared.is_empty() {
+        "physical link up (rate not compared: no --expect-rate, saved baseline, netdev speed or sibling port)"
+            .to_owned()
+    } else {
+        format!("physical link up at the expected rate ({})", compared.join("; "))
+    };
+    LayerReport::pass(name, Layer::Link, summary, evidence)
+}
+
+fn degraded(name: &str, port: &str, rate: f64, want: &RateRef, evidence: Vec<String>) -> LayerReport {
+    LayerReport::fail(
+        name,
+        Layer::Link,
+        format!(
+            "port {port} runs at {rate} Gb/s, below the expected {} Gb/s ({}): a degraded link",
+            want.gbps, want.from
+        ),
+        evidence,
+        vec![
+            "reseat or replace the cable or transceiver; check the switch port's speed and errors".into(),
+            "mlxlink -d <PCI address> (NVIDIA) or ethtool NETDEV shows the negotiated and supported speeds".into(),
+        ],
+    )
 }
 
 fn gid(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
@@ -533,16 +496,22 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport) -> LayerRepo
     evidence.push(format!("loopback on port {port} took {} ms", run.elapsed_ms));
     if layer == Layer::ControlPlane {
         return match &run.setup_error {
-            Some(e) => LayerReport::fail(
-                name,
-                layer,
-                "creating or connecting the loopback QPs failed (kernel path)",
-                vec![e.clone()],
-                vec![
-                    "the kernel driver refused: dmesg | grep -iE 'rdma|infiniband|mlx5|rxe'".into(),
+            Some(e) => {
+                let mut fix = vec![
+                    "the kernel driver refused: dmesg | grep -iE 'rdma|infiniband|mlx5|rxe'".to_owned(),
                     format!("a second opinion: ibv_rc_pingpong -d {name} -g GID_INDEX (server) and the same with 127.0.0.1 (client)"),
-                ],
-            ),
+                ];
+                if crate::provider::os_error(e) == Some(libc::EAGAIN) {
+                    fix.insert(0, "EAGAIN: the kernel refused more objects: the rdma cgroup's limit (cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/rdma.max rdma.current) or the device's".into());
+                }
+                LayerReport::fail(
+                    name,
+                    layer,
+                    "creating or connecting the loopback QPs failed (kernel path)",
+                    vec![e.clone()],
+                    fix,
+                )
+            }
             None => LayerReport::pass(name, layer, "PD, CQs, regions and two RC QPs created and connected", vec![]),
         };
     }
@@ -564,7 +533,7 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport) -> LayerRepo
     )
 }
 
-fn list_or(items: &[&str], none: &str) -> String {
+pub(crate) fn list_or(items: &[&str], none: &str) -> String {
     if items.is_empty() {
         none.to_owned()
     } else {
@@ -672,7 +641,8 @@ mod tests {
         // ACTIVE and LinkUp, but at 100 of the 200 Gb/s the saved baseline had.
         let f = first_failure(|b, w| {
             port(b).rate_gbps = 100.0;
-            w.expected_rate.insert(("mlx5_0".into(), "1".into()), 200.0);
+            w.expected_rate
+                .insert(("mlx5_0".into(), "1".into()), RateRef { gbps: 200.0, from: "the saved baseline".into() });
         })
         .unwrap();
         assert_eq!(f.layer, Layer::Link);
@@ -688,6 +658,56 @@ mod tests {
         })
         .unwrap();
         assert_eq!(f.layer, Layer::Memlock);
+    }
+
+    #[test]
+    fn advice_names_real_devices_and_soft_links_only_for_soft_devices() {
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let mut facts = report.baseline;
+        facts.modules.insert("rdma_rxe".into(), crate::report::ModuleInfo { state: "Live".into(), version: None });
+        let (seen, want) = (Observations::default(), Expectations::default());
+        let links = |r: &LayerReport| r.fix.iter().filter(|f| f.contains("rdma link add")).cloned().collect::<Vec<_>>();
+
+        let r = device_missing(NO_DEVICE, &seen, &facts, &want);
+        assert!(r.fix.iter().all(|f| !f.contains("(first device)")), "{r:#?}");
+        assert_eq!(
+            links(&r),
+            ["SoftRoCE: rdma link add rxe0 type rxe netdev <netdev>   # rxe0: a name of your choice"]
+        );
+        let r = device_missing("mlx5_1", &seen, &facts, &want);
+        assert!(links(&r).is_empty(), "mlx5_1 is no rxe link: {r:#?}");
+        let r = device_missing("rxe1", &seen, &facts, &want);
+        assert_eq!(links(&r), ["rdma link add rxe1 type rxe netdev <netdev>   # soft devices are links on a netdev"]);
+        let r = crate::modules_layer::check(&Baseline { devices: BTreeMap::new(), ..facts.clone() }, &seen, Some(true));
+        assert!(r.fix.iter().all(|f| !f.contains("IFACE")), "{r:#?}");
+    }
+
+    #[test]
+    fn a_carrier_loss_on_an_interface_that_is_up_is_the_cable_not_ip_link_set_up() {
+        let f = first_failure(|b, _| {
+            let p = port(b);
+            p.state = "DOWN".into();
+            p.phys_state = "Polling".into();
+            let nd = p.netdev.as_mut().unwrap();
+            (nd.admin_up, nd.operstate) = (true, "down".into());
+        })
+        .unwrap();
+        assert_eq!(f.layer, Layer::Port);
+        assert!(f.fix.iter().all(|x| !x.contains("ip link set")), "{f:#?}");
+        assert!(f.fix[0].contains("administratively up but has no link") && f.fix[0].contains("cable"), "{f:#?}");
+    }
+
+    #[test]
+    fn eagain_creating_the_loopback_objects_points_at_the_rdma_cgroup() {
+        let run = LoopbackReport {
+            setup_error: Some(
+                "ibv_alloc_pd failed (control plane: libibverbs -> kernel driver): Resource temporarily unavailable (os error 11)".into(),
+            ),
+            ..LoopbackReport::default()
+        };
+        let r = planes(Layer::ControlPlane, "mlx5_0", 1, &run);
+        assert_eq!(r.outcome, Outcome::Fail);
+        assert!(r.fix[0].starts_with("EAGAIN") && r.fix[0].contains("rdma.max"), "{r:#?}");
     }
 
     #[test]

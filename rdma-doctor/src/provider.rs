@@ -1,0 +1,447 @@
+//! The provider layer: why libibverbs cannot open a device the kernel enumerated.
+//!
+//! libibverbs reads `/etc/libibverbs.d/*.driver` (`driver mlx5`), loads
+//! `lib<name>-rdmav<ABI>.so` from its provider directory for each name, and lets each
+//! provider claim the devices it knows. So a device it does not list has one of four
+//! causes, told apart here: no config file names the provider; the config names it but
+//! the library is missing; the library is there but does not load or claim the device
+//! (built for another libibverbs: libibverbs says why on stderr, see [`crate::stderr`]);
+//! and for a device it lists, `ibv_open_device` failing with an errno is the kernel
+//! refusing (the rdma cgroup, the open-file limit), not user space.
+
+use std::path::{Path, PathBuf};
+
+use crate::report::{Baseline, DeviceFacts};
+use crate::verdict::{Layer, LayerReport};
+
+/// Where libibverbs reads which providers to load (rdma-core's `IBV_CONFIG_DIR`).
+pub const CONFIG_DIR: &str = "/etc/libibverbs.d";
+
+/// What was found about the provider of one device, beyond the report's facts (not part
+/// of the JSON: its conclusions are, in the provider layer and the findings).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProviderProbe {
+    /// Whether libibverbs lists the device (`ibv_get_device_list`).
+    pub listed: bool,
+    /// The provider the device's kernel driver needs (`mlx5` for `mlx5_core`), when known.
+    pub expected: Option<String>,
+    /// The config files that name it (`/etc/libibverbs.d/mlx5.driver`).
+    pub configs: Vec<String>,
+    /// The provider directories searched.
+    pub dirs: Vec<String>,
+    /// Its library files found there (`.../libmlx5-rdmav34.so`).
+    pub libraries: Vec<String>,
+    /// libibverbs' own warnings about this device or this provider.
+    pub warnings: Vec<String>,
+}
+
+/// The provider for a kernel driver.
+pub fn expected_provider(driver: &str) -> Option<&'static str> {
+    let by_driver = match driver {
+        "mlx5_core" => "mlx5",
+        "mlx4_core" => "mlx4",
+        "rdma_rxe" => "rxe",
+        "siw" => "siw",
+        "bnxt_en" | "bnxt_re" => "bnxt_re",
+        "ice" | "i40e" | "irdma" => "irdma",
+        "efa" => "efa",
+        "qede" | "qedr" => "qedr",
+        "hns3" | "hns_roce_hw_v2" => "hns",
+        "erdma" => "erdma",
+        "mana" | "mana_ib" => "mana",
+        "vmw_pvrdma" => "vmw_pvrdma",
+        "hfi1" => "hfi1verbs",
+        "cxgb4" | "iw_cxgb4" => "cxgb4",
+        "be2net" | "ocrdma" => "ocrdma",
+        _ => return None,
+    };
+    Some(by_driver)
+}
+
+/// The provider for a device: by its kernel driver, or for a soft device (whose driver
+/// is known only once it opens) by its name.
+fn expected_for(driver: Option<&str>, device: &str) -> Option<&'static str> {
+    match driver {
+        Some(d) => expected_provider(d),
+        None => ["rxe", "siw"].into_iter().find(|soft| device.starts_with(soft)),
+    }
+}
+
+/// The `driver NAME` directives of a libibverbs config file.
+pub fn config_drivers(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("driver")).then(|| words.next().map(str::to_owned)).flatten()
+        })
+        .collect()
+}
+
+/// The lines of libibverbs' stderr that concern `provider` (its library) or the device's
+/// uverbs node; at most 10.
+pub fn relevant_warnings(stderr: &str, provider: Option<&str>, uverbs: Option<&str>) -> Vec<String> {
+    let lib = provider.map(|p| format!("lib{p}-rdmav"));
+    let driver = provider.map(|p| format!("driver {p} "));
+    let node = uverbs.map(|u| format!("/{u}"));
+    stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("libibverbs:"))
+        .filter(|l| {
+            let has = |needle: &Option<String>| needle.as_deref().is_some_and(|n| l.contains(n));
+            has(&lib) || has(&driver) || has(&node)
+        })
+        .take(10)
+        .map(|l| l.chars().take(400).collect())
+        .collect()
+}
+
+/// Reads the config directory and the provider directories for device `name`.
+pub(crate) fn probe(name: &str, d: &DeviceFacts, listed: bool, stderr: &str) -> ProviderProbe {
+    let expected = expected_for(d.kernel_driver_name.as_deref(), name);
+    let dirs = provider_dirs();
+    let (configs, libraries) = match expected {
+        Some(p) => (configs_naming(Path::new(CONFIG_DIR), p), libraries_of(&dirs, p)),
+        None => (vec![], vec![]),
+    };
+    ProviderProbe {
+        listed,
+        expected: expected.map(str::to_owned),
+        configs,
+        dirs: dirs.iter().map(|d| d.display().to_string()).collect(),
+        libraries,
+        warnings: relevant_warnings(stderr, expected, d.uverbs.as_deref()),
+    }
+}
+
+/// The config files of `dir` with a `driver PROVIDER` line (each read with the size limit).
+fn configs_naming(dir: &Path, provider: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return vec![] };
+    let mut out: Vec<String> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .filter(|p| crate::input::read_limited(p).is_ok_and(|t| config_drivers(&t).iter().any(|d| d == provider)))
+        .map(|p| p.display().to_string())
+        .collect();
+    out.sort();
+    out
+}
+
+/// The directory of providers next to the libibverbs this process loaded, then the
+/// usual ones.
+fn provider_dirs() -> Vec<PathBuf> {
+    let loaded = crate::versions::object_of(rdma_verbs::ffi::ibv_get_device_list as *const std::ffi::c_void);
+    let mut dirs: Vec<PathBuf> = loaded.and_then(|p| p.parent().map(|d| d.join("libibverbs"))).into_iter().collect();
+    for d in ["/usr/lib/x86_64-linux-gnu/libibverbs", "/usr/lib64/libibverbs", "/usr/lib/libibverbs"] {
+        let d = PathBuf::from(d);
+        if !dirs.contains(&d) && d.is_dir() {
+            dirs.push(d);
+        }
+    }
+    dirs
+}
+
+fn libraries_of(dirs: &[PathBuf], provider: &str) -> Vec<String> {
+    let prefix = format!("lib{provider}-rdmav");
+    let mut out = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        out.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".so")))
+                .map(|e| e.path().display().to_string()),
+        );
+    }
+    out.sort();
+    out
+}
+
+/// Why the provider did not serve the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Cause {
+    /// No config file names the provider: libibverbs never tries it.
+    NoConfig(String),
+    /// Named, but its library is not there (or libibverbs says it cannot find it).
+    NoLibrary(String),
+    /// There, but it does not load or claim the device: libibverbs' reason, if it gave one.
+    OtherLibibverbs(String, Option<String>),
+    /// Listed, and `ibv_open_device` failed with this errno: the kernel refused.
+    KernelRefused(i32),
+    /// Nothing more specific is known.
+    Unknown,
+}
+
+/// The errno in `... (os error 11)`, as `std::io::Error` prints one.
+pub fn os_error(text: &str) -> Option<i32> {
+    let (_, after) = text.rsplit_once("(os error ")?;
+    after.split(')').next()?.parse().ok()
+}
+
+fn cause(d: &DeviceFacts, probe: &ProviderProbe) -> Cause {
+    if probe.listed {
+        // Only ibv_open_device's own errno: a later verb (ibv_query_device) failing is not
+        // the open being refused.
+        let open = d.open_error.as_deref().filter(|e| e.starts_with("ibv_open_device"));
+        return open.and_then(os_error).map_or(Cause::Unknown, Cause::KernelRefused);
+    }
+    let Some(p) = probe.expected.clone() else { return Cause::Unknown };
+    let load = probe.warnings.iter().find(|w| w.contains("couldn't load driver") || w.contains("kernel ABI"));
+    // A load failure with the library present is the library's own fault (its symbols, a
+    // library it needs), whatever dlerror says.
+    match load {
+        Some(_) if probe.libraries.is_empty() && !probe.configs.is_empty() => Cause::NoLibrary(p),
+        Some(w) => Cause::OtherLibibverbs(p, Some(w.clone())),
+        None if probe.configs.is_empty() => Cause::NoConfig(p),
+        None if probe.libraries.is_empty() => Cause::NoLibrary(p),
+        None => Cause::OtherLibibverbs(p, None),
+    }
+}
+
+/// The provider layer of device `name`. `probe` is `None` for a report read back from a
+/// file: then only the open error is known.
+pub fn check(name: &str, d: &DeviceFacts, facts: &Baseline, probe: Option<&ProviderProbe>) -> LayerReport {
+    let verbs = facts.libraries.get("libibverbs").and_then(|l| l.version.clone()).unwrap_or_else(|| "unknown".into());
+    let mut evidence = vec![format!("libibverbs {verbs}")];
+    let Some(error) = &d.open_error else {
+        return match &d.provider {
+            Some(p) => {
+                evidence.push(format!("provider {} in {}", p.name, p.library));
+                LayerReport::pass(name, Layer::Provider, format!("opened through provider {}", p.name), evidence)
+            }
+            None => LayerReport::pass(name, Layer::Provider, "opened (provider library not identified)", evidence),
+        };
+    };
+    evidence.push(error.clone());
+    let fallback = ProviderProbe { listed: !error.starts_with("no RDMA device named"), ..ProviderProbe::default() };
+    let probe = probe.unwrap_or(&fallback);
+    evidence.extend(probe_evidence(probe));
+    let package = providers_package(facts);
+    if let Some(p) = &package {
+        evidence.push(format!("package {p} installed"));
+    }
+    let (summary, fix) = diagnosis(name, d, &cause(d, probe), package.as_deref(), probe);
+    LayerReport::fail(name, Layer::Provider, summary, evidence, fix)
+}
+
+fn probe_evidence(p: &ProviderProbe) -> Vec<String> {
+    let mut out = vec![format!("libibverbs {} the device", if p.listed { "lists" } else { "does not list" })];
+    if let Some(e) = &p.expected {
+        let configs = if p.configs.is_empty() { "none".to_owned() } else { p.configs.join(", ") };
+        out.push(format!("config files in {CONFIG_DIR} naming `driver {e}`: {configs}"));
+        let libs = if p.libraries.is_empty() { "none".to_owned() } else { p.libraries.join(", ") };
+        out.push(format!("lib{e}-rdmav*.so in {}: {libs}", p.dirs.join(", ")));
+    }
+    out.extend(p.warnings.iter().map(|w| format!("libibverbs said: {w}")));
+    out
+}
+
+/// The installed package that ships the providers, with its version (`ibverbs-providers 44.0-2`).
+fn providers_package(facts: &Baseline) -> Option<String> {
+    ["ibverbs-providers", "libibverbs", "rdma-core"]
+        .iter()
+        .find_map(|n| facts.packages.versions.get(*n).map(|v| format!("{n} {v}")))
+}
+
+fn install_or_reinstall(package: Option<&str>) -> String {
+    match package {
+        Some(p) => format!(
+            "{p} is installed but incomplete: reinstall it (apt-get install --reinstall ibverbs-providers / dnf reinstall libibverbs)"
+        ),
+        None => "install the providers: apt-get install ibverbs-providers (Debian, Ubuntu) / dnf install libibverbs (RHEL, Fedora)".into(),
+    }
+}
+
+fn diagnosis(
+    name: &str,
+    d: &DeviceFacts,
+    cause: &Cause,
+    package: Option<&str>,
+    probe: &ProviderProbe,
+) -> (String, Vec<String>) {
+    let driver = d.kernel_driver_name.as_deref().unwrap_or("its kernel driver");
+    match cause {
+        Cause::NoConfig(p) => (
+            format!("no provider config: no file in {CONFIG_DIR} says `driver {p}`, so libibverbs never loads the provider for {driver}"),
+            vec![format!("echo 'driver {p}' > {CONFIG_DIR}/{p}.driver"), install_or_reinstall(package)],
+        ),
+        Cause::NoLibrary(p) => (
+            format!("provider library missing: {CONFIG_DIR} names `{p}` but lib{p}-rdmav*.so is not in {}", probe.dirs.join(", ")),
+            vec![install_or_reinstall(package)],
+        ),
+        Cause::OtherLibibverbs(p, said) => (
+            match said {
+                Some(w) => format!("the {p} provider does not load (built for another libibverbs, or a library it needs is missing): {w}"),
+                None => format!("the {p} provider is installed but does not claim {name}: built for another libibverbs or too old for this device"),
+            },
+            vec![
+                format!("use the libibverbs and the providers of one rdma-core release: ldd {} ; check LD_LIBRARY_PATH and stale copies (MLNX_OFED, /usr/local)", probe.libraries.first().map_or("PROVIDER.so", String::as_str)),
+                "IBV_SHOW_WARNINGS=1 ibv_devices shows libibverbs' own reasons".into(),
+            ],
+        ),
+        Cause::KernelRefused(e) => kernel_refused(name, *e),
+        Cause::Unknown => (
+            format!("libibverbs cannot open the device (no user-space provider for {driver}, or it refused)"),
+            vec![
+                install_or_reinstall(package),
+                format!("see which provider libibverbs tries: IBV_SHOW_WARNINGS=1 ibv_devices; config files are in {CONFIG_DIR}/"),
+            ],
+        ),
+    }
+}
+
+fn kernel_refused(name: &str, errno: i32) -> (String, Vec<String>) {
+    let text = std::io::Error::from_raw_os_error(errno);
+    match errno {
+        libc::EAGAIN => (
+            format!("the kernel refused ibv_open_device: EAGAIN ({text}): kernel layer, not user space: the rdma cgroup's hca_handle limit is reached"),
+            vec![
+                "see the limit and the use of this process's cgroup: cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/rdma.max rdma.current".into(),
+                format!("raise it: echo '{name} hca_handle=max' > /sys/fs/cgroup/<cgroup>/rdma.max (or the container's / systemd unit's rdma limit)"),
+            ],
+        ),
+        libc::EMFILE | libc::ENFILE => (
+            format!("the kernel refused ibv_open_device: {text}: kernel layer, not user space: the open-file limit is reached"),
+            vec!["raise the open-file limit: ulimit -n (LimitNOFILE= for systemd services)".into()],
+        ),
+        _ => (
+            format!("the kernel refused ibv_open_device: {text} (errno {errno}): kernel layer, the driver's reason is in its log"),
+            vec![format!("dmesg | grep -iE 'rdma|infiniband|{name}'")],
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Report;
+    use crate::verdict::Outcome;
+
+    const NOT_LISTED: &str = "no RDMA device named \"mlx5_0\"; available: ";
+    const NO_DRIVER: &str =
+        "libibverbs: Warning: no userspace device-specific driver found for /sys/class/infiniband_verbs/uverbs0";
+    const LIB: &str = "/usr/lib/x86_64-linux-gnu/libibverbs/libmlx5-rdmav34.so";
+
+    /// The fixture node (ConnectX-6 Dx on mlx5_core, ibverbs-providers installed) with
+    /// device mlx5_0 failing to open with `open_error`.
+    fn node(open_error: &str) -> (Baseline, DeviceFacts) {
+        let r: Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let mut b = r.baseline;
+        b.packages.versions.insert("ibverbs-providers".into(), "44.0-2".into());
+        let mut d = b.devices["mlx5_0"].clone();
+        d.open_error = Some(open_error.into());
+        d.provider = None;
+        (b, d)
+    }
+
+    fn probe(configs: &[&str], libraries: &[&str], stderr: &str) -> ProviderProbe {
+        ProviderProbe {
+            listed: false,
+            expected: Some("mlx5".into()),
+            configs: configs.iter().map(|s| s.to_string()).collect(),
+            dirs: vec!["/usr/lib/x86_64-linux-gnu/libibverbs".into()],
+            libraries: libraries.iter().map(|s| s.to_string()).collect(),
+            warnings: relevant_warnings(stderr, Some("mlx5"), Some("uverbs0")),
+        }
+    }
+
+    fn no_install_advice(r: &LayerReport) {
+        assert!(!r.fix.iter().any(|f| f.contains("apt-get install ibverbs-providers")), "{r:#?}");
+    }
+
+    #[test]
+    fn a_missing_provider_config_is_named_with_libibverbs_words_and_no_install_advice() {
+        let (b, d) = node(NOT_LISTED);
+        let r = check("mlx5_0", &d, &b, Some(&probe(&[], &[LIB], NO_DRIVER)));
+        assert_eq!(r.outcome, Outcome::Fail);
+        assert!(r.summary.starts_with("no provider config: no file in /etc/libibverbs.d says `driver mlx5`"), "{r:#?}");
+        assert!(r.evidence.iter().any(|e| e == &format!("libibverbs said: {NO_DRIVER}")), "{r:#?}");
+        assert_eq!(r.fix[0], "echo 'driver mlx5' > /etc/libibverbs.d/mlx5.driver");
+        assert!(r.fix[1].contains("ibverbs-providers 44.0-2 is installed but incomplete: reinstall"), "{r:#?}");
+        no_install_advice(&r);
+    }
+
+    #[test]
+    fn a_missing_provider_library_is_told_from_a_missing_config() {
+        let (b, d) = node(NOT_LISTED);
+        let said = "libibverbs: Warning: couldn't load driver 'libmlx5-rdmav34.so': libmlx5-rdmav34.so: \
+                    cannot open shared object file: No such file or directory\n";
+        let r = check("mlx5_0", &d, &b, Some(&probe(&["/etc/libibverbs.d/mlx5.driver"], &[], said)));
+        assert!(r.summary.starts_with("provider library missing: /etc/libibverbs.d names `mlx5`"), "{r:#?}");
+        assert!(r.evidence.iter().any(|e| e.contains("couldn't load driver 'libmlx5-rdmav34.so'")), "{r:#?}");
+        no_install_advice(&r);
+        // The same without a package database: then installing is the advice.
+        let (mut b, d) = node(NOT_LISTED);
+        b.packages.versions.clear();
+        let r = check("mlx5_0", &d, &b, Some(&probe(&["/etc/libibverbs.d/mlx5.driver"], &[], "")));
+        assert!(r.summary.starts_with("provider library missing"), "{r:#?}");
+        assert!(r.fix[0].starts_with("install the providers: apt-get install ibverbs-providers"), "{r:#?}");
+    }
+
+    #[test]
+    fn a_provider_built_for_another_libibverbs_quotes_libibverbs_reason() {
+        let (b, d) = node(NOT_LISTED);
+        let said = format!(
+            "libibverbs: Warning: couldn't load driver '{LIB}': {LIB}: version `IBVERBS_PRIVATE_34' not found \
+             (required by {LIB})\nlibibverbs: Warning: couldn't load driver 'libvmw_pvrdma-rdmav34.so': gone\n{NO_DRIVER}\n"
+        );
+        let p = probe(&["/etc/libibverbs.d/mlx5.driver"], &[LIB], &said);
+        assert_eq!(p.warnings.len(), 2, "another provider's line is not this device's: {p:#?}");
+        let r = check("mlx5_0", &d, &b, Some(&p));
+        assert!(r.summary.starts_with("the mlx5 provider does not load (built for another libibverbs"), "{r:#?}");
+        assert!(r.summary.contains("version `IBVERBS_PRIVATE_34' not found"), "{r:#?}");
+        assert!(
+            r.fix[0].starts_with(&format!("use the libibverbs and the providers of one rdma-core release: ldd {LIB}"))
+        );
+        no_install_advice(&r);
+    }
+
+    #[test]
+    fn eagain_from_ibv_open_device_is_the_kernel_and_the_rdma_cgroup_not_user_space() {
+        let (b, d) = node("ibv_open_device failed (control plane: libibverbs -> kernel driver): Resource temporarily unavailable (os error 11)");
+        let p = ProviderProbe { listed: true, ..probe(&["/etc/libibverbs.d/mlx5.driver"], &[LIB], "") };
+        let r = check("mlx5_0", &d, &b, Some(&p));
+        assert!(r.summary.starts_with("the kernel refused ibv_open_device: EAGAIN"), "{r:#?}");
+        assert!(r.summary.contains("kernel layer, not user space") && r.summary.contains("rdma cgroup"), "{r:#?}");
+        assert!(r.fix.iter().any(|f| f.contains("rdma.max") && f.contains("mlx5_0 hca_handle=max")), "{r:#?}");
+        no_install_advice(&r);
+        // From a saved report (no probe): the errno and the listing still tell it.
+        assert!(check("mlx5_0", &d, &b, None).summary.contains("rdma cgroup"));
+        let (b, d) = node(
+            "ibv_open_device failed (control plane: libibverbs -> kernel driver): Too many open files (os error 24)",
+        );
+        assert!(check("mlx5_0", &d, &b, Some(&p)).summary.contains("open-file limit"));
+        // Another verb's EAGAIN after the open is not the open refused.
+        let (b, d) = node("ibv_query_device failed (control plane: libibverbs -> kernel driver): Resource temporarily unavailable (os error 11)");
+        assert!(!check("mlx5_0", &d, &b, Some(&p)).summary.contains("refused ibv_open_device"));
+    }
+
+    #[test]
+    fn the_provider_layer_of_the_verdict_uses_the_probe() {
+        let (mut b, d) = node(NOT_LISTED);
+        b.devices.insert("mlx5_0".into(), d);
+        let seen = crate::report::Observations { sysfs_devices: vec!["mlx5_0".into()], ..Default::default() };
+        let mut want = crate::verdict::Expectations {
+            devices: vec!["mlx5_0".into()],
+            memlock_need: 1 << 20,
+            ..Default::default()
+        };
+        want.providers.insert("mlx5_0".into(), probe(&[], &[LIB], NO_DRIVER));
+        let (layers, _) = crate::verdict::evaluate(&b, &seen, &want, &mut |_, _| unreachable!("fails above"));
+        let f = layers.iter().find(|l| l.outcome == Outcome::Fail).unwrap();
+        assert_eq!(f.layer, Layer::Provider);
+        assert!(f.summary.starts_with("no provider config"), "{f:#?}");
+    }
+
+    #[test]
+    fn config_files_errnos_and_drivers_are_read_without_panicking() {
+        assert_eq!(config_drivers("# c\ndriver mlx5\n  driver\tmlx4 extra\ndriver\nbogus x\n"), ["mlx5", "mlx4"]);
+        assert_eq!(os_error("x: Resource temporarily unavailable (os error 11)"), Some(11));
+        assert_eq!(os_error("(os error )"), None);
+        assert_eq!(os_error("(os error 99999999999)"), None);
+        assert_eq!(expected_for(Some("mlx5_core"), "mlx5_0"), Some("mlx5"));
+        assert_eq!(expected_for(None, "rxe0"), Some("rxe"));
+        assert_eq!(expected_for(Some("nvme"), "x"), None);
+    }
+}

@@ -641,7 +641,7 @@ impl Bw {
             let bufs = pd.register(AlignedBuf::new(size * pool as usize)?, AccessFlags::LOCAL_WRITE)?;
             let wrs = bufs.into_chunks(size)?.into_iter().enumerate();
             let wrs = wrs.map(|(i, b)| SendWr::read(b, 0..size, remote).id(i as u64));
-            lanes.push(Lane::new(qp, wrs, |free| ReadSrc { used: vec![false; free.len()], free })?);
+            lanes.push(Lane::new(qp, wrs, |free| ReadSrc { total: free.len(), low: free.len(), free })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, pool)?;
         let want: Vec<u8> = pattern(size).collect();
@@ -707,9 +707,16 @@ impl Bw {
         let deadline = o.duration.map(Duration::from_secs_f64);
         let limit = if deadline.is_some() { u64::MAX } else { iters };
         let plan = Plan { moderation, tx_depth: o.tx_depth as usize, post_list: u64::from(o.post_list), limit };
+        // The window and the progress lines read the CPU's counter, not the system clock:
+        // where that is not in the vDSO (a VM without a stable TSC) each reading is a
+        // system call, and at 64 KiB every completion would pay one.
+        static CLOCK: std::sync::OnceLock<perftest::Clock> = std::sync::OnceLock::new();
+        let clock = CLOCK.get_or_init(perftest::Clock::calibrate);
+        let (second, window) = (clock.ticks(Duration::from_secs(1)), moderation.max(u64::from(o.tx_depth)));
         let started = Instant::now();
-        let mut progress_at = started + Duration::from_secs(3);
-        let mut last = (started, 0u64);
+        let start_ticks = clock.now();
+        let mut progress_at = start_ticks + 3 * second;
+        let mut last = (start_ticks, 0u64);
         let mut peak = 0f64;
         let mut wcs = [WorkCompletion::EMPTY; 64];
         let total_target = iters * u64::from(o.qps);
@@ -734,24 +741,32 @@ impl Bw {
                 if wc.status() != WcStatus::Success {
                     wc.ok()?;
                 }
-                let lane =
-                    lanes.iter_mut().find(|l| l.sq.qp_num() == wc.qp_num()).ok_or("completion of an unknown QP")?;
+                // One lane: its queue's own check (QP number, tag, outstanding) refuses a
+                // stranger's completion, so there is nothing to look up.
+                let lane = match lanes {
+                    [one] => one,
+                    _ => {
+                        lanes.iter_mut().find(|l| l.sq.qp_num() == wc.qp_num()).ok_or("completion of an unknown QP")?
+                    }
+                };
                 let src = &mut lane.src;
                 finished += lane.sq.complete(wc, |d| src.done(d))? as u64;
             }
             if n > 0 {
                 quiet_since = None;
-                let now = Instant::now();
-                let dt = now.duration_since(last.0).as_secs_f64();
                 // Peak: the best window of at least a full pipeline (tx depth) of completions;
                 // shorter windows only measure how completions bunch up.
-                if finished - last.1 >= moderation.max(u64::from(o.tx_depth)) && dt > 0.0 {
-                    peak = peak.max((finished - last.1) as f64 * size as f64 / dt);
+                if finished - last.1 >= window {
+                    let now = clock.now();
+                    let dt = clock.us(now.wrapping_sub(last.0)) / 1e6;
+                    if dt > 0.0 {
+                        peak = peak.max((finished - last.1) as f64 * size as f64 / dt);
+                    }
                     last = (now, finished);
-                }
-                if now >= progress_at {
-                    self.report_progress(finished, total_target, started);
-                    progress_at = now + Duration::from_secs(1);
+                    if now >= progress_at {
+                        self.report_progress(finished, total_target, started);
+                        progress_at = now + second;
+                    }
                 }
             } else {
                 idle = idle.wrapping_add(1);
@@ -760,9 +775,8 @@ impl Bw {
                     self.check_stall(&mut quiet_since, finished, total_target, waits)?;
                 }
             }
-            let all_posted_done = lanes.iter().all(|l| l.sq.outstanding() == 0);
             if deadline.is_some() {
-                if stop_posting && all_posted_done {
+                if stop_posting && lanes.iter().all(|l| l.sq.outstanding() == 0) {
                     break;
                 }
             } else if finished >= total_target {
@@ -886,6 +900,15 @@ impl<S: Source> Lane<S> {
             let outstanding = self.sq.outstanding();
             let room = (tx_depth - outstanding) as u64;
             let left = limit - self.posted;
+            if post_list == 1 {
+                // A post list of one (the default): as many as fit, each posted alone.
+                let burst = room.min(left).min(self.src.available(self.posted) as u64);
+                if burst == 0 {
+                    break;
+                }
+                self.post_singles(plan, burst, room, outstanding as u64)?;
+                continue;
+            }
             let want = post_list.min(left);
             if room < want {
                 break; // wait for a whole post list's room, as perftest does
@@ -903,22 +926,6 @@ impl<S: Source> Lane<S> {
             let signal_in_flight = self.last_signaled > first - outstanding as u64;
             let batch_signals = self.next_mark <= end || end >= limit;
             let force_last = stuck_after && !signal_in_flight && !batch_signals;
-            if k == 1 {
-                // A post list of one (the default): one request, posted alone.
-                let at_mark = end == self.next_mark;
-                let signaled = at_mark || end == limit || force_last;
-                let Some(p) = self.src.next(end, signaled) else { break };
-                self.sq.post(p).map_err(rdma_verbs::Error::from)?;
-                self.posted = end;
-                if signaled {
-                    self.last_signaled = end;
-                }
-                self.tail_signaled = signaled;
-                if at_mark {
-                    self.next_mark += moderation;
-                }
-                continue;
-            }
             let (src, mut mark, mut last_signaled) = (&mut self.src, self.next_mark, self.last_signaled);
             let wrs = (first + 1..end + 1).map_while(|n| {
                 let at_mark = n == mark;
@@ -936,6 +943,37 @@ impl<S: Source> Lane<S> {
             self.last_signaled = last_signaled;
             self.tail_signaled = last_signaled == self.posted;
             self.next_mark = if posted == k { mark } else { (self.posted / moderation + 1) * moderation };
+        }
+        Ok(())
+    }
+
+    /// Posts `burst` requests one at a time (a post list of one), `burst` being at most
+    /// the queue's `room`, what is left to post and what the source has. The same signals
+    /// as a batch: every `moderation`th, the run's last, and the burst's last when the
+    /// lane could not post again without a completion and no signaled request would be
+    /// in flight (only the burst's last can be in that place: the room, and a pool's
+    /// buffers, run out there first).
+    #[inline]
+    fn post_singles(&mut self, plan: &Plan, burst: u64, room: u64, outstanding: u64) -> Res<()> {
+        let Plan { moderation, limit, .. } = *plan;
+        let (first, end) = (self.posted, self.posted + burst);
+        let stuck_after =
+            end < limit && (room == burst || self.src.buffers_free().saturating_sub(burst as usize - 1) <= 1);
+        let signal_in_flight = self.last_signaled > first - outstanding || self.next_mark < end;
+        let force_last = stuck_after && !signal_in_flight && self.next_mark != end;
+        for n in first + 1..=end {
+            let at_mark = n == self.next_mark;
+            let signaled = at_mark || n == limit || (force_last && n == end);
+            let Some(p) = self.src.next(n, signaled) else { break };
+            self.sq.post(p).map_err(rdma_verbs::Error::from)?;
+            self.posted = n;
+            if signaled {
+                self.last_signaled = n;
+            }
+            self.tail_signaled = signaled;
+            if at_mark {
+                self.next_mark += moderation;
+            }
         }
         Ok(())
     }
@@ -1006,10 +1044,14 @@ impl Source for WriteSrc {
 }
 
 /// read_bw: every request reads the server's region into its own buffer of the pool;
-/// the ones used (by id) are checked at the end.
+/// the ones used are checked at the end.
 struct ReadSrc {
+    /// A stack: taken from the top, given back on top. So the entries below `low`, the
+    /// least it ever held, were never taken, and at the end the ones from `low` up are
+    /// exactly those used (a mark a request would cost a load from its heap block).
     free: Vec<Prepared<Chunk>>,
-    used: Vec<bool>,
+    low: usize,
+    total: usize,
 }
 
 impl Source for ReadSrc {
@@ -1026,7 +1068,7 @@ impl Source for ReadSrc {
     #[inline]
     fn take(&mut self, _n: u64) -> Option<Prepared<Chunk>> {
         let p = self.free.pop()?;
-        self.used[p.id() as usize] = true;
+        self.low = self.low.min(self.free.len());
         Some(p)
     }
 
@@ -1038,10 +1080,10 @@ impl Source for ReadSrc {
 impl ReadSrc {
     /// Every buffer a READ landed in holds the server's pattern.
     fn check(&self, q: usize, want: &[u8]) -> Res<()> {
-        if self.free.len() < self.used.len() {
-            return Err(format!("QP {q}: {} read buffers never came back", self.used.len() - self.free.len()).into());
+        if self.free.len() < self.total {
+            return Err(format!("QP {q}: {} read buffers never came back", self.total - self.free.len()).into());
         }
-        for (i, p) in self.free.iter().map(|p| (p.id(), p)).filter(|&(i, _)| self.used[i as usize]) {
+        for (i, p) in self.free[self.low..].iter().map(|p| (p.id(), p)) {
             let got: &[u8] = p.buf();
             if let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) {
                 return Err(format!(

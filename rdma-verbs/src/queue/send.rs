@@ -249,7 +249,9 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
 
     /// Posts one request: one provider call (one doorbell), no allocation. On refusal
     /// (by our checks or by the provider) the request comes back in the error.
-    #[inline]
+    // Always inlined: a tool's posting loop is large enough that the hint alone left this
+    // an out-of-line call, ~10 instructions a post (scripts/per-message).
+    #[inline(always)]
     #[allow(clippy::result_large_err)] // the refused request comes back by value: no allocation
     pub fn post(&mut self, wr: R) -> Result<(), Refused<R>> {
         // A batch of one: the same two steps as post_batch, without an iterator (which

@@ -338,7 +338,22 @@ impl Clock {
 
     /// Ticks to microseconds.
     pub fn us(&self, ticks: u64) -> f64 {
-        ticks as f64 / self.ticks_per_us
+        self.us_f(ticks as f64)
+    }
+
+    /// A clock of a known rate (tests).
+    #[cfg(test)]
+    fn at_rate(ticks_per_us: f64) -> Clock {
+        Clock {
+            ticks_per_us,
+            #[cfg(not(target_arch = "x86_64"))]
+            origin: Instant::now(),
+        }
+    }
+
+    /// Ticks (a mean, say) to microseconds.
+    pub fn us_f(&self, ticks: f64) -> f64 {
+        ticks / self.ticks_per_us
     }
 }
 
@@ -411,41 +426,60 @@ pub struct LatRow {
 }
 
 impl LatRow {
-    /// perftest's statistics over per-iteration samples (microseconds): sorted, the two
-    /// largest dropped (outliers such as the first touch), each divided by `divisor`
-    /// (2 where a sample is a round trip and the one-way latency is reported).
-    pub fn from_samples(bytes: usize, iterations: u64, mut us: Vec<f64>, divisor: f64) -> Res<LatRow> {
-        // Selections, not a sort: each statistic is one O(n) pass (a sort of every sample
-        // was the largest per-message cost of a latency run after the verbs themselves).
-        if us.len() > 2 {
+    /// perftest's statistics over per-iteration samples (in ticks of `clock`): the two
+    /// largest dropped (outliers such as the first touch), then each statistic in
+    /// microseconds divided by `divisor` (2 where a sample is a round trip and the one-way
+    /// latency is reported). The same figures as perftest's sort gives.
+    pub fn from_samples(
+        bytes: usize,
+        iterations: u64,
+        mut ticks: Vec<u64>,
+        clock: &Clock,
+        divisor: f64,
+    ) -> Res<LatRow> {
+        // Selections over integers, not a sort: each statistic is one O(n) pass, and the
+        // samples stay in clock ticks until the few that are printed.
+        if ticks.len() > 2 {
             // perftest leaves out the two slowest samples.
-            let keep = us.len() - 2;
-            us.select_nth_unstable_by(keep, f64::total_cmp);
-            us.truncate(keep);
+            let keep = ticks.len() - 2;
+            ticks.select_nth_unstable(keep);
+            ticks.truncate(keep);
         }
-        let n = us.len();
-        if n == 0 {
-            return Err("no latency samples".into());
+        let n = ticks.len();
+        let Some(&first) = ticks.first() else { return Err("no latency samples".into()) };
+        let us = |t: f64| clock.us_f(t) / divisor;
+        // Sums of the samples' distances from the first one (numerically steady).
+        let (mut lo, mut hi, mut sum, mut squares) = (u64::MAX, 0, 0f64, 0f64);
+        for &t in &ticks {
+            (lo, hi) = (lo.min(t), hi.max(t));
+            let d = t as f64 - first as f64;
+            sum += d;
+            squares += d * d;
         }
-        us.iter_mut().for_each(|v| *v /= divisor);
-        let rank = |us: &mut [f64], r: usize| *us.select_nth_unstable_by(r, f64::total_cmp).1;
-        let upper = rank(&mut us, n / 2);
-        let median =
-            if n % 2 == 1 { upper } else { (us[..n / 2].iter().copied().fold(f64::MIN, f64::max) + upper) / 2.0 };
-        // Nearest rank: the smallest sample with at least p of them at or below it.
+        let mean = sum / n as f64;
+        let var = (squares / n as f64 - mean * mean).max(0.0);
+        let upper = *ticks.select_nth_unstable(n / 2).1;
+        let median = if n % 2 == 1 {
+            us(upper as f64)
+        } else {
+            (us(ticks[..n / 2].iter().copied().max().unwrap_or(upper) as f64) + us(upper as f64)) / 2.0
+        };
+        // Nearest rank: the smallest sample with at least p of them at or below it. The
+        // higher ranks lie in the part above the median, then above the 99th.
         let at = |p: f64| ((p * n as f64).ceil() as usize).clamp(1, n) - 1;
-        let (p99_us, p999_us) = (rank(&mut us, at(0.99)), rank(&mut us, at(0.999)));
-        let (t_min_us, t_max_us) = us.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        let avg = us.iter().sum::<f64>() / n as f64;
-        let var = us.iter().map(|v| (v - avg) * (v - avg)).sum::<f64>() / n as f64;
+        let (r99, r999) = (at(0.99).max(n / 2), at(0.999).max(at(0.99).max(n / 2)));
+        let p99 = *ticks[n / 2..].select_nth_unstable(r99 - n / 2).1;
+        let p999 = *ticks[r99..].select_nth_unstable(r999 - r99).1;
+        let (t_min_us, t_max_us, p99_us, p999_us) = (us(lo as f64), us(hi as f64), us(p99 as f64), us(p999 as f64));
+        let (t_avg_us, t_stdev_us) = (us(first as f64 + mean), us(var.sqrt()));
         Ok(LatRow {
             bytes,
             iterations,
             t_min_us,
             t_max_us,
             t_typical_us: median,
-            t_avg_us: avg,
-            t_stdev_us: var.sqrt(),
+            t_avg_us,
+            t_stdev_us,
             p99_us,
             p999_us,
         })
@@ -728,8 +762,12 @@ fn lat_side(
     if !client {
         return Ok(None);
     }
-    let us: Vec<f64> = stamps.windows(2).map(|w| clock.us(w[1].wrapping_sub(w[0]))).collect();
-    Ok(Some(LatRow::from_samples(size, iters, us, test.divisor())?))
+    // The samples, in place: each stamp minus the one before it.
+    for i in (1..stamps.len()).rev() {
+        stamps[i] = stamps[i].wrapping_sub(stamps[i - 1]);
+    }
+    stamps.remove(0);
+    Ok(Some(LatRow::from_samples(size, iters, stamps, clock, test.divisor())?))
 }
 
 /// Spins on the last byte of the target (`word`, and the byte's index in it) until it is
@@ -880,36 +918,44 @@ pub fn check_remote(mr: Option<RemoteMr>, size: usize) -> Res<RemoteMr> {
 
 #[cfg(test)]
 mod tests {
-    use super::LatRow;
+    use super::{Clock, LatRow};
 
     /// The statistics as a sort of every sample gives them (what `from_samples` did
-    /// before it used selections).
-    fn sorted_reference(mut us: Vec<f64>, divisor: f64) -> [f64; 5] {
+    /// before it used selections), in microseconds at 4 ticks a microsecond.
+    fn sorted_reference(ticks: &[u64], divisor: f64) -> [f64; 7] {
+        let mut us: Vec<f64> = ticks.iter().map(|&t| t as f64 / 4.0).collect();
         us.sort_by(f64::total_cmp);
         us.truncate(us.len() - 2);
         let n = us.len();
         us.iter_mut().for_each(|v| *v /= divisor);
         let median = if n % 2 == 1 { us[n / 2] } else { (us[n / 2 - 1] + us[n / 2]) / 2.0 };
+        let avg = us.iter().sum::<f64>() / n as f64;
+        let var = us.iter().map(|v| (v - avg) * (v - avg)).sum::<f64>() / n as f64;
         let pct = |p: f64| us[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
-        [us[0], us[n - 1], median, pct(0.99), pct(0.999)]
+        [us[0], us[n - 1], median, pct(0.99), pct(0.999), avg, var.sqrt()]
     }
 
     #[test]
     fn from_samples_gives_what_a_full_sort_gives() {
+        let clock = Clock::at_rate(4.0);
         let mut x = 0x2545_f491_4f6c_dd1du64;
         for n in [3, 4, 5, 10, 101, 1000, 1001, 4096] {
-            let us: Vec<f64> = (0..n)
+            let ticks: Vec<u64> = (0..n)
                 .map(|_| {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    (x % 1000) as f64 / 7.0
+                    40_000 + x % 3000 + if x % 97 == 0 { 50_000 } else { 0 }
                 })
                 .collect();
-            let r = LatRow::from_samples(64, n as u64, us.clone(), 2.0).unwrap();
-            let want = sorted_reference(us, 2.0);
-            assert_eq!([r.t_min_us, r.t_max_us, r.t_typical_us, r.p99_us, r.p999_us], want, "{n} samples");
+            let r = LatRow::from_samples(64, n as u64, ticks.clone(), &clock, 2.0).unwrap();
+            let want = sorted_reference(&ticks, 2.0);
+            let exact = [r.t_min_us, r.t_max_us, r.t_typical_us, r.p99_us, r.p999_us];
+            assert_eq!(exact, want[..5], "{n} samples");
+            for (got, want) in [(r.t_avg_us, want[5]), (r.t_stdev_us, want[6])] {
+                assert!((got - want).abs() <= 1e-9 * want.abs().max(1.0), "{n} samples: {got} against {want}");
+            }
         }
-        assert!(LatRow::from_samples(64, 0, Vec::new(), 1.0).is_err());
+        assert!(LatRow::from_samples(64, 0, Vec::new(), &clock, 1.0).is_err());
     }
 }

@@ -124,6 +124,9 @@ struct Opts<X: clap::Args> {
     /// Report bandwidth in Gb/s.
     #[arg(long = "report_gbits")]
     report_gbits: bool,
+    /// No progress lines on stderr (a long run prints one a second after 3 s).
+    #[arg(long)]
+    quiet: bool,
     #[command(flatten)]
     extra: X,
 }
@@ -158,6 +161,7 @@ struct Flags {
     post_list: u32,
     qps: u32,
     report_gbits: bool,
+    quiet: bool,
     outs: Option<u32>,
     rx_depth: Option<u32>,
 }
@@ -172,6 +176,7 @@ impl<X: clap::Args> Opts<X> {
             post_list: self.post_list,
             qps: self.qps,
             report_gbits: self.report_gbits,
+            quiet: self.quiet,
             outs,
             rx_depth,
         }
@@ -763,7 +768,7 @@ impl Bw {
                         peak = peak.max((finished - last.1) as f64 * size as f64 / dt);
                     }
                     last = (now, finished);
-                    if now >= progress_at {
+                    if now >= progress_at && !o.quiet {
                         self.report_progress(finished, total_target, started);
                         progress_at = now + second;
                     }
@@ -906,8 +911,10 @@ impl<S: Source> Lane<S> {
                 if burst == 0 {
                     break;
                 }
+                // Nothing is left to post after a burst: it took the room, what is left to
+                // post, or what the source had (or the source ran dry).
                 self.post_singles(plan, burst, room, outstanding as u64)?;
-                continue;
+                break;
             }
             let want = post_list.min(left);
             if room < want {

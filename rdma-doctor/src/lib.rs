@@ -65,9 +65,10 @@ use verdict::{Expectations, RateRef};
 /// What to examine and how.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Only this device (default: the first one libibverbs lists).
+    /// Only this device (default: every device the kernel or libibverbs lists).
     pub device: Option<String>,
-    /// Every device (overrides `device`).
+    /// Every device, even when `device` is set: the default without `device` (the
+    /// command's `--all` names it).
     pub all: bool,
     /// Only this port (default: every port).
     pub port: Option<u8>,
@@ -238,16 +239,16 @@ fn to_value(b: &Baseline) -> Result<serde_json::Value, String> {
 }
 
 /// The devices to examine: `-d NAME` (even if absent: then the device layer says so),
-/// every device with `all`, else the first one libibverbs (or the kernel) lists.
+/// else every device the kernel lists, then those only libibverbs lists: a second
+/// device that is down is a failure too, not a device nobody looked at.
 fn select(opts: &Options, sysfs: &[String], verbs: &[String]) -> Vec<String> {
-    if opts.all {
-        let mut all: Vec<String> = sysfs.to_vec();
-        all.extend(verbs.iter().filter(|v| !sysfs.contains(v)).cloned());
-        return all;
-    }
     match &opts.device {
-        Some(d) => vec![d.clone()],
-        None => verbs.first().or(sysfs.first()).cloned().into_iter().collect(),
+        Some(d) if !opts.all => vec![d.clone()],
+        _ => {
+            let mut all: Vec<String> = sysfs.to_vec();
+            all.extend(verbs.iter().filter(|v| !sysfs.contains(v)).cloned());
+            all
+        }
     }
 }
 
@@ -330,6 +331,27 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn every_device_the_kernel_or_libibverbs_lists_is_examined_unless_one_is_named() {
+        // Recorded lists: a node whose second port's provider is missing (sysfs only), and
+        // an rxe device libibverbs lists before the kernel does (verbs only).
+        let sysfs = names(&["mlx5_0", "mlx5_1"]);
+        let verbs = names(&["rxe0", "mlx5_0"]);
+        let default = Options::default();
+        assert_eq!(select(&default, &sysfs, &verbs), ["mlx5_0", "mlx5_1", "rxe0"]);
+        let all = Options { all: true, ..Options::default() };
+        assert_eq!(select(&all, &sysfs, &verbs), select(&default, &sysfs, &verbs), "--all is the default");
+        let one = Options { device: Some("mlx5_1".into()), ..Options::default() };
+        assert_eq!(select(&one, &sysfs, &verbs), ["mlx5_1"]);
+        let gone = Options { device: Some("mlx5_9".into()), ..Options::default() };
+        assert_eq!(select(&gone, &sysfs, &verbs), ["mlx5_9"], "a named device the kernel lost is still checked");
+        assert!(select(&default, &[], &[]).is_empty());
+    }
 
     #[test]
     fn a_known_trouble_line_without_an_errno_is_a_finding() {

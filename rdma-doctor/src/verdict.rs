@@ -145,7 +145,7 @@ pub struct RateRef {
 }
 
 /// The scope of the device layers when no device was named and none was found.
-const NO_DEVICE: &str = "(first device)";
+const NO_DEVICE: &str = "(any device)";
 
 /// What the verdict looks at besides the collected facts.
 #[derive(Debug, Clone, Default)]
@@ -661,6 +661,26 @@ mod tests {
     }
 
     #[test]
+    fn a_second_device_that_is_down_fails_its_port_layer_and_the_exit_status() {
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let mut facts = report.baseline;
+        let mut second = facts.devices["mlx5_0"].clone();
+        let p = second.ports.get_mut("1").unwrap();
+        (p.state, p.phys_state) = ("DOWN".into(), "Disabled".into());
+        facts.devices.insert("mlx5_1".into(), second);
+        let names: Vec<String> = facts.devices.keys().cloned().collect();
+        let want = Expectations { devices: names.clone(), memlock_need: 1 << 20, ..Expectations::default() };
+        let seen = Observations { sysfs_devices: names.clone(), verbs_devices: names, ..Observations::default() };
+        let (layers, _) = evaluate(&facts, &seen, &want, &mut |_, _| unreachable!("loopback is off"));
+        assert_eq!(layers.len(), 1 + 2 * Layer::DEVICE_LAYERS.len(), "both devices are examined");
+        let failed: Vec<(&str, Layer)> =
+            layers.iter().filter(|l| l.outcome == Outcome::Fail).map(|l| (l.scope.as_str(), l.layer)).collect();
+        assert_eq!(failed, [("mlx5_1", Layer::Port)], "{layers:#?}");
+        let status = crate::Status::of(&layers, 0, &[]);
+        assert_eq!((status, status.exit_code()), (crate::Status::LayerFailed, 1));
+    }
+
+    #[test]
     fn advice_names_real_devices_and_soft_links_only_for_soft_devices() {
         let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
         let mut facts = report.baseline;
@@ -669,7 +689,7 @@ mod tests {
         let links = |r: &LayerReport| r.fix.iter().filter(|f| f.contains("rdma link add")).cloned().collect::<Vec<_>>();
 
         let r = device_missing(NO_DEVICE, &seen, &facts, &want);
-        assert!(r.fix.iter().all(|f| !f.contains("(first device)")), "{r:#?}");
+        assert!(r.fix.iter().all(|f| !f.contains(NO_DEVICE)), "{r:#?}");
         assert_eq!(
             links(&r),
             ["SoftRoCE: rdma link add rxe0 type rxe netdev <netdev>   # rxe0: a name of your choice"]

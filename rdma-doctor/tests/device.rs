@@ -263,6 +263,72 @@ fn deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before() {
     assert_eq!(run(&opts).exit_code, 0, "healthy again after the re-creation");
 }
 
+#[test]
+#[ignore = "needs an rxe device (run as root): run scripts/test"]
+fn a_second_device_on_a_netdev_that_is_down_fails_the_default_run_naming_its_port_layer() {
+    let _leaks = LeakCheck::new();
+    let second = SecondRxe::create("rxedown", "dummydown");
+    wait_until("the second device appears", || Path::new("/sys/class/infiniband/rxedown").exists());
+
+    let r = run(&Options::default());
+    let first = device_name();
+    assert!(r.baseline.devices.contains_key(&first) && r.baseline.devices.contains_key("rxedown"), "both examined");
+    let f = first_failure(&r);
+    assert_eq!((f.layer, f.scope.as_str()), (Layer::Port, "rxedown"), "{f:#?}");
+    assert!(f.fix.iter().any(|x| x == "ip link set dummydown up"), "{f:?}");
+    assert!(r.layers.iter().filter(|l| l.scope == first).all(|l| l.outcome != Outcome::Fail), "{:#?}", r.layers);
+    assert_eq!((r.status, r.exit_code), (Status::LayerFailed, 1));
+
+    second.remove().unwrap_or_else(|e| panic!("{e}"));
+    assert!(!Path::new("/sys/class/infiniband/rxedown").exists());
+}
+
+/// A second rxe device on a dummy netdev that stays down, removed (device and netdev)
+/// whatever happens in the test.
+struct SecondRxe {
+    name: &'static str,
+    netdev: &'static str,
+}
+
+impl SecondRxe {
+    fn create(name: &'static str, netdev: &'static str) -> SecondRxe {
+        let guard = SecondRxe { name, netdev };
+        ip(&["link", "add", netdev, "type", "dummy"]);
+        let out = Command::new("rdma").args(["link", "add", name, "type", "rxe", "netdev", netdev]).output();
+        let out = out.expect("run `rdma` (iproute2)");
+        assert!(out.status.success(), "rdma link add {name}: {}", String::from_utf8_lossy(&out.stderr));
+        guard
+    }
+
+    /// Deletes the link, then the netdev (bounded: a context left open would hold the
+    /// deletion forever).
+    fn remove(&self) -> Result<(), String> {
+        let steps: [&[&str]; 2] = [&["rdma", "link", "delete", self.name], &["ip", "link", "delete", self.netdev]];
+        let mut errors = Vec::new();
+        for step in steps {
+            let out = Command::new("timeout").arg("60").args(step).output().map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                errors.push(format!("{}: {}", step.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+            }
+        }
+        let gone = !Path::new("/sys/class/infiniband").join(self.name).exists()
+            && !Path::new("/sys/class/net").join(self.netdev).exists();
+        if gone {
+            Ok(())
+        } else {
+            Err(format!("{} or {} is still there: {}", self.name, self.netdev, errors.join("; ")))
+        }
+    }
+}
+
+impl Drop for SecondRxe {
+    fn drop(&mut self) {
+        if let Err(e) = self.remove() {
+            eprintln!("removing {}: {e}", self.name);
+        }
+    }
+}
+
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run `ip` (iproute2)");
     assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));

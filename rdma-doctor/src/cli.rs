@@ -69,7 +69,7 @@ pub struct Args {
     /// Longest wait for one loopback completion, seconds
     #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = timeout)]
     pub timeout: Duration,
-    /// Skip the loopback test of the control and data planes
+    /// Skip the loopback tests of the control and data planes and of rdma_cm
     #[arg(long)]
     pub no_loopback: bool,
     /// Locked memory programs must register (K, M, G)

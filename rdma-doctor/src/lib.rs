@@ -12,8 +12,9 @@
 //!
 //! Then it checks the stack top down ([`verdict::Layer`]) and stops at the first layer
 //! that fails, naming the evidence and the usual fix, down to a loopback RC test of the
-//! data plane ([`loopback`]). Known-bad firmware and driver combinations
-//! ([`known_bad`]) become warnings that cite their source; a saved report
+//! data plane ([`loopback`]) and an rdma_cm connection passing a message ([`rdma_cm`]).
+//! Known-bad firmware and driver combinations ([`known_bad`]) become warnings that cite
+//! their source; a saved report
 //! ([`Options::compare`]) turns into a list of drifted fields ([`compare`]).
 //!
 //! It never changes the system: no module is loaded, no link touched, no firmware
@@ -32,6 +33,7 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+mod cm_layer;
 mod collect;
 pub mod compare;
 mod device;
@@ -42,6 +44,7 @@ pub mod loopback;
 mod modules_layer;
 pub mod provider;
 pub mod rates;
+pub mod rdma_cm;
 pub mod report;
 pub mod saved;
 mod stderr;
@@ -72,7 +75,9 @@ pub struct Options {
     pub all: bool,
     /// Only this port (default: every port).
     pub port: Option<u8>,
-    /// Run the loopback test of the control and data planes (default true).
+    /// Run the loopback tests of the control and data planes and of rdma_cm (default
+    /// true). librdmacm keeps the context of a device it used open until the process
+    /// exits ([`rdma_cm`]).
     pub loopback: bool,
     /// The longest wait for one completion of the loopback test (default 5 s).
     pub timeout: Duration,
@@ -154,11 +159,14 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     let mut want = expectations(opts, &selected, &baseline, reference);
     want.providers = providers;
     want.kernel_rdma = collect::kernel_has_rdma(&baseline.kernel.release);
+    want.rdma_cm_node = rdma_cm::node();
     let mut run = |name: &str, port: u8| match contexts.get(name) {
         Some(ctx) => loopback::run(ctx, port, opts.timeout),
         None => LoopbackReport { setup_error: Some(format!("{name} is not open")), ..LoopbackReport::default() },
     };
-    let (layers, _runs) = verdict::evaluate(&baseline, &observations, &want, &mut run);
+    let mut cm = |ip| rdma_cm::run(ip, opts.timeout);
+    let mut probes = verdict::Probes { loopback: &mut run, rdma_cm: &mut cm };
+    let (layers, _runs) = verdict::evaluate(&baseline, &observations, &want, &mut probes);
     drop(contexts);
 
     let mut findings = Vec::new();

@@ -11,8 +11,9 @@ use crate::verdict::LayerReport;
 
 /// The value of the `format` field.
 pub const FORMAT: &str = "rdma-doctor";
-/// The version of the JSON format this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version of the JSON format this crate writes; it reads this one and every older
+/// one (version 2 added the `rdma_cm` layer and `layers[].command`).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Everything one run found on one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

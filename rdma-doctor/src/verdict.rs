@@ -6,12 +6,14 @@
 //! it are not checked.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
 use crate::collect::DEVICE_DRIVERS;
 use crate::loopback::LoopbackReport;
 use crate::provider::ProviderProbe;
+use crate::rdma_cm::{CmNode, CmReport};
 use crate::report::{Baseline, DeviceFacts, Memlock, Observations, PortFacts};
 
 /// A layer of the RDMA stack, top down.
@@ -38,11 +40,14 @@ pub enum Layer {
     ControlPlane,
     /// RDMA WRITE, READ, SEND and atomics complete with the data intact.
     DataPlane,
+    /// librdmacm listens, connects and passes a message on the port's IPv4 address:
+    /// rdma_ucm, `/dev/infiniband/rdma_cm`, address resolution and the CM handshake.
+    RdmaCm,
 }
 
 impl Layer {
     /// The per-device layers, in order.
-    pub const DEVICE_LAYERS: [Layer; 9] = [
+    pub const DEVICE_LAYERS: [Layer; 10] = [
         Layer::Device,
         Layer::DeviceNodes,
         Layer::Provider,
@@ -52,6 +57,7 @@ impl Layer {
         Layer::Memlock,
         Layer::ControlPlane,
         Layer::DataPlane,
+        Layer::RdmaCm,
     ];
 
     /// The name used in text and JSON (`kernel_modules`, `data_plane`, ...).
@@ -67,6 +73,7 @@ impl Layer {
             Layer::Memlock => "memlock",
             Layer::ControlPlane => "control_plane",
             Layer::DataPlane => "data_plane",
+            Layer::RdmaCm => "rdma_cm",
         }
     }
 }
@@ -99,6 +106,11 @@ pub struct LayerReport {
     pub evidence: Vec<String>,
     /// The usual fix, as commands and steps for a person to run (the doctor runs none).
     pub fix: Vec<String>,
+    /// The fix as one command to paste into a shell, without prose (`<netdev>`-style
+    /// placeholders only where the doctor cannot know the value); `None` for a layer
+    /// that did not fail. Absent from reports of format version 1.
+    #[serde(default)]
+    pub command: Option<String>,
 }
 
 impl LayerReport {
@@ -110,6 +122,7 @@ impl LayerReport {
             summary: summary.into(),
             evidence,
             fix: vec![],
+            command: None,
         }
     }
 
@@ -120,10 +133,11 @@ impl LayerReport {
         evidence: Vec<String>,
         fix: Vec<String>,
     ) -> Self {
-        LayerReport { scope: scope.into(), layer, outcome: Outcome::Fail, summary: summary.into(), evidence, fix }
+        let summary = summary.into();
+        LayerReport { scope: scope.into(), layer, outcome: Outcome::Fail, summary, evidence, fix, command: None }
     }
 
-    fn skipped(scope: &str, layer: Layer, why: impl Into<String>) -> Self {
+    pub(crate) fn skipped(scope: &str, layer: Layer, why: impl Into<String>) -> Self {
         LayerReport {
             scope: scope.into(),
             layer,
@@ -131,7 +145,14 @@ impl LayerReport {
             summary: why.into(),
             evidence: vec![],
             fix: vec![],
+            command: None,
         }
+    }
+
+    /// Sets the one command to paste ([`LayerReport::command`]).
+    pub(crate) fn with_command(mut self, command: impl Into<String>) -> Self {
+        self.command = Some(command.into());
+        self
     }
 }
 
@@ -170,15 +191,37 @@ pub struct Expectations {
     /// Whether the running kernel has RDMA at all (ib_core loaded, built in or among its
     /// modules); `None` when unknown.
     pub kernel_rdma: Option<bool>,
+    /// `/dev/infiniband/rdma_cm` as found (for the rdma_cm layer).
+    pub rdma_cm_node: CmNode,
 }
 
-/// Checks every layer, top down. `loopback(device, port)` runs the data-plane test; it is
-/// called only for devices whose layers above all passed.
+/// The checks that use the device: the loopback test of the control and data planes on a
+/// device's port, and the rdma_cm exchange on an IPv4 address.
+pub struct Probes<'a> {
+    /// `loopback(device, port)`.
+    pub loopback: &'a mut dyn FnMut(&str, u8) -> LoopbackReport,
+    /// `rdma_cm(address)`.
+    pub rdma_cm: &'a mut dyn FnMut(Ipv4Addr) -> CmReport,
+}
+
+impl Probes<'static> {
+    /// Probes for a verdict with the loopback test turned off: calling one panics.
+    #[cfg(test)]
+    pub(crate) fn none() -> Self {
+        Probes {
+            loopback: Box::leak(Box::new(|_: &str, _| unreachable!("loopback is off"))),
+            rdma_cm: Box::leak(Box::new(|_| unreachable!("loopback is off"))),
+        }
+    }
+}
+
+/// Checks every layer, top down. The probes run only for devices whose layers above all
+/// passed.
 pub fn evaluate(
     facts: &Baseline,
     seen: &Observations,
     want: &Expectations,
-    loopback: &mut dyn FnMut(&str, u8) -> LoopbackReport,
+    probes: &mut Probes<'_>,
 ) -> (Vec<LayerReport>, BTreeMap<String, LoopbackReport>) {
     let mut out = vec![crate::modules_layer::check(facts, seen, want.kernel_rdma)];
     let mut runs = BTreeMap::new();
@@ -193,7 +236,7 @@ pub fn evaluate(
             }
             let r = match facts.devices.get(name) {
                 None => device_missing(name, seen, facts, want),
-                Some(d) => check(layer, name, d, facts, want, &mut runs, loopback),
+                Some(d) => check(layer, name, d, facts, want, &mut runs, probes),
             };
             if r.outcome == Outcome::Fail {
                 failed = Some(layer);
@@ -211,7 +254,7 @@ fn check(
     facts: &Baseline,
     want: &Expectations,
     runs: &mut BTreeMap<String, LoopbackReport>,
-    loopback: &mut dyn FnMut(&str, u8) -> LoopbackReport,
+    probes: &mut Probes<'_>,
 ) -> LayerReport {
     let ports: Vec<(&String, &PortFacts)> =
         d.ports.iter().filter(|(n, _)| want.port.is_none_or(|p| **n == p.to_string())).collect();
@@ -227,14 +270,13 @@ fn check(
         Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).cloned()),
         Layer::Gid => gid(name, &ports),
         Layer::Memlock => check_memlock(name, &facts.memlock, want.memlock_need),
+        _ if !want.loopback => LayerReport::skipped(name, layer, "not run (loopback test turned off)"),
         Layer::ControlPlane | Layer::DataPlane => {
-            if !want.loopback {
-                return LayerReport::skipped(name, layer, "not run (loopback test turned off)");
-            }
             let port = ports.first().and_then(|(n, _)| n.parse().ok()).unwrap_or(1);
-            let run = runs.entry(name.to_owned()).or_insert_with(|| loopback(name, port));
+            let run = runs.entry(name.to_owned()).or_insert_with(|| (probes.loopback)(name, port));
             planes(layer, name, port, run)
         }
+        Layer::RdmaCm => crate::cm_layer::check(name, &ports, facts, &want.rdma_cm_node, probes.rdma_cm),
         Layer::KernelModules => unreachable!("a host layer"),
     }
 }
@@ -588,7 +630,7 @@ mod tests {
             verbs_devices: facts.devices.keys().cloned().collect(),
             ..Observations::default()
         };
-        let (layers, _) = evaluate(&facts, &seen, &want, &mut |_, _| unreachable!("loopback is off"));
+        let (layers, _) = evaluate(&facts, &seen, &want, &mut Probes::none());
         assert_eq!(layers.len(), 1 + Layer::DEVICE_LAYERS.len());
         let first = layers.iter().position(|l| l.outcome == Outcome::Fail)?;
         assert!(layers[first + 1..].iter().all(|l| l.outcome == Outcome::Skipped), "{layers:#?}");
@@ -671,7 +713,7 @@ mod tests {
         let names: Vec<String> = facts.devices.keys().cloned().collect();
         let want = Expectations { devices: names.clone(), memlock_need: 1 << 20, ..Expectations::default() };
         let seen = Observations { sysfs_devices: names.clone(), verbs_devices: names, ..Observations::default() };
-        let (layers, _) = evaluate(&facts, &seen, &want, &mut |_, _| unreachable!("loopback is off"));
+        let (layers, _) = evaluate(&facts, &seen, &want, &mut Probes::none());
         assert_eq!(layers.len(), 1 + 2 * Layer::DEVICE_LAYERS.len(), "both devices are examined");
         let failed: Vec<(&str, Layer)> =
             layers.iter().filter(|l| l.outcome == Outcome::Fail).map(|l| (l.scope.as_str(), l.layer)).collect();

@@ -237,6 +237,7 @@ fn provider_findings(probes: &BTreeMap<String, provider::ProviderProbe>) -> Vec<
             what: format!("libibverbs said: {w}"),
             advice: None,
             source: Some("libibverbs' stderr while the doctor listed and opened the devices".into()),
+            layer: Some(Layer::Provider),
         }));
     }
     out
@@ -305,6 +306,7 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
         what,
         advice: advice.map(Into::into),
         source: None,
+        layer: None,
     };
     let mut out = Vec::new();
     if !b.modules.contains_key("rdma_ucm") && !b.dev_nodes.contains_key("/dev/infiniband/rdma_cm") {

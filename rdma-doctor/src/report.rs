@@ -309,6 +309,11 @@ pub struct Finding {
     pub advice: Option<String>,
     /// Where the knowledge comes from (a release note, a data file entry).
     pub source: Option<String>,
+    /// The layer it concerns (`device` for a known-bad firmware or driver, `provider` for
+    /// libibverbs' own warnings, `link` for a failed link a saved baseline records), or
+    /// `None` (notes). Absent from reports of format version 1.
+    #[serde(default)]
+    pub layer: Option<crate::verdict::Layer>,
 }
 
 /// One field that differs from a saved baseline.

@@ -1,9 +1,10 @@
 //! The layered verdict. Layers are checked top down, as a request travels: kernel
 //! modules, the device the kernel enumerated, its device node, the user-space provider,
 //! the port, the link, the GID, the memlock limit, then the control plane (creating and
-//! connecting objects: kernel path) and the data plane (posting and completions:
-//! provider and hardware). The first layer that fails is the diagnosis; the ones below
-//! it are not checked.
+//! connecting objects: kernel path), the data plane (posting and completions: provider
+//! and hardware) and rdma_cm (a connection through librdmacm: `cm_layer`). The first
+//! layer that fails is a device's diagnosis; the ones below it are not checked. Every
+//! device is checked.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;

@@ -49,6 +49,9 @@ fn rest_skipped(r: &Report, failed: Layer) {
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn healthy_device_passes_every_layer_and_the_loopback_verifies_write_read_send_and_atomics() {
+    if in_own_process("healthy_device_passes_every_layer_and_the_loopback_verifies_write_read_send_and_atomics") {
+        return;
+    }
     let _leaks = cm_leak_check();
     let name = device_name();
     let r = run(&options());
@@ -165,6 +168,9 @@ fn a_user_known_bad_entry_for_this_driver_is_a_warning_citing_its_source_with_ex
 #[test]
 #[ignore = "needs an RDMA device (RoCE, run as root): run scripts/test"]
 fn netdev_down_under_the_device_fails_the_port_layer_and_names_the_netdev() {
+    if in_own_process("netdev_down_under_the_device_fails_the_port_layer_and_names_the_netdev") {
+        return;
+    }
     let _leaks = cm_leak_check();
     let ctx = open();
     let gid = ctx.default_gid(1).unwrap();
@@ -188,44 +194,9 @@ fn netdev_down_under_the_device_fails_the_port_layer_and_names_the_netdev() {
 #[test]
 #[ignore = "needs an rxe device (run as root): run scripts/test"]
 fn deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before() {
-    // Deleting an rxe link waits until every context of the device is closed, and
-    // librdmacm keeps one open for the life of a process that used it (the cm tests run
-    // in this binary). So the test runs in a fresh process of this binary: this one
-    // spawns it, bounds it in time, and checks its result.
-    const CHILD: &str = "RDMA_DOCTOR_LINK_TEST_CHILD";
-    if std::env::var_os(CHILD).is_none() {
-        let me = std::env::current_exe().unwrap();
-        // Its output goes to a file and is shown indented, so that its own "test result"
-        // line is not counted as this binary's.
-        let log_path = std::env::temp_dir().join(format!("rdma-doctor-link-test-{}.log", std::process::id()));
-        let log = std::fs::File::create(&log_path).unwrap();
-        let mut child = Command::new(me)
-            .args(["--exact", "deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before"])
-            .args(["--include-ignored", "--nocapture", "--test-threads=1"])
-            .env(CHILD, "1")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawn the test binary");
-        let deadline = Instant::now() + Duration::from_secs(240);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                eprintln!("{}", std::fs::read_to_string(&log_path).unwrap_or_default());
-                panic!("the link test did not finish in 240 s (is a context of the device still open?)");
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        let output = std::fs::read_to_string(&log_path).unwrap_or_default();
-        let _ = std::fs::remove_file(&log_path);
-        for line in output.lines() {
-            eprintln!("    | {line}");
-        }
-        assert!(status.success(), "the link test failed in its own process: {status}");
+    // Deleting an rxe link waits until every context of the device is closed: no
+    // process of this binary but this test's may hold one (`in_own_process`).
+    if in_own_process("deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before") {
         return;
     }
     let leaks = LeakCheck::new();
@@ -275,6 +246,9 @@ fn deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before() {
 #[test]
 #[ignore = "needs an rxe device (run as root): run scripts/test"]
 fn a_second_device_on_a_netdev_that_is_down_fails_the_default_run_naming_its_port_layer() {
+    if in_own_process("a_second_device_on_a_netdev_that_is_down_fails_the_default_run_naming_its_port_layer") {
+        return;
+    }
     let _leaks = cm_leak_check();
     let second = SecondRxe::create("rxedown", "dummydown");
     wait_until("the second device appears", || Path::new("/sys/class/infiniband/rxedown").exists());
@@ -365,6 +339,9 @@ fn rdma_cm_node_hidden_by_a_bind_mount_fails_the_rdma_cm_layer_with_umount_as_th
 #[test]
 #[ignore = "needs an RDMA device (run as root): run scripts/test"]
 fn rdma_ucm_unloaded_fails_the_rdma_cm_layer_with_modprobe_and_is_reloaded() {
+    if in_own_process("rdma_ucm_unloaded_fails_the_rdma_cm_layer_with_modprobe_and_is_reloaded") {
+        return;
+    }
     let _leaks = cm_leak_check();
     let guard = UcmLoaded;
     let out = Command::new("modprobe").args(["-r", "rdma_ucm"]).output().expect("run `modprobe`");
@@ -408,6 +385,51 @@ impl Drop for UcmLoaded {
             eprintln!("reloading rdma_ucm: {e}");
         }
     }
+}
+
+/// Runs the test `name` in a fresh process of this binary, bounded in time, and checks
+/// its result: `true` here (the caller returns), `false` in that process (the caller runs
+/// the test). librdmacm keeps a device's context open until the process that used it
+/// exits (`rdma_cm`), and an open context holds an rxe link that another test deletes:
+/// so every test whose doctor runs the rdma_cm check runs in a process of its own.
+fn in_own_process(name: &str) -> bool {
+    const CHILD: &str = "RDMA_DOCTOR_TEST_CHILD";
+    const LIMIT: Duration = Duration::from_secs(300);
+    if std::env::var_os(CHILD).is_some() {
+        return false;
+    }
+    let me = std::env::current_exe().unwrap();
+    // Its output goes to a file and is shown indented, so that its own "test result" line
+    // is not counted as this binary's.
+    let log_path = std::env::temp_dir().join(format!("rdma-doctor-test-{}.log", std::process::id()));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = Command::new(me)
+        .args(["--exact", name, "--include-ignored", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("spawn the test binary");
+    let deadline = Instant::now() + LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            eprintln!("{}", std::fs::read_to_string(&log_path).unwrap_or_default());
+            panic!("{name} did not finish in {LIMIT:?} (is a context of the device still open?)");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_path);
+    for line in output.lines() {
+        eprintln!("    | {line}");
+    }
+    assert!(status.success(), "{name} failed in its own process: {status}");
+    true
 }
 
 fn ip(args: &[&str]) {
@@ -560,9 +582,9 @@ fn rdma_ip() -> Option<std::net::Ipv4Addr> {
     })
 }
 
-/// A [`LeakCheck`] for a test whose doctor runs the rdma_cm check: librdmacm opens the
-/// device's context on first use and keeps it until the process exits, so the counts are
-/// taken after one use of it (once per process).
+/// A [`LeakCheck`] for a test whose doctor runs the rdma_cm check (in its own process):
+/// librdmacm opens the device's context on first use and keeps it until the process
+/// exits, so the counts are taken after one use of it.
 fn cm_leak_check() -> LeakCheck {
     static WARM: std::sync::Once = std::sync::Once::new();
     WARM.call_once(|| {

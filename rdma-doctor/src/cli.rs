@@ -2,7 +2,7 @@
 //! version baseline, and comparisons with saved baselines and other nodes.
 //!
 //! ```text
-//! rdma-doctor [-d NAME | --all] [-p PORT] [--json] [--save FILE] [--compare BASELINE.json]
+//! rdma-doctor [-d NAME | --all (the default)] [-p PORT] [--json] [--save FILE] [--compare BASELINE.json]
 //!             [--known-bad FILE]... [--ignore PATTERN]... [--expect-rate GBPS]
 //!             [--timeout SECONDS] [--no-loopback] [--memlock-need BYTES]
 //! rdma-doctor --compare-nodes A.json B.json [C.json ...] [--json] [--ignore PATTERN]...
@@ -34,10 +34,10 @@ const AFTER_HELP: &str = "exit status: 0 healthy, 1 a layer failed, 2 usage erro
 #[derive(Debug, Parser)]
 #[command(name = "rdma-doctor", version, about = "A layered diagnosis of this node's RDMA stack", after_help = AFTER_HELP)]
 pub struct Args {
-    /// Examine device NAME (default: the first device)
+    /// Examine only device NAME (default: every device)
     #[arg(short = 'd', long = "ib-dev", value_name = "NAME")]
     pub device: Option<String>,
-    /// Examine every device
+    /// Examine every device (the default; kept for scripts that say so)
     #[arg(short = 'a', long)]
     pub all: bool,
     /// Check only port N (default: every port)
@@ -69,7 +69,7 @@ pub struct Args {
     /// Longest wait for one loopback completion, seconds
     #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = timeout)]
     pub timeout: Duration,
-    /// Skip the loopback test of the control and data planes
+    /// Skip the loopback tests of the control and data planes and of rdma_cm
     #[arg(long)]
     pub no_loopback: bool,
     /// Locked memory programs must register (K, M, G)

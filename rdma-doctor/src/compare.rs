@@ -44,8 +44,8 @@ pub fn baseline_of(v: &Value) -> Result<&Value, String> {
         return Err(format!("not an {FORMAT} report (format {format:?})"));
     }
     match v.get("format_version").and_then(Value::as_u64) {
-        Some(n) if n == u64::from(FORMAT_VERSION) => {}
-        other => return Err(format!("format_version {other:?}; this doctor reads version {FORMAT_VERSION}")),
+        Some(n) if (1..=u64::from(FORMAT_VERSION)).contains(&n) => {}
+        other => return Err(format!("format_version {other:?}; this doctor reads versions 1 to {FORMAT_VERSION}")),
     }
     v.get("baseline").ok_or_else(|| "the report has no baseline section".to_owned())
 }
@@ -210,7 +210,9 @@ mod tests {
     #[test]
     fn the_fixture_is_a_report_of_the_documented_format() {
         let r: crate::Report = serde_json::from_str(NODE_A).unwrap();
-        assert_eq!((r.format.as_str(), r.format_version), (FORMAT, FORMAT_VERSION));
+        // A version-1 report (no rdma_cm layer, no `command`): older versions still read.
+        assert_eq!((r.format.as_str(), r.format_version), (FORMAT, 1));
+        assert!(r.layers.iter().all(|l| l.command.is_none()));
         assert_eq!(r.baseline.devices["mlx5_0"].vendor_part_id, Some(4125));
         let v: Value = serde_json::from_str(NODE_A).unwrap();
         assert!(baseline_of(&v).is_ok());

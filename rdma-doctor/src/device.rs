@@ -122,10 +122,13 @@ fn verbs_port(ctx: &Context, port: u8) -> Option<PortFacts> {
             (g.index.to_string(), facts)
         })
         .collect();
-    let netdev_name = table.iter().find_map(|g| g.netdev.clone()).or_else(|| {
-        let dir = Path::new(SYSFS_IB).join(ctx.name()).join(format!("ports/{port}/gid_attrs/ndevs/0"));
-        read_trimmed(&dir)
-    });
+    // A soft device on a netdev that is down may have no GID yet: its `parent` names it.
+    let dev = Path::new(SYSFS_IB).join(ctx.name());
+    let netdev_name = table
+        .iter()
+        .find_map(|g| g.netdev.clone())
+        .or_else(|| read_trimmed(&dev.join(format!("ports/{port}/gid_attrs/ndevs/0"))))
+        .or_else(|| read_trimmed(&dev.join("parent")));
     Some(PortFacts {
         state: state_name(a.state),
         phys_state: phys_name(a.phys_state),
@@ -153,7 +156,8 @@ fn sysfs_ports(dir: &Path) -> BTreeMap<String, PortFacts> {
         let rate_gbps = rate_text.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
         let inner = rate_text.split_once('(').map(|(_, r)| r.trim_end_matches(')').to_owned()).unwrap_or_default();
         let (width, speed) = inner.split_once(' ').map(|(w, s)| (w.to_owned(), s.to_owned())).unwrap_or_default();
-        let netdev = read_trimmed(&p.join("gid_attrs/ndevs/0")).map(|n| netdev(&n));
+        let name = read_trimmed(&p.join("gid_attrs/ndevs/0")).or_else(|| read_trimmed(&dir.join("parent")));
+        let netdev = name.map(|n| netdev(&n));
         out.insert(
             e.file_name().to_string_lossy().into_owned(),
             PortFacts {

@@ -120,6 +120,7 @@ pub fn check(entries: &[KnownBad], scope: &str, d: &DeviceFacts) -> Vec<Finding>
                 what: format!("known-bad [{}]: {} firmware {}{driver}: {}", e.id, e.device, d.fw_ver, e.problem),
                 advice: Some(e.advice.clone()),
                 source: Some(e.source.clone()),
+                layer: Some(crate::verdict::Layer::Device),
             }
         })
         .collect()

@@ -12,8 +12,9 @@
 //!
 //! Then it checks the stack top down ([`verdict::Layer`]) and stops at the first layer
 //! that fails, naming the evidence and the usual fix, down to a loopback RC test of the
-//! data plane ([`loopback`]). Known-bad firmware and driver combinations
-//! ([`known_bad`]) become warnings that cite their source; a saved report
+//! data plane ([`loopback`]) and an rdma_cm connection passing a message ([`rdma_cm`]).
+//! Known-bad firmware and driver combinations ([`known_bad`]) become warnings that cite
+//! their source; a saved report
 //! ([`Options::compare`]) turns into a list of drifted fields ([`compare`]).
 //!
 //! It never changes the system: no module is loaded, no link touched, no firmware
@@ -32,6 +33,7 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+mod cm_layer;
 mod collect;
 pub mod compare;
 mod device;
@@ -42,6 +44,7 @@ pub mod loopback;
 mod modules_layer;
 pub mod provider;
 pub mod rates;
+pub mod rdma_cm;
 pub mod report;
 pub mod saved;
 mod stderr;
@@ -65,13 +68,16 @@ use verdict::{Expectations, RateRef};
 /// What to examine and how.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Only this device (default: the first one libibverbs lists).
+    /// Only this device (default: every device the kernel or libibverbs lists).
     pub device: Option<String>,
-    /// Every device (overrides `device`).
+    /// Every device, even when `device` is set: the default without `device` (the
+    /// command's `--all` names it).
     pub all: bool,
     /// Only this port (default: every port).
     pub port: Option<u8>,
-    /// Run the loopback test of the control and data planes (default true).
+    /// Run the loopback tests of the control and data planes and of rdma_cm (default
+    /// true). librdmacm keeps the context of a device it used open until the process
+    /// exits ([`rdma_cm`]).
     pub loopback: bool,
     /// The longest wait for one completion of the loopback test (default 5 s).
     pub timeout: Duration,
@@ -153,11 +159,14 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     let mut want = expectations(opts, &selected, &baseline, reference);
     want.providers = providers;
     want.kernel_rdma = collect::kernel_has_rdma(&baseline.kernel.release);
+    want.rdma_cm_node = rdma_cm::node();
     let mut run = |name: &str, port: u8| match contexts.get(name) {
         Some(ctx) => loopback::run(ctx, port, opts.timeout),
         None => LoopbackReport { setup_error: Some(format!("{name} is not open")), ..LoopbackReport::default() },
     };
-    let (layers, _runs) = verdict::evaluate(&baseline, &observations, &want, &mut run);
+    let mut cm = |ip| rdma_cm::run(ip, opts.timeout);
+    let mut probes = verdict::Probes { loopback: &mut run, rdma_cm: &mut cm };
+    let (layers, _runs) = verdict::evaluate(&baseline, &observations, &want, &mut probes);
     drop(contexts);
 
     let mut findings = Vec::new();
@@ -228,6 +237,7 @@ fn provider_findings(probes: &BTreeMap<String, provider::ProviderProbe>) -> Vec<
             what: format!("libibverbs said: {w}"),
             advice: None,
             source: Some("libibverbs' stderr while the doctor listed and opened the devices".into()),
+            layer: Some(Layer::Provider),
         }));
     }
     out
@@ -238,16 +248,16 @@ fn to_value(b: &Baseline) -> Result<serde_json::Value, String> {
 }
 
 /// The devices to examine: `-d NAME` (even if absent: then the device layer says so),
-/// every device with `all`, else the first one libibverbs (or the kernel) lists.
+/// else every device the kernel lists, then those only libibverbs lists: a second
+/// device that is down is a failure too, not a device nobody looked at.
 fn select(opts: &Options, sysfs: &[String], verbs: &[String]) -> Vec<String> {
-    if opts.all {
-        let mut all: Vec<String> = sysfs.to_vec();
-        all.extend(verbs.iter().filter(|v| !sysfs.contains(v)).cloned());
-        return all;
-    }
     match &opts.device {
-        Some(d) => vec![d.clone()],
-        None => verbs.first().or(sysfs.first()).cloned().into_iter().collect(),
+        Some(d) if !opts.all => vec![d.clone()],
+        _ => {
+            let mut all: Vec<String> = sysfs.to_vec();
+            all.extend(verbs.iter().filter(|v| !sysfs.contains(v)).cloned());
+            all
+        }
     }
 }
 
@@ -296,6 +306,7 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
         what,
         advice: advice.map(Into::into),
         source: None,
+        layer: None,
     };
     let mut out = Vec::new();
     if !b.modules.contains_key("rdma_ucm") && !b.dev_nodes.contains_key("/dev/infiniband/rdma_cm") {
@@ -330,6 +341,27 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn every_device_the_kernel_or_libibverbs_lists_is_examined_unless_one_is_named() {
+        // Recorded lists: a node whose second port's provider is missing (sysfs only), and
+        // an rxe device libibverbs lists before the kernel does (verbs only).
+        let sysfs = names(&["mlx5_0", "mlx5_1"]);
+        let verbs = names(&["rxe0", "mlx5_0"]);
+        let default = Options::default();
+        assert_eq!(select(&default, &sysfs, &verbs), ["mlx5_0", "mlx5_1", "rxe0"]);
+        let all = Options { all: true, ..Options::default() };
+        assert_eq!(select(&all, &sysfs, &verbs), select(&default, &sysfs, &verbs), "--all is the default");
+        let one = Options { device: Some("mlx5_1".into()), ..Options::default() };
+        assert_eq!(select(&one, &sysfs, &verbs), ["mlx5_1"]);
+        let gone = Options { device: Some("mlx5_9".into()), ..Options::default() };
+        assert_eq!(select(&gone, &sysfs, &verbs), ["mlx5_9"], "a named device the kernel lost is still checked");
+        assert!(select(&default, &[], &[]).is_empty());
+    }
 
     #[test]
     fn a_known_trouble_line_without_an_errno_is_a_finding() {

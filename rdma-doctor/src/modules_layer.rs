@@ -24,7 +24,11 @@ pub(crate) fn check(facts: &Baseline, seen: &Observations, kernel_rdma: Option<b
                 "boot a kernel built with CONFIG_INFINIBAND and CONFIG_INFINIBAND_USER_ACCESS (modprobe cannot help)".into(),
                 format!("or install its RDMA modules where the distribution ships them apart (Ubuntu: linux-modules-extra-{release})"),
             ],
-        );
+        )
+        .with_command(match facts.packages.manager.as_deref() {
+            Some("dpkg") => format!("apt-get install linux-modules-extra-{release}"),
+            _ => format!("grep -E 'CONFIG_INFINIBAND(_USER_ACCESS)?=' /boot/config-{release}"),
+        });
     }
     if !missing.is_empty() {
         return LayerReport::fail(
@@ -33,7 +37,8 @@ pub(crate) fn check(facts: &Baseline, seen: &Observations, kernel_rdma: Option<b
             format!("RDMA core module(s) not loaded: {}", missing.join(", ")),
             evidence,
             vec!["modprobe ib_uverbs   # loads ib_core too".into()],
-        );
+        )
+        .with_command("modprobe ib_uverbs");
     }
     let stuck: Vec<String> = m
         .iter()
@@ -48,7 +53,8 @@ pub(crate) fn check(facts: &Baseline, seen: &Observations, kernel_rdma: Option<b
             format!("module(s) not live: {}", stuck.join(", ")),
             evidence,
             vec!["look at the driver's messages: dmesg | grep -iE 'mlx|rdma|infiniband'".into()],
-        );
+        )
+        .with_command("dmesg | grep -iE 'mlx|rdma|infiniband'");
     }
     let drivers: Vec<&str> = DEVICE_DRIVERS.iter().copied().filter(|d| m.contains_key(*d)).collect();
     if seen.sysfs_devices.is_empty() {
@@ -65,7 +71,8 @@ pub(crate) fn check(facts: &Baseline, seen: &Observations, kernel_rdma: Option<b
                     "modprobe mlx5_ib   # NVIDIA ConnectX-4 and later (or the module of your vendor: bnxt_re, irdma, efa, ...)".into(),
                     "SoftRoCE: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <netdev>".into(),
                 ],
-            );
+            )
+            .with_command("lspci -nnk | grep -iA3 -E 'mellanox|infiniband|ethernet'");
         }
         let probe: Vec<String> = seen.kernel_log.errors.iter().map(|e| format!("{} [{}]", e.line, e.meaning)).collect();
         if !probe.is_empty() {
@@ -79,7 +86,8 @@ pub(crate) fn check(facts: &Baseline, seen: &Observations, kernel_rdma: Option<b
                     "EBUSY (-16): another driver holds the PCI function, or the firmware is rejected: check `lspci -k`, update the firmware (mlxup / flint)".into(),
                     "ETIMEDOUT (-110): the firmware does not answer: a cold reboot (power cycle) of the host".into(),
                 ],
-            );
+            )
+            .with_command("lspci -nnk | grep -iA3 -E 'mellanox|infiniband|ethernet'");
         }
     }
     LayerReport::pass(
@@ -103,13 +111,16 @@ fn rdma_part_missing(facts: &Baseline, seen: &Observations, mut evidence: Vec<St
     let family = core.split('_').next().unwrap_or(core);
     let errors: Vec<&LogError> = seen.kernel_log.errors.iter().filter(|e| e.line.contains(family)).collect();
     let Some(first) = errors.first() else {
-        return Some(LayerReport::fail(
-            "host",
-            Layer::KernelModules,
-            format!("{core} is loaded but its RDMA driver {ib} is not (no probe error in the kernel log read)"),
-            evidence,
-            vec![format!("modprobe {ib}")],
-        ));
+        return Some(
+            LayerReport::fail(
+                "host",
+                Layer::KernelModules,
+                format!("{core} is loaded but its RDMA driver {ib} is not (no probe error in the kernel log read)"),
+                evidence,
+                vec![format!("modprobe {ib}")],
+            )
+            .with_command(format!("modprobe {ib}")),
+        );
     };
     evidence.extend(errors.iter().map(|e| format!("{} [{}]", e.line, e.meaning)));
     let name = first.meaning.split_once(" (").map_or(first.meaning.as_str(), |(n, _)| n);
@@ -122,7 +133,8 @@ fn rdma_part_missing(facts: &Baseline, seen: &Observations, mut evidence: Vec<St
         ),
         evidence,
         probe_fix(first.errno, ib),
-    ))
+    )
+    .with_command(format!("dmesg | grep -iE '{family}'")))
 }
 
 /// What to do about a driver that failed to probe with `errno`.
@@ -168,6 +180,7 @@ mod tests {
         assert!(r.summary.contains("mlx5_init_one failed with error -16"), "{r:#?}");
         assert!(!r.evidence.iter().any(|e| e.contains("umem get failed")), "the old line is not cited: {r:#?}");
         assert!(r.fix[0].starts_with("EBUSY: another driver holds the PCI function"), "{r:#?}");
+        assert_eq!(r.command.as_deref(), Some("dmesg | grep -iE 'mlx5'"));
         assert!(!r.summary.contains("no RDMA device driver module"), "{r:#?}");
 
         // No probe error in the window: the RDMA part is simply not loaded.
@@ -175,6 +188,7 @@ mod tests {
         let r = check(&facts, &seen, Some(true));
         assert!(r.summary.starts_with("mlx5_core is loaded but its RDMA driver mlx5_ib is not"), "{r:#?}");
         assert_eq!(r.fix, ["modprobe mlx5_ib"]);
+        assert_eq!(r.command.as_deref(), Some("modprobe mlx5_ib"));
     }
 
     #[test]

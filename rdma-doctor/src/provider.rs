@@ -221,8 +221,31 @@ pub fn check(name: &str, d: &DeviceFacts, facts: &Baseline, probe: Option<&Provi
     if let Some(p) = &package {
         evidence.push(format!("package {p} installed"));
     }
-    let (summary, fix) = diagnosis(name, d, &cause(d, probe), package.as_deref(), probe);
-    LayerReport::fail(name, Layer::Provider, summary, evidence, fix)
+    let cause = cause(d, probe);
+    let (summary, fix) = diagnosis(name, d, &cause, package.as_deref(), probe);
+    let command = command(name, &cause, facts.packages.manager.as_deref(), package.is_some(), probe);
+    LayerReport::fail(name, Layer::Provider, summary, evidence, fix).with_command(command)
+}
+
+/// The one command that fixes (or, where the doctor cannot know the fix, shows) `cause`.
+fn command(name: &str, cause: &Cause, manager: Option<&str>, installed: bool, probe: &ProviderProbe) -> String {
+    let install = match (manager, installed) {
+        (Some("rpm"), true) => "dnf reinstall libibverbs",
+        (Some("rpm"), false) => "dnf install libibverbs",
+        (_, true) => "apt-get install --reinstall ibverbs-providers",
+        (_, false) => "apt-get install ibverbs-providers",
+    };
+    match cause {
+        Cause::NoConfig(p) => format!("echo 'driver {p}' > {CONFIG_DIR}/{p}.driver"),
+        Cause::NoLibrary(_) | Cause::Unknown => install.to_owned(),
+        Cause::OtherLibibverbs(..) => match probe.libraries.first() {
+            Some(lib) => format!("ldd {lib}"),
+            None => "IBV_SHOW_WARNINGS=1 ibv_devices".to_owned(),
+        },
+        Cause::KernelRefused(libc::EAGAIN) => crate::verdict::CGROUP_RDMA.to_owned(),
+        Cause::KernelRefused(libc::EMFILE | libc::ENFILE) => "ulimit -n \"$(ulimit -Hn)\"".to_owned(),
+        Cause::KernelRefused(_) => format!("dmesg | grep -iE 'rdma|infiniband|{name}'"),
+    }
 }
 
 fn probe_evidence(p: &ProviderProbe) -> Vec<String> {
@@ -428,7 +451,7 @@ mod tests {
             ..Default::default()
         };
         want.providers.insert("mlx5_0".into(), probe(&[], &[LIB], NO_DRIVER));
-        let (layers, _) = crate::verdict::evaluate(&b, &seen, &want, &mut |_, _| unreachable!("fails above"));
+        let (layers, _) = crate::verdict::evaluate(&b, &seen, &want, &mut crate::verdict::Probes::none());
         let f = layers.iter().find(|l| l.outcome == Outcome::Fail).unwrap();
         assert_eq!(f.layer, Layer::Provider);
         assert!(f.summary.starts_with("no provider config"), "{f:#?}");

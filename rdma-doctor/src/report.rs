@@ -11,8 +11,9 @@ use crate::verdict::LayerReport;
 
 /// The value of the `format` field.
 pub const FORMAT: &str = "rdma-doctor";
-/// The version of the JSON format this crate writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version of the JSON format this crate writes; it reads this one and every older
+/// one (version 2 added the `rdma_cm` layer and `layers[].command`).
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Everything one run found on one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -308,6 +309,11 @@ pub struct Finding {
     pub advice: Option<String>,
     /// Where the knowledge comes from (a release note, a data file entry).
     pub source: Option<String>,
+    /// The layer it concerns (`device` for a known-bad firmware or driver, `provider` for
+    /// libibverbs' own warnings, `link` for a failed link a saved baseline records), or
+    /// `None` (notes). Absent from reports of format version 1.
+    #[serde(default)]
+    pub layer: Option<crate::verdict::Layer>,
 }
 
 /// One field that differs from a saved baseline.

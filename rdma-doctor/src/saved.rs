@@ -41,6 +41,7 @@ pub fn baseline_findings(file: &str, saved: &Baseline, entries: &[KnownBad], liv
                 what: format!("the baseline {file} records a failed link: {}", l.summary),
                 advice: Some("save baselines from healthy nodes: their port rates become the expected rates".into()),
                 source: None,
+                layer: Some(crate::verdict::Layer::Link),
             });
         }
     }

@@ -5,8 +5,9 @@ use std::fmt::Write as _;
 use crate::report::{Report, Severity, Status};
 use crate::verdict::{human, Outcome};
 
-/// Renders `r` for a person: versions, devices and ports, the kernel log, the verdict,
-/// findings, drift and the result.
+/// Renders `r` for a person: the verdict at a glance ([`at_a_glance`]), then versions,
+/// devices and ports, the kernel log, the verdict with its evidence, findings, drift and
+/// the result.
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
     let b = &r.baseline;
@@ -19,6 +20,7 @@ pub fn render(r: &Report) -> String {
         lib("rdma-core"),
         r.tool
     );
+    s += &at_a_glance(r);
     s += "\nVersions\n";
     let _ = writeln!(s, "  {:<16} {} ({} {})", "kernel", b.kernel.release, b.kernel.machine, b.kernel.version);
     for (name, v) in &b.libraries {
@@ -128,7 +130,7 @@ pub fn render(r: &Report) -> String {
         }),
     }
 
-    s += "\nVerdict (top down; the first FAIL is the diagnosis)\n";
+    s += "\nVerdict in detail (top down; the first FAIL of each device is its diagnosis)\n";
     let width = r.layers.iter().map(|l| l.scope.len()).max().unwrap_or(0);
     for l in &r.layers {
         let mark = match l.outcome {
@@ -179,4 +181,109 @@ pub fn render(r: &Report) -> String {
     };
     let _ = writeln!(s, "\nResult: {why} (exit {})", r.exit_code);
     s
+}
+
+/// How bad a line of the glance is: failures first, then warnings, passes, skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Rank {
+    Fail,
+    Warn,
+    Pass,
+    Skip,
+}
+
+/// One line per layer and per warning, worst first (top down within each kind): the
+/// mark, the scope, the layer, the one-line reason, and for a failure the fix as one
+/// command to paste. It opens the report so that the answer is on the first screen, above
+/// the facts it was drawn from.
+pub(crate) fn at_a_glance(r: &Report) -> String {
+    let mut lines: Vec<(Rank, &str, &str, String)> = r
+        .layers
+        .iter()
+        .map(|l| {
+            let rank = match l.outcome {
+                Outcome::Fail => Rank::Fail,
+                Outcome::Pass => Rank::Pass,
+                Outcome::Skipped => Rank::Skip,
+            };
+            let fix = l.command.as_deref().map(|c| format!("  fix: {c}")).unwrap_or_default();
+            (rank, l.scope.as_str(), l.layer.name(), format!("{}{fix}", l.summary))
+        })
+        .collect();
+    for f in r.findings.iter().filter(|f| f.severity == Severity::Warning) {
+        let advice = f.advice.as_deref().map(|a| format!("  advice: {a}")).unwrap_or_default();
+        lines.push((
+            Rank::Warn,
+            f.scope.as_str(),
+            f.layer.map_or("warning", |l| l.name()),
+            format!("{}{advice}", f.what),
+        ));
+    }
+    lines.sort_by_key(|(rank, ..)| *rank);
+    let scope_width = lines.iter().map(|(_, scope, ..)| scope.len()).max().unwrap_or(0);
+    let mut s = String::from("\nAt a glance (worst first; each fix is a command to paste, not run by the doctor)\n");
+    for (rank, scope, layer, text) in lines {
+        let mark = match rank {
+            Rank::Fail => "FAIL",
+            Rank::Warn => "WARN",
+            Rank::Pass => "PASS",
+            Rank::Skip => "skip",
+        };
+        let _ = writeln!(s, "  {mark}  {scope:<scope_width$}  {layer:<14} {text}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Finding;
+    use crate::verdict::{Layer, LayerReport};
+
+    fn layer(scope: &str, layer: Layer, outcome: Outcome, summary: &str, command: Option<&str>) -> LayerReport {
+        LayerReport {
+            scope: scope.into(),
+            layer,
+            outcome,
+            summary: summary.into(),
+            evidence: vec!["seen".into()],
+            fix: vec!["prose about the fix: ip link set dummy1 up".into()],
+            command: command.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn the_glance_lists_failures_then_warnings_then_the_rest_each_fix_a_bare_command() {
+        let mut r: Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        r.layers = vec![
+            layer("host", Layer::KernelModules, Outcome::Pass, "ib_core loaded", None),
+            layer("rxe0", Layer::Port, Outcome::Pass, "every port checked is ACTIVE", None),
+            layer("rxe1", Layer::Port, Outcome::Fail, "port 1 is DOWN", Some("ip link set dummy1 up")),
+            layer("rxe1", Layer::Link, Outcome::Skipped, "not checked: the port layer failed", None),
+        ];
+        r.findings = vec![Finding {
+            severity: Severity::Warning,
+            scope: "rxe0".into(),
+            what: "known-bad [x]: flagged".into(),
+            advice: Some("update the firmware".into()),
+            source: None,
+            layer: Some(Layer::Device),
+        }];
+        let text = render(&r);
+        let glance: Vec<&str> =
+            text.lines().skip_while(|l| !l.starts_with("At a glance")).skip(1).take_while(|l| !l.is_empty()).collect();
+        assert_eq!(
+            glance,
+            [
+                "  FAIL  rxe1  port           port 1 is DOWN  fix: ip link set dummy1 up",
+                "  WARN  rxe0  device         known-bad [x]: flagged  advice: update the firmware",
+                "  PASS  host  kernel_modules ib_core loaded",
+                "  PASS  rxe0  port           every port checked is ACTIVE",
+                "  skip  rxe1  link           not checked: the port layer failed",
+            ],
+            "{text}"
+        );
+        let at = |needle: &str| text.find(needle).unwrap_or_else(|| panic!("{needle} in {text}"));
+        assert!(at("At a glance") < at("\nVersions"), "the glance opens the report");
+    }
 }

@@ -1,17 +1,20 @@
 //! The layered verdict. Layers are checked top down, as a request travels: kernel
 //! modules, the device the kernel enumerated, its device node, the user-space provider,
 //! the port, the link, the GID, the memlock limit, then the control plane (creating and
-//! connecting objects: kernel path) and the data plane (posting and completions:
-//! provider and hardware). The first layer that fails is the diagnosis; the ones below
-//! it are not checked.
+//! connecting objects: kernel path), the data plane (posting and completions: provider
+//! and hardware) and rdma_cm (a connection through librdmacm: `cm_layer`). The first
+//! layer that fails is a device's diagnosis; the ones below it are not checked. Every
+//! device is checked.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
 use crate::collect::DEVICE_DRIVERS;
 use crate::loopback::LoopbackReport;
 use crate::provider::ProviderProbe;
+use crate::rdma_cm::{CmNode, CmReport};
 use crate::report::{Baseline, DeviceFacts, Memlock, Observations, PortFacts};
 
 /// A layer of the RDMA stack, top down.
@@ -38,11 +41,14 @@ pub enum Layer {
     ControlPlane,
     /// RDMA WRITE, READ, SEND and atomics complete with the data intact.
     DataPlane,
+    /// librdmacm listens, connects and passes a message on the port's IPv4 address:
+    /// rdma_ucm, `/dev/infiniband/rdma_cm`, address resolution and the CM handshake.
+    RdmaCm,
 }
 
 impl Layer {
     /// The per-device layers, in order.
-    pub const DEVICE_LAYERS: [Layer; 9] = [
+    pub const DEVICE_LAYERS: [Layer; 10] = [
         Layer::Device,
         Layer::DeviceNodes,
         Layer::Provider,
@@ -52,6 +58,7 @@ impl Layer {
         Layer::Memlock,
         Layer::ControlPlane,
         Layer::DataPlane,
+        Layer::RdmaCm,
     ];
 
     /// The name used in text and JSON (`kernel_modules`, `data_plane`, ...).
@@ -67,6 +74,7 @@ impl Layer {
             Layer::Memlock => "memlock",
             Layer::ControlPlane => "control_plane",
             Layer::DataPlane => "data_plane",
+            Layer::RdmaCm => "rdma_cm",
         }
     }
 }
@@ -99,6 +107,11 @@ pub struct LayerReport {
     pub evidence: Vec<String>,
     /// The usual fix, as commands and steps for a person to run (the doctor runs none).
     pub fix: Vec<String>,
+    /// The fix as one command to paste into a shell, without prose (`<netdev>`-style
+    /// placeholders only where the doctor cannot know the value); `None` for a layer
+    /// that did not fail. Absent from reports of format version 1.
+    #[serde(default)]
+    pub command: Option<String>,
 }
 
 impl LayerReport {
@@ -110,6 +123,7 @@ impl LayerReport {
             summary: summary.into(),
             evidence,
             fix: vec![],
+            command: None,
         }
     }
 
@@ -120,10 +134,11 @@ impl LayerReport {
         evidence: Vec<String>,
         fix: Vec<String>,
     ) -> Self {
-        LayerReport { scope: scope.into(), layer, outcome: Outcome::Fail, summary: summary.into(), evidence, fix }
+        let summary = summary.into();
+        LayerReport { scope: scope.into(), layer, outcome: Outcome::Fail, summary, evidence, fix, command: None }
     }
 
-    fn skipped(scope: &str, layer: Layer, why: impl Into<String>) -> Self {
+    pub(crate) fn skipped(scope: &str, layer: Layer, why: impl Into<String>) -> Self {
         LayerReport {
             scope: scope.into(),
             layer,
@@ -131,7 +146,14 @@ impl LayerReport {
             summary: why.into(),
             evidence: vec![],
             fix: vec![],
+            command: None,
         }
+    }
+
+    /// Sets the one command to paste ([`LayerReport::command`]).
+    pub(crate) fn with_command(mut self, command: impl Into<String>) -> Self {
+        self.command = Some(command.into());
+        self
     }
 }
 
@@ -144,8 +166,12 @@ pub struct RateRef {
     pub from: String,
 }
 
+/// The rdma cgroup limit and use of the shell's cgroup.
+pub(crate) const CGROUP_RDMA: &str =
+    "cat \"/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/rdma.max\" \"/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/rdma.current\"";
+
 /// The scope of the device layers when no device was named and none was found.
-const NO_DEVICE: &str = "(first device)";
+const NO_DEVICE: &str = "(any device)";
 
 /// What the verdict looks at besides the collected facts.
 #[derive(Debug, Clone, Default)]
@@ -170,15 +196,37 @@ pub struct Expectations {
     /// Whether the running kernel has RDMA at all (ib_core loaded, built in or among its
     /// modules); `None` when unknown.
     pub kernel_rdma: Option<bool>,
+    /// `/dev/infiniband/rdma_cm` as found (for the rdma_cm layer).
+    pub rdma_cm_node: CmNode,
 }
 
-/// Checks every layer, top down. `loopback(device, port)` runs the data-plane test; it is
-/// called only for devices whose layers above all passed.
+/// The checks that use the device: the loopback test of the control and data planes on a
+/// device's port, and the rdma_cm exchange on an IPv4 address.
+pub struct Probes<'a> {
+    /// `loopback(device, port)`.
+    pub loopback: &'a mut dyn FnMut(&str, u8) -> LoopbackReport,
+    /// `rdma_cm(address)`.
+    pub rdma_cm: &'a mut dyn FnMut(Ipv4Addr) -> CmReport,
+}
+
+impl Probes<'static> {
+    /// Probes for a verdict with the loopback test turned off: calling one panics.
+    #[cfg(test)]
+    pub(crate) fn none() -> Self {
+        Probes {
+            loopback: Box::leak(Box::new(|_: &str, _| unreachable!("loopback is off"))),
+            rdma_cm: Box::leak(Box::new(|_| unreachable!("loopback is off"))),
+        }
+    }
+}
+
+/// Checks every layer, top down. The probes run only for devices whose layers above all
+/// passed.
 pub fn evaluate(
     facts: &Baseline,
     seen: &Observations,
     want: &Expectations,
-    loopback: &mut dyn FnMut(&str, u8) -> LoopbackReport,
+    probes: &mut Probes<'_>,
 ) -> (Vec<LayerReport>, BTreeMap<String, LoopbackReport>) {
     let mut out = vec![crate::modules_layer::check(facts, seen, want.kernel_rdma)];
     let mut runs = BTreeMap::new();
@@ -193,7 +241,7 @@ pub fn evaluate(
             }
             let r = match facts.devices.get(name) {
                 None => device_missing(name, seen, facts, want),
-                Some(d) => check(layer, name, d, facts, want, &mut runs, loopback),
+                Some(d) => check(layer, name, d, facts, want, &mut runs, probes),
             };
             if r.outcome == Outcome::Fail {
                 failed = Some(layer);
@@ -211,7 +259,7 @@ fn check(
     facts: &Baseline,
     want: &Expectations,
     runs: &mut BTreeMap<String, LoopbackReport>,
-    loopback: &mut dyn FnMut(&str, u8) -> LoopbackReport,
+    probes: &mut Probes<'_>,
 ) -> LayerReport {
     let ports: Vec<(&String, &PortFacts)> =
         d.ports.iter().filter(|(n, _)| want.port.is_none_or(|p| **n == p.to_string())).collect();
@@ -227,14 +275,13 @@ fn check(
         Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).cloned()),
         Layer::Gid => gid(name, &ports),
         Layer::Memlock => check_memlock(name, &facts.memlock, want.memlock_need),
+        _ if !want.loopback => LayerReport::skipped(name, layer, "not run (loopback test turned off)"),
         Layer::ControlPlane | Layer::DataPlane => {
-            if !want.loopback {
-                return LayerReport::skipped(name, layer, "not run (loopback test turned off)");
-            }
             let port = ports.first().and_then(|(n, _)| n.parse().ok()).unwrap_or(1);
-            let run = runs.entry(name.to_owned()).or_insert_with(|| loopback(name, port));
-            planes(layer, name, port, run)
+            let run = runs.entry(name.to_owned()).or_insert_with(|| (probes.loopback)(name, port));
+            planes(layer, name, port, run, &pingpong(name, port, ports.first().map(|(_, p)| *p)))
         }
+        Layer::RdmaCm => crate::cm_layer::check(name, &ports, facts, &want.rdma_cm_node, probes.rdma_cm),
         Layer::KernelModules => unreachable!("a host layer"),
     }
 }
@@ -245,7 +292,10 @@ fn device_missing(name: &str, seen: &Observations, facts: &Baseline, want: &Expe
     evidence.extend(seen.kernel_log.errors.iter().map(|e| format!("{} [{}]", e.line, e.meaning)));
     let drivers: Vec<&str> = DEVICE_DRIVERS.iter().copied().filter(|d| facts.modules.contains_key(*d)).collect();
     evidence.push(format!("device driver modules loaded: {}", list_or(&drivers, "none")));
-    let mut fix: Vec<String> = soft_link_advice(name, &drivers, want).into_iter().collect();
+    let soft = soft_link_advice(name, &drivers, want);
+    let lspci = "lspci -nnk | grep -iA3 -E 'mellanox|infiniband|ethernet'";
+    let command = soft.as_ref().map_or(lspci.to_owned(), |(cmd, _)| cmd.clone());
+    let mut fix: Vec<String> = soft.map(|(cmd, why)| format!("{cmd}   # {why}")).into_iter().collect();
     fix.push(
         "hardware: check the PCI function and its driver: lspci -nnk | grep -iA3 -E 'mellanox|infiniband|ethernet'"
             .into(),
@@ -256,24 +306,24 @@ fn device_missing(name: &str, seen: &Observations, facts: &Baseline, want: &Expe
     } else {
         format!("{name} is not enumerated by the kernel")
     };
-    LayerReport::fail(name, Layer::Device, what, evidence, fix)
+    LayerReport::fail(name, Layer::Device, what, evidence, fix).with_command(command)
 }
 
 /// The `rdma link add` that re-creates a soft device: for a name of a soft device (`rxe0`,
 /// `siw0`) or one the saved baseline had on a netdev, or, when no device is named and
 /// rdma_rxe is loaded, in a placeholder form. Never for a hardware device (`mlx5_0`).
-fn soft_link_advice(name: &str, drivers: &[&str], want: &Expectations) -> Option<String> {
+/// The command and why.
+fn soft_link_advice(name: &str, drivers: &[&str], want: &Expectations) -> Option<(String, &'static str)> {
     let kind = if name.starts_with("siw") { "siw" } else { "rxe" };
     if let Some(netdev) = want.known_parents.get(name) {
-        return Some(format!("rdma link add {name} type {kind} netdev {netdev}   # as in the saved baseline"));
+        return Some((format!("rdma link add {name} type {kind} netdev {netdev}"), "as in the saved baseline"));
     }
     if name.starts_with("rxe") || name.starts_with("siw") {
-        return Some(format!(
-            "rdma link add {name} type {kind} netdev <netdev>   # soft devices are links on a netdev"
-        ));
+        let cmd = format!("rdma link add {name} type {kind} netdev <netdev>");
+        return Some((cmd, "soft devices are links on a netdev"));
     }
     (name == NO_DEVICE && drivers.contains(&"rdma_rxe"))
-        .then(|| "SoftRoCE: rdma link add rxe0 type rxe netdev <netdev>   # rxe0: a name of your choice".to_owned())
+        .then(|| ("rdma link add rxe0 type rxe netdev <netdev>".to_owned(), "SoftRoCE; rxe0: a name of your choice"))
 }
 
 fn device_nodes(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
@@ -284,7 +334,8 @@ fn device_nodes(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
             "the device has no uverbs interface (ib_uverbs did not bind it)",
             vec!["no /sys/class/infiniband_verbs/uverbs*/ibdev names it".into()],
             vec!["modprobe ib_uverbs".into()],
-        );
+        )
+        .with_command("modprobe ib_uverbs");
     };
     let path = format!("/dev/infiniband/{uverbs}");
     let mut evidence: Vec<String> = facts
@@ -302,7 +353,8 @@ fn device_nodes(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
                 "udev creates it from the rdma-core rules: udevadm trigger --subsystem-match=infiniband_verbs".into(),
                 "in a container: pass the device in (--device /dev/infiniband/...)".into(),
             ],
-        ),
+        )
+        .with_command("udevadm trigger --subsystem-match=infiniband_verbs"),
         Some(n) if !n.can_open => {
             evidence.push(format!("open {path}: {}", n.error.as_deref().unwrap_or("failed")));
             LayerReport::fail(
@@ -315,6 +367,7 @@ fn device_nodes(name: &str, d: &DeviceFacts, facts: &Baseline) -> LayerReport {
                     "or a udev rule: KERNEL==\"uverbs*\", MODE=\"0666\"".into(),
                 ],
             )
+            .with_command(format!("usermod -aG \"$(stat -c %G {path})\" \"$USER\""))
         }
         Some(_) => LayerReport::pass(name, Layer::DeviceNodes, format!("{path} opens"), evidence),
     }
@@ -327,8 +380,9 @@ fn port_state(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
             Layer::Port,
             "no port to check",
             vec![],
-            vec!["ibv_devinfo -d DEVICE lists the ports".into()],
-        );
+            vec![format!("ibv_devinfo -d {name} lists the ports")],
+        )
+        .with_command(format!("ibv_devinfo -d {name}"));
     }
     let mut evidence = Vec::new();
     for (n, p) in ports {
@@ -351,19 +405,24 @@ fn port_state(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
         return LayerReport::pass(name, Layer::Port, "every port checked is ACTIVE", evidence);
     };
     let mut fix = Vec::new();
+    let mut command = format!("ibstat {name} {n}");
     if p.link_layer == "Ethernet" {
+        command = format!("rdma link show {name}/{n}");
         if let Some(nd) = &p.netdev {
+            command = format!("ethtool {}", nd.name);
             if nd.admin_up {
                 fix.push(format!(
                     "{} is administratively up but has no link (operstate {}): check the cable, the transceiver and the peer's switch port: ethtool {}",
                     nd.name, nd.operstate, nd.name
                 ));
             } else {
+                command = format!("ip link set {} up", nd.name);
                 fix.push(format!("ip link set {} up", nd.name));
                 fix.push(format!("then check the cable and the switch port: ethtool {}", nd.name));
             }
         }
     } else if p.state == "INIT" || p.state == "ARMED" {
+        command = "systemctl start opensm".into();
         fix.push(
             "the port waits for a subnet manager: start one (systemctl start opensm) or enable the switch's SM".into(),
         );
@@ -377,6 +436,7 @@ fn port_state(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
         evidence,
         fix,
     )
+    .with_command(command)
 }
 
 /// The link layer of `ports`: each is LinkUp, at `expected(port)` or more where that
@@ -399,12 +459,13 @@ pub(crate) fn link(
                 evidence,
                 vec!["check the cable, the transceiver and the switch port (mlxlink -d <PCI address>, ethtool NETDEV)"
                     .into()],
-            );
+            )
+            .with_command(link_command(name, n, p));
         }
         let Some(want) = expected(n) else { continue };
         evidence.push(format!("expected {} Gb/s: {}", want.gbps, want.from));
         if p.rate_gbps + 0.01 < want.gbps {
-            return degraded(name, n, p.rate_gbps, &want, evidence);
+            return degraded(name, n, p.rate_gbps, &want, evidence).with_command(link_command(name, n, p));
         }
         compared.push(format!("port {n}: {}", want.from));
     }
@@ -415,6 +476,14 @@ pub(crate) fn link(
         format!("physical link up at the expected rate ({})", compared.join("; "))
     };
     LayerReport::pass(name, Layer::Link, summary, evidence)
+}
+
+/// What shows a port's negotiated link: `ethtool` on its netdev, else `ibstat`.
+fn link_command(name: &str, port: &str, p: &PortFacts) -> String {
+    match &p.netdev {
+        Some(nd) => format!("ethtool {}", nd.name),
+        None => format!("ibstat {name} {port}"),
+    }
 }
 
 fn degraded(name: &str, port: &str, rate: f64, want: &RateRef, evidence: Vec<String>) -> LayerReport {
@@ -450,6 +519,7 @@ fn gid(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
             }
             (None, None) => {
                 let netdev = p.netdev.as_ref().map_or("the netdev", |nd| nd.name.as_str());
+                let dev = p.netdev.as_ref().map_or("<netdev>", |nd| nd.name.as_str());
                 evidence.extend(p.gids.iter().map(|(i, g)| format!("port {n}: GID {i} {} {}", g.gid, g.gid_type)));
                 return LayerReport::fail(
                     name,
@@ -457,7 +527,8 @@ fn gid(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
                     format!("port {n}: no RoCE v2 GID with an IPv4 address ({netdev} has no IPv4 address)"),
                     evidence,
                     vec![format!("ip addr add ADDRESS/PREFIX dev {netdev}   # the GID appears with the address")],
-                );
+                )
+                .with_command(format!("ip addr add <address>/<prefix> dev {dev}"));
             }
         }
     }
@@ -485,12 +556,26 @@ pub fn check_memlock(scope: &str, m: &Memlock, need: u64) -> LayerReport {
                 "for logins: /etc/security/limits.d/rdma.conf with `* soft memlock unlimited` and `* hard memlock unlimited`".into(),
                 "for systemd services: LimitMEMLOCK=infinity; for containers: --ulimit memlock=-1".into(),
             ],
-        ),
+        )
+        .with_command(match m.hard_bytes {
+            None => "ulimit -l unlimited".to_owned(),
+            Some(hard) if hard >= need => format!("ulimit -l {}", hard >> 10),
+            Some(_) => "echo '* - memlock unlimited' > /etc/security/limits.d/rdma.conf".to_owned(),
+        }),
         _ => LayerReport::pass(scope, Layer::Memlock, format!("memlock limit {} allows registration", fmt(m.soft_bytes)), evidence),
     }
 }
 
-fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport) -> LayerReport {
+/// `ibv_rc_pingpong` server and client on `port` of `name` (with the IPv4 RoCE v2 GID's
+/// index on Ethernet): a second opinion on the loopback.
+fn pingpong(name: &str, port: u8, p: Option<&PortFacts>) -> String {
+    let v4 = |g: &crate::report::GidFacts| g.gid_type == "RoCE v2" && g.gid.starts_with("::ffff:");
+    let gid = p.and_then(|p| p.gids.iter().find(|(_, g)| v4(g))).map(|(i, _)| format!(" -g {i}")).unwrap_or_default();
+    let one = format!("ibv_rc_pingpong -d {name} -i {port}{gid}");
+    format!("{one} & sleep 1; {one} 127.0.0.1")
+}
+
+fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport, ping: &str) -> LayerReport {
     let mut evidence: Vec<String> =
         run.ops.iter().map(|o| format!("{}: {} ({})", o.op, if o.ok { "ok" } else { "FAILED" }, o.detail)).collect();
     evidence.push(format!("loopback on port {port} took {} ms", run.elapsed_ms));
@@ -501,8 +586,10 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport) -> LayerRepo
                     "the kernel driver refused: dmesg | grep -iE 'rdma|infiniband|mlx5|rxe'".to_owned(),
                     format!("a second opinion: ibv_rc_pingpong -d {name} -g GID_INDEX (server) and the same with 127.0.0.1 (client)"),
                 ];
+                let mut command = "dmesg | grep -iE 'rdma|infiniband|mlx5|rxe'".to_owned();
                 if crate::provider::os_error(e) == Some(libc::EAGAIN) {
                     fix.insert(0, "EAGAIN: the kernel refused more objects: the rdma cgroup's limit (cat /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/rdma.max rdma.current) or the device's".into());
+                    command = CGROUP_RDMA.to_owned();
                 }
                 LayerReport::fail(
                     name,
@@ -511,6 +598,7 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport) -> LayerRepo
                     vec![e.clone()],
                     fix,
                 )
+                .with_command(command)
             }
             None => LayerReport::pass(name, layer, "PD, CQs, regions and two RC QPs created and connected", vec![]),
         };
@@ -531,6 +619,7 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport) -> LayerRepo
             format!("reproduce with a reference tool: ibv_rc_pingpong -d {name} -g GID_INDEX, ib_write_bw -d {name}"),
         ],
     )
+    .with_command(ping)
 }
 
 pub(crate) fn list_or(items: &[&str], none: &str) -> String {
@@ -588,11 +677,17 @@ mod tests {
             verbs_devices: facts.devices.keys().cloned().collect(),
             ..Observations::default()
         };
-        let (layers, _) = evaluate(&facts, &seen, &want, &mut |_, _| unreachable!("loopback is off"));
+        let (layers, _) = evaluate(&facts, &seen, &want, &mut Probes::none());
         assert_eq!(layers.len(), 1 + Layer::DEVICE_LAYERS.len());
         let first = layers.iter().position(|l| l.outcome == Outcome::Fail)?;
         assert!(layers[first + 1..].iter().all(|l| l.outcome == Outcome::Skipped), "{layers:#?}");
+        assert!(layers[first].command.as_deref().is_some_and(bare_command), "{:#?}", layers[first]);
         Some(layers[first].clone())
+    }
+
+    /// A command to paste: no prose before a colon, no comment.
+    pub(crate) fn bare_command(c: &str) -> bool {
+        !c.is_empty() && !c.contains(": ") && !c.contains('#')
     }
 
     fn port(b: &mut Baseline) -> &mut PortFacts {
@@ -633,6 +728,7 @@ mod tests {
         .unwrap();
         assert_eq!(f.layer, Layer::Port);
         assert_eq!(f.fix[0], "ip link set ens1f0np0 up");
+        assert_eq!(f.command.as_deref(), Some("ip link set ens1f0np0 up"));
 
         let f = first_failure(|b, _| port(b).phys_state = "LinkErrorRecovery".into()).unwrap();
         assert_eq!(f.layer, Layer::Link);
@@ -652,12 +748,33 @@ mod tests {
         assert_eq!(f.layer, Layer::Gid);
         assert!(f.summary.contains("ens1f0np0 has no IPv4 address"), "{f:?}");
         assert!(f.fix[0].starts_with("ip addr add ADDRESS/PREFIX dev ens1f0np0"), "{f:?}");
+        assert_eq!(f.command.as_deref(), Some("ip addr add <address>/<prefix> dev ens1f0np0"));
 
         let f = first_failure(|b, _| {
             b.memlock = Memlock { soft_bytes: Some(64 << 10), hard_bytes: Some(64 << 10), cap_ipc_lock: false }
         })
         .unwrap();
         assert_eq!(f.layer, Layer::Memlock);
+    }
+
+    #[test]
+    fn a_second_device_that_is_down_fails_its_port_layer_and_the_exit_status() {
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let mut facts = report.baseline;
+        let mut second = facts.devices["mlx5_0"].clone();
+        let p = second.ports.get_mut("1").unwrap();
+        (p.state, p.phys_state) = ("DOWN".into(), "Disabled".into());
+        facts.devices.insert("mlx5_1".into(), second);
+        let names: Vec<String> = facts.devices.keys().cloned().collect();
+        let want = Expectations { devices: names.clone(), memlock_need: 1 << 20, ..Expectations::default() };
+        let seen = Observations { sysfs_devices: names.clone(), verbs_devices: names, ..Observations::default() };
+        let (layers, _) = evaluate(&facts, &seen, &want, &mut Probes::none());
+        assert_eq!(layers.len(), 1 + 2 * Layer::DEVICE_LAYERS.len(), "both devices are examined");
+        let failed: Vec<(&str, Layer)> =
+            layers.iter().filter(|l| l.outcome == Outcome::Fail).map(|l| (l.scope.as_str(), l.layer)).collect();
+        assert_eq!(failed, [("mlx5_1", Layer::Port)], "{layers:#?}");
+        let status = crate::Status::of(&layers, 0, &[]);
+        assert_eq!((status, status.exit_code()), (crate::Status::LayerFailed, 1));
     }
 
     #[test]
@@ -669,11 +786,12 @@ mod tests {
         let links = |r: &LayerReport| r.fix.iter().filter(|f| f.contains("rdma link add")).cloned().collect::<Vec<_>>();
 
         let r = device_missing(NO_DEVICE, &seen, &facts, &want);
-        assert!(r.fix.iter().all(|f| !f.contains("(first device)")), "{r:#?}");
+        assert!(r.fix.iter().all(|f| !f.contains(NO_DEVICE)), "{r:#?}");
         assert_eq!(
             links(&r),
-            ["SoftRoCE: rdma link add rxe0 type rxe netdev <netdev>   # rxe0: a name of your choice"]
+            ["rdma link add rxe0 type rxe netdev <netdev>   # SoftRoCE; rxe0: a name of your choice"]
         );
+        assert_eq!(r.command.as_deref(), Some("rdma link add rxe0 type rxe netdev <netdev>"));
         let r = device_missing("mlx5_1", &seen, &facts, &want);
         assert!(links(&r).is_empty(), "mlx5_1 is no rxe link: {r:#?}");
         let r = device_missing("rxe1", &seen, &facts, &want);
@@ -705,7 +823,7 @@ mod tests {
             ),
             ..LoopbackReport::default()
         };
-        let r = planes(Layer::ControlPlane, "mlx5_0", 1, &run);
+        let r = planes(Layer::ControlPlane, "mlx5_0", 1, &run, "");
         assert_eq!(r.outcome, Outcome::Fail);
         assert!(r.fix[0].starts_with("EAGAIN") && r.fix[0].contains("rdma.max"), "{r:#?}");
     }

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use rdma_doctor::rdma_cm::{self, NODE};
 use rdma_doctor::report::{Memlock, Severity};
 use rdma_doctor::{input, Layer, LayerReport, Options, Outcome, Report, Status};
 use rdma_verbs::{Context, PortState};
@@ -48,7 +49,10 @@ fn rest_skipped(r: &Report, failed: Layer) {
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn healthy_device_passes_every_layer_and_the_loopback_verifies_write_read_send_and_atomics() {
-    let _leaks = LeakCheck::new();
+    if in_own_process("healthy_device_passes_every_layer_and_the_loopback_verifies_write_read_send_and_atomics") {
+        return;
+    }
+    let _leaks = cm_leak_check();
     let name = device_name();
     let r = run(&options());
 
@@ -60,6 +64,11 @@ fn healthy_device_passes_every_layer_and_the_loopback_verifies_write_read_send_a
     let data = r.layers.iter().find(|l| l.layer == Layer::DataPlane).unwrap();
     assert!(data.summary.contains("RDMA_WRITE, RDMA_READ, SEND, FETCH_ADD, CMP_SWAP"), "{data:?}");
     assert!(data.evidence.iter().all(|e| !e.contains("skipped")), "rxe has atomics: {data:?}");
+    let cm = r.layers.iter().find(|l| l.layer == Layer::RdmaCm).unwrap();
+    assert!(cm.summary.contains("32-byte message received over rdma_cm and verified"), "{cm:?}");
+    if let Some(ip) = rdma_ip() {
+        assert!(cm.summary.starts_with(&format!("listened on {ip}, connected")), "{cm:?}");
+    }
     assert_eq!((r.status, r.exit_code), (Status::Healthy, 0), "{:#?}", r.findings);
     assert!(r.drift.is_empty());
 
@@ -159,7 +168,10 @@ fn a_user_known_bad_entry_for_this_driver_is_a_warning_citing_its_source_with_ex
 #[test]
 #[ignore = "needs an RDMA device (RoCE, run as root): run scripts/test"]
 fn netdev_down_under_the_device_fails_the_port_layer_and_names_the_netdev() {
-    let _leaks = LeakCheck::new();
+    if in_own_process("netdev_down_under_the_device_fails_the_port_layer_and_names_the_netdev") {
+        return;
+    }
+    let _leaks = cm_leak_check();
     let ctx = open();
     let gid = ctx.default_gid(1).unwrap();
     let netdev = gid.netdev.clone().expect("a RoCE device: the default GID names its netdev");
@@ -182,47 +194,12 @@ fn netdev_down_under_the_device_fails_the_port_layer_and_names_the_netdev() {
 #[test]
 #[ignore = "needs an rxe device (run as root): run scripts/test"]
 fn deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before() {
-    // Deleting an rxe link waits until every context of the device is closed, and
-    // librdmacm keeps one open for the life of a process that used it (the cm tests run
-    // in this binary). So the test runs in a fresh process of this binary: this one
-    // spawns it, bounds it in time, and checks its result.
-    const CHILD: &str = "RDMA_DOCTOR_LINK_TEST_CHILD";
-    if std::env::var_os(CHILD).is_none() {
-        let me = std::env::current_exe().unwrap();
-        // Its output goes to a file and is shown indented, so that its own "test result"
-        // line is not counted as this binary's.
-        let log_path = std::env::temp_dir().join(format!("rdma-doctor-link-test-{}.log", std::process::id()));
-        let log = std::fs::File::create(&log_path).unwrap();
-        let mut child = Command::new(me)
-            .args(["--exact", "deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before"])
-            .args(["--include-ignored", "--nocapture", "--test-threads=1"])
-            .env(CHILD, "1")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawn the test binary");
-        let deadline = Instant::now() + Duration::from_secs(240);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                eprintln!("{}", std::fs::read_to_string(&log_path).unwrap_or_default());
-                panic!("the link test did not finish in 240 s (is a context of the device still open?)");
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        let output = std::fs::read_to_string(&log_path).unwrap_or_default();
-        let _ = std::fs::remove_file(&log_path);
-        for line in output.lines() {
-            eprintln!("    | {line}");
-        }
-        assert!(status.success(), "the link test failed in its own process: {status}");
+    // Deleting an rxe link waits until every context of the device is closed: no
+    // process of this binary but this test's may hold one (`in_own_process`).
+    if in_own_process("deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before") {
         return;
     }
-    let _leaks = LeakCheck::new();
+    let leaks = LeakCheck::new();
     let name = device_name();
     let parent = std::fs::read_to_string(format!("/sys/class/infiniband/{name}/parent")).unwrap_or_else(|e| {
         panic!("{name} is not an rxe device (no sysfs parent: {e}); this test deletes an rxe link")
@@ -258,9 +235,201 @@ fn deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before() {
     assert!(r.drift.iter().any(|d| d.field == format!("devices.{name}.fw_ver") && d.found.is_none()), "{:#?}", r.drift);
 
     guard.restore().unwrap_or_else(|e| panic!("{e}"));
+    // The healthy run's rdma_cm check leaves librdmacm's context of the device open until
+    // this process exits: the leak check ends before it.
+    drop(leaks);
     opts.compare = None;
     opts.loopback = true;
     assert_eq!(run(&opts).exit_code, 0, "healthy again after the re-creation");
+}
+
+#[test]
+#[ignore = "needs an rxe device (run as root): run scripts/test"]
+fn a_second_device_on_a_netdev_that_is_down_fails_the_default_run_naming_its_port_layer() {
+    if in_own_process("a_second_device_on_a_netdev_that_is_down_fails_the_default_run_naming_its_port_layer") {
+        return;
+    }
+    let _leaks = cm_leak_check();
+    let second = SecondRxe::create("rxedown", "dummydown");
+    wait_until("the second device appears", || Path::new("/sys/class/infiniband/rxedown").exists());
+
+    let r = run(&Options::default());
+    let first = device_name();
+    assert!(r.baseline.devices.contains_key(&first) && r.baseline.devices.contains_key("rxedown"), "both examined");
+    let f = first_failure(&r);
+    assert_eq!((f.layer, f.scope.as_str()), (Layer::Port, "rxedown"), "{f:#?}");
+    assert!(f.fix.iter().any(|x| x == "ip link set dummydown up"), "{f:?}");
+    assert!(r.layers.iter().filter(|l| l.scope == first).all(|l| l.outcome != Outcome::Fail), "{:#?}", r.layers);
+    assert_eq!((r.status, r.exit_code), (Status::LayerFailed, 1));
+
+    second.remove().unwrap_or_else(|e| panic!("{e}"));
+    assert!(!Path::new("/sys/class/infiniband/rxedown").exists());
+}
+
+/// A second rxe device on a dummy netdev that stays down, removed (device and netdev)
+/// whatever happens in the test.
+struct SecondRxe {
+    name: &'static str,
+    netdev: &'static str,
+}
+
+impl SecondRxe {
+    fn create(name: &'static str, netdev: &'static str) -> SecondRxe {
+        let guard = SecondRxe { name, netdev };
+        ip(&["link", "add", netdev, "type", "dummy"]);
+        let out = Command::new("rdma").args(["link", "add", name, "type", "rxe", "netdev", netdev]).output();
+        let out = out.expect("run `rdma` (iproute2)");
+        assert!(out.status.success(), "rdma link add {name}: {}", String::from_utf8_lossy(&out.stderr));
+        guard
+    }
+
+    /// Deletes the link, then the netdev (bounded: a context left open would hold the
+    /// deletion forever).
+    fn remove(&self) -> Result<(), String> {
+        let steps: [&[&str]; 2] = [&["rdma", "link", "delete", self.name], &["ip", "link", "delete", self.netdev]];
+        let mut errors = Vec::new();
+        for step in steps {
+            let out = Command::new("timeout").arg("60").args(step).output().map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                errors.push(format!("{}: {}", step.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+            }
+        }
+        let gone = !Path::new("/sys/class/infiniband").join(self.name).exists()
+            && !Path::new("/sys/class/net").join(self.netdev).exists();
+        if gone {
+            Ok(())
+        } else {
+            Err(format!("{} or {} is still there: {}", self.name, self.netdev, errors.join("; ")))
+        }
+    }
+}
+
+impl Drop for SecondRxe {
+    fn drop(&mut self) {
+        if let Err(e) = self.remove() {
+            eprintln!("removing {}: {e}", self.name);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run as root): run scripts/test"]
+fn rdma_cm_node_hidden_by_a_bind_mount_fails_the_rdma_cm_layer_with_umount_as_the_fix() {
+    let _leaks = LeakCheck::new();
+    let name = device_name();
+    let doctor = env!("CARGO_BIN_EXE_rdma-doctor");
+    // A private mount namespace: the node is hidden from the doctor only.
+    let script = format!("mount --bind /dev/null {NODE} && exec '{doctor}' --json -d '{name}'");
+    let out = Command::new("unshare").args(["-m", "sh", "-c", &script]).output().expect("run `unshare`");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let r =
+        input::parse_report(&text).unwrap_or_else(|e| panic!("{e}: {text}{}", String::from_utf8_lossy(&out.stderr)));
+    eprintln!("{}", rdma_doctor::render(&r));
+    assert_eq!(out.status.code(), Some(1), "{:#?}", r.layers);
+    let f = first_failure(&r);
+    assert_eq!((f.layer, f.scope.as_str()), (Layer::RdmaCm, name.as_str()), "{f:#?}");
+    assert!(f.summary.contains("is not rdma_ucm's device") && f.summary.contains("device 1:3"), "{f:?}");
+    assert_eq!(f.command.as_deref(), Some("umount /dev/infiniband/rdma_cm"), "{f:?}");
+    let data = r.layers.iter().find(|l| l.scope == name && l.layer == Layer::DataPlane).unwrap();
+    assert_eq!(data.outcome, Outcome::Pass, "verbs still work: {data:?}");
+    let here = rdma_cm::node();
+    assert!(here.node_dev.is_some() && here.node_dev == here.kernel_dev && !here.mounted_over, "{here:?}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device (run as root): run scripts/test"]
+fn rdma_ucm_unloaded_fails_the_rdma_cm_layer_with_modprobe_and_is_reloaded() {
+    if in_own_process("rdma_ucm_unloaded_fails_the_rdma_cm_layer_with_modprobe_and_is_reloaded") {
+        return;
+    }
+    let _leaks = cm_leak_check();
+    let guard = UcmLoaded;
+    let out = Command::new("modprobe").args(["-r", "rdma_ucm"]).output().expect("run `modprobe`");
+    assert!(out.status.success(), "modprobe -r rdma_ucm: {}", String::from_utf8_lossy(&out.stderr));
+    wait_until("rdma_cm leaves sysfs", || rdma_cm::node().kernel_dev.is_none());
+
+    let r = run(&options());
+    let f = first_failure(&r);
+    assert_eq!((f.layer, f.scope.as_str()), (Layer::RdmaCm, device_name().as_str()), "{f:#?}");
+    assert!(f.summary.starts_with("rdma_ucm is not loaded"), "{f:?}");
+    assert_eq!(f.command.as_deref(), Some("modprobe rdma_ucm"));
+    assert_eq!(r.exit_code, 1);
+
+    guard.restore().unwrap_or_else(|e| panic!("{e}"));
+    let r = run(&options());
+    assert_eq!(r.exit_code, 0, "healthy again after the reload: {:#?}", r.layers);
+}
+
+/// Loads rdma_ucm again and waits for its node, whatever happens in the test.
+struct UcmLoaded;
+
+impl UcmLoaded {
+    fn restore(&self) -> Result<(), String> {
+        let out = Command::new("modprobe").arg("rdma_ucm").output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("modprobe rdma_ucm: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        poll_ready(|| {
+            let n = rdma_cm::node();
+            match n.node_dev.is_some() && n.node_dev == n.kernel_dev {
+                true => Ok(()),
+                false => Err(format!("{NODE} not back: {n:?}")),
+            }
+        })
+    }
+}
+
+impl Drop for UcmLoaded {
+    fn drop(&mut self) {
+        if let Err(e) = self.restore() {
+            eprintln!("reloading rdma_ucm: {e}");
+        }
+    }
+}
+
+/// Runs the test `name` in a fresh process of this binary, bounded in time, and checks
+/// its result: `true` here (the caller returns), `false` in that process (the caller runs
+/// the test). librdmacm keeps a device's context open until the process that used it
+/// exits (`rdma_cm`), and an open context holds an rxe link that another test deletes:
+/// so every test whose doctor runs the rdma_cm check runs in a process of its own.
+fn in_own_process(name: &str) -> bool {
+    const CHILD: &str = "RDMA_DOCTOR_TEST_CHILD";
+    const LIMIT: Duration = Duration::from_secs(300);
+    if std::env::var_os(CHILD).is_some() {
+        return false;
+    }
+    let me = std::env::current_exe().unwrap();
+    // Its output goes to a file and is shown indented, so that its own "test result" line
+    // is not counted as this binary's.
+    let log_path = std::env::temp_dir().join(format!("rdma-doctor-test-{}.log", std::process::id()));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = Command::new(me)
+        .args(["--exact", name, "--include-ignored", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("spawn the test binary");
+    let deadline = Instant::now() + LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            eprintln!("{}", std::fs::read_to_string(&log_path).unwrap_or_default());
+            panic!("{name} did not finish in {LIMIT:?} (is a context of the device still open?)");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_path);
+    for line in output.lines() {
+        eprintln!("    | {line}");
+    }
+    assert!(status.success(), "{name} failed in its own process: {status}");
+    true
 }
 
 fn ip(args: &[&str]) {
@@ -401,6 +570,29 @@ fn resource_counts() -> Vec<(String, u64)> {
         .collect();
     assert!(counts.len() >= 5, "too few resource counters for {dev} in `rdma -j resource show`: {text}");
     counts
+}
+
+/// The IPv4 address of the device's netdev (`RDMA_IP` from scripts/rxe, else its default
+/// GID's).
+fn rdma_ip() -> Option<std::net::Ipv4Addr> {
+    let from_env = std::env::var("RDMA_IP").ok().and_then(|ip| ip.parse().ok());
+    from_env.or_else(|| {
+        let gid = open().default_gid(1).ok()?.gid.to_string();
+        gid.strip_prefix("::ffff:")?.parse().ok()
+    })
+}
+
+/// A [`LeakCheck`] for a test whose doctor runs the rdma_cm check (in its own process):
+/// librdmacm opens the device's context on first use and keeps it until the process
+/// exits, so the counts are taken after one use of it.
+fn cm_leak_check() -> LeakCheck {
+    static WARM: std::sync::Once = std::sync::Once::new();
+    WARM.call_once(|| {
+        let ip = rdma_ip().expect("an IPv4 RoCE GID for rdma_cm");
+        let r = rdma_cm::run(ip, WAIT);
+        assert!(r.error.is_none(), "warming librdmacm up: {r:?}");
+    });
+    LeakCheck::new()
 }
 
 /// Asserts on drop that the device's resource counts are back to where they were.

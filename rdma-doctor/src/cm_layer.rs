@@ -1,0 +1,190 @@
+//! The rdma_cm layer, after the data plane: the verbs loopback passed, so a failure here
+//! is the connection manager's own path (rdma_ucm, its device node, address and route
+//! resolution, the CM handshake), which verbs programs never touch and most
+//! applications (MPI, NCCL, NVMe-oF, SMB Direct, anything over librdmacm) connect by.
+//! The node is checked first, so that a missing module or a hidden node is named with
+//! its fix instead of librdmacm's errno.
+
+use std::net::Ipv4Addr;
+
+use crate::rdma_cm::{CmNode, CmReport, NODE};
+use crate::report::{Baseline, PortFacts};
+use crate::verdict::{Layer, LayerReport};
+
+const LAYER: Layer = Layer::RdmaCm;
+
+/// The rdma_cm layer of device `name`: its node, then `run` on the IPv4 address of the
+/// first checked port's RoCE v2 GID.
+pub(crate) fn check(
+    name: &str,
+    ports: &[(&String, &PortFacts)],
+    facts: &Baseline,
+    node: &CmNode,
+    run: &mut dyn FnMut(Ipv4Addr) -> CmReport,
+) -> LayerReport {
+    if let Some(broken) = node_problem(name, facts, node) {
+        return broken;
+    }
+    let Some((port, ip)) = ports.iter().find_map(|(n, p)| ipv4(p).map(|ip| (n.as_str(), ip))) else {
+        return LayerReport::skipped(
+            name,
+            LAYER,
+            "not run: no port with an IPv4 RoCE v2 GID (on InfiniBand the IPoIB address is not looked up)",
+        );
+    };
+    let r = run(ip);
+    let mut evidence = vec![format!("port {port}: IPv4 {ip} (its RoCE v2 GID)")];
+    evidence.extend(r.address.iter().map(|a| format!("listened on {a}")));
+    evidence.push(format!("took {} ms", r.elapsed_ms));
+    match (&r.error, &r.verified) {
+        (None, Some(v)) => LayerReport::pass(name, LAYER, format!("listened on {ip}, connected and {v}"), evidence),
+        (e, _) => failed_run(name, ip, e.as_deref().unwrap_or("nothing verified"), evidence),
+    }
+}
+
+/// The IPv4 address of a port's RoCE v2 GID (`::ffff:10.0.0.1`).
+fn ipv4(p: &PortFacts) -> Option<Ipv4Addr> {
+    p.gids
+        .values()
+        .filter(|g| g.gid_type == "RoCE v2")
+        .find_map(|g| g.gid.strip_prefix("::ffff:").and_then(|a| a.parse().ok()))
+}
+
+/// rdma_ucm not loaded, the node missing, hidden or closed to this user.
+fn node_problem(name: &str, facts: &Baseline, node: &CmNode) -> Option<LayerReport> {
+    let evidence = vec![
+        format!("rdma_ucm: {}", facts.modules.get("rdma_ucm").map_or("not loaded", |m| m.state.as_str())),
+        format!("/sys/class/misc/rdma_cm/dev: {}", node.kernel_dev.as_deref().unwrap_or("absent")),
+        format!(
+            "{NODE}: {}{}",
+            match (&node.node_dev, node.exists) {
+                (Some(d), _) => format!("character device {d}"),
+                (None, true) => "not a character device".to_owned(),
+                (None, false) => "missing".to_owned(),
+            },
+            if node.mounted_over { ", a mount point" } else { "" }
+        ),
+    ];
+    let fail = |summary: String, command: String, more: &[&str]| {
+        let mut fix = vec![command.clone()];
+        fix.extend(more.iter().map(|s| s.to_string()));
+        Some(LayerReport::fail(name, LAYER, summary, evidence.clone(), fix).with_command(command))
+    };
+    let Some(dev) = &node.kernel_dev else {
+        return fail(
+            format!("rdma_ucm is not loaded: {NODE} is missing, librdmacm cannot connect"),
+            "modprobe rdma_ucm".into(),
+            &[],
+        );
+    };
+    let (major, minor) = dev.split_once(':').unwrap_or((dev, "0"));
+    let mknod = format!("mknod -m 0666 {NODE} c {major} {minor}");
+    if !node.exists {
+        return fail(
+            format!("rdma_ucm is loaded but {NODE} is missing"),
+            mknod,
+            &["in a container, pass it in: --device /dev/infiniband/rdma_cm"],
+        );
+    }
+    if node.node_dev.as_ref() != Some(dev) {
+        let what = node.node_dev.as_deref().map_or("not a character device".to_owned(), |d| format!("device {d}"));
+        let summary = format!("{NODE} is not rdma_ucm's device ({dev}): it is {what}");
+        return match node.mounted_over {
+            true => fail(summary + ", mounted over it", format!("umount {NODE}"), &[]),
+            false => fail(summary, format!("rm -f {NODE} && {mknod}"), &[]),
+        };
+    }
+    let closed = facts.dev_nodes.get(NODE).filter(|n| !n.can_open)?;
+    fail(
+        format!("{NODE} exists but this user cannot open it ({})", closed.error.as_deref().unwrap_or("open failed")),
+        format!("chmod 0666 {NODE}"),
+        &["rdma-core's udev rule makes it 0666: /usr/lib/udev/rules.d/90-rdma-ucm.rules"],
+    )
+}
+
+/// The exchange failed after the node looked right.
+fn failed_run(name: &str, ip: Ipv4Addr, error: &str, evidence: Vec<String>) -> LayerReport {
+    let resolving = ["rdma_resolve_addr", "rdma_resolve_route", "rdma_bind_addr"].iter().any(|s| error.contains(s));
+    let command = if resolving {
+        format!("ip route get {ip}")
+    } else {
+        format!("rping -s -a {ip} -C 1 -v & sleep 1; rping -c -a {ip} -C 1 -v")
+    };
+    let fix = vec![
+        command.clone(),
+        "the kernel's view of the connection: dmesg | grep -iE 'rdma_cm|ib_cm|rxe|mlx5'".to_owned(),
+    ];
+    LayerReport::fail(
+        name,
+        LAYER,
+        format!("verbs work, but an rdma_cm connection on {ip} failed: {error}"),
+        evidence,
+        fix,
+    )
+    .with_command(command)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verdict::Outcome;
+
+    const CM_DEV: &str = "10:58";
+
+    fn node_a() -> (Baseline, PortFacts) {
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let port = report.baseline.devices["mlx5_0"].ports["1"].clone();
+        (report.baseline, port)
+    }
+
+    fn healthy() -> CmNode {
+        CmNode { kernel_dev: Some(CM_DEV.into()), exists: true, node_dev: Some(CM_DEV.into()), mounted_over: false }
+    }
+
+    fn layer(node: &CmNode, run: &mut dyn FnMut(Ipv4Addr) -> CmReport) -> LayerReport {
+        let (facts, port) = node_a();
+        let one = "1".to_owned();
+        check("mlx5_0", &[(&one, &port)], &facts, node, run)
+    }
+
+    fn not_run(_: Ipv4Addr) -> CmReport {
+        unreachable!("the node is broken: nothing runs")
+    }
+
+    #[test]
+    fn a_missing_module_or_a_hidden_node_fails_with_the_command_that_fixes_it() {
+        let gone = CmNode { kernel_dev: None, exists: false, node_dev: None, mounted_over: false };
+        let r = layer(&gone, &mut not_run);
+        assert_eq!((r.layer, r.outcome), (Layer::RdmaCm, Outcome::Fail));
+        assert!(r.summary.starts_with("rdma_ucm is not loaded"), "{r:#?}");
+        assert_eq!(r.command.as_deref(), Some("modprobe rdma_ucm"));
+
+        let hidden = CmNode { node_dev: Some("1:3".into()), mounted_over: true, ..healthy() };
+        let r = layer(&hidden, &mut not_run);
+        assert!(r.summary.contains("is not rdma_ucm's device (10:58): it is device 1:3"), "{r:#?}");
+        assert_eq!(r.command.as_deref(), Some("umount /dev/infiniband/rdma_cm"));
+
+        let missing = CmNode { exists: false, node_dev: None, ..healthy() };
+        let r = layer(&missing, &mut not_run);
+        assert_eq!(r.command.as_deref(), Some("mknod -m 0666 /dev/infiniband/rdma_cm c 10 58"));
+    }
+
+    #[test]
+    fn the_exchange_runs_on_the_gid_address_and_its_failure_names_the_step() {
+        let mut asked = Vec::new();
+        let mut ok = |ip: Ipv4Addr| {
+            asked.push(ip);
+            CmReport { verified: Some("a 32-byte message received".into()), ..CmReport::default() }
+        };
+        let r = layer(&healthy(), &mut ok);
+        assert_eq!(r.outcome, Outcome::Pass, "{r:#?}");
+        let (_, port) = node_a();
+        assert_eq!(asked, [ipv4(&port).unwrap()], "the IPv4 of the RoCE v2 GID");
+
+        let mut refused = |_| CmReport { error: Some("rdma_resolve_addr: ENODEV".into()), ..CmReport::default() };
+        let r = layer(&healthy(), &mut refused);
+        assert_eq!(r.outcome, Outcome::Fail);
+        assert!(r.summary.contains("rdma_resolve_addr: ENODEV"), "{r:#?}");
+        assert!(r.command.as_deref().is_some_and(|c| c.starts_with("ip route get ")), "{r:#?}");
+    }
+}

@@ -5,7 +5,7 @@
 //! provider claim the devices it knows. So a device it does not list has one of four
 //! causes, told apart here: no config file names the provider; the config names it but
 //! the library is missing; the library is there but does not load or claim the device
-//! (built for another libibverbs: libibverbs says why on stderr, see [`crate::stderr`]);
+//! (built for another libibverbs: libibverbs says why on stderr, captured by the private `stderr` module);
 //! and for a device it lists, `ibv_open_device` failing with an errno is the kernel
 //! refusing (the rdma cgroup, the open-file limit), not user space.
 

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use crate::report::{Report, Severity, Status};
 use crate::verdict::{human, Outcome};
 
-/// Renders `r` for a person: the verdict at a glance ([`at_a_glance`]), then versions,
+/// Renders `r` for a person: the verdict at a glance (one line a layer, worst first), then versions,
 /// devices and ports, the kernel log, the verdict with its evidence, findings, drift and
 /// the result.
 pub fn render(r: &Report) -> String {

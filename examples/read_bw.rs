@@ -11,12 +11,9 @@
 //! device's `max_qp_rd_atom` up to 16), checks every buffer it read into, and prints
 //! perftest's table or, with `--json`, one object per size. A data mismatch fails both
 //! sides (the client tells the server). `--loopback` runs both ends in one process.
-//! Give both sides the same `-s`/`-a` and `-q`. The engine is `examples/common/bw.rs`.
+//! Give both sides the same `-s`/`-a` and `-q`. The engine is `rdma-perftest/src/bw.rs` (the `rdma-perftest` workspace crate).
 
-#[path = "common/bw.rs"]
-mod bw;
-#[path = "common/perftest.rs"]
-mod perftest;
+use rdma_perftest::bw;
 
 fn main() -> std::process::ExitCode {
     bw::bw_main(bw::BwTest::Read, "read_bw", "RDMA READ bandwidth (perftest's ib_read_bw, on rdma-verbs)")

@@ -12,12 +12,9 @@
 //! perftest's table or, with `--json`, one object per size; unlike `ib_send_bw`, only
 //! the client reports. A data mismatch fails both sides (the server tells the client).
 //! `--loopback` runs both ends in one process. Give both sides the same `-s`/`-a` and
-//! `-q`. The engine is `examples/common/bw.rs`.
+//! `-q`. The engine is `rdma-perftest/src/bw.rs` (the `rdma-perftest` workspace crate).
 
-#[path = "common/bw.rs"]
-mod bw;
-#[path = "common/perftest.rs"]
-mod perftest;
+use rdma_perftest::bw;
 
 fn main() -> std::process::ExitCode {
     bw::bw_main(bw::BwTest::Send, "send_bw", "SEND bandwidth (perftest's ib_send_bw, on rdma-verbs)")

@@ -10,8 +10,7 @@
 //! `--loopback` runs both ends in one process on one device. The exchange is
 //! rdma-verbs' endpoint handshake over TCP, not perftest's: it talks to itself only.
 
-#[path = "common/perftest.rs"]
-mod perftest;
+use rdma_perftest::perftest;
 
 fn main() -> std::process::ExitCode {
     perftest::lat_main(perftest::LatTest::Send, "send_lat", "SEND latency")

@@ -15,12 +15,9 @@
 //!
 //! The exchange is rdma-verbs' endpoint handshake (`rdma_verbs::endpoint`), one per QP,
 //! not perftest's: this server and client talk to each other, not to `ib_write_bw`. The
-//! engine, shared with `read_bw` and `send_bw`, is `examples/common/bw.rs`.
+//! engine, shared with `read_bw` and `send_bw`, is `rdma-perftest/src/bw.rs` (the `rdma-perftest` workspace crate).
 
-#[path = "common/bw.rs"]
-mod bw;
-#[path = "common/perftest.rs"]
-mod perftest;
+use rdma_perftest::bw;
 
 fn main() -> std::process::ExitCode {
     bw::bw_main(bw::BwTest::Write, "write_bw", "RDMA WRITE bandwidth (perftest's ib_write_bw, on rdma-verbs)")

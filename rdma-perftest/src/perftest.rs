@@ -1,13 +1,12 @@
 //! What the perftest-style tools (`write_bw`, `write_lat`, `send_lat`, `read_lat`) share:
 //! the common flags, the device and size checks, the out-of-band exchange, the clock, the
-//! latency statistics and the printing of perftest's tables. Each tool includes it with
-//! `#[path]`; the latency tools are thin `main`s over [`lat_main`].
+//! latency statistics and the printing of perftest's tables. The latency tools are thin
+//! `main`s over [`lat_main`].
 //!
 //! The exchange is the library's own (`rdma_verbs::endpoint`): one [`Handshake`] per QP
 //! over a TCP connection (or a Unix socket pair in `--loopback`), then the handshake's
 //! status message as a barrier where both sides must meet. It is not perftest's exchange,
 //! so these tools talk only to each other, not to `ib_write_bw` and friends.
-#![allow(dead_code)] // each tool uses its own part of this file
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};

@@ -1,0 +1,8 @@
+//! The engine of rdma-verbs' perftest-style tools. The bandwidth tools (`write_bw`,
+//! `read_bw`, `send_bw`) are thin `main`s over [`bw::bw_main`]; the latency tools
+//! (`write_lat`, `send_lat`, `read_lat`) over [`perftest::lat_main`]. The tools themselves
+//! are the root package's examples (`cargo run --example write_bw`); this crate is not
+//! published.
+
+pub mod bw;
+pub mod perftest;

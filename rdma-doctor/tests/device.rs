@@ -17,6 +17,11 @@ use rdma_doctor::rdma_cm::{self, NODE};
 use rdma_doctor::report::{Memlock, Severity};
 use rdma_doctor::{input, Layer, LayerReport, Options, Outcome, Report, Status};
 use rdma_verbs::{Context, PortState};
+// The test bed, shared with rdma-verbs' device tests: every test whose doctor runs the
+// rdma_cm check runs in a process of its own (`isolated`), as librdmacm keeps a context of
+// the device open until its process exits, and an open context holds an rxe link that
+// another test deletes.
+use rdma_test_support::{device_name, example, in_own_process, isolated, open, rdma_ip, this_test, LeakCheck};
 
 /// rxe reacts at once; emulation and the GID work around it can be slow.
 const WAIT: Duration = Duration::from_secs(15);
@@ -49,56 +54,80 @@ fn rest_skipped(r: &Report, failed: Layer) {
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn healthy_device_passes_every_layer_and_the_loopback_verifies_write_read_send_and_atomics() {
-    if in_own_process("healthy_device_passes_every_layer_and_the_loopback_verifies_write_read_send_and_atomics") {
-        return;
-    }
-    let _leaks = cm_leak_check();
-    let name = device_name();
-    let r = run(&options());
+    isolated(this_test!(), || {
+        let name = device_name();
+        let r = run(&options());
 
-    let layers: Vec<(Layer, Outcome)> = r.layers.iter().map(|l| (l.layer, l.outcome)).collect();
-    assert_eq!(layers.len(), 1 + Layer::DEVICE_LAYERS.len(), "{layers:?}");
-    for l in &r.layers {
-        assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
-    }
-    let data = r.layers.iter().find(|l| l.layer == Layer::DataPlane).unwrap();
-    assert!(data.summary.contains("RDMA_WRITE, RDMA_READ, SEND, FETCH_ADD, CMP_SWAP"), "{data:?}");
-    assert!(data.evidence.iter().all(|e| !e.contains("skipped")), "rxe has atomics: {data:?}");
-    let cm = r.layers.iter().find(|l| l.layer == Layer::RdmaCm).unwrap();
-    assert!(cm.summary.contains("32-byte message received over rdma_cm and verified"), "{cm:?}");
-    if let Some(ip) = rdma_ip() {
-        assert!(cm.summary.starts_with(&format!("listened on {ip}, connected")), "{cm:?}");
-    }
-    assert_eq!((r.status, r.exit_code), (Status::Healthy, 0), "{:#?}", r.findings);
-    assert!(r.drift.is_empty());
-
-    // The baseline names what the test bed is made of.
-    let b = &r.baseline;
-    let d = &b.devices[&name];
-    assert!(!b.kernel.release.is_empty());
-    assert_eq!(b.libraries["libibverbs"].version.as_deref().map(|v| v.starts_with("1.")), Some(true), "{b:#?}");
-    assert!(b.modules.contains_key("ib_core") && b.modules.contains_key("ib_uverbs"), "{:?}", b.modules);
-    let uverbs = d.uverbs.as_ref().expect("a uverbs node");
-    assert!(b.dev_nodes[&format!("/dev/infiniband/{uverbs}")].can_open);
-    let provider = d.provider.as_ref().expect("the provider library is identified");
-    assert!(Path::new(&provider.library).exists(), "{provider:?}");
-    if d.kernel_driver_name.as_deref() == Some("rdma_rxe") {
-        assert_eq!(provider.name, "rxe");
-        assert!(provider.library.contains("librxe"), "{provider:?}");
-        assert!(d.parent_netdev.is_some(), "rxe names its netdev: {d:#?}");
-    }
-    let port = &d.ports["1"];
-    assert_eq!((port.state.as_str(), port.phys_state.as_str()), ("ACTIVE", "LinkUp"), "{port:#?}");
-    if let Ok(ip) = std::env::var("RDMA_IP") {
-        if !ip.is_empty() {
-            let gid = port.gids.values().find(|g| g.gid == format!("::ffff:{ip}")).expect("the IPv4 GID is listed");
-            assert_eq!(gid.gid_type, "RoCE v2");
+        let layers: Vec<(Layer, Outcome)> = r.layers.iter().map(|l| (l.layer, l.outcome)).collect();
+        assert_eq!(layers.len(), 1 + Layer::DEVICE_LAYERS.len(), "{layers:?}");
+        for l in &r.layers {
+            assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
         }
-    }
+        let data = r.layers.iter().find(|l| l.layer == Layer::DataPlane).unwrap();
+        assert!(data.summary.contains("RDMA_WRITE, RDMA_READ, SEND, FETCH_ADD, CMP_SWAP"), "{data:?}");
+        assert!(data.evidence.iter().all(|e| !e.contains("skipped")), "rxe has atomics: {data:?}");
+        let cm = r.layers.iter().find(|l| l.layer == Layer::RdmaCm).unwrap();
+        assert!(cm.summary.contains("32-byte message received over rdma_cm and verified"), "{cm:?}");
+        let ip = rdma_ip();
+        assert!(cm.summary.starts_with(&format!("listened on {ip}, connected")), "{cm:?}");
+        assert_eq!((r.status, r.exit_code), (Status::Healthy, 0), "{:#?}", r.findings);
+        assert!(r.drift.is_empty());
 
-    // The JSON form reads back into the same report.
-    let back: Report = serde_json::from_str(&r.to_json()).unwrap();
-    assert_eq!(back, r);
+        // The baseline names what the test bed is made of.
+        let b = &r.baseline;
+        let d = &b.devices[&name];
+        assert!(!b.kernel.release.is_empty());
+        assert_eq!(b.libraries["libibverbs"].version.as_deref().map(|v| v.starts_with("1.")), Some(true), "{b:#?}");
+        assert!(b.modules.contains_key("ib_core") && b.modules.contains_key("ib_uverbs"), "{:?}", b.modules);
+        let uverbs = d.uverbs.as_ref().expect("a uverbs node");
+        assert!(b.dev_nodes[&format!("/dev/infiniband/{uverbs}")].can_open);
+        let provider = d.provider.as_ref().expect("the provider library is identified");
+        assert!(Path::new(&provider.library).exists(), "{provider:?}");
+        if d.kernel_driver_name.as_deref() == Some("rdma_rxe") {
+            assert_eq!(provider.name, "rxe");
+            assert!(provider.library.contains("librxe"), "{provider:?}");
+            assert!(d.parent_netdev.is_some(), "rxe names its netdev: {d:#?}");
+        }
+        let port = &d.ports["1"];
+        assert_eq!((port.state.as_str(), port.phys_state.as_str()), ("ACTIVE", "LinkUp"), "{port:#?}");
+        if let Ok(ip) = std::env::var("RDMA_IP") {
+            if !ip.is_empty() {
+                let gid = port.gids.values().find(|g| g.gid == format!("::ffff:{ip}")).expect("the IPv4 GID is listed");
+                assert_eq!(gid.gid_type, "RoCE v2");
+            }
+        }
+
+        // The JSON form reads back into the same report.
+        let back: Report = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(back, r);
+    });
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn the_command_and_its_example_alias_report_the_healthy_device_in_json_and_in_text() {
+    // The doctors run in child processes: librdmacm's context leaves with them.
+    let _leaks = LeakCheck::new();
+    let name = device_name();
+    let out = Command::new(env!("CARGO_BIN_EXE_rdma-doctor"))
+        .args(["-d", &name, "--json"])
+        .output()
+        .expect("run rdma-doctor");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let r =
+        input::parse_report(&text).unwrap_or_else(|e| panic!("{e}: {text}{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(out.status.code(), Some(0), "{:#?}", r.layers);
+    assert_eq!((r.status, r.exit_code), (Status::Healthy, 0), "{:#?}", r.findings);
+    let passed = r.layers.iter().filter(|l| l.scope == name && l.outcome == Outcome::Pass).count();
+    assert_eq!(passed, Layer::DEVICE_LAYERS.len(), "every layer of {name} passes: {:#?}", r.layers);
+
+    // `cargo run --example doctor`, the old name, is the same command.
+    let out = Command::new(example("doctor")).args(["-d", &name]).output().expect("run examples/doctor");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let data_plane_passed =
+        text.lines().any(|l| l.split_whitespace().take(3).eq(["PASS", name.as_str(), "data_plane"]));
+    assert!(data_plane_passed, "the loopback data test did not pass: {text}");
 }
 
 #[test]
@@ -168,27 +197,25 @@ fn a_user_known_bad_entry_for_this_driver_is_a_warning_citing_its_source_with_ex
 #[test]
 #[ignore = "needs an RDMA device (RoCE, run as root): run scripts/test"]
 fn netdev_down_under_the_device_fails_the_port_layer_and_names_the_netdev() {
-    if in_own_process("netdev_down_under_the_device_fails_the_port_layer_and_names_the_netdev") {
-        return;
-    }
-    let _leaks = cm_leak_check();
-    let ctx = open();
-    let gid = ctx.default_gid(1).unwrap();
-    let netdev = gid.netdev.clone().expect("a RoCE device: the default GID names its netdev");
-    let guard = LinkUp { ctx: ctx.clone(), netdev: netdev.clone(), gid_index: gid.index, gid: gid.gid.to_string() };
+    isolated(this_test!(), || {
+        let ctx = open();
+        let gid = ctx.default_gid(1).unwrap();
+        let netdev = gid.netdev.clone().expect("a RoCE device: the default GID names its netdev");
+        let guard = LinkUp { ctx: ctx.clone(), netdev: netdev.clone(), gid_index: gid.index, gid: gid.gid.to_string() };
 
-    ip(&["link", "set", &netdev, "down"]);
-    wait_until("the port leaves ACTIVE", || ctx.query_port(1).is_ok_and(|p| p.state != PortState::Active));
-    let r = run(&options());
-    let f = first_failure(&r);
-    assert_eq!(f.layer, Layer::Port, "{f:#?}");
-    assert!(f.summary.contains("port 1 is DOWN"), "{f:?}");
-    assert!(f.evidence.iter().any(|e| e.contains(&netdev) && e.contains("administratively down")), "{f:?}");
-    assert!(f.fix.iter().any(|x| x == &format!("ip link set {netdev} up")), "{f:?}");
-    rest_skipped(&r, Layer::Port);
+        ip(&["link", "set", &netdev, "down"]);
+        wait_until("the port leaves ACTIVE", || ctx.query_port(1).is_ok_and(|p| p.state != PortState::Active));
+        let r = run(&options());
+        let f = first_failure(&r);
+        assert_eq!(f.layer, Layer::Port, "{f:#?}");
+        assert!(f.summary.contains("port 1 is DOWN"), "{f:?}");
+        assert!(f.evidence.iter().any(|e| e.contains(&netdev) && e.contains("administratively down")), "{f:?}");
+        assert!(f.fix.iter().any(|x| x == &format!("ip link set {netdev} up")), "{f:?}");
+        rest_skipped(&r, Layer::Port);
 
-    guard.restore().unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(run(&options()).exit_code, 0, "healthy again after the netdev came back");
+        guard.restore().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(run(&options()).exit_code, 0, "healthy again after the netdev came back");
+    });
 }
 
 #[test]
@@ -196,74 +223,75 @@ fn netdev_down_under_the_device_fails_the_port_layer_and_names_the_netdev() {
 fn deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before() {
     // Deleting an rxe link waits until every context of the device is closed: no
     // process of this binary but this test's may hold one (`in_own_process`).
-    if in_own_process("deleted_rxe_link_fails_the_device_layer_and_is_recreated_as_before") {
-        return;
-    }
-    let leaks = LeakCheck::new();
-    let name = device_name();
-    let parent = std::fs::read_to_string(format!("/sys/class/infiniband/{name}/parent")).unwrap_or_else(|e| {
-        panic!("{name} is not an rxe device (no sysfs parent: {e}); this test deletes an rxe link")
+    in_own_process(this_test!(), || {
+        let leaks = LeakCheck::new();
+        let name = device_name();
+        let parent = std::fs::read_to_string(format!("/sys/class/infiniband/{name}/parent")).unwrap_or_else(|e| {
+            panic!("{name} is not an rxe device (no sysfs parent: {e}); this test deletes an rxe link")
+        });
+        let netdev = parent.trim().to_owned();
+        let (gid_index, gid) = {
+            let ctx = open();
+            let g = ctx.default_gid(1).unwrap();
+            (g.index, g.gid.to_string())
+        }; // every context closed: rxe's unregistration waits for open ones
+
+        let mut opts = options();
+        opts.loopback = false;
+        let saved = run(&opts);
+        let guard = RxeLink { name: name.clone(), netdev: netdev.clone(), gid_index, gid };
+
+        let out = Command::new("rdma").args(["link", "delete", &name]).output().expect("run `rdma` (iproute2)");
+        assert!(out.status.success(), "rdma link delete {name}: {}", String::from_utf8_lossy(&out.stderr));
+        wait_until("the device leaves sysfs", || !Path::new("/sys/class/infiniband").join(&name).exists());
+
+        let r = run(&opts);
+        let f = first_failure(&r);
+        assert_eq!((f.layer, f.scope.as_str()), (Layer::Device, name.as_str()), "{f:#?}");
+        assert!(f.summary.contains("not enumerated"), "{f:?}");
+        assert!(f.fix.iter().any(|x| x.contains("rdma link add")), "{f:?}");
+        rest_skipped(&r, Layer::Device);
+        // With the saved report, the fix is the exact command, and the device's fields drift.
+        opts.compare = Some(saved);
+        let r = run(&opts);
+        let f = first_failure(&r);
+        let exact = format!("rdma link add {name} type rxe netdev {netdev}");
+        assert!(f.fix.iter().any(|x| x.starts_with(&exact)), "{f:?}");
+        assert!(
+            r.drift.iter().any(|d| d.field == format!("devices.{name}.fw_ver") && d.found.is_none()),
+            "{:#?}",
+            r.drift
+        );
+
+        guard.restore().unwrap_or_else(|e| panic!("{e}"));
+        // The healthy run's rdma_cm check leaves librdmacm's context of the device open until
+        // this process exits: the leak check ends before it.
+        drop(leaks);
+        opts.compare = None;
+        opts.loopback = true;
+        assert_eq!(run(&opts).exit_code, 0, "healthy again after the re-creation");
     });
-    let netdev = parent.trim().to_owned();
-    let (gid_index, gid) = {
-        let ctx = open();
-        let g = ctx.default_gid(1).unwrap();
-        (g.index, g.gid.to_string())
-    }; // every context closed: rxe's unregistration waits for open ones
-
-    let mut opts = options();
-    opts.loopback = false;
-    let saved = run(&opts);
-    let guard = RxeLink { name: name.clone(), netdev: netdev.clone(), gid_index, gid };
-
-    let out = Command::new("rdma").args(["link", "delete", &name]).output().expect("run `rdma` (iproute2)");
-    assert!(out.status.success(), "rdma link delete {name}: {}", String::from_utf8_lossy(&out.stderr));
-    wait_until("the device leaves sysfs", || !Path::new("/sys/class/infiniband").join(&name).exists());
-
-    let r = run(&opts);
-    let f = first_failure(&r);
-    assert_eq!((f.layer, f.scope.as_str()), (Layer::Device, name.as_str()), "{f:#?}");
-    assert!(f.summary.contains("not enumerated"), "{f:?}");
-    assert!(f.fix.iter().any(|x| x.contains("rdma link add")), "{f:?}");
-    rest_skipped(&r, Layer::Device);
-    // With the saved report, the fix is the exact command, and the device's fields drift.
-    opts.compare = Some(saved);
-    let r = run(&opts);
-    let f = first_failure(&r);
-    let exact = format!("rdma link add {name} type rxe netdev {netdev}");
-    assert!(f.fix.iter().any(|x| x.starts_with(&exact)), "{f:?}");
-    assert!(r.drift.iter().any(|d| d.field == format!("devices.{name}.fw_ver") && d.found.is_none()), "{:#?}", r.drift);
-
-    guard.restore().unwrap_or_else(|e| panic!("{e}"));
-    // The healthy run's rdma_cm check leaves librdmacm's context of the device open until
-    // this process exits: the leak check ends before it.
-    drop(leaks);
-    opts.compare = None;
-    opts.loopback = true;
-    assert_eq!(run(&opts).exit_code, 0, "healthy again after the re-creation");
 }
 
 #[test]
 #[ignore = "needs an rxe device (run as root): run scripts/test"]
 fn a_second_device_on_a_netdev_that_is_down_fails_the_default_run_naming_its_port_layer() {
-    if in_own_process("a_second_device_on_a_netdev_that_is_down_fails_the_default_run_naming_its_port_layer") {
-        return;
-    }
-    let _leaks = cm_leak_check();
-    let second = SecondRxe::create("rxedown", "dummydown");
-    wait_until("the second device appears", || Path::new("/sys/class/infiniband/rxedown").exists());
+    isolated(this_test!(), || {
+        let second = SecondRxe::create("rxedown", "dummydown");
+        wait_until("the second device appears", || Path::new("/sys/class/infiniband/rxedown").exists());
 
-    let r = run(&Options::default());
-    let first = device_name();
-    assert!(r.baseline.devices.contains_key(&first) && r.baseline.devices.contains_key("rxedown"), "both examined");
-    let f = first_failure(&r);
-    assert_eq!((f.layer, f.scope.as_str()), (Layer::Port, "rxedown"), "{f:#?}");
-    assert!(f.fix.iter().any(|x| x == "ip link set dummydown up"), "{f:?}");
-    assert!(r.layers.iter().filter(|l| l.scope == first).all(|l| l.outcome != Outcome::Fail), "{:#?}", r.layers);
-    assert_eq!((r.status, r.exit_code), (Status::LayerFailed, 1));
+        let r = run(&Options::default());
+        let first = device_name();
+        assert!(r.baseline.devices.contains_key(&first) && r.baseline.devices.contains_key("rxedown"), "both examined");
+        let f = first_failure(&r);
+        assert_eq!((f.layer, f.scope.as_str()), (Layer::Port, "rxedown"), "{f:#?}");
+        assert!(f.fix.iter().any(|x| x == "ip link set dummydown up"), "{f:?}");
+        assert!(r.layers.iter().filter(|l| l.scope == first).all(|l| l.outcome != Outcome::Fail), "{:#?}", r.layers);
+        assert_eq!((r.status, r.exit_code), (Status::LayerFailed, 1));
 
-    second.remove().unwrap_or_else(|e| panic!("{e}"));
-    assert!(!Path::new("/sys/class/infiniband/rxedown").exists());
+        second.remove().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!Path::new("/sys/class/infiniband/rxedown").exists());
+    });
 }
 
 /// A second rxe device on a dummy netdev that stays down, removed (device and netdev)
@@ -339,25 +367,23 @@ fn rdma_cm_node_hidden_by_a_bind_mount_fails_the_rdma_cm_layer_with_umount_as_th
 #[test]
 #[ignore = "needs an RDMA device (run as root): run scripts/test"]
 fn rdma_ucm_unloaded_fails_the_rdma_cm_layer_with_modprobe_and_is_reloaded() {
-    if in_own_process("rdma_ucm_unloaded_fails_the_rdma_cm_layer_with_modprobe_and_is_reloaded") {
-        return;
-    }
-    let _leaks = cm_leak_check();
-    let guard = UcmLoaded;
-    let out = Command::new("modprobe").args(["-r", "rdma_ucm"]).output().expect("run `modprobe`");
-    assert!(out.status.success(), "modprobe -r rdma_ucm: {}", String::from_utf8_lossy(&out.stderr));
-    wait_until("rdma_cm leaves sysfs", || rdma_cm::node().kernel_dev.is_none());
+    isolated(this_test!(), || {
+        let guard = UcmLoaded;
+        let out = Command::new("modprobe").args(["-r", "rdma_ucm"]).output().expect("run `modprobe`");
+        assert!(out.status.success(), "modprobe -r rdma_ucm: {}", String::from_utf8_lossy(&out.stderr));
+        wait_until("rdma_cm leaves sysfs", || rdma_cm::node().kernel_dev.is_none());
 
-    let r = run(&options());
-    let f = first_failure(&r);
-    assert_eq!((f.layer, f.scope.as_str()), (Layer::RdmaCm, device_name().as_str()), "{f:#?}");
-    assert!(f.summary.starts_with("rdma_ucm is not loaded"), "{f:?}");
-    assert_eq!(f.command.as_deref(), Some("modprobe rdma_ucm"));
-    assert_eq!(r.exit_code, 1);
+        let r = run(&options());
+        let f = first_failure(&r);
+        assert_eq!((f.layer, f.scope.as_str()), (Layer::RdmaCm, device_name().as_str()), "{f:#?}");
+        assert!(f.summary.starts_with("rdma_ucm is not loaded"), "{f:?}");
+        assert_eq!(f.command.as_deref(), Some("modprobe rdma_ucm"));
+        assert_eq!(r.exit_code, 1);
 
-    guard.restore().unwrap_or_else(|e| panic!("{e}"));
-    let r = run(&options());
-    assert_eq!(r.exit_code, 0, "healthy again after the reload: {:#?}", r.layers);
+        guard.restore().unwrap_or_else(|e| panic!("{e}"));
+        let r = run(&options());
+        assert_eq!(r.exit_code, 0, "healthy again after the reload: {:#?}", r.layers);
+    });
 }
 
 /// Loads rdma_ucm again and waits for its node, whatever happens in the test.
@@ -385,51 +411,6 @@ impl Drop for UcmLoaded {
             eprintln!("reloading rdma_ucm: {e}");
         }
     }
-}
-
-/// Runs the test `name` in a fresh process of this binary, bounded in time, and checks
-/// its result: `true` here (the caller returns), `false` in that process (the caller runs
-/// the test). librdmacm keeps a device's context open until the process that used it
-/// exits (`rdma_cm`), and an open context holds an rxe link that another test deletes:
-/// so every test whose doctor runs the rdma_cm check runs in a process of its own.
-fn in_own_process(name: &str) -> bool {
-    const CHILD: &str = "RDMA_DOCTOR_TEST_CHILD";
-    const LIMIT: Duration = Duration::from_secs(300);
-    if std::env::var_os(CHILD).is_some() {
-        return false;
-    }
-    let me = std::env::current_exe().unwrap();
-    // Its output goes to a file and is shown indented, so that its own "test result" line
-    // is not counted as this binary's.
-    let log_path = std::env::temp_dir().join(format!("rdma-doctor-test-{}.log", std::process::id()));
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut child = Command::new(me)
-        .args(["--exact", name, "--include-ignored", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("spawn the test binary");
-    let deadline = Instant::now() + LIMIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            eprintln!("{}", std::fs::read_to_string(&log_path).unwrap_or_default());
-            panic!("{name} did not finish in {LIMIT:?} (is a context of the device still open?)");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let output = std::fs::read_to_string(&log_path).unwrap_or_default();
-    let _ = std::fs::remove_file(&log_path);
-    for line in output.lines() {
-        eprintln!("    | {line}");
-    }
-    assert!(status.success(), "{name} failed in its own process: {status}");
-    true
 }
 
 fn ip(args: &[&str]) {
@@ -526,88 +507,6 @@ impl Drop for RxeLink {
     fn drop(&mut self) {
         if let Err(e) = self.restore() {
             eprintln!("re-creating {}: {e}", self.name);
-        }
-    }
-}
-
-// ---- the test bed: the device under test, and the resource-leak check -------------------
-
-/// Skipping is not an option: name the device or fail.
-fn device_name() -> String {
-    if let Ok(name) = std::env::var("RDMA_DEVICE") {
-        return name;
-    }
-    let list = rdma_verbs::devices().expect("ibv_get_device_list");
-    let name = list.iter().next().map(|d| d.name().to_owned());
-    name.expect("no RDMA device: device tests need one; run them with scripts/test (rxe in a VM)")
-}
-
-/// The device under test, opened.
-fn open() -> Context {
-    let name = device_name();
-    Context::open(Some(&name)).unwrap_or_else(|e| panic!("opening {name}: {e}"))
-}
-
-/// The device's resource counts as the kernel keeps them (`rdma -j resource show`): one
-/// `"name":count` pair per kind, in the device's object.
-fn resource_counts() -> Vec<(String, u64)> {
-    let dev = device_name();
-    let out = Command::new("rdma").args(["-j", "resource", "show"]).output().expect("run `rdma` (iproute2)");
-    assert!(out.status.success(), "rdma resource show failed: {}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    let obj = text
-        .split('{')
-        .find(|o| o.contains(&format!("\"ifname\":\"{dev}\"")))
-        .unwrap_or_else(|| panic!("{dev} not in `rdma resource show`: {text}"));
-    let counts: Vec<(String, u64)> = ["pd", "cq", "qp", "mr", "srq", "ctx", "cm_id"]
-        .iter()
-        .filter_map(|k| {
-            let key = format!("\"{k}\":");
-            let at = obj.find(&key)? + key.len();
-            let n: String = obj[at..].chars().take_while(char::is_ascii_digit).collect();
-            Some(((*k).to_owned(), n.parse().ok()?))
-        })
-        .collect();
-    assert!(counts.len() >= 5, "too few resource counters for {dev} in `rdma -j resource show`: {text}");
-    counts
-}
-
-/// The IPv4 address of the device's netdev (`RDMA_IP` from scripts/rxe, else its default
-/// GID's).
-fn rdma_ip() -> Option<std::net::Ipv4Addr> {
-    let from_env = std::env::var("RDMA_IP").ok().and_then(|ip| ip.parse().ok());
-    from_env.or_else(|| {
-        let gid = open().default_gid(1).ok()?.gid.to_string();
-        gid.strip_prefix("::ffff:")?.parse().ok()
-    })
-}
-
-/// A [`LeakCheck`] for a test whose doctor runs the rdma_cm check (in its own process):
-/// librdmacm opens the device's context on first use and keeps it until the process
-/// exits, so the counts are taken after one use of it.
-fn cm_leak_check() -> LeakCheck {
-    static WARM: std::sync::Once = std::sync::Once::new();
-    WARM.call_once(|| {
-        let ip = rdma_ip().expect("an IPv4 RoCE GID for rdma_cm");
-        let r = rdma_cm::run(ip, WAIT);
-        assert!(r.error.is_none(), "warming librdmacm up: {r:?}");
-    });
-    LeakCheck::new()
-}
-
-/// Asserts on drop that the device's resource counts are back to where they were.
-struct LeakCheck(Vec<(String, u64)>);
-
-impl LeakCheck {
-    fn new() -> Self {
-        LeakCheck(resource_counts())
-    }
-}
-
-impl Drop for LeakCheck {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            assert_eq!(resource_counts(), self.0, "device resources leaked (before vs after the test)");
         }
     }
 }

@@ -9,10 +9,10 @@
 //! ([`cm_leak_check`] allows for exactly that, and checks it).
 
 use std::io::{BufRead, BufReader, Read};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Once};
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,7 @@ use rdma_verbs::{CmEventKind, CmId, ConnParam, EventChannel, PortSpace, RejectRe
 use rdma_verbs::{RecvQueue, SendQueue};
 
 use crate::datapath::{chunks, poll_one};
-use crate::{device_name, example, LeakCheck, ResourceCounts};
+use crate::{device_name, example, ResourceCounts};
 
 /// The bound on every wait of these tests.
 const T: Duration = Duration::from_secs(10);
@@ -34,99 +34,8 @@ const STARTUP: Duration = Duration::from_secs(60);
 /// How long a child process may take to do its whole exchange and exit.
 const CHILD: Duration = Duration::from_secs(30);
 
-/// The IP address of the netdev under the device (scripts/rxe exports RDMA_IP).
-pub(crate) fn rdma_ip() -> IpAddr {
-    let ip = std::env::var("RDMA_IP").unwrap_or_default();
-    ip.parse().unwrap_or_else(|_| {
-        panic!(
-            "RDMA_IP is {ip:?}: rdma_cm tests need the IP address of the netdev under the device; \
-             run them through scripts/rxe, which exports it"
-        )
-    })
-}
-
-/// Runs a test's body in a fresh process of this binary, bounded in time.
-///
-/// librdmacm opens a device's context the first time one of its ids binds to the device
-/// and keeps it open until the process exits. On rxe an open context blocks the removal
-/// of the device (the diag link test deletes and recreates it) for as long as it is
-/// open, so no rdma_cm call may happen in the process that runs the other tests. The
-/// child takes the leak check, after librdmacm has opened its context ([`cm_leak_check`]).
-pub(crate) fn isolated(test: &str, body: impl FnOnce()) {
-    in_own_process(test, || {
-        let _leaks = cm_leak_check();
-        body();
-    });
-}
-
-/// Runs `child` in a fresh process of this binary (this one waits for it, bounded in time):
-/// [`isolated`] without the leak check, for a test that counts the resources itself.
-fn in_own_process(test: &str, child: impl FnOnce()) {
-    const ENV: &str = "RDMA_VERBS_CM_TEST";
-    if std::env::var(ENV).as_deref() == Ok(test) {
-        child();
-        return;
-    }
-    let log_path =
-        std::env::temp_dir().join(format!("rdma-verbs-cm-{}-{}.log", std::process::id(), test.replace(':', "_")));
-    let log = std::fs::File::create(&log_path).unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"])
-        .env(ENV, test)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("spawn the test binary");
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        thread::sleep(Duration::from_millis(50));
-    };
-    let output = std::fs::read_to_string(&log_path).unwrap_or_default();
-    let _ = std::fs::remove_file(&log_path);
-    // Indented, so that the child's own "test result" line is not taken for this binary's.
-    for line in output.lines() {
-        eprintln!("    | {line}");
-    }
-    let status = status.unwrap_or_else(|| panic!("{test} did not finish within 180 s in its own process"));
-    assert!(status.success(), "{test} failed in its own process: {status}");
-    assert!(output.contains("test result: ok. 1 passed"), "{test}: the child process did not run exactly this test");
-}
-
-/// The leak check of a process that uses rdma_cm. librdmacm opens a device's context the
-/// first time one of its ids binds to that device and keeps it open for the life of the
-/// process (see the `cm` module docs): after the first rdma_cm use the device counts one
-/// context more (ctx + 1), whatever is dropped. So the first call opens it, checks that
-/// the first use left exactly that one context behind and nothing else, and only then
-/// takes the snapshot, which the check compares with: it sees only what a test leaves.
-pub(crate) fn cm_leak_check() -> LeakCheck {
-    static OPEN: Once = Once::new();
-    OPEN.call_once(|| {
-        let before = ResourceCounts::now();
-        bind_an_id_and_drop_it();
-        let after = ResourceCounts::now();
-        assert_eq!(after, ResourceCounts { ctx: before.ctx + 1, ..before }, "the first rdma_cm use leaves ctx + 1");
-    });
-    LeakCheck::new()
-}
-
-/// A CM id bound to the device under test (so librdmacm opens its context), then dropped.
-fn bind_an_id_and_drop_it() {
-    let channel = EventChannel::new().unwrap();
-    let id = CmId::new(&channel, PortSpace::Tcp).unwrap();
-    id.bind(SocketAddr::new(rdma_ip(), 0)).unwrap();
-    let ctx = id.context().unwrap();
-    assert_eq!(ctx.name(), device_name(), "rdma_cm picked the device under RDMA_IP");
-    drop((ctx, id, channel));
-}
+// The child-process harness and the rdma_cm leak check (rdma-test-support).
+pub(crate) use rdma_test_support::{bind_an_id_and_drop_it, cm_leak_check, in_own_process, isolated, rdma_ip};
 
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]

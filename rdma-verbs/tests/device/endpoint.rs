@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -234,17 +234,7 @@ const RUN_LIMIT: Duration = Duration::from_secs(180);
 
 /// examples/rc_pingpong, built next to this test binary (target/<profile>/examples).
 fn our_pingpong() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/device-<hash>
-    let profile_dir = exe.parent().and_then(Path::parent).expect("test binary in target/<profile>/deps");
-    let path = profile_dir.join("examples").join("rc_pingpong");
-    assert!(
-        path.exists(),
-        "{} is missing: build it first with `cargo build --example rc_pingpong` \
-         (scripts/test builds the examples before the device phase)",
-        path.display()
-    );
-    path
+    crate::example("rc_pingpong")
 }
 
 /// A TCP port nobody listens on right now.

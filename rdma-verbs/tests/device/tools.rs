@@ -442,3 +442,45 @@ fn every_nonsense_flag_exits_non_zero_naming_the_problem() {
         assert!(done.stderr.contains("no_such_dev"), "{name}: the unknown device is not named\n{}", done.report(name));
     }
 }
+
+// ---- the other example tools (once scripts/test's smoke runs) ---------------------------
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn devinfo_shows_the_device_under_test_with_an_active_port_and_exits_2_on_a_bad_flag() {
+    let _leaks = LeakCheck::new();
+    let name = device_name();
+    let done = run("devinfo", &["-d".into(), name.clone(), "-v".into()]);
+    assert!(done.status.success(), "devinfo failed\n{}", done.report("devinfo"));
+    assert!(
+        done.stdout.contains(&format!("hca_id:\t{name}")),
+        "devinfo did not show {name}\n{}",
+        done.report("devinfo")
+    );
+    assert!(done.stdout.contains("PORT_ACTIVE"), "no active port\n{}", done.report("devinfo"));
+    let done = run("devinfo", &["-l".into()]);
+    assert!(done.status.success() && done.stdout.contains(&name), "devinfo -l\n{}", done.report("devinfo -l"));
+
+    let done = run("devinfo", &["-d".into(), "no_such_dev".into()]);
+    assert_eq!(done.status.code(), Some(1), "an unknown device\n{}", done.report("devinfo -d no_such_dev"));
+    for bad in [&["--no-such-flag"][..], &["-d"]] {
+        let done = run("devinfo", &bad.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(done.status.code(), Some(2), "a usage error\n{}", done.report("devinfo"));
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn soak_for_20_s_checks_every_byte_and_balances_posts_completions_and_resources() {
+    let _leaks = LeakCheck::new();
+    // scripts/soak runs it for minutes; 20 s with 2 pairs is the test's share.
+    let args = ["-d", &device_name(), "--minutes", "0.34", "--qps", "2", "--warmup-secs", "5"].map(String::from);
+    let done = run("soak", &args);
+    assert!(done.status.success(), "soak failed\n{}", done.report("soak"));
+    let summary = done.stdout.lines().last().unwrap_or_default();
+    assert!(summary.starts_with("soak: PASS "), "no PASS summary\n{}", done.report("soak"));
+    for clean in ["checksum_errors=0 ", "wc_errors=0 ", "other_errors=0 "] {
+        assert!(summary.contains(clean), "{clean} in {summary}");
+    }
+    assert!(!summary.contains(" ops=0 "), "no operation ran: {summary}");
+}

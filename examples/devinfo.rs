@@ -23,60 +23,27 @@ use std::io::{self, Write as _};
 use std::net::Ipv6Addr;
 use std::process::ExitCode;
 
+use clap::Parser;
 use rdma_verbs_sys as ffi;
 
-const USAGE: &str = "usage: devinfo [-d NAME] [-l] [-v]
-  -d, --ib-dev NAME  show only device NAME (default: every device)
-  -l, --list         print the device names only
-  -v, --verbose      add device limits, capability flags, port details and GIDs
-  -h, --help         print this help";
-
-/// What the command line asked for.
-#[derive(Default)]
+/// What the command line asked for (`ibv_devinfo`'s flags).
+#[derive(Parser)]
+#[command(name = "devinfo", about = "RDMA devices and their ports, like ibv_devinfo")]
 struct Options {
+    /// Show only device NAME (default: every device).
+    #[arg(short = 'd', long = "ib-dev", value_name = "NAME")]
     device: Option<String>,
+    /// Print the device names only.
+    #[arg(short = 'l', long = "list")]
     list_only: bool,
+    /// Add device limits, capability flags, port details and GIDs.
+    #[arg(short = 'v', long)]
     verbose: bool,
 }
 
-/// `Ok(None)` means `--help` was asked for.
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Options>, String> {
-    let mut opts = Options::default();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "-l" | "--list" => opts.list_only = true,
-            "-v" | "--verbose" => opts.verbose = true,
-            "-d" | "--ib-dev" => {
-                let name = args.next().ok_or_else(|| format!("{arg} needs a device name"))?;
-                opts.device = Some(name);
-            }
-            _ => {
-                if let Some(name) = arg.strip_prefix("--ib-dev=") {
-                    opts.device = Some(name.to_owned());
-                } else {
-                    return Err(format!("unknown argument '{arg}'"));
-                }
-            }
-        }
-    }
-    Ok(Some(opts))
-}
-
 fn main() -> ExitCode {
-    let opts = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(opts)) => opts,
-        Ok(None) => {
-            return match write_stdout(&format!("{USAGE}\n")) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(_) => ExitCode::FAILURE,
-            }
-        }
-        Err(msg) => {
-            eprintln!("devinfo: {msg}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    // A bad flag: clap prints it with the usage and exits 2.
+    let opts = Options::parse();
     match run(&opts) {
         Ok(()) | Err(Stop::PipeClosed) => ExitCode::SUCCESS,
         Err(Stop::Failed(msg)) => {

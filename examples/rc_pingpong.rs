@@ -44,6 +44,7 @@ use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::{CommandFactory, Parser};
 use rdma_verbs::wire::pingpong;
 use rdma_verbs::Handshake;
 use rdma_verbs::{
@@ -52,42 +53,62 @@ use rdma_verbs::{
 };
 use rdma_verbs::{RecvQueue, SendQueue};
 
-const USAGE: &str = "usage:
-  rc_pingpong [OPTIONS]          start a server and wait for a connection
-  rc_pingpong [OPTIONS] HOST     connect to the server at HOST
-options:
-  -p, --port=PORT         listen on / connect to TCP port PORT (default 18515)
-  -d, --ib-dev=DEV        use RDMA device DEV (default: the first one)
-  -i, --ib-port=PORT      use port PORT of the device (default 1)
-  -s, --size=SIZE         size of each message (default 4096)
-  -m, --mtu=MTU           path MTU: 256, 512, 1024, 2048 or 4096 (default 1024)
-  -r, --rx-depth=N        receives kept posted (default 500)
-  -n, --iters=N           number of exchanges (default 1000)
-  -l, --sl=SL             service level (default 0)
-  -e, --events            sleep on completion events instead of polling
-  -g, --gid-idx=INDEX     local GID index (default: chosen on RoCE, none on InfiniBand)
-      --handshake         use rdma-verbs' endpoint exchange (both sides must say so)
-      --timeout=SECS      give up after SECS without progress (default 60)
-  -h, --help              print this help";
-
 /// What the C tool fills its buffer with; so every message it sends is this byte.
 const FILL: u8 = 0x7b;
 /// Registered memory this example agrees to use: (rx-depth + 1) x size.
 const MAX_MEMORY: usize = 1 << 30;
 
+/// `ibv_rc_pingpong`'s flags, with its short and long names and defaults.
+#[derive(Parser)]
+#[command(
+    name = "rc_pingpong",
+    about = "rdma-core's ibv_rc_pingpong on rdma-verbs: a server without HOST, a client with it"
+)]
 struct Options {
+    /// Listen on / connect to TCP port PORT.
+    #[arg(short = 'p', long, value_name = "PORT", default_value = "18515", value_parser = number::<u16>)]
     port: u16,
+    /// Use RDMA device DEV (default: the first one).
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     device: Option<String>,
+    /// Use port PORT of the device.
+    #[arg(short = 'i', long = "ib-port", value_name = "PORT", default_value = "1", value_parser = ib_port)]
     ib_port: u8,
+    /// Size of each message.
+    #[arg(short = 's', long, value_name = "SIZE", default_value = "4096", value_parser = at_least_one::<usize>)]
     size: usize,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096.
+    #[arg(short = 'm', long, value_name = "MTU", default_value = "1024", value_parser = mtu)]
     mtu: Mtu,
+    /// Receives kept posted.
+    #[arg(short = 'r', long = "rx-depth", value_name = "N", default_value = "500", value_parser = at_least_one::<u32>)]
     rx_depth: u32,
+    /// Number of exchanges.
+    #[arg(short = 'n', long, value_name = "N", default_value = "1000", value_parser = at_least_one::<u64>)]
     iters: u64,
+    /// Service level.
+    #[arg(short = 'l', long, value_name = "SL", default_value = "0", value_parser = service_level)]
     sl: u8,
+    /// Sleep on completion events instead of polling.
+    #[arg(short = 'e', long)]
     events: bool,
+    /// Local GID index (default: chosen on RoCE, none on InfiniBand).
+    #[arg(short = 'g', long = "gid-idx", value_name = "INDEX", value_parser = number::<u32>)]
     gid_index: Option<u32>,
+    /// Use rdma-verbs' endpoint exchange (both sides must say so).
+    #[arg(long)]
     handshake: bool,
+    /// Give up after SECS without progress.
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = seconds)]
     timeout: Duration,
+    /// The C tool's on-demand paging: refused.
+    #[arg(short = 'o', long, hide = true)]
+    odp: bool,
+    /// The C tool's timestamps: refused.
+    #[arg(short = 't', long, hide = true)]
+    ts: bool,
+    /// The server to connect to (none: be the server).
+    #[arg(value_name = "HOST")]
     server: Option<String>,
 }
 
@@ -106,99 +127,62 @@ impl Default for Options {
             gid_index: None,
             handshake: false,
             timeout: Duration::from_secs(60),
+            odp: false,
+            ts: false,
             server: None,
         }
     }
 }
 
 /// A number as strtoul(.., 0) reads it: decimal, or hex after `0x`.
-fn number<T: TryFrom<u64>>(flag: &str, s: &str) -> Result<T, String> {
+fn number<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
     let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16),
         None => s.parse::<u64>(),
     };
-    v.ok().and_then(|v| T::try_from(v).ok()).ok_or_else(|| format!("{flag}: {s:?} is not a number in range"))
+    v.ok().and_then(|v| T::try_from(v).ok()).ok_or_else(|| format!("{s:?} is not a number in range"))
 }
 
-/// `Ok(None)` means `--help`.
-fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, String> {
-    let mut o = Options::default();
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        // --name=value, --name value, -xvalue, -x value.
-        let (flag, inline) = if let Some(long) = arg.strip_prefix("--") {
-            match long.split_once('=') {
-                Some((n, v)) => (format!("--{n}"), Some(v.to_owned())),
-                None => (arg.clone(), None),
-            }
-        } else if arg.starts_with('-') && arg.len() > 2 {
-            (arg[..2].to_owned(), Some(arg[2..].to_owned()))
-        } else {
-            (arg.clone(), None)
-        };
-        let mut value = |name: &str| -> Result<String, String> {
-            match inline.clone() {
-                Some(v) => Ok(v),
-                None => args.next().ok_or_else(|| format!("{name} needs a value")),
-            }
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "-p" | "--port" => o.port = number(&flag, &value(&flag)?)?,
-            "-d" | "--ib-dev" => o.device = Some(value(&flag)?),
-            "-i" | "--ib-port" => {
-                o.ib_port = number(&flag, &value(&flag)?)?;
-                if o.ib_port < 1 {
-                    return Err("-i: ports are numbered from 1".into());
-                }
-            }
-            "-s" | "--size" => {
-                o.size = number(&flag, &value(&flag)?)?;
-                if o.size == 0 {
-                    return Err("-s: the message size must be at least 1".into());
-                }
-            }
-            "-m" | "--mtu" => {
-                o.mtu = match number::<u32>(&flag, &value(&flag)?)? {
-                    256 => Mtu::Mtu256,
-                    512 => Mtu::Mtu512,
-                    1024 => Mtu::Mtu1024,
-                    2048 => Mtu::Mtu2048,
-                    4096 => Mtu::Mtu4096,
-                    other => return Err(format!("-m: {other} is not 256, 512, 1024, 2048 or 4096")),
-                }
-            }
-            "-r" | "--rx-depth" => {
-                o.rx_depth = number(&flag, &value(&flag)?)?;
-                if o.rx_depth == 0 {
-                    return Err("-r: at least one receive must be posted".into());
-                }
-            }
-            "-n" | "--iters" => {
-                o.iters = number(&flag, &value(&flag)?)?;
-                if o.iters == 0 {
-                    return Err("-n: at least one exchange".into());
-                }
-            }
-            "-l" | "--sl" => {
-                o.sl = number(&flag, &value(&flag)?)?;
-                if o.sl > 15 {
-                    return Err("-l: service levels are 0..=15".into());
-                }
-            }
-            "-e" | "--events" if inline.is_none() => o.events = true,
-            "-g" | "--gid-idx" => o.gid_index = Some(number(&flag, &value(&flag)?)?),
-            "--handshake" if inline.is_none() => o.handshake = true,
-            "--timeout" => o.timeout = Duration::from_secs(number(&flag, &value(&flag)?)?),
-            "-o" | "--odp" | "-t" | "--ts" => {
-                return Err(format!("{flag} (on-demand paging, timestamps) is not supported"))
-            }
-            f if f.starts_with('-') && f.len() > 1 => return Err(format!("unknown option {arg}")),
-            _ if o.server.is_none() => o.server = Some(arg),
-            _ => return Err(format!("one server host at most (got {arg:?} too)")),
-        }
+fn at_least_one<T: TryFrom<u64> + PartialEq + From<u8>>(s: &str) -> Result<T, String> {
+    let n: T = number(s)?;
+    if n == T::from(0) {
+        return Err("must be at least 1".into());
     }
-    Ok(Some(o))
+    Ok(n)
+}
+
+fn ib_port(s: &str) -> Result<u8, String> {
+    at_least_one(s).map_err(|e| if e.starts_with("must") { "ports are numbered from 1".into() } else { e })
+}
+
+fn service_level(s: &str) -> Result<u8, String> {
+    number(s).ok().filter(|&sl: &u8| sl <= 15).ok_or_else(|| "service levels are 0..=15".into())
+}
+
+fn mtu(s: &str) -> Result<Mtu, String> {
+    Ok(match number::<u32>(s)? {
+        256 => Mtu::Mtu256,
+        512 => Mtu::Mtu512,
+        1024 => Mtu::Mtu1024,
+        2048 => Mtu::Mtu2048,
+        4096 => Mtu::Mtu4096,
+        other => return Err(format!("{other} is not 256, 512, 1024, 2048 or 4096")),
+    })
+}
+
+fn seconds(s: &str) -> Result<Duration, String> {
+    number(s).map(Duration::from_secs)
+}
+
+/// The flags, or clap's error (exit 2, or 0 for `--help`); the C tool's `-o` and `-t`
+/// are refused as usage errors.
+fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, clap::Error> {
+    let o = Options::try_parse_from(std::iter::once("rc_pingpong".to_owned()).chain(args))?;
+    if o.odp || o.ts {
+        let msg = "-o/--odp and -t/--ts (on-demand paging, timestamps) are not supported";
+        return Err(Options::command().error(clap::error::ErrorKind::ArgumentConflict, msg));
+    }
+    Ok(o)
 }
 
 type AnyError = Box<dyn std::error::Error>;
@@ -471,17 +455,7 @@ fn run(o: &Options) -> Result<(), AnyError> {
 }
 
 fn main() -> ExitCode {
-    let opts = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(o)) => o,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(msg) => {
-            eprintln!("rc_pingpong: {msg}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let opts = parse_args(std::env::args().skip(1)).unwrap_or_else(|e| e.exit());
     match run(&opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -495,18 +469,17 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Option<Options>, String> {
+    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
         parse_args(args.iter().map(|s| s.to_string()))
     }
 
     #[test]
     fn flags_read_like_getopt() {
-        let o =
-            parse(&["-d", "rxe0", "-g1", "--port=18600", "-n", "0x10", "--mtu", "2048", "127.0.0.1"]).unwrap().unwrap();
+        let o = parse(&["-d", "rxe0", "-g1", "--port=18600", "-n", "0x10", "--mtu", "2048", "127.0.0.1"]).unwrap();
         assert_eq!(o.device.as_deref(), Some("rxe0"));
         assert_eq!((o.gid_index, o.port, o.iters, o.mtu), (Some(1), 18600, 16, Mtu::Mtu2048));
         assert_eq!(o.server.as_deref(), Some("127.0.0.1"));
-        let d = parse(&[]).unwrap().unwrap();
+        let d = parse(&[]).unwrap();
         assert_eq!((d.port, d.size, d.iters, d.rx_depth, d.mtu), (18515, 4096, 1000, 500, Mtu::Mtu1024));
         assert!(d.server.is_none());
     }
@@ -514,8 +487,13 @@ mod tests {
     #[test]
     fn bad_flags_are_errors() {
         for bad in [&["-m", "1000"][..], &["-p", "70000"], &["-x"], &["a", "b"], &["-s", "0"], &["-n"], &["-t"]] {
+            let e = parse(bad).err().unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}: {e}");
+        }
+        for bad in [&["-i", "0"][..], &["-l", "16"], &["-r", "0"], &["--events=1"], &["-o"], &["--ts"]] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
+        assert_eq!(parse(&["-h"]).err().map(|e| e.exit_code()), Some(0), "--help exits 0");
     }
 
     #[test]

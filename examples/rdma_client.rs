@@ -26,39 +26,37 @@ use std::time::Duration;
 
 #[path = "common/cm_example.rs"]
 mod cm_example;
-use cm_example::{main_with, resolve, wait_one};
+use cm_example::{main_with, resolve, seconds, wait_one};
+
+use clap::Parser;
 
 use rdma_verbs::{AccessFlags, AlignedBuf, Chunk, CompletionQueue, ProtectionDomain, QpType, QueuePair, SendWr};
 use rdma_verbs::{CmId, ConnParam, EventChannel, PortSpace};
 use rdma_verbs::{RecvQueue, SendQueue};
 
-const USAGE: &str = "usage: rdma_client [-s server_address] [-p port_number] [-t seconds] [-v]";
 /// Message size of librdmacm's example pair.
 const MSG_LEN: usize = 16;
 const MESSAGE: &[u8; MSG_LEN] = b"rdma-verbs: ping";
 /// librdmacm's rdma_create_ep resolves with these timeouts.
 const RESOLVE_TIMEOUT: Duration = Duration::from_millis(2000);
 
+/// librdmacm's `rdma_client` flags (`-s`, `-p`), and ours (`-t`, `-v`): short ones only.
+#[derive(Parser)]
+#[command(name = "rdma_client", about = "librdmacm's rdma_client on rdma-verbs")]
 struct Options {
+    /// The server's address (on RoCE, the IP of a netdev under an RDMA device).
+    #[arg(short = 's', value_name = "server_address", default_value = "127.0.0.1")]
     server: String,
+    /// Its port.
+    #[arg(short = 'p', value_name = "port_number", default_value_t = 7471)]
     port: u16,
+    /// The bound on every wait, in seconds (librdmacm's example waits forever).
+    #[arg(short = 't', value_name = "seconds", default_value = "30", value_parser = seconds)]
     timeout: Duration,
+    /// Check that the reply is our message echoed (our rdma_server echoes; librdmacm's
+    /// sends 16 zero bytes).
+    #[arg(short = 'v')]
     verify: bool,
-}
-
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
-    let mut opts = Options { server: "127.0.0.1".into(), port: 7471, timeout: Duration::from_secs(30), verify: false };
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
-        match arg.as_str() {
-            "-s" => opts.server = value("-s")?,
-            "-p" => opts.port = value("-p")?.parse().map_err(|e| format!("-p: {e}"))?,
-            "-t" => opts.timeout = Duration::from_secs(value("-t")?.parse().map_err(|e| format!("-t: {e}"))?),
-            "-v" => opts.verify = true,
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(opts)
 }
 
 fn run(opts: &Options) -> Result<(), String> {
@@ -119,5 +117,5 @@ fn run(opts: &Options) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    main_with("rdma_client", USAGE, || parse_args(std::env::args().skip(1)), run)
+    main_with("rdma_client", Options::parse(), run)
 }

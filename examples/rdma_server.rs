@@ -28,34 +28,31 @@ use std::time::Duration;
 
 #[path = "common/cm_example.rs"]
 mod cm_example;
-use cm_example::{main_with, resolve, wait_one};
+use cm_example::{main_with, resolve, seconds, wait_one};
+
+use clap::Parser;
 
 use rdma_verbs::{AccessFlags, AlignedBuf, Chunk, CompletionQueue, ProtectionDomain, QpType, QueuePair, SendWr};
 use rdma_verbs::{CmId, ConnParam, EventChannel, PortSpace};
 use rdma_verbs::{RecvQueue, SendQueue};
 
-const USAGE: &str = "usage: rdma_server [-s server_address] [-p port_number] [-t seconds]";
 /// Message size of librdmacm's example pair.
 const MSG_LEN: usize = 16;
 
+/// librdmacm's `rdma_server` flags (`-s`, `-p`), and ours (`-t`): short ones only.
+#[derive(Parser)]
+#[command(name = "rdma_server", about = "librdmacm's rdma_server on rdma-verbs")]
 struct Options {
+    /// The address to listen on (0.0.0.0: every address).
+    #[arg(short = 's', value_name = "server_address", default_value = "0.0.0.0")]
     address: String,
+    /// The port.
+    #[arg(short = 'p', value_name = "port_number", default_value_t = 7471)]
     port: u16,
+    /// The bound on every wait, the wait for a client included, in seconds (librdmacm's
+    /// example waits forever).
+    #[arg(short = 't', value_name = "seconds", default_value = "60", value_parser = seconds)]
     timeout: Duration,
-}
-
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
-    let mut opts = Options { address: "0.0.0.0".into(), port: 7471, timeout: Duration::from_secs(60) };
-    while let Some(arg) = args.next() {
-        let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
-        match arg.as_str() {
-            "-s" => opts.address = value("-s")?,
-            "-p" => opts.port = value("-p")?.parse().map_err(|e| format!("-p: {e}"))?,
-            "-t" => opts.timeout = Duration::from_secs(value("-t")?.parse().map_err(|e| format!("-t: {e}"))?),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(opts)
 }
 
 fn run(opts: &Options) -> Result<(), String> {
@@ -116,5 +113,5 @@ fn run(opts: &Options) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    main_with("rdma_server", USAGE, || parse_args(std::env::args().skip(1)), run)
+    main_with("rdma_server", Options::parse(), run)
 }

@@ -37,13 +37,16 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
 use rdma_verbs::{
     ffi, AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpAccess,
     QpType, QueuePair, RemoteMr, RemoteWritable, SendWr, WorkCompletion,
 };
 
-const USAGE: &str = "usage: syscall_probe poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, \
-                     prepared, raw; recv: safe, raw) | send-batch N K | prepared-send-batch N K";
+/// The phase's names, for the usage errors.
+const PHASES: &str = "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, raw; recv: safe, \
+                      raw) | send-batch N K | prepared-send-batch N K";
 /// Receives pre-posted for the SEND phases, B's receive queue depth, and the most
 /// receives the `recv` phase posts.
 const RECV_DEPTH: usize = 8192;
@@ -77,48 +80,63 @@ enum Phase {
     Recvs { way: Way, n: usize, k: usize },
 }
 
-fn parse(args: &[String]) -> Res<Phase> {
-    let num = |i: usize| -> Res<usize> {
-        let s = args.get(i).ok_or(USAGE)?;
-        Ok(s.parse().map_err(|_| format!("{s:?} is not a count\n{USAGE}"))?)
-    };
-    let name = args.first().map(String::as_str).unwrap_or("");
+/// The command line: a phase, its N, and its K where it has one (see the module docs).
+#[derive(Parser)]
+#[command(name = "syscall_probe", about = "One data-path operation in a steady loop, for strace and callgrind")]
+#[command(after_help = format!("PHASE: {PHASES}"))]
+struct Args {
+    /// poll, recv, OP-WAY, send-batch or prepared-send-batch.
+    phase: String,
+    /// Rounds (polls, receives).
+    n: usize,
+    /// Requests per round (OP-WAY phases).
+    k: Option<usize>,
+}
+
+impl Args {
+    /// The command line as it was given, for the marker line.
+    fn text(&self) -> String {
+        let k = self.k.map(|k| format!(" {k}")).unwrap_or_default();
+        format!("{} {}{k}", self.phase, self.n)
+    }
+}
+
+fn parse(args: &Args) -> Result<Phase, String> {
+    let (name, n) = (args.phase.as_str(), args.n);
+    let counts = if args.k.is_some() { "two counts" } else { "one count" };
+    let usage = || format!("{name:?} with {counts} is no phase: {PHASES}");
     let (op, way) = match name {
-        "poll" | "recv" if args.len() == 2 => {
-            let n = num(1)?;
+        "poll" | "recv" if args.k.is_none() => {
             if name == "poll" {
                 return Ok(Phase::Poll { n });
             }
             if n > RECV_DEPTH {
-                return Err(format!("recv: at most {RECV_DEPTH} receives").into());
+                return Err(format!("recv: at most {RECV_DEPTH} receives"));
             }
             return Ok(Phase::Recv { n });
         }
         "send-batch" => ("send", "safe"),
         "prepared-send-batch" => ("send", "prepared"),
-        _ => name.split_once('-').ok_or(USAGE)?,
+        _ => name.split_once('-').ok_or_else(usage)?,
     };
     let way = match way {
         "safe" => Way::Safe,
         "prepared" => Way::Prepared,
         "raw" => Way::Raw,
-        _ => return Err(USAGE.into()),
+        _ => return Err(usage()),
     };
-    if args.len() != 3 {
-        return Err(USAGE.into());
-    }
-    let (n, k) = (num(1)?, num(2)?);
+    let k = args.k.ok_or_else(usage)?;
     if k == 0 || k > SEND_DEPTH {
-        return Err(format!("{name}: K from 1 to {SEND_DEPTH}").into());
+        return Err(format!("{name}: K from 1 to {SEND_DEPTH}"));
     }
     match op {
         "write" => Ok(Phase::Sends { op: Op::Write, way, n, k }),
         "send" if (n + WARMUP) * k > RECV_DEPTH => {
-            Err(format!("{name}: at most {RECV_DEPTH} sends in all ({WARMUP} warm-up rounds included)").into())
+            Err(format!("{name}: at most {RECV_DEPTH} sends in all ({WARMUP} warm-up rounds included)"))
         }
         "send" => Ok(Phase::Sends { op: Op::Send, way, n, k }),
         "recv" if matches!(way, Way::Safe | Way::Raw) => Ok(Phase::Recvs { way, n, k }),
-        _ => Err(USAGE.into()),
+        _ => Err(usage()),
     }
 }
 
@@ -461,15 +479,10 @@ fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let phase = match parse(&args) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("syscall_probe: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    if let Err(e) = probe(phase, &args.join(" ")) {
+    // A bad command line exits 2 (clap's usage errors, and a phase that does not exist).
+    let args = Args::parse();
+    let phase = parse(&args).unwrap_or_else(|e| Args::command().error(ErrorKind::ValueValidation, e).exit());
+    if let Err(e) = probe(phase, &args.text()) {
         eprintln!("syscall_probe: {e}");
     }
     ExitCode::FAILURE

@@ -28,21 +28,10 @@ pub fn wait_one(cq: &mut CompletionQueue, timeout: Duration, what: &str) -> Resu
     }
 }
 
-/// The body of both `main`s: parse (exit 2 with `usage` on bad flags), then `run` between
-/// librdmacm's "NAME: start" and "NAME: end STATUS" lines (0 or -1), as its examples print.
-pub fn main_with<O>(
-    name: &str,
-    usage: &str,
-    parse: impl FnOnce() -> Result<O, String>,
-    run: impl FnOnce(&O) -> Result<(), String>,
-) -> ExitCode {
-    let opts = match parse() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("{name}: {e}\n{usage}");
-            return ExitCode::from(2);
-        }
-    };
+/// The body of both `main`s: `run` between librdmacm's "NAME: start" and "NAME: end
+/// STATUS" lines (0 or -1), as its examples print. The flags are parsed before (clap: a
+/// bad one exits 2 with the usage, before the start line).
+pub fn main_with<O>(name: &str, opts: O, run: impl FnOnce(&O) -> Result<(), String>) -> ExitCode {
     println!("{name}: start");
     let status = match run(&opts) {
         Ok(()) => 0,
@@ -57,4 +46,9 @@ pub fn main_with<O>(
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Seconds, as the `-t` flag takes them.
+pub fn seconds(s: &str) -> Result<Duration, String> {
+    s.parse().map(Duration::from_secs).map_err(|e| format!("{e}"))
 }

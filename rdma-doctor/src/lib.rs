@@ -37,6 +37,7 @@ mod cm_layer;
 mod collect;
 pub mod compare;
 mod device;
+pub mod ethtool;
 pub mod input;
 mod kmsg;
 pub mod known_bad;
@@ -269,7 +270,7 @@ fn expectations(opts: &Options, selected: &[String], now: &Baseline, saved: Opti
         loopback: opts.loopback,
         ..Expectations::default()
     };
-    let derived = rates::derived(&now.devices, &rates::netdev_speed_gbps);
+    let derived = rates::derived(&now.devices, &rates::Netdevs::live());
     let file = opts.compare_file.as_ref().map_or("(given)".to_owned(), |f| f.display().to_string());
     for (name, d) in &now.devices {
         for port in d.ports.keys() {

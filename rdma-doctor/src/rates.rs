@@ -1,31 +1,54 @@
 //! The rate a port should run at when nobody said (`--expect-rate`) and no saved baseline
-//! has it: the speed of the netdev under a RoCE port, or the fastest active sibling port
-//! of the same device model among the devices examined. Each reference says where it
-//! came from, so that a finding can name it.
+//! has it: the speed of the netdev under a RoCE port, the fastest mode that netdev and its
+//! link partner both advertise ([`crate::ethtool`] says why that one and not the modes the
+//! NIC supports), or the fastest active sibling port of the same device model among the
+//! devices examined; the highest of them. Each reference says where it came from, so that
+//! a finding can name it.
 
 use std::collections::BTreeMap;
 
+use crate::ethtool::LinkModes;
 use crate::report::DeviceFacts;
 use crate::verdict::RateRef;
 
 /// A (device, port) key of [`crate::verdict::Expectations::expected_rate`].
 pub type PortKey = (String, String);
 
-/// The derived reference of each port of `devices` that has one. `netdev_gbps(name)` is
-/// the speed of a netdev in Gb/s, `None` when it has none (a dummy, a link that is down).
-pub fn derived(
-    devices: &BTreeMap<String, DeviceFacts>,
-    netdev_gbps: &dyn Fn(&str) -> Option<f64>,
-) -> BTreeMap<PortKey, RateRef> {
+/// What the kernel says about a netdev: its speed in Gb/s (`None` when it has none: a
+/// dummy, a link that is down) and its link modes.
+pub struct Netdevs<'a> {
+    /// `/sys/class/net/NAME/speed` in Gb/s ([`netdev_speed_gbps`]).
+    pub speed_gbps: &'a dyn Fn(&str) -> Option<f64>,
+    /// The `ETHTOOL_GLINKSETTINGS` link modes ([`crate::ethtool::query`]).
+    pub link_modes: &'a dyn Fn(&str) -> Option<LinkModes>,
+}
+
+impl Netdevs<'static> {
+    /// This host's netdevs.
+    pub fn live() -> Self {
+        Netdevs { speed_gbps: &netdev_speed_gbps, link_modes: &crate::ethtool::query }
+    }
+}
+
+/// The derived reference of each port of `devices` that has one.
+pub fn derived(devices: &BTreeMap<String, DeviceFacts>, netdevs: &Netdevs<'_>) -> BTreeMap<PortKey, RateRef> {
     let mut out = BTreeMap::new();
     for (name, d) in devices {
         for (port, p) in &d.ports {
             let by_netdev = p.netdev.as_ref().and_then(|nd| {
-                let gbps = netdev_gbps(&nd.name).filter(|g| g.is_finite() && *g > 0.0)?;
+                let gbps = (netdevs.speed_gbps)(&nd.name).filter(|g| g.is_finite() && *g > 0.0)?;
                 Some(RateRef { gbps, from: format!("the speed of its netdev {} ({gbps} Gb/s)", nd.name) })
             });
+            let by_modes = p.netdev.as_ref().and_then(|nd| {
+                let (mode, mbps) = (netdevs.link_modes)(&nd.name)?.common_top()?;
+                let gbps = f64::from(mbps) / 1000.0;
+                let from =
+                    format!("the fastest mode its netdev {} and its link partner both advertise ({mode})", nd.name);
+                Some(RateRef { gbps, from })
+            });
             let by_sibling = fastest_sibling(devices, name, port, d);
-            let best = [by_netdev, by_sibling].into_iter().flatten().max_by(|a, b| a.gbps.total_cmp(&b.gbps));
+            let candidates = [by_netdev, by_modes, by_sibling];
+            let best = candidates.into_iter().flatten().max_by(|a, b| a.gbps.total_cmp(&b.gbps));
             if let Some(r) = best {
                 out.insert((name.clone(), port.clone()), r);
             }
@@ -79,10 +102,20 @@ mod tests {
 
     /// The link layer of `name` with the derived references (`netdev` speeds in Gb/s).
     fn link_of(b: &crate::report::Baseline, name: &str, netdev: Option<f64>) -> crate::verdict::LayerReport {
+        link_with_modes(b, name, netdev, None)
+    }
+
+    fn link_with_modes(
+        b: &crate::report::Baseline,
+        name: &str,
+        netdev: Option<f64>,
+        modes: Option<LinkModes>,
+    ) -> crate::verdict::LayerReport {
+        let netdevs = Netdevs { speed_gbps: &|_| netdev, link_modes: &|_| modes.clone() };
         let want = Expectations {
             devices: vec![name.into()],
-            expected_rate: derived(&b.devices, &|_| netdev),
-            ..Expectations::default()
+            expected_rate: derived(&b.devices, &netdevs),
+            ..Default::default()
         };
         let seen = Observations { sysfs_devices: b.devices.keys().cloned().collect(), ..Observations::default() };
         let (layers, _) = evaluate(b, &seen, &want, &mut crate::verdict::Probes::none());
@@ -117,6 +150,35 @@ mod tests {
         let l = link_of(&b, "mlx5_0", None);
         assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
         assert!(l.summary.contains("sibling mlx5_1 port 1"), "{l:#?}");
+    }
+
+    /// Link modes as `ETHTOOL_GLINKSETTINGS` reports them (one word a mask: bits < 32).
+    fn modes(autoneg: bool, ours: &[u32], partner: &[u32]) -> LinkModes {
+        let mask = |bits: &[u32]| vec![bits.iter().fold(0u32, |m, b| m | 1 << b)];
+        LinkModes { autoneg, supported: mask(ours), advertising: mask(ours), lp_advertising: mask(partner) }
+    }
+
+    #[test]
+    fn a_roce_port_below_the_mode_both_ends_advertise_fails_even_when_its_netdev_agrees() {
+        // A 200 Gb/s NIC (fixture) whose link came up at 100 Gb/s, the netdev saying 100
+        // too; the NIC and its partner both advertise 25G (bit 31) and 56G CR4 (bit 28).
+        let mut b = fixture();
+        b.devices.get_mut("mlx5_0").unwrap().ports.get_mut("1").unwrap().rate_gbps = 25.0;
+        let l = link_with_modes(&b, "mlx5_0", Some(25.0), Some(modes(true, &[31, 28], &[31, 28])));
+        assert_eq!(l.outcome, Outcome::Fail, "{l:#?}");
+        let want = "below the expected 56 Gb/s (the fastest mode its netdev ens1f0np0 and its link partner both \
+                    advertise (56000baseCR4/Full))";
+        assert!(l.summary.contains(want), "{l:#?}");
+        // The partner advertises 25G only (a breakout): 25 is the rate, and it passes.
+        let l = link_with_modes(&b, "mlx5_0", Some(25.0), Some(modes(true, &[31, 28], &[31])));
+        assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
+        // The partner's modes not reported, or no autonegotiation: the NIC's own modes
+        // are no reference, and the netdev's speed is what it is compared with.
+        for m in [modes(true, &[31, 28], &[]), modes(false, &[31, 28], &[31, 28])] {
+            let l = link_with_modes(&b, "mlx5_0", Some(25.0), Some(m));
+            assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
+            assert!(l.summary.contains("the speed of its netdev ens1f0np0"), "{l:#?}");
+        }
     }
 
     #[test]

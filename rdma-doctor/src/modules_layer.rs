@@ -74,7 +74,15 @@ pub(crate) fn check(facts: &Baseline, seen: &Observations, kernel_rdma: Option<b
             )
             .with_command("lspci -nnk | grep -iA3 -E 'mellanox|infiniband|ethernet'");
         }
-        let probe: Vec<String> = seen.kernel_log.errors.iter().map(|e| format!("{} [{}]", e.line, e.meaning)).collect();
+        // Only the loaded drivers' own lines: another family's error is not theirs.
+        let families: Vec<&str> = drivers.iter().map(|d| family(d)).collect();
+        let probe: Vec<String> = seen
+            .kernel_log
+            .errors
+            .iter()
+            .filter(|e| families.iter().any(|f| e.line.contains(f)))
+            .map(|e| format!("{} [{}]", e.line, e.meaning))
+            .collect();
         if !probe.is_empty() {
             evidence.extend(probe);
             return LayerReport::fail(
@@ -96,6 +104,12 @@ pub(crate) fn check(facts: &Baseline, seen: &Observations, kernel_rdma: Option<b
         format!("ib_core, ib_uverbs and {} loaded", list_or(&drivers, "no device driver")),
         evidence,
     )
+}
+
+/// The word a driver's kernel log lines carry: `mlx5` for mlx5_ib, `rxe` for rdma_rxe.
+fn family(driver: &str) -> &str {
+    let name = driver.strip_prefix("rdma_").unwrap_or(driver);
+    name.split('_').next().unwrap_or(name)
 }
 
 /// NIC drivers and the module that adds their RDMA device.
@@ -189,6 +203,30 @@ mod tests {
         assert!(r.summary.starts_with("mlx5_core is loaded but its RDMA driver mlx5_ib is not"), "{r:#?}");
         assert_eq!(r.fix, ["modprobe mlx5_ib"]);
         assert_eq!(r.command.as_deref(), Some("modprobe mlx5_ib"));
+    }
+
+    #[test]
+    fn a_loaded_driver_with_no_device_is_blamed_only_for_its_own_log_lines() {
+        let records = [
+            "3,1,20000000,-;mlx5_core 0000:03:00.0: probe_one:1620:(pid 1): mlx5_init_one failed with error -16",
+            "3,2,21000000,-;rdma_rxe: rxe_newlink: failed to add rxe0 (-22)",
+        ];
+        let mut facts = Baseline::default();
+        for m in ["ib_core", "ib_uverbs", "rdma_rxe"] {
+            facts.modules.insert(m.into(), crate::report::ModuleInfo { state: "Live".into(), ..Default::default() });
+        }
+        let mut seen = Observations {
+            kernel_log: crate::kmsg::filter(records.iter().copied(), 30, crate::kmsg::Window::at(30_000_000)),
+            ..Observations::default()
+        };
+        let r = check(&facts, &seen, Some(true));
+        assert_eq!(r.outcome, Outcome::Fail, "{r:#?}");
+        assert!(r.evidence.iter().any(|e| e.contains("failed to add rxe0 (-22)")), "{r:#?}");
+        assert!(!r.evidence.iter().any(|e| e.contains("mlx5_init_one")), "mlx5's line is not rxe's: {r:#?}");
+        // Only another family's error: nothing to blame rdma_rxe for.
+        seen.kernel_log.errors.retain(|e| e.line.contains("mlx5"));
+        assert_eq!(check(&facts, &seen, Some(true)).outcome, Outcome::Pass);
+        assert_eq!((family("rdma_rxe"), family("mlx5_ib"), family("irdma")), ("rxe", "mlx5", "irdma"));
     }
 
     #[test]

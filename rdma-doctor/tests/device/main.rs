@@ -17,6 +17,10 @@ use rdma_doctor::rdma_cm::{self, NODE};
 use rdma_doctor::report::{Memlock, Severity};
 use rdma_doctor::{input, Layer, LayerReport, Options, Outcome, Report, Status};
 use rdma_verbs::{Context, PortState};
+
+/// Faults induced for real on the test bed: providers, the rdma cgroup, the kernel log,
+/// memlock.
+mod induced;
 // The test bed, shared with rdma-verbs' device tests: every test whose doctor runs the
 // rdma_cm check runs in a process of its own (`isolated`), as librdmacm keeps a context of
 // the device open until its process exits, and an open context holds an rxe link that
@@ -178,7 +182,7 @@ fn a_user_known_bad_entry_for_this_driver_is_a_warning_citing_its_source_with_ex
         "format_version": 1,
         "entries": [{
             "id": "site-test", "device": "the test bed", "kernel_driver": driver,
-            "problem": "flagged by this test", "advice": "nothing to do", "source": "rdma-doctor/tests/device.rs"
+            "problem": "flagged by this test", "advice": "nothing to do", "source": "rdma-doctor/tests/device/main.rs"
         }]
     });
     std::fs::write(&path, list.to_string()).unwrap();
@@ -190,7 +194,7 @@ fn a_user_known_bad_entry_for_this_driver_is_a_warning_citing_its_source_with_ex
     let warnings: Vec<_> = r.findings.iter().filter(|f| f.severity == Severity::Warning).collect();
     assert_eq!(warnings.len(), 1, "{warnings:#?}");
     assert!(warnings[0].what.contains("known-bad [site-test]"), "{:?}", warnings[0]);
-    assert_eq!(warnings[0].source.as_deref(), Some("rdma-doctor/tests/device.rs"));
+    assert_eq!(warnings[0].source.as_deref(), Some("rdma-doctor/tests/device/main.rs"));
     assert_eq!((r.status, r.exit_code), (Status::Warnings, 4));
 }
 
@@ -345,15 +349,9 @@ impl Drop for SecondRxe {
 fn rdma_cm_node_hidden_by_a_bind_mount_fails_the_rdma_cm_layer_with_umount_as_the_fix() {
     let _leaks = LeakCheck::new();
     let name = device_name();
-    let doctor = env!("CARGO_BIN_EXE_rdma-doctor");
     // A private mount namespace: the node is hidden from the doctor only.
-    let script = format!("mount --bind /dev/null {NODE} && exec '{doctor}' --json -d '{name}'");
-    let out = Command::new("unshare").args(["-m", "sh", "-c", &script]).output().expect("run `unshare`");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let r =
-        input::parse_report(&text).unwrap_or_else(|e| panic!("{e}: {text}{}", String::from_utf8_lossy(&out.stderr)));
-    eprintln!("{}", rdma_doctor::render(&r));
-    assert_eq!(out.status.code(), Some(1), "{:#?}", r.layers);
+    let (code, r) = doctor_command(&["unshare", "-m"], &format!("mount --bind /dev/null {NODE}"), &[]);
+    assert_eq!(code, Some(1), "{:#?}", r.layers);
     let f = first_failure(&r);
     assert_eq!((f.layer, f.scope.as_str()), (Layer::RdmaCm, name.as_str()), "{f:#?}");
     assert!(f.summary.contains("is not rdma_ucm's device") && f.summary.contains("device 1:3"), "{f:?}");
@@ -411,6 +409,29 @@ impl Drop for UcmLoaded {
             eprintln!("reloading rdma_ucm: {e}");
         }
     }
+}
+
+/// Runs the `rdma-doctor` command on the device under test with `--json` and `args`, as
+/// `WRAP... sh -c 'SETUP && exec rdma-doctor ...'` (SETUP may be empty), and reads its
+/// report back: the way to induce a fault that only the doctor's process should see (a
+/// private mount namespace, a cgroup, dropped capabilities, a limit).
+fn doctor_command(wrap: &[&str], setup: &str, args: &[&str]) -> (Option<i32>, Report) {
+    let doctor = env!("CARGO_BIN_EXE_rdma-doctor");
+    let mut line = format!("exec '{doctor}' --json -d '{}'", device_name());
+    args.iter().for_each(|a| line += &format!(" '{a}'"));
+    let script = if setup.is_empty() { line } else { format!("{setup} && {line}") };
+    let (program, wrap) = wrap.split_first().map_or(("sh", &[][..]), |(p, rest)| (*p, rest));
+    let mut cmd = Command::new(program);
+    cmd.args(wrap);
+    if program != "sh" {
+        cmd.arg("sh");
+    }
+    let out = cmd.args(["-c", &script]).output().unwrap_or_else(|e| panic!("run {program}: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let r = input::parse_report(&text)
+        .unwrap_or_else(|e| panic!("{e}: {script}\n{text}{}", String::from_utf8_lossy(&out.stderr)));
+    eprintln!("{}", rdma_doctor::render(&r));
+    (out.status.code(), r)
 }
 
 fn ip(args: &[&str]) {

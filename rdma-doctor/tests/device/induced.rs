@@ -20,13 +20,18 @@ use rdma_test_support::{device_name, in_own_process, this_test, LeakCheck};
 use crate::{doctor_command, first_failure, open, poll_ready, rest_skipped, run, wait_until, RxeLink};
 
 /// The provider that serves the device under test (`rxe`) and its library, from a healthy
-/// run.
+/// run (one for every test of this process).
 fn provider() -> (String, PathBuf) {
-    let opts = Options { device: Some(device_name()), loopback: false, ..Options::default() };
-    let r = run(&opts);
-    let d = &r.baseline.devices[&device_name()];
-    let p = d.provider.as_ref().unwrap_or_else(|| panic!("the healthy run identifies the provider: {d:#?}"));
-    (p.name.clone(), PathBuf::from(&p.library))
+    static FOUND: std::sync::OnceLock<(String, PathBuf)> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let opts = Options { device: Some(device_name()), loopback: false, ..Options::default() };
+            let r = run(&opts);
+            let d = &r.baseline.devices[&device_name()];
+            let p = d.provider.as_ref().unwrap_or_else(|| panic!("the healthy run identifies the provider: {d:#?}"));
+            (p.name.clone(), PathBuf::from(&p.library))
+        })
+        .clone()
 }
 
 /// The provider layer failed first, on the device under test, libibverbs listing it or

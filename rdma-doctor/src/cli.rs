@@ -6,7 +6,12 @@
 //!             [--known-bad FILE]... [--ignore PATTERN]... [--expect-rate GBPS]
 //!             [--timeout SECONDS] [--no-loopback] [--memlock-need BYTES]
 //! rdma-doctor --compare-nodes A.json B.json [C.json ...] [--json] [--ignore PATTERN]...
+//! rdma-doctor --serve [--peer-port PORT] [--once] [-d NAME] [-p PORT] [--timeout SECONDS]
+//! rdma-doctor --peer HOST[:PORT] [--json] [-d NAME] [-p PORT] [--timeout SECONDS]
 //! ```
+//!
+//! `--serve` and `--peer` check the path between two nodes end to end ([`crate::peer`]):
+//! exit 0 when every check passed, 1 when one failed.
 //!
 //! Exit status (docs/doctor-json.md): 0 every layer passed and nothing drifted; 1 a
 //! layer failed; 2 usage error or unreadable input; 3 drift from the baseline (or nodes
@@ -72,6 +77,20 @@ pub struct Args {
     /// Skip the loopback tests of the control and data planes and of rdma_cm
     #[arg(long)]
     pub no_loopback: bool,
+    /// Probe the RDMA path to the node HOST (TCP port PORT, default 18516), where
+    /// `rdma-doctor --serve` runs: GIDs, path MTU, RDMA WRITE/READ/SEND/atomics both ways
+    /// with the data verified, and rdma_cm
+    #[arg(long, value_name = "HOST[:PORT]", conflicts_with_all = ["serve", "compare_nodes", "compare", "save"])]
+    pub peer: Option<String>,
+    /// Answer `--peer` probes from other nodes, one at a time, until killed
+    #[arg(long, conflicts_with_all = ["compare_nodes", "compare", "save"])]
+    pub serve: bool,
+    /// The TCP port `--serve` listens on
+    #[arg(long, value_name = "PORT", default_value_t = crate::peer::DEFAULT_PORT, requires = "serve")]
+    pub peer_port: u16,
+    /// With --serve: exit after one probe (status 0 when this side's checks passed)
+    #[arg(long, requires = "serve")]
+    pub once: bool,
     /// Locked memory programs must register (K, M, G)
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = size)]
     pub memlock_need: u64,
@@ -116,6 +135,10 @@ impl Args {
         })
     }
 
+    fn peer_options(&self) -> crate::peer::PeerOptions {
+        crate::peer::PeerOptions { device: self.device.clone(), port: self.port, timeout: self.timeout }
+    }
+
     /// `--known-bad` files, then those of `RDMA_DOCTOR_KNOWN_BAD`.
     fn known_bad_files(&self) -> Vec<PathBuf> {
         let mut files = self.known_bad.clone();
@@ -145,14 +168,25 @@ pub fn run(
             return 0;
         }
     };
-    let result = match &args.compare_nodes {
-        Some(files) => nodes(&args, files, out),
-        None => diagnose_here(&args, out),
+    let result = match (&args.compare_nodes, &args.peer) {
+        (Some(files), _) => nodes(&args, files, out),
+        (None, Some(peer)) => probe_peer(&args, peer, out),
+        (None, None) if args.serve => {
+            crate::peer::serve(args.peer_port, args.once, &args.peer_options(), err).map_err(|e| e.to_string())
+        }
+        (None, None) => diagnose_here(&args, out),
     };
     result.unwrap_or_else(|e| {
         let _ = writeln!(err, "rdma-doctor: {e}");
         EXIT_USAGE
     })
+}
+
+fn probe_peer(args: &Args, peer: &str, out: &mut dyn Write) -> Result<i32, String> {
+    let report = crate::peer::probe(peer, &args.peer_options());
+    let text = if args.json { report.to_json() + "\n" } else { report.to_text() };
+    out.write_all(text.as_bytes()).map_err(|e| format!("writing the report: {e}"))?;
+    Ok(report.exit_code())
 }
 
 fn diagnose_here(args: &Args, out: &mut dyn Write) -> Result<i32, String> {

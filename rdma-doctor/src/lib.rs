@@ -43,6 +43,7 @@ mod kmsg;
 pub mod known_bad;
 pub mod loopback;
 mod modules_layer;
+pub mod peer;
 pub mod provider;
 pub mod rates;
 pub mod rdma_cm;

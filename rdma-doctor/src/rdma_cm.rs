@@ -55,19 +55,34 @@ fn at(what: &'static str) -> impl Fn(rdma_verbs::Error) -> String {
 }
 
 fn exchange(ip: Ipv4Addr, timeout: Duration, bound: &mut Option<String>) -> Steps<String> {
+    std::thread::scope(|s| {
+        let mut client = None;
+        let served = serve_one(ip, timeout, |addr| {
+            *bound = Some(addr.to_string());
+            client = Some(s.spawn(move || connect_and_send(addr, timeout)));
+            Ok(())
+        });
+        let sent = client.map(|c| c.join().unwrap_or_else(|_| Err("the client side panicked".into())));
+        // The client's error first: a server that saw no request is its consequence.
+        sent.unwrap_or(Ok(())).and(served)
+    })
+}
+
+/// Listens on `ip` (a free port), tells `announce` the address, then takes one
+/// connection and checks its message ([`MESSAGE`]). The server half of the check, also
+/// run across two nodes by `rdma-doctor --serve` ([`crate::peer`]).
+pub(crate) fn serve_one(
+    ip: Ipv4Addr,
+    timeout: Duration,
+    announce: impl FnOnce(SocketAddr) -> Steps<()>,
+) -> Steps<String> {
     let channel = EventChannel::new().map_err(at("opening /dev/infiniband/rdma_cm (rdma_create_event_channel)"))?;
     let listener = CmId::new(&channel, PortSpace::Tcp).map_err(at("rdma_create_id"))?;
     listener.bind(SocketAddr::new(ip.into(), 0)).map_err(at("binding the listener (rdma_bind_addr)"))?;
     listener.listen(1).map_err(at("rdma_listen"))?;
     let addr = listener.local_addr().ok_or("the bound listener has no local address")?;
-    *bound = Some(addr.to_string());
-    std::thread::scope(|s| {
-        let server = s.spawn(|| serve(&listener, timeout));
-        let sent = connect_and_send(addr, timeout);
-        let served = server.join().unwrap_or_else(|_| Err("the server side panicked".into()));
-        // The client's error first: a server that saw no request is its consequence.
-        sent.and(served)
-    })
+    announce(addr)?;
+    serve(&listener, timeout)
 }
 
 /// A QP with one send and one receive, and two registered message buffers.
@@ -111,8 +126,8 @@ fn serve(listener: &CmId, timeout: Duration) -> Steps<String> {
     Ok(format!("a {}-byte message received over rdma_cm and verified", MESSAGE.len()))
 }
 
-/// Resolves `dst`, connects, and sends [`MESSAGE`].
-fn connect_and_send(dst: SocketAddr, timeout: Duration) -> Steps<()> {
+/// Resolves `dst`, connects, and sends [`MESSAGE`]: the client half of the check.
+pub(crate) fn connect_and_send(dst: SocketAddr, timeout: Duration) -> Steps<()> {
     let channel = EventChannel::new().map_err(at("opening /dev/infiniband/rdma_cm (rdma_create_event_channel)"))?;
     let id = CmId::new(&channel, PortSpace::Tcp).map_err(at("rdma_create_id"))?;
     id.resolve_addr(None, dst, timeout).map_err(at("rdma_resolve_addr"))?;

@@ -2,7 +2,8 @@
 //! a report with a wrong-typed or an unknown field is refused with exit 2 naming the file
 //! and the field; a file over the size limit, `/dev/zero` included, is refused at once; a
 //! known-bad firmware/driver combination is found in a node's report and in a baseline;
-//! `--compare-nodes --json` prints JSON.
+//! `--compare-nodes --json` prints JSON; `--peer` with nobody serving, or a peer that is
+//! another program or floods a line, fails at the control channel with a bounded read.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -151,4 +152,59 @@ fn usage_errors_exit_2_and_help_exits_0() {
     let (code, out, _) = doctor(&["--help"]);
     assert_eq!(code, 0);
     assert!(out.contains("--compare-nodes") && out.contains("exit status"), "{out}");
+}
+
+/// A TCP server on a free local port that sends `reply` to its first client and keeps the
+/// connection until the client goes.
+fn fake_peer(reply: Vec<u8>) -> (String, std::thread::JoinHandle<()>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a local port");
+    let addr = listener.local_addr().expect("its address").to_string();
+    let server = std::thread::spawn(move || {
+        if let Ok((mut s, _)) = listener.accept() {
+            let _ = s.write_all(&reply);
+            let _ = s.read_to_end(&mut Vec::new());
+        }
+    });
+    (addr, server)
+}
+
+#[test]
+fn peer_with_nobody_serving_fails_the_control_channel_and_says_to_start_the_server() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (code, out, err) = doctor(&["--peer", &format!("127.0.0.1:{port}"), "--timeout", "2"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("FAIL  control channel"), "{out}");
+    assert!(out.contains("run `rdma-doctor --serve` on 127.0.0.1"), "{out}");
+}
+
+#[test]
+fn peer_that_is_another_program_or_floods_a_line_is_refused_at_the_control_channel() {
+    let (addr, server) = fake_peer(b"HTTP/1.1 400 Bad Request\r\n\r\n".to_vec());
+    let (code, out, err) = doctor(&["--peer", &addr, "--timeout", "5"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("not an rdma-doctor hello"), "{out}");
+    server.join().unwrap();
+
+    let start = Instant::now();
+    let (addr, server) = fake_peer(vec![b'x'; 1 << 20]);
+    let (code, out, err) = doctor(&["--peer", &addr, "--timeout", "5"]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("over 4096 bytes"), "{out}");
+    assert!(start.elapsed() < Duration::from_secs(30), "a flood is cut at the line limit");
+    server.join().unwrap();
+}
+
+#[test]
+fn peer_json_is_one_object_and_serve_options_need_serve() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (code, out, _) = doctor(&["--peer", &format!("127.0.0.1:{port}"), "--json", "--timeout", "2"]);
+    assert_eq!(code, 1);
+    let v: Value = serde_json::from_str(&out).expect("--peer --json prints JSON");
+    assert_eq!(v["checks"][0]["layer"], "control channel");
+    assert_eq!(v["checks"][0]["ok"], false);
+    let (code, _, err) = doctor(&["--peer-port", "9999"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = doctor(&["--peer", "a", "--serve"]);
+    assert_eq!(code, 2, "{err}");
 }

@@ -5,4 +5,5 @@
 //! published.
 
 pub mod bw;
+pub mod oob;
 pub mod perftest;

@@ -38,8 +38,14 @@
 //! Only the client reports, for every operation (perftest's `ib_send_bw` reports on both
 //! sides): the server prints whether the data check passed on stderr.
 //!
-//! The exchange is rdma-verbs' endpoint handshake, not perftest's: these servers and
-//! clients talk to each other, not to perftest's tools.
+//! Over TCP the tools speak perftest's out-of-band exchange ([`crate::oob`]), so a
+//! server or client of perftest's (`ib_write_bw`, `ib_read_bw`, `ib_send_bw`) may be the
+//! other side. With one: a single size for `-n` iterations; our server registers
+//! perftest's cycle buffer when it is larger than `-s` and prints the client's report;
+//! our send_bw client sends without credits and retries on RNR NAKs forever (perftest's
+//! `rnr_retry` 7), our send_bw server writes none and waits for `-n` messages per QP;
+//! nothing is checked. Two of ours recognise each other in that exchange and go on with
+//! the endpoint handshake per QP and size, with every check above.
 
 use std::ops::Range;
 use std::process::ExitCode;

@@ -3,10 +3,15 @@
 //! latency statistics and the printing of perftest's tables. The latency tools are thin
 //! `main`s over [`lat_main`].
 //!
-//! The exchange is the library's own (`rdma_verbs::endpoint`): one [`Handshake`] per QP
-//! over a TCP connection (or a Unix socket pair in `--loopback`), then the handshake's
-//! status message as a barrier where both sides must meet. It is not perftest's exchange,
-//! so these tools talk only to each other, not to `ib_write_bw` and friends.
+//! Over TCP the exchange starts as perftest's ([`crate::oob`]: versions, system data,
+//! MTU), so each tool talks to perftest's tool of the same name. With a perftest peer it
+//! goes on as perftest's (its destination messages, barriers and end); between two of
+//! ours, and over the Unix socket pair of `--loopback`, it goes on in the library's own
+//! format (`rdma_verbs::endpoint`): one [`Handshake`] per QP, then the handshake's status
+//! message as a barrier where both sides must meet.
+//!
+//! write_lat's server sends the first message, as `ib_write_lat`'s does, so the client's
+//! samples are the `-n` - 1 round trips between the messages it received.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};

@@ -265,6 +265,12 @@ impl Bw {
             )
             .into());
         }
+        self.check_run_flags()
+    }
+
+    /// -Q, -D, -o and -r on their own.
+    fn check_run_flags(&self) -> Res<()> {
+        let o = &self.f;
         match o.cq_mod {
             Some(0) => return Err("CQ moderation 0 (-Q): signal at least every request (1)".into()),
             Some(m) if m > o.tx_depth => {
@@ -542,6 +548,26 @@ impl Bw {
         Ok(check?)
     }
 
+    /// A send server's QP in INIT with `depth` receives of `size` posted, each buffer
+    /// stamped with the complement of its message's number.
+    fn rx_qp(
+        &self,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        size: usize,
+        depth: u32,
+    ) -> Res<(QueuePair, RecvQueue<Chunk>)> {
+        let qp = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(CREDIT_SLOTS).max_recv_wr(depth).build()?;
+        self.f.common.handshake(&qp, QpAccess::empty()).init()?;
+        let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
+        let bufs = pd.register(AlignedBuf::new(size * depth as usize)?, AccessFlags::LOCAL_WRITE)?;
+        for (i, mut b) in bufs.into_chunks(size)?.into_iter().enumerate() {
+            put_stamp(&mut b, !(i as u64 + 1));
+            rq.post(b, 0..size, 0)?;
+        }
+        Ok((qp, rq))
+    }
+
     /// The send server's QPs, each with `depth` receives posted (stamped so that a buffer
     /// no message overwrote fails the check) before it is connected.
     fn rx_lanes(
@@ -553,19 +579,7 @@ impl Bw {
         stream: &mut dyn Stream,
         peer: &mut Peer,
     ) -> Res<Vec<RxLane>> {
-        let mut qps = Vec::with_capacity(self.f.qps as usize);
-        for _ in 0..self.f.qps {
-            let qp = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(CREDIT_SLOTS).max_recv_wr(depth).build()?;
-            // Receives go in before the client can send.
-            self.f.common.handshake(&qp, QpAccess::empty()).init()?;
-            let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
-            let bufs = pd.register(AlignedBuf::new(size * depth as usize)?, AccessFlags::LOCAL_WRITE)?;
-            for (i, mut b) in bufs.into_chunks(size)?.into_iter().enumerate() {
-                put_stamp(&mut b, !(i as u64 + 1));
-                rq.post(b, 0..size, 0)?;
-            }
-            qps.push((qp, rq));
-        }
+        let qps = (0..self.f.qps).map(|_| self.rx_qp(pd, cq, size, depth)).collect::<Res<Vec<_>>>()?;
         let offers: Vec<Offer> = qps
             .iter()
             .map(|(qp, _)| Offer { qp, access: QpAccess::empty(), mr: None, rts: self.f.common.rts() })
@@ -831,17 +845,8 @@ impl Bw {
         let deadline = o.duration.map(Duration::from_secs_f64);
         let limit = if deadline.is_some() { u64::MAX } else { iters };
         let plan = Plan { moderation, tx_depth: o.tx_depth as usize, post_list: u64::from(o.post_list), limit };
-        // The window and the progress lines read the CPU's counter, not the system clock:
-        // where that is not in the vDSO (a VM without a stable TSC) each reading is a
-        // system call, and at 64 KiB every completion would pay one.
-        static CLOCK: std::sync::OnceLock<perftest::Clock> = std::sync::OnceLock::new();
-        let clock = CLOCK.get_or_init(perftest::Clock::calibrate);
-        let (second, window) = (clock.ticks(Duration::from_secs(1)), moderation.max(u64::from(o.tx_depth)));
+        let mut meter = Meter::start(size, moderation.max(u64::from(o.tx_depth)));
         let started = Instant::now();
-        let start_ticks = clock.now();
-        let mut progress_at = start_ticks + 3 * second;
-        let mut last = (start_ticks, 0u64);
-        let mut peak = 0f64;
         let mut wcs = [WorkCompletion::EMPTY; 64];
         let total_target = iters * u64::from(o.qps);
         let mut finished = 0u64;
@@ -853,44 +858,13 @@ impl Bw {
             if let Some(d) = deadline {
                 stop_posting = stop_posting || started.elapsed() >= d;
             }
-            for lane in lanes.iter_mut() {
-                if stop_posting {
-                    lane.post_tail(&plan)?;
-                } else {
-                    lane.post_ready(&plan)?;
-                }
-            }
-            let n = cq.poll(&mut wcs)?.len();
-            for wc in &mut wcs[..n] {
-                if wc.status() != WcStatus::Success {
-                    wc.ok()?;
-                }
-                // One lane: its queue's own check (QP number, tag, outstanding) refuses a
-                // stranger's completion, so there is nothing to look up.
-                let lane = match lanes {
-                    [one] => one,
-                    _ => {
-                        lanes.iter_mut().find(|l| l.sq.qp_num() == wc.qp_num()).ok_or("completion of an unknown QP")?
-                    }
-                };
-                let src = &mut lane.src;
-                finished += lane.sq.complete(wc, |d| src.done(d))? as u64;
-            }
+            post_all(lanes, &plan, stop_posting)?;
+            let (n, done) = reap(cq, lanes, &mut wcs)?;
+            finished += done;
             if n > 0 {
                 quiet_since = None;
-                // Peak: the best window of at least a full pipeline (tx depth) of completions;
-                // shorter windows only measure how completions bunch up.
-                if finished - last.1 >= window {
-                    let now = clock.now();
-                    let dt = clock.us(now.wrapping_sub(last.0)) / 1e6;
-                    if dt > 0.0 {
-                        peak = peak.max((finished - last.1) as f64 * size as f64 / dt);
-                    }
-                    last = (now, finished);
-                    if now >= progress_at && !o.quiet {
-                        self.report_progress(finished, total_target, started);
-                        progress_at = now + second;
-                    }
+                if meter.completed(finished) && !o.quiet {
+                    self.report_progress(finished, total_target, started);
                 }
             } else {
                 idle = idle.wrapping_add(1);
@@ -907,7 +881,7 @@ impl Bw {
                 break;
             }
         }
-        Ok(Measured { finished, secs: started.elapsed().as_secs_f64(), peak })
+        Ok(Measured { finished, secs: started.elapsed().as_secs_f64(), peak: meter.peak })
     }
 
     /// An error once no completion came for [`STALL`].
@@ -966,6 +940,93 @@ impl Bw {
         println!(" Mode            : {}", role.describe());
         println!("{}", perftest::rule());
         perftest::print_bw_header(o.report_gbits);
+    }
+}
+
+/// Posts on every lane what it may (or, once a timed run stops posting, its tail).
+#[inline]
+fn post_all<S: Source>(lanes: &mut [Lane<S>], plan: &Plan, stop_posting: bool) -> Res<()> {
+    for lane in lanes.iter_mut() {
+        if stop_posting {
+            lane.post_tail(plan)?;
+        } else {
+            lane.post_ready(plan)?;
+        }
+    }
+    Ok(())
+}
+
+/// Polls the shared CQ once and hands each completion back to its lane's source:
+/// how many completions came, and how many requests they finished.
+#[inline]
+fn reap<S: Source>(
+    cq: &mut CompletionQueue,
+    lanes: &mut [Lane<S>],
+    wcs: &mut [WorkCompletion; 64],
+) -> Res<(usize, u64)> {
+    let n = cq.poll(wcs)?.len();
+    let mut finished = 0u64;
+    for wc in &mut wcs[..n] {
+        if wc.status() != WcStatus::Success {
+            wc.ok()?;
+        }
+        // One lane: its queue's own check (QP number, tag, outstanding) refuses a
+        // stranger's completion, so there is nothing to look up.
+        let lane = match lanes {
+            [one] => one,
+            _ => lanes.iter_mut().find(|l| l.sq.qp_num() == wc.qp_num()).ok_or("completion of an unknown QP")?,
+        };
+        let src = &mut lane.src;
+        finished += lane.sq.complete(wc, |d| src.done(d))? as u64;
+    }
+    Ok((n, finished))
+}
+
+/// The best window of a run and the pace of its progress lines. They read the CPU's
+/// counter, not the system clock: where that is not in the vDSO (a VM without a stable
+/// TSC) each reading is a system call, and at 64 KiB every completion would pay one.
+struct Meter {
+    clock: &'static perftest::Clock,
+    size: usize,
+    /// Ticks in a second.
+    second: u64,
+    /// Completions a window spans at least: a full pipeline (tx depth); shorter windows
+    /// only measure how completions bunch up.
+    window: u64,
+    /// When the current window started, and how many had completed then.
+    last: (u64, u64),
+    /// Best window, bytes a second.
+    peak: f64,
+    progress_at: u64,
+}
+
+impl Meter {
+    fn start(size: usize, window: u64) -> Meter {
+        static CLOCK: std::sync::OnceLock<perftest::Clock> = std::sync::OnceLock::new();
+        let clock = CLOCK.get_or_init(perftest::Clock::calibrate);
+        let second = clock.ticks(Duration::from_secs(1));
+        let now = clock.now();
+        Meter { clock, size, second, window, last: (now, 0), peak: 0.0, progress_at: now + 3 * second }
+    }
+
+    /// After completions, `finished` in all: closes the window once it is long enough.
+    /// True when a progress line is due (after 3 s, then every second).
+    #[inline]
+    fn completed(&mut self, finished: u64) -> bool {
+        if finished - self.last.1 < self.window {
+            return false;
+        }
+        let now = self.clock.now();
+        let dt = self.clock.us(now.wrapping_sub(self.last.0)) / 1e6;
+        if dt > 0.0 {
+            self.peak = self.peak.max((finished - self.last.1) as f64 * self.size as f64 / dt);
+        }
+        self.last = (now, finished);
+        if now < self.progress_at {
+            return false;
+        }
+        self.progress_at = now + self.second;
+        true
     }
 }
 

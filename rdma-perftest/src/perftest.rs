@@ -481,16 +481,7 @@ impl LatRow {
         let n = ticks.len();
         let Some(&first) = ticks.first() else { return Err("no latency samples".into()) };
         let us = |t: f64| clock.us_f(t) / divisor;
-        // Sums of the samples' distances from the first one (numerically steady).
-        let (mut lo, mut hi, mut sum, mut squares) = (u64::MAX, 0, 0f64, 0f64);
-        for &t in &ticks {
-            (lo, hi) = (lo.min(t), hi.max(t));
-            let d = t as f64 - first as f64;
-            sum += d;
-            squares += d * d;
-        }
-        let mean = sum / n as f64;
-        let var = (squares / n as f64 - mean * mean).max(0.0);
+        let (lo, hi, mean, var) = spread(&ticks, first);
         let upper = *ticks.select_nth_unstable(n / 2).1;
         let median = if n % 2 == 1 {
             us(upper as f64)
@@ -517,6 +508,21 @@ impl LatRow {
             p999_us,
         })
     }
+}
+
+/// The smallest and largest sample, and the mean and variance of the samples' distances
+/// from `first` (sums of distances are numerically steady).
+fn spread(ticks: &[u64], first: u64) -> (u64, u64, f64, f64) {
+    let (mut lo, mut hi, mut sum, mut squares) = (u64::MAX, 0, 0f64, 0f64);
+    for &t in ticks {
+        (lo, hi) = (lo.min(t), hi.max(t));
+        let d = t as f64 - first as f64;
+        sum += d;
+        squares += d * d;
+    }
+    let n = ticks.len() as f64;
+    let mean = sum / n;
+    (lo, hi, mean, (squares / n - mean * mean).max(0.0))
 }
 
 /// The latency table's header.
@@ -822,18 +828,7 @@ impl LatRun<'_> {
         match self.test {
             // The server sends first, as ib_write_lat's does; the client stamps each
             // message it received, so its samples are the iters - 1 round trips between.
-            LatTest::Write => {
-                for i in 1..=iters {
-                    if client {
-                        wait_byte(last_word, i, clock, silence, || ping.drain_some(cq, rq))?;
-                    }
-                    stamps.push(clock.now());
-                    ping.post(cq, rq, i == iters, Some(i as u8))?;
-                    if !client {
-                        wait_byte(last_word, i, clock, silence, || ping.drain_some(cq, rq))?;
-                    }
-                }
-            }
+            LatTest::Write => self.write_pongs(ping, cq, rq, last_word, &mut stamps)?,
             LatTest::Send => {
                 for i in 1..=iters {
                     if !client {
@@ -860,6 +855,31 @@ impl LatRun<'_> {
         }
         ping.drain(cq, rq)?;
         Ok(stamps)
+    }
+
+    /// write_lat's loop: each side writes the iteration's number into the last byte of
+    /// the peer's region and spins on its own.
+    fn write_pongs(
+        &self,
+        ping: &mut Pinger,
+        cq: &mut CompletionQueue,
+        rq: &mut RecvQueue<Chunk>,
+        last_word: (&AtomicU64, usize),
+        stamps: &mut Vec<u64>,
+    ) -> Res<()> {
+        let (clock, client, iters) = (self.clock, self.client, self.iters);
+        let silence = clock.ticks(PEER_SILENCE);
+        for i in 1..=iters {
+            if client {
+                wait_byte(last_word, i, clock, silence, || ping.drain_some(cq, rq))?;
+            }
+            stamps.push(clock.now());
+            ping.post(cq, rq, i == iters, Some(i as u8))?;
+            if !client {
+                wait_byte(last_word, i, clock, silence, || ping.drain_some(cq, rq))?;
+            }
+        }
+        Ok(())
     }
 
     /// The end of a size: our barrier, or perftest's end of this test (ib_write_lat has

@@ -11,7 +11,13 @@
 //! device's `max_qp_rd_atom` up to 16), checks every buffer it read into, and prints
 //! perftest's table or, with `--json`, one object per size. A data mismatch fails both
 //! sides (the client tells the server). `--loopback` runs both ends in one process.
-//! Give both sides the same `-s`/`-a` and `-q`. The engine is `rdma-perftest/src/bw.rs` (the `rdma-perftest` workspace crate).
+//! Give both sides the same `-s`/`-a` and `-q`.
+//!
+//! Over TCP it speaks perftest's out-of-band exchange, so either side may be `ib_read_bw`
+//! (perftest 4.5; one size, `-n` iterations, nothing checked: see
+//! `rdma-perftest/src/oob/mod.rs`); two of ours recognise each other in it and go on in
+//! rdma-verbs' endpoint format, which keeps the data check. The engine is
+//! `rdma-perftest/src/bw.rs` (the `rdma-perftest` workspace crate).
 
 use rdma_perftest::bw;
 

@@ -7,8 +7,9 @@
 //! Without a host it is the server; with one, the client, which prints perftest's latency
 //! table (t_min, t_max, t_typical = median, t_avg, t_stdev, 99% and 99.9%, in
 //! microseconds; samples sorted, the two largest dropped) or one JSON object per size.
-//! `--loopback` runs both ends in one process on one device. The exchange is
-//! rdma-verbs' endpoint handshake over TCP, not perftest's: it talks to itself only.
+//! `--loopback` runs both ends in one process on one device. Over TCP it speaks
+//! perftest's out-of-band exchange, so either side may be `ib_read_lat` (perftest 4.5, one
+//! size); two of ours recognise each other in it and go on in rdma-verbs' endpoint format.
 
 use rdma_perftest::perftest;
 

@@ -12,7 +12,13 @@
 //! perftest's table or, with `--json`, one object per size; unlike `ib_send_bw`, only
 //! the client reports. A data mismatch fails both sides (the server tells the client).
 //! `--loopback` runs both ends in one process. Give both sides the same `-s`/`-a` and
-//! `-q`. The engine is `rdma-perftest/src/bw.rs` (the `rdma-perftest` workspace crate).
+//! `-q`.
+//!
+//! Over TCP it speaks perftest's out-of-band exchange, so either side may be `ib_send_bw`
+//! (perftest 4.5; one size, `-n` iterations, nothing checked: see
+//! `rdma-perftest/src/oob/mod.rs`); two of ours recognise each other in it and go on in
+//! rdma-verbs' endpoint format, which keeps the data check. The engine is
+//! `rdma-perftest/src/bw.rs` (the `rdma-perftest` workspace crate).
 
 use rdma_perftest::bw;
 

@@ -13,9 +13,12 @@
 //! both sides (the server tells the client). `--loopback` runs both ends in one process
 //! on one device. Give both sides the same `-s`/`-a` and `-q`.
 //!
-//! The exchange is rdma-verbs' endpoint handshake (`rdma_verbs::endpoint`), one per QP,
-//! not perftest's: this server and client talk to each other, not to `ib_write_bw`. The
-//! engine, shared with `read_bw` and `send_bw`, is `rdma-perftest/src/bw.rs` (the `rdma-perftest` workspace crate).
+//! Over TCP it speaks perftest's out-of-band exchange, so either side may be
+//! `ib_write_bw` (perftest 4.5; one size, `-n` iterations, nothing checked: see
+//! `rdma-perftest/src/oob/mod.rs` for what is honoured); two of ours recognise each other
+//! in it and go on in rdma-verbs' endpoint format, which keeps the data check. The
+//! engine, shared with `read_bw` and `send_bw`, is `rdma-perftest/src/bw.rs` (the
+//! `rdma-perftest` workspace crate).
 
 use rdma_perftest::bw;
 

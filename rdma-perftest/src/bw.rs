@@ -38,8 +38,14 @@
 //! Only the client reports, for every operation (perftest's `ib_send_bw` reports on both
 //! sides): the server prints whether the data check passed on stderr.
 //!
-//! The exchange is rdma-verbs' endpoint handshake, not perftest's: these servers and
-//! clients talk to each other, not to perftest's tools.
+//! Over TCP the tools speak perftest's out-of-band exchange ([`crate::oob`]), so a
+//! server or client of perftest's (`ib_write_bw`, `ib_read_bw`, `ib_send_bw`) may be the
+//! other side. With one: a single size for `-n` iterations; our server registers
+//! perftest's cycle buffer when it is larger than `-s` and prints the client's report;
+//! our send_bw client sends without credits and retries on RNR NAKs forever (perftest's
+//! `rnr_retry` 7), our send_bw server writes none and waits for `-n` messages per QP;
+//! nothing is checked. Two of ours recognise each other in that exchange and go on with
+//! the endpoint handshake per QP and size, with every check above.
 
 use std::ops::Range;
 use std::process::ExitCode;
@@ -54,6 +60,7 @@ use rdma_verbs::{
     SendWr, WcStatus, WorkCompletion,
 };
 
+use crate::oob::{BwReport, Offer, Peer, Shape};
 use crate::perftest::{self, BwRow, Common, Res, Role, Stream};
 
 /// Beyond these, a flag is a typo rather than a test (the device's own limits are checked
@@ -258,6 +265,12 @@ impl Bw {
             )
             .into());
         }
+        self.check_run_flags()
+    }
+
+    /// -Q, -D, -o and -r on their own.
+    fn check_run_flags(&self) -> Res<()> {
+        let o = &self.f;
         match o.cq_mod {
             Some(0) => return Err("CQ moderation 0 (-Q): signal at least every request (1)".into()),
             Some(m) if m > o.tx_depth => {
@@ -352,18 +365,19 @@ impl Bw {
         if show {
             self.print_header(&ctx, &role);
         }
-        let mut stream = perftest::open_stream(&role, c.tcp_port)?;
+        let (mut stream, mut peer) = perftest::open_peer(&role, c, &ctx, self.f.duration.is_some())?;
         for &size in &sizes {
             let row = match stream.as_deref_mut() {
-                None => perftest::loopback(|s| self.server(&ctx, size, s), |s| self.client(&ctx, size, iters, s))?,
+                None => perftest::loopback(
+                    |s| self.server(&ctx, size, iters, s, &mut Peer::Ours),
+                    |s| self.client(&ctx, size, iters, s, &mut Peer::Ours),
+                )?,
                 Some(s) if role == Role::Server => {
-                    self.server(&ctx, size, s)?;
-                    let qps = self.f.qps;
-                    let whose = if self.test == BwTest::Read { "the client's data check" } else { "the data check" };
-                    eprintln!("{}: {size} B: {whose} passed on {qps} QP{}", self.name, if qps == 1 { "" } else { "s" });
+                    self.server(&ctx, size, iters, s, &mut peer)?;
+                    self.report_served(size, &peer);
                     continue;
                 }
-                Some(s) => self.client(&ctx, size, iters, s)?,
+                Some(s) => self.client(&ctx, size, iters, s, &mut peer)?,
             };
             perftest::print_bw_row(&row, self.f.report_gbits, c.json);
         }
@@ -371,6 +385,17 @@ impl Bw {
             println!("{}", perftest::rule());
         }
         Ok(())
+    }
+
+    /// The server's line on stderr once a size is served.
+    fn report_served(&self, size: usize, peer: &Peer) {
+        let qps = self.f.qps;
+        let whose = match (peer.is_perftest(), self.test) {
+            (true, _) => "not checked (the client is perftest)",
+            (false, BwTest::Read) => "the client's data check passed",
+            (false, _) => "the data check passed",
+        };
+        eprintln!("{}: {size} B: {whose} on {qps} QP{}", self.name, if qps == 1 { "" } else { "s" });
     }
 
     /// perftest's moderation rule: every 100th signaled, every one above 8 KiB unless -Q.
@@ -388,28 +413,60 @@ impl Bw {
     // ---- the server ----------------------------------------------------------------
 
     /// The server's side of one size.
-    fn server(&self, ctx: &Context, size: usize, stream: &mut dyn Stream) -> Res<()> {
+    fn server(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream, peer: &mut Peer) -> Res<()> {
         match self.test {
-            BwTest::Write => self.write_server(ctx, size, stream),
-            BwTest::Read => self.read_server(ctx, size, stream),
-            BwTest::Send => self.send_server(ctx, size, stream),
+            BwTest::Write => self.write_server(ctx, size, stream, peer),
+            BwTest::Read => self.read_server(ctx, size, stream, peer),
+            BwTest::Send => self.send_server(ctx, size, iters, stream, peer),
         }
     }
 
-    /// A region per QP for the client to write, then the check of what arrived, whose
-    /// verdict goes back to the client.
-    fn write_server(&self, ctx: &Context, size: usize, stream: &mut dyn Stream) -> Res<()> {
+    /// The bytes of a region the client targets: `size`, or perftest's cycle buffer
+    /// when larger (a perftest client spreads small messages over it).
+    fn region_len(size: usize, peer: &Peer) -> usize {
+        match peer {
+            Peer::Perftest(p) => size.max(p.cycle_buffer),
+            Peer::Ours => size,
+        }
+    }
+
+    /// A QP and a region (`make` registers it: `len` bytes) per client QP, connected
+    /// to the client's QPs, which may do `access` on them.
+    fn served_regions<R>(
+        &self,
+        ctx: &Context,
+        size: usize,
+        (access, make): (QpAccess, impl Fn(&ProtectionDomain, usize) -> Res<(R, RemoteMr)>),
+        stream: &mut dyn Stream,
+        peer: &mut Peer,
+    ) -> Res<Vec<(QueuePair, R)>> {
         let pd = ProtectionDomain::new(ctx)?;
         let cq = CompletionQueue::new(ctx, 4)?;
+        let len = Self::region_len(size, peer);
         let mut held = Vec::with_capacity(self.f.qps as usize);
         for _ in 0..self.f.qps {
             let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(1).build()?;
-            let region = pd.register_remote_writable(
-                AlignedBuf::new(size)?,
-                AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-            )?;
-            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(region.remote()?).connect(stream)?;
-            held.push((qp, region));
+            let (region, remote) = make(&pd, len)?;
+            held.push((qp, region, remote));
+        }
+        let offers: Vec<Offer> =
+            held.iter().map(|(qp, _, mr)| Offer { qp, access, mr: Some(*mr), rts: self.f.common.rts() }).collect();
+        peer.connect(&self.f.common, Shape::RDMA_BW, &offers, 0, stream)?;
+        Ok(held.into_iter().map(|(qp, r, _)| (qp, r)).collect())
+    }
+
+    /// A region per QP for the client to write, then the check of what arrived, whose
+    /// verdict goes back to the client (perftest's client: its report instead).
+    fn write_server(&self, ctx: &Context, size: usize, stream: &mut dyn Stream, peer: &mut Peer) -> Res<()> {
+        let make = |pd: &ProtectionDomain, len: usize| -> Res<_> {
+            let flags = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+            let region = pd.register_remote_writable(AlignedBuf::new(len)?, flags)?;
+            let remote = region.remote()?;
+            Ok((region, remote))
+        };
+        let held = self.served_regions(ctx, size, (QpAccess::REMOTE_WRITE, make), stream, peer)?;
+        if let Peer::Perftest(p) = peer {
+            return self.print_client_report(p.end_bw(stream, &BwReport::default())?);
         }
         perftest::barrier(stream, true).map_err(|e| format!("the client did not finish its run: {e}"))?;
         let check = check_regions(held.iter().map(|(_, r)| r), size);
@@ -418,20 +475,21 @@ impl Bw {
     }
 
     /// A region per QP holding the pattern, for the client to read; the client checks
-    /// what it read and sends its verdict.
-    fn read_server(&self, ctx: &Context, size: usize, stream: &mut dyn Stream) -> Res<()> {
-        let pd = ProtectionDomain::new(ctx)?;
-        let cq = CompletionQueue::new(ctx, 4)?;
-        let mut held = Vec::with_capacity(self.f.qps as usize);
-        for _ in 0..self.f.qps {
-            let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(1).build()?;
-            let mut buf = AlignedBuf::new(size)?;
-            for (b, p) in buf.as_mut_slice().iter_mut().zip(pattern(size)) {
+    /// what it read and sends its verdict (perftest's client: its report).
+    fn read_server(&self, ctx: &Context, size: usize, stream: &mut dyn Stream, peer: &mut Peer) -> Res<()> {
+        // The pattern, again and again over a perftest client's cycle buffer.
+        let make = |pd: &ProtectionDomain, len: usize| -> Res<_> {
+            let mut buf = AlignedBuf::new(len)?;
+            for (b, p) in buf.as_mut_slice().iter_mut().zip(pattern(size).cycle()) {
                 *b = p;
             }
             let region = pd.register(buf, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
-            self.f.common.handshake(&qp, QpAccess::REMOTE_READ).advertise(region.remote()?).connect(stream)?;
-            held.push((qp, region));
+            let remote = region.remote()?;
+            Ok((region, remote))
+        };
+        let _held = self.served_regions(ctx, size, (QpAccess::REMOTE_READ, make), stream, peer)?;
+        if let Peer::Perftest(p) = peer {
+            return self.print_client_report(p.end_bw(stream, &BwReport::default())?);
         }
         perftest::barrier(stream, true).map_err(|e| format!("the client did not finish its run: {e}"))?;
         if !perftest::read_verdict(stream)? {
@@ -444,39 +502,103 @@ impl Bw {
         Ok(())
     }
 
+    /// A perftest client's report, printed as ib_write_bw's server prints it.
+    fn print_client_report(&self, r: BwReport) -> Res<()> {
+        let row = BwRow {
+            bytes: usize::try_from(r.size).unwrap_or(usize::MAX),
+            iterations: r.iters,
+            bw_peak_mib_s: r.bw_peak,
+            bw_avg_mib_s: r.bw_avg,
+            msg_rate_mpps: r.msg_rate,
+        };
+        eprintln!("{}: the client's report (in its units):", self.name);
+        perftest::print_bw_row(&row, false, self.f.common.json);
+        Ok(())
+    }
+
     /// Receives kept posted on every QP, each message checked, credits written back to
-    /// the client, until the client says how many it sent and they all arrived.
-    fn send_server(&self, ctx: &Context, size: usize, stream: &mut dyn Stream) -> Res<()> {
-        let qps = self.f.qps as usize;
+    /// the client, until the client says how many it sent and they all arrived. A
+    /// perftest client gets no credits (it relies on RNR retries), its messages are not
+    /// checked, and it sends `-n` per QP.
+    fn send_server(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream, peer: &mut Peer) -> Res<()> {
         let depth = self.pool_len(size, self.rx_depth);
-        // Credits go out every quarter of the receive depth: the client, when it waits
-        // for one, has had all its messages received, so at least that many re-posted.
-        let step = u64::from((depth / 4).max(1));
         let pd = ProtectionDomain::new(ctx)?;
         let mut cq = CompletionQueue::new(ctx, (depth + CREDIT_SLOTS) * self.f.qps)?;
-        let mut lanes = Vec::with_capacity(qps);
-        for _ in 0..qps {
-            let qp =
-                QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(CREDIT_SLOTS).max_recv_wr(depth).build()?;
-            let hs = self.f.common.handshake(&qp, QpAccess::empty());
-            // Receives go in before the client can send.
-            hs.init()?;
-            let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
-            let bufs = pd.register(AlignedBuf::new(size * depth as usize)?, AccessFlags::LOCAL_WRITE)?;
-            for (i, mut b) in bufs.into_chunks(size)?.into_iter().enumerate() {
-                put_stamp(&mut b, !(i as u64 + 1));
-                rq.post(b, 0..size, 0)?;
-            }
-            let conn = hs.connect(stream)?;
-            let peer = match conn.remote.mr {
-                Some(mr) if mr.len >= 8 => mr.slice(0..8)?,
+        let mut lanes = self.rx_lanes(&pd, &cq, size, depth, stream, peer)?;
+        for lane in &mut lanes {
+            lane.credit()?;
+        }
+        let verify = !peer.is_perftest();
+        let known = peer.is_perftest().then(|| vec![iters; lanes.len()]);
+        let fault = std::thread::scope(|scope| -> Res<Option<String>> {
+            // Our client's end of the run comes over the stream while this thread polls.
+            let waiter = match known {
+                Some(_) => None,
+                None => Some(scope.spawn(|| client_counts(stream, self.f.qps as usize))),
+            };
+            let mut rx = Receiver { lanes: &mut lanes, want: pattern(size).collect(), size, verify, fault: None };
+            rx.run(&mut cq, (depth / 4).max(1).into(), known, waiter)?;
+            Ok(rx.fault)
+        })?;
+        if let Peer::Perftest(p) = peer {
+            return p.close(stream);
+        }
+        let check = fault.map_or(Ok(()), |e| Err(format!("data check failed on {e}")));
+        perftest::send_verdict(stream, check.is_ok())?;
+        Ok(check?)
+    }
+
+    /// A send server's QP in INIT with `depth` receives of `size` posted, each buffer
+    /// stamped with the complement of its message's number.
+    fn rx_qp(
+        &self,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        size: usize,
+        depth: u32,
+    ) -> Res<(QueuePair, RecvQueue<Chunk>)> {
+        let qp = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(CREDIT_SLOTS).max_recv_wr(depth).build()?;
+        self.f.common.handshake(&qp, QpAccess::empty()).init()?;
+        let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
+        let bufs = pd.register(AlignedBuf::new(size * depth as usize)?, AccessFlags::LOCAL_WRITE)?;
+        for (i, mut b) in bufs.into_chunks(size)?.into_iter().enumerate() {
+            put_stamp(&mut b, !(i as u64 + 1));
+            rq.post(b, 0..size, 0)?;
+        }
+        Ok((qp, rq))
+    }
+
+    /// The send server's QPs, each with `depth` receives posted (stamped so that a buffer
+    /// no message overwrote fails the check) before it is connected.
+    fn rx_lanes(
+        &self,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        size: usize,
+        depth: u32,
+        stream: &mut dyn Stream,
+        peer: &mut Peer,
+    ) -> Res<Vec<RxLane>> {
+        let qps = (0..self.f.qps).map(|_| self.rx_qp(pd, cq, size, depth)).collect::<Res<Vec<_>>>()?;
+        let offers: Vec<Offer> = qps
+            .iter()
+            .map(|(qp, _)| Offer { qp, access: QpAccess::empty(), mr: None, rts: self.f.common.rts() })
+            .collect();
+        let remotes = peer.connect(&self.f.common, Shape::SEND, &offers, 8, stream)?;
+        let ours = !peer.is_perftest();
+        let mut lanes = Vec::with_capacity(qps.len());
+        for ((qp, rq), mr) in qps.into_iter().zip(remotes) {
+            let peer = match mr {
+                _ if !ours => None,
+                Some(mr) if mr.len >= 8 => Some(mr.slice(0..8)?),
                 _ => return Err("the client advertised no 8-byte credit word: is it send_bw?".into()),
             };
             let credit_bufs =
                 pd.register(AlignedBuf::new(8 * CREDIT_SLOTS as usize)?, AccessFlags::LOCAL_WRITE)?.into_chunks(8)?;
+            let sq = qp.send_queue()?;
             lanes.push(RxLane {
                 rq,
-                sq: qp.send_queue()?,
+                sq,
                 credit_bufs,
                 peer,
                 posted: u64::from(depth),
@@ -485,96 +607,27 @@ impl Bw {
                 _qp: qp,
             });
         }
-        for lane in &mut lanes {
-            lane.credit()?;
-        }
-
-        let want: Vec<u8> = pattern(size).collect();
-        let mut fault: Option<String> = None;
-        let run = std::thread::scope(|scope| -> Res<()> {
-            // The client's end of the run comes over the stream while this thread polls.
-            let mut waiter = Some(scope.spawn(|| client_counts(stream, qps)));
-            let mut counts: Option<Vec<u64>> = None;
-            let mut wcs = [WorkCompletion::EMPTY; 64];
-            let mut quiet_since: Option<Instant> = None;
-            let mut idle = 0u32;
-            loop {
-                if waiter.as_ref().is_some_and(|w| w.is_finished()) {
-                    let w = waiter.take().ok_or("no waiter")?;
-                    let got = w.join().map_err(|_| "the thread reading the client panicked")?;
-                    counts = Some(got.map_err(|e| format!("the client did not finish its run: {e}"))?);
-                }
-                if let Some(c) = &counts {
-                    if lanes.iter().zip(c).all(|(l, &n)| l.received >= n) {
-                        return Ok(());
-                    }
-                }
-                let n = cq.poll(&mut wcs)?.len();
-                for wc in &mut wcs[..n] {
-                    if wc.status() != WcStatus::Success {
-                        wc.ok()?;
-                    }
-                    let (q, lane) = lanes
-                        .iter_mut()
-                        .enumerate()
-                        .find(|(_, l)| l.rq.qp_num() == wc.qp_num())
-                        .ok_or("completion of an unknown QP")?;
-                    if !wc.opcode().is_recv() {
-                        let free = &mut lane.credit_bufs;
-                        lane.sq.complete(wc, |d| free.push(d.buf))?;
-                        continue;
-                    }
-                    let mut done = lane.rq.complete(wc)?;
-                    lane.received += 1;
-                    if fault.is_none() {
-                        fault = check_message(&done, &want, lane.received).err().map(|e| format!("QP {q}, {e}"));
-                    }
-                    put_stamp(&mut done.buf, !(lane.posted + 1));
-                    lane.rq.post(done.buf, 0..size, 0)?;
-                    lane.posted += 1;
-                }
-                for lane in &mut lanes {
-                    if lane.posted - lane.credited >= step {
-                        lane.credit()?;
-                    }
-                }
-                if n > 0 {
-                    quiet_since = None;
-                    continue;
-                }
-                idle = idle.wrapping_add(1);
-                if idle % 4096 == 0 && counts.is_some() {
-                    let now = Instant::now();
-                    match quiet_since {
-                        None => quiet_since = Some(now),
-                        Some(t) if now.duration_since(t) > STALL => {
-                            let got: Vec<u64> = lanes.iter().map(|l| l.received).collect();
-                            return Err(format!(
-                                "the client sent {:?} messages per QP, {got:?} arrived within {STALL:?}",
-                                counts.unwrap_or_default()
-                            )
-                            .into());
-                        }
-                        Some(_) => {}
-                    }
-                }
-            }
-        });
-        run?;
-        let check = fault.map_or(Ok(()), |e| Err(format!("data check failed on {e}")));
-        perftest::send_verdict(stream, check.is_ok())?;
-        Ok(check?)
+        Ok(lanes)
     }
 
     // ---- the client ----------------------------------------------------------------
 
-    /// The client's side of one size: runs, meets the server, exchanges the verdict.
-    fn client(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<BwRow> {
+    /// The client's side of one size: runs, meets the server, exchanges the verdict
+    /// (with a perftest server: perftest's end instead).
+    fn client(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream, peer: &mut Peer) -> Res<BwRow> {
         let result = match self.test {
-            BwTest::Write => self.write_run(ctx, size, iters, stream),
-            BwTest::Read => self.read_run(ctx, size, iters, stream),
-            BwTest::Send => self.send_run(ctx, size, iters, stream),
+            BwTest::Write => self.write_run(ctx, size, iters, stream, peer),
+            BwTest::Read => self.read_run(ctx, size, iters, stream, peer),
+            BwTest::Send => self.send_run(ctx, size, iters, stream, peer),
         };
+        if let Peer::Perftest(p) = peer {
+            let row = result?.row;
+            match self.test {
+                BwTest::Send => p.close(stream)?,
+                BwTest::Write | BwTest::Read => drop(p.end_bw(stream, &self.report(&row))?),
+            }
+            return Ok(row);
+        }
         perftest::barrier(stream, result.is_ok())?;
         let out = result?;
         match self.test {
@@ -582,29 +635,90 @@ impl Bw {
                 perftest::send_verdict(stream, out.check.is_ok())?;
                 out.check?;
             }
-            BwTest::Write | BwTest::Send => {
-                if self.test == BwTest::Send {
-                    let bytes: Vec<u8> = out.posted.iter().flat_map(|n| n.to_le_bytes()).collect();
-                    stream
-                        .write_all(&bytes)
-                        .and_then(|()| stream.flush())
-                        .map_err(|e| format!("telling the server how many messages were sent: {e}"))?;
-                }
-                if !perftest::read_verdict(stream)? {
-                    let verb = if self.test == BwTest::Write { "written" } else { "sent" };
-                    return Err(format!(
-                        "the server's data check failed at {size} B: what arrived differs from what was {verb} \
-                         (its log says where)"
-                    )
-                    .into());
-                }
-            }
+            BwTest::Write | BwTest::Send => self.server_verdict(size, &out, stream)?,
         }
         Ok(out.row)
     }
 
+    /// write and send: tells the server how many were sent (send), reads its verdict.
+    fn server_verdict(&self, size: usize, out: &Outcome, stream: &mut dyn Stream) -> Res<()> {
+        if self.test == BwTest::Send {
+            let bytes: Vec<u8> = out.posted.iter().flat_map(|n| n.to_le_bytes()).collect();
+            stream
+                .write_all(&bytes)
+                .and_then(|()| stream.flush())
+                .map_err(|e| format!("telling the server how many messages were sent: {e}"))?;
+        }
+        if !perftest::read_verdict(stream)? {
+            let verb = if self.test == BwTest::Write { "written" } else { "sent" };
+            return Err(format!(
+                "the server's data check failed at {size} B: what arrived differs from what was {verb} \
+                 (its log says where)"
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// This side's row as perftest's report, in the units this side prints.
+    fn report(&self, row: &BwRow) -> BwReport {
+        let unit = |mib: f64| if self.f.report_gbits { mib * f64::from(1 << 20) * 8.0 / 1e9 } else { mib };
+        BwReport {
+            size: row.bytes as u64,
+            iters: row.iterations,
+            bw_peak: unit(row.bw_peak_mib_s),
+            bw_avg: unit(row.bw_avg_mib_s),
+            msg_rate: row.msg_rate_mpps,
+        }
+    }
+
+    /// The client's QPs (`-q`, each `-t` deep), built with `extra(qp)` (what it
+    /// advertises, kept alive with it) and connected to the server's; with each, the
+    /// server's region checked to hold `size` bytes (or the credit word, send).
+    #[allow(clippy::type_complexity)]
+    fn client_qps<X>(
+        &self,
+        (pd, cq): (&ProtectionDomain, &CompletionQueue),
+        (size, rts): (usize, RtsAttr),
+        extra: impl Fn() -> Res<(X, Option<RemoteMr>)>,
+        stream: &mut dyn Stream,
+        peer: &mut Peer,
+    ) -> Res<Vec<(QueuePair, X, RemoteMr)>> {
+        let mut qps = Vec::with_capacity(self.f.qps as usize);
+        for _ in 0..self.f.qps {
+            let qp = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(self.f.tx_depth).max_recv_wr(1).build()?;
+            let (x, mr) = extra()?;
+            qps.push((qp, x, mr));
+        }
+        let (shape, access) = match self.test {
+            BwTest::Send => (Shape::SEND, QpAccess::REMOTE_WRITE),
+            _ => (Shape::RDMA_BW, QpAccess::empty()),
+        };
+        let offers: Vec<Offer> = qps.iter().map(|(qp, _, mr)| Offer { qp, access, mr: *mr, rts }).collect();
+        let remotes = peer.connect(&self.f.common, shape, &offers, size as u64, stream)?;
+        let send = self.test == BwTest::Send;
+        qps.into_iter()
+            .zip(remotes)
+            .map(|((qp, x, _), mr)| {
+                // send_bw's server advertises nothing to our client; perftest's its buffer.
+                let remote = match send {
+                    true => RemoteMr { addr: 0, len: 0, rkey: 0 },
+                    false => perftest::check_remote(mr, size)?,
+                };
+                Ok((qp, x, remote))
+            })
+            .collect()
+    }
+
     /// RDMA WRITEs of one registered source, shared by every request.
-    fn write_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
+    fn write_run(
+        &self,
+        ctx: &Context,
+        size: usize,
+        iters: u64,
+        stream: &mut dyn Stream,
+        peer: &mut Peer,
+    ) -> Res<Outcome> {
         let pd = ProtectionDomain::new(ctx)?;
         // Each QP's queues complete here: tx_depth sends and its one receive (build() checks).
         let mut cq = CompletionQueue::new(ctx, (self.f.tx_depth + 1) * self.f.qps)?;
@@ -613,12 +727,9 @@ impl Bw {
             *b = p;
         }
         let src = Arc::new(src);
-        let mut lanes = Vec::with_capacity(self.f.qps as usize);
-        for _ in 0..self.f.qps {
-            let qp =
-                QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(self.f.tx_depth).max_recv_wr(1).build()?;
-            let conn = self.f.common.handshake(&qp, QpAccess::empty()).connect(stream)?;
-            let remote = perftest::check_remote(conn.remote.mr, size)?;
+        let qps = self.client_qps((&pd, &cq), (size, self.f.common.rts()), || Ok(((), None)), stream, peer)?;
+        let mut lanes = Vec::with_capacity(qps.len());
+        for (qp, (), remote) in qps {
             let wrs = (0..self.f.tx_depth).map(|_| SendWr::write(Arc::clone(&src), 0..size, remote));
             lanes.push(Lane::new(qp, wrs, |free| WriteSrc { free })?);
         }
@@ -627,47 +738,69 @@ impl Bw {
     }
 
     /// RDMA READs into a pool of buffers, each checked at the end.
-    fn read_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
+    fn read_run(
+        &self,
+        ctx: &Context,
+        size: usize,
+        iters: u64,
+        stream: &mut dyn Stream,
+        peer: &mut Peer,
+    ) -> Res<Outcome> {
         let pd = ProtectionDomain::new(ctx)?;
         let mut cq = CompletionQueue::new(ctx, (self.f.tx_depth + 1) * self.f.qps)?;
         let pool = self.pool_len(size, self.f.tx_depth);
         // RtsAttr's max_rd_atomic is a u8; -o is at most MAX_OUTS (checked).
-        let rts = RtsAttr {
-            max_rd_atomic: u8::try_from(self.outs).unwrap_or(u8::MAX),
-            timeout: self.f.common.qp_timeout,
-            ..RtsAttr::default()
-        };
-        let mut lanes = Vec::with_capacity(self.f.qps as usize);
-        for _ in 0..self.f.qps {
-            let qp =
-                QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(self.f.tx_depth).max_recv_wr(1).build()?;
-            let conn = self.f.common.handshake(&qp, QpAccess::empty()).rts(rts).connect(stream)?;
-            let remote = perftest::check_remote(conn.remote.mr, size)?;
+        let rts = RtsAttr { max_rd_atomic: u8::try_from(self.outs).unwrap_or(u8::MAX), ..self.f.common.rts() };
+        let qps = self.client_qps((&pd, &cq), (size, rts), || Ok(((), None)), stream, peer)?;
+        let mut lanes = Vec::with_capacity(qps.len());
+        for (qp, (), remote) in qps {
             let bufs = pd.register(AlignedBuf::new(size * pool as usize)?, AccessFlags::LOCAL_WRITE)?;
             let wrs = bufs.into_chunks(size)?.into_iter().enumerate();
             let wrs = wrs.map(|(i, b)| SendWr::read(b, 0..size, remote).id(i as u64));
             lanes.push(Lane::new(qp, wrs, |free| ReadSrc { total: free.len(), low: free.len(), free })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, pool)?;
-        let want: Vec<u8> = pattern(size).collect();
-        let check = lanes.iter().enumerate().try_for_each(|(q, l)| l.src.check(q, &want));
+        // perftest serves bytes of its own: nothing to check them against.
+        let check = match peer {
+            Peer::Perftest(_) => Ok(()),
+            Peer::Ours => {
+                let want: Vec<u8> = pattern(size).collect();
+                lanes.iter().enumerate().try_for_each(|(q, l)| l.src.check(q, &want))
+            }
+        };
         Ok(self.outcome(size, m, &lanes, check))
     }
 
     /// SENDs from a pool of buffers, each stamped with its message's number, never more
-    /// than the server's credit word allows.
-    fn send_run(&self, ctx: &Context, size: usize, iters: u64, stream: &mut dyn Stream) -> Res<Outcome> {
+    /// than the server's credit word allows (a perftest server writes none: the word is
+    /// set to "no limit", and RNR retries wait for its receives, as perftest's client
+    /// does).
+    fn send_run(
+        &self,
+        ctx: &Context,
+        size: usize,
+        iters: u64,
+        stream: &mut dyn Stream,
+        peer: &mut Peer,
+    ) -> Res<Outcome> {
         let pd = ProtectionDomain::new(ctx)?;
         let mut cq = CompletionQueue::new(ctx, (self.f.tx_depth + 1) * self.f.qps)?;
         let pool = self.pool_len(size, self.f.tx_depth);
-        let mut lanes = Vec::with_capacity(self.f.qps as usize);
-        for _ in 0..self.f.qps {
-            let qp =
-                QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(self.f.tx_depth).max_recv_wr(1).build()?;
+        let unlimited = peer.is_perftest();
+        let credit_word = || -> Res<_> {
             let credit =
                 pd.register_remote_writable(AlignedBuf::new(8)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
-            credit.atomic_u64(0)?;
-            self.f.common.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(credit.remote()?).connect(stream)?;
+            if unlimited {
+                credit.atomic_u64(0)?.store(u64::MAX, Ordering::Release);
+            }
+            let remote = credit.remote()?;
+            Ok((credit, Some(remote)))
+        };
+        let rts =
+            RtsAttr { rnr_retry: if unlimited { 7 } else { RtsAttr::default().rnr_retry }, ..self.f.common.rts() };
+        let qps = self.client_qps((&pd, &cq), (size, rts), credit_word, stream, peer)?;
+        let mut lanes = Vec::with_capacity(qps.len());
+        for (qp, credit, _) in qps {
             let bufs = pd.register(AlignedBuf::new(size * pool as usize)?, AccessFlags::LOCAL_WRITE)?;
             let mut bufs = bufs.into_chunks(size)?;
             for b in &mut bufs {
@@ -712,17 +845,8 @@ impl Bw {
         let deadline = o.duration.map(Duration::from_secs_f64);
         let limit = if deadline.is_some() { u64::MAX } else { iters };
         let plan = Plan { moderation, tx_depth: o.tx_depth as usize, post_list: u64::from(o.post_list), limit };
-        // The window and the progress lines read the CPU's counter, not the system clock:
-        // where that is not in the vDSO (a VM without a stable TSC) each reading is a
-        // system call, and at 64 KiB every completion would pay one.
-        static CLOCK: std::sync::OnceLock<perftest::Clock> = std::sync::OnceLock::new();
-        let clock = CLOCK.get_or_init(perftest::Clock::calibrate);
-        let (second, window) = (clock.ticks(Duration::from_secs(1)), moderation.max(u64::from(o.tx_depth)));
+        let mut meter = Meter::start(size, moderation.max(u64::from(o.tx_depth)));
         let started = Instant::now();
-        let start_ticks = clock.now();
-        let mut progress_at = start_ticks + 3 * second;
-        let mut last = (start_ticks, 0u64);
-        let mut peak = 0f64;
         let mut wcs = [WorkCompletion::EMPTY; 64];
         let total_target = iters * u64::from(o.qps);
         let mut finished = 0u64;
@@ -734,44 +858,13 @@ impl Bw {
             if let Some(d) = deadline {
                 stop_posting = stop_posting || started.elapsed() >= d;
             }
-            for lane in lanes.iter_mut() {
-                if stop_posting {
-                    lane.post_tail(&plan)?;
-                } else {
-                    lane.post_ready(&plan)?;
-                }
-            }
-            let n = cq.poll(&mut wcs)?.len();
-            for wc in &mut wcs[..n] {
-                if wc.status() != WcStatus::Success {
-                    wc.ok()?;
-                }
-                // One lane: its queue's own check (QP number, tag, outstanding) refuses a
-                // stranger's completion, so there is nothing to look up.
-                let lane = match lanes {
-                    [one] => one,
-                    _ => {
-                        lanes.iter_mut().find(|l| l.sq.qp_num() == wc.qp_num()).ok_or("completion of an unknown QP")?
-                    }
-                };
-                let src = &mut lane.src;
-                finished += lane.sq.complete(wc, |d| src.done(d))? as u64;
-            }
+            post_all(lanes, &plan, stop_posting)?;
+            let (n, done) = reap(cq, lanes, &mut wcs)?;
+            finished += done;
             if n > 0 {
                 quiet_since = None;
-                // Peak: the best window of at least a full pipeline (tx depth) of completions;
-                // shorter windows only measure how completions bunch up.
-                if finished - last.1 >= window {
-                    let now = clock.now();
-                    let dt = clock.us(now.wrapping_sub(last.0)) / 1e6;
-                    if dt > 0.0 {
-                        peak = peak.max((finished - last.1) as f64 * size as f64 / dt);
-                    }
-                    last = (now, finished);
-                    if now >= progress_at && !o.quiet {
-                        self.report_progress(finished, total_target, started);
-                        progress_at = now + second;
-                    }
+                if meter.completed(finished) && !o.quiet {
+                    self.report_progress(finished, total_target, started);
                 }
             } else {
                 idle = idle.wrapping_add(1);
@@ -788,7 +881,7 @@ impl Bw {
                 break;
             }
         }
-        Ok(Measured { finished, secs: started.elapsed().as_secs_f64(), peak })
+        Ok(Measured { finished, secs: started.elapsed().as_secs_f64(), peak: meter.peak })
     }
 
     /// An error once no completion came for [`STALL`].
@@ -847,6 +940,93 @@ impl Bw {
         println!(" Mode            : {}", role.describe());
         println!("{}", perftest::rule());
         perftest::print_bw_header(o.report_gbits);
+    }
+}
+
+/// Posts on every lane what it may (or, once a timed run stops posting, its tail).
+#[inline]
+fn post_all<S: Source>(lanes: &mut [Lane<S>], plan: &Plan, stop_posting: bool) -> Res<()> {
+    for lane in lanes.iter_mut() {
+        if stop_posting {
+            lane.post_tail(plan)?;
+        } else {
+            lane.post_ready(plan)?;
+        }
+    }
+    Ok(())
+}
+
+/// Polls the shared CQ once and hands each completion back to its lane's source:
+/// how many completions came, and how many requests they finished.
+#[inline]
+fn reap<S: Source>(
+    cq: &mut CompletionQueue,
+    lanes: &mut [Lane<S>],
+    wcs: &mut [WorkCompletion; 64],
+) -> Res<(usize, u64)> {
+    let n = cq.poll(wcs)?.len();
+    let mut finished = 0u64;
+    for wc in &mut wcs[..n] {
+        if wc.status() != WcStatus::Success {
+            wc.ok()?;
+        }
+        // One lane: its queue's own check (QP number, tag, outstanding) refuses a
+        // stranger's completion, so there is nothing to look up.
+        let lane = match lanes {
+            [one] => one,
+            _ => lanes.iter_mut().find(|l| l.sq.qp_num() == wc.qp_num()).ok_or("completion of an unknown QP")?,
+        };
+        let src = &mut lane.src;
+        finished += lane.sq.complete(wc, |d| src.done(d))? as u64;
+    }
+    Ok((n, finished))
+}
+
+/// The best window of a run and the pace of its progress lines. They read the CPU's
+/// counter, not the system clock: where that is not in the vDSO (a VM without a stable
+/// TSC) each reading is a system call, and at 64 KiB every completion would pay one.
+struct Meter {
+    clock: &'static perftest::Clock,
+    size: usize,
+    /// Ticks in a second.
+    second: u64,
+    /// Completions a window spans at least: a full pipeline (tx depth); shorter windows
+    /// only measure how completions bunch up.
+    window: u64,
+    /// When the current window started, and how many had completed then.
+    last: (u64, u64),
+    /// Best window, bytes a second.
+    peak: f64,
+    progress_at: u64,
+}
+
+impl Meter {
+    fn start(size: usize, window: u64) -> Meter {
+        static CLOCK: std::sync::OnceLock<perftest::Clock> = std::sync::OnceLock::new();
+        let clock = CLOCK.get_or_init(perftest::Clock::calibrate);
+        let second = clock.ticks(Duration::from_secs(1));
+        let now = clock.now();
+        Meter { clock, size, second, window, last: (now, 0), peak: 0.0, progress_at: now + 3 * second }
+    }
+
+    /// After completions, `finished` in all: closes the window once it is long enough.
+    /// True when a progress line is due (after 3 s, then every second).
+    #[inline]
+    fn completed(&mut self, finished: u64) -> bool {
+        if finished - self.last.1 < self.window {
+            return false;
+        }
+        let now = self.clock.now();
+        let dt = self.clock.us(now.wrapping_sub(self.last.0)) / 1e6;
+        if dt > 0.0 {
+            self.peak = self.peak.max((finished - self.last.1) as f64 * self.size as f64 / dt);
+        }
+        self.last = (now, finished);
+        if now < self.progress_at {
+            return false;
+        }
+        self.progress_at = now + self.second;
+        true
     }
 }
 
@@ -1151,8 +1331,8 @@ struct RxLane {
     rq: RecvQueue<Chunk>,
     sq: SendQueue<Chunk>,
     credit_bufs: Vec<Chunk>,
-    /// The client's credit word.
-    peer: RemoteMr,
+    /// The client's credit word (none for a perftest client).
+    peer: Option<RemoteMr>,
     /// Receives posted in all: how many messages the client may have sent.
     posted: u64,
     /// The last `posted` written to the client.
@@ -1165,12 +1345,118 @@ impl RxLane {
     /// Writes `posted` into the client's credit word, when a credit buffer is free (else
     /// a later call does; the client waits).
     fn credit(&mut self) -> Res<()> {
+        let Some(peer) = self.peer else {
+            self.credited = self.posted;
+            return Ok(());
+        };
         let Some(mut buf) = self.credit_bufs.pop() else {
             return Ok(());
         };
         buf.copy_from_slice(&self.posted.to_le_bytes());
-        self.sq.post(SendWr::write(buf, 0..8, self.peer))?;
+        self.sq.post(SendWr::write(buf, 0..8, peer))?;
         self.credited = self.posted;
+        Ok(())
+    }
+}
+
+/// The send server's polling loop over its lanes.
+struct Receiver<'l> {
+    lanes: &'l mut [RxLane],
+    /// The pattern of one message.
+    want: Vec<u8>,
+    size: usize,
+    /// Check every message (our client), or none (perftest's).
+    verify: bool,
+    /// The first bad message.
+    fault: Option<String>,
+}
+
+impl Receiver<'_> {
+    /// Until every lane has received what the client sent: `counts` known from the
+    /// start (a perftest client: `-n` each), or read by `waiter` from our client once
+    /// its run is over. Credits go out every `step` receives posted again.
+    fn run(
+        &mut self,
+        cq: &mut CompletionQueue,
+        step: u64,
+        mut counts: Option<Vec<u64>>,
+        mut waiter: Option<std::thread::ScopedJoinHandle<'_, Res<Vec<u64>>>>,
+    ) -> Res<()> {
+        let mut wcs = [WorkCompletion::EMPTY; 64];
+        let mut quiet_since: Option<Instant> = None;
+        let mut idle = 0u32;
+        loop {
+            if waiter.as_ref().is_some_and(|w| w.is_finished()) {
+                let w = waiter.take().ok_or("no waiter")?;
+                let got = w.join().map_err(|_| "the thread reading the client panicked")?;
+                counts = Some(got.map_err(|e| format!("the client did not finish its run: {e}"))?);
+            }
+            if let Some(c) = &counts {
+                if self.lanes.iter().zip(c).all(|(l, &n)| l.received >= n) {
+                    return Ok(());
+                }
+            }
+            let n = cq.poll(&mut wcs)?.len();
+            for wc in &mut wcs[..n] {
+                self.take(wc)?;
+            }
+            for lane in self.lanes.iter_mut() {
+                if lane.posted - lane.credited >= step {
+                    lane.credit()?;
+                }
+            }
+            if n > 0 {
+                quiet_since = None;
+                continue;
+            }
+            idle = idle.wrapping_add(1);
+            if let (0, Some(c)) = (idle % 4096, &counts) {
+                self.check_stall(&mut quiet_since, c)?;
+            }
+        }
+    }
+
+    /// One completion: a credit write done, or a message received (checked, its buffer
+    /// stamped and posted again).
+    fn take(&mut self, wc: &mut WorkCompletion) -> Res<()> {
+        if wc.status() != WcStatus::Success {
+            wc.ok()?;
+        }
+        let (q, lane) = self
+            .lanes
+            .iter_mut()
+            .enumerate()
+            .find(|(_, l)| l.rq.qp_num() == wc.qp_num())
+            .ok_or("completion of an unknown QP")?;
+        if !wc.opcode().is_recv() {
+            let free = &mut lane.credit_bufs;
+            lane.sq.complete(wc, |d| free.push(d.buf))?;
+            return Ok(());
+        }
+        let mut done = lane.rq.complete(wc)?;
+        lane.received += 1;
+        if self.verify && self.fault.is_none() {
+            self.fault = check_message(&done, &self.want, lane.received).err().map(|e| format!("QP {q}, {e}"));
+        }
+        put_stamp(&mut done.buf, !(lane.posted + 1));
+        lane.rq.post(done.buf, 0..self.size, 0)?;
+        lane.posted += 1;
+        Ok(())
+    }
+
+    /// An error once nothing arrived for [`STALL`] though the client sent more.
+    fn check_stall(&self, quiet_since: &mut Option<Instant>, counts: &[u64]) -> Res<()> {
+        let now = Instant::now();
+        match *quiet_since {
+            None => *quiet_since = Some(now),
+            Some(t) if now.duration_since(t) > STALL => {
+                let got: Vec<u64> = self.lanes.iter().map(|l| l.received).collect();
+                return Err(
+                    format!("the client sent {counts:?} messages per QP, {got:?} arrived within {STALL:?}").into()
+                );
+            }
+            Some(_) => {}
+        }
         Ok(())
     }
 }
@@ -1188,7 +1474,7 @@ fn client_counts(stream: &mut dyn Stream, qps: usize) -> Res<Vec<u64>> {
 
 /// What a client writes or sends, what a read_bw server serves. Several bits of the size
 /// go in, so that a region of another size never matches.
-fn pattern(size: usize) -> impl Iterator<Item = u8> {
+fn pattern(size: usize) -> impl Iterator<Item = u8> + Clone {
     let salt = (size ^ (size >> 8) ^ (size >> 16) ^ (size >> 24)) as u8;
     (0..size).map(move |i| (i as u8).wrapping_mul(13).wrapping_add(salt))
 }

@@ -2,7 +2,10 @@
 //! `read_bw`, `send_bw`) are thin `main`s over [`bw::bw_main`]; the latency tools
 //! (`write_lat`, `send_lat`, `read_lat`) over [`perftest::lat_main`]. The tools themselves
 //! are the root package's examples (`cargo run --example write_bw`); this crate is not
-//! published.
+//! published. Over TCP they speak perftest's out-of-band exchange ([`oob`]: which version
+//! checks and parameter exchanges are honoured, and how our data check survives), so
+//! each talks to perftest's tool of the same name.
 
 pub mod bw;
+pub mod oob;
 pub mod perftest;

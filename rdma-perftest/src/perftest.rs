@@ -3,10 +3,15 @@
 //! latency statistics and the printing of perftest's tables. The latency tools are thin
 //! `main`s over [`lat_main`].
 //!
-//! The exchange is the library's own (`rdma_verbs::endpoint`): one [`Handshake`] per QP
-//! over a TCP connection (or a Unix socket pair in `--loopback`), then the handshake's
-//! status message as a barrier where both sides must meet. It is not perftest's exchange,
-//! so these tools talk only to each other, not to `ib_write_bw` and friends.
+//! Over TCP the exchange starts as perftest's ([`crate::oob`]: versions, system data,
+//! MTU), so each tool talks to perftest's tool of the same name. With a perftest peer it
+//! goes on as perftest's (its destination messages, barriers and end); between two of
+//! ours, and over the Unix socket pair of `--loopback`, it goes on in the library's own
+//! format (`rdma_verbs::endpoint`): one [`Handshake`] per QP, then the handshake's status
+//! message as a barrier where both sides must meet.
+//!
+//! write_lat's server sends the first message, as `ib_write_lat`'s does, so the client's
+//! samples are the `-n` - 1 round trips between the messages it received.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
@@ -18,9 +23,11 @@ use std::time::{Duration, Instant};
 use clap::{CommandFactory, FromArgMatches};
 use rdma_verbs::wire::{self, Status};
 use rdma_verbs::Handshake;
+
+use crate::oob::{self, Offer, Peer, Shape};
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Prepared, PreparedQueue, QpAccess, QpType, QueuePair,
-    RecvQueue, RemoteMr, RtsAttr, SendWr, WorkCompletion,
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, MemoryRegion, Prepared, PreparedQueue, QpAccess, QpType,
+    QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendWr, WorkCompletion,
 };
 
 /// Any error of a tool: a message for stderr.
@@ -140,10 +147,14 @@ impl Common {
         Ok(ctx)
     }
 
+    /// RTS attributes: the QP timeout of `-u`, the rest as `RtsAttr`'s defaults.
+    pub fn rts(&self) -> RtsAttr {
+        RtsAttr { timeout: self.qp_timeout, ..RtsAttr::default() }
+    }
+
     /// A handshake for `qp` with this side's port, GID index and what the peer may do.
     pub fn handshake<'a>(&self, qp: &'a QueuePair, access: QpAccess) -> Handshake<'a> {
-        let rts = RtsAttr { timeout: self.qp_timeout, ..RtsAttr::default() };
-        let hs = Handshake::new(qp).port(self.ib_port).access(access).rts(rts);
+        let hs = Handshake::new(qp).port(self.ib_port).access(access).rts(self.rts());
         match self.gid_index {
             Some(i) => hs.gid_index(i),
             None => hs,
@@ -222,6 +233,29 @@ pub fn open_stream(role: &Role, port: u16) -> Res<Option<Box<dyn Stream>>> {
         Role::Client(host) => Some(Box::new(connect(host, port)?)),
         Role::Loopback => None,
     })
+}
+
+/// The connection to the peer process and who the peer is: perftest's exchange starts
+/// on the TCP connection ([`oob::greet`]); `--loopback` has no connection and its peer
+/// is ours. A perftest peer runs one size, for a number of iterations: `-a` and `-D`
+/// are refused with it.
+pub fn open_peer(role: &Role, c: &Common, ctx: &Context, timed: bool) -> Res<(Option<Box<dyn Stream>>, Peer)> {
+    let mut stream = open_stream(role, c.tcp_port)?;
+    let peer = match stream.as_deref_mut() {
+        None => Peer::Ours,
+        Some(s) => oob::greet(s, matches!(role, Role::Client(_)), ctx, c)?,
+    };
+    if let Peer::Perftest(p) = &peer {
+        if c.all || timed {
+            return Err(format!(
+                "the peer is perftest {}: its exchange runs one size for a number of iterations, drop -a and -D",
+                p.version
+            )
+            .into());
+        }
+        eprintln!("the peer is perftest {}: its exchange, and no data check (perftest checks none)", p.version);
+    }
+    Ok((stream, peer))
 }
 
 /// Two connected ends for `--loopback`.
@@ -447,16 +481,7 @@ impl LatRow {
         let n = ticks.len();
         let Some(&first) = ticks.first() else { return Err("no latency samples".into()) };
         let us = |t: f64| clock.us_f(t) / divisor;
-        // Sums of the samples' distances from the first one (numerically steady).
-        let (mut lo, mut hi, mut sum, mut squares) = (u64::MAX, 0, 0f64, 0f64);
-        for &t in &ticks {
-            (lo, hi) = (lo.min(t), hi.max(t));
-            let d = t as f64 - first as f64;
-            sum += d;
-            squares += d * d;
-        }
-        let mean = sum / n as f64;
-        let var = (squares / n as f64 - mean * mean).max(0.0);
+        let (lo, hi, mean, var) = spread(&ticks, first);
         let upper = *ticks.select_nth_unstable(n / 2).1;
         let median = if n % 2 == 1 {
             us(upper as f64)
@@ -483,6 +508,21 @@ impl LatRow {
             p999_us,
         })
     }
+}
+
+/// The smallest and largest sample, and the mean and variance of the samples' distances
+/// from `first` (sums of distances are numerically steady).
+fn spread(ticks: &[u64], first: u64) -> (u64, u64, f64, f64) {
+    let (mut lo, mut hi, mut sum, mut squares) = (u64::MAX, 0, 0f64, 0f64);
+    for &t in ticks {
+        (lo, hi) = (lo.min(t), hi.max(t));
+        let d = t as f64 - first as f64;
+        sum += d;
+        squares += d * d;
+    }
+    let n = ticks.len() as f64;
+    let mean = sum / n;
+    (lo, hi, mean, (squares / n - mean * mean).max(0.0))
 }
 
 /// The latency table's header.
@@ -548,6 +588,15 @@ pub struct LatOpts {
 }
 
 impl LatTest {
+    /// What the peer may do on this side's QP.
+    fn access(self) -> QpAccess {
+        match self {
+            LatTest::Write => QpAccess::REMOTE_WRITE,
+            LatTest::Send => QpAccess::empty(),
+            LatTest::Read => QpAccess::REMOTE_READ,
+        }
+    }
+
     /// perftest's default inline size for this test.
     fn default_inline(self) -> u32 {
         match self {
@@ -574,6 +623,9 @@ fn run_lat(test: LatTest, o: &LatOpts) -> Res<()> {
     let role = c.role()?;
     let sizes = c.sizes(2)?;
     let iters = c.iterations(1000)?;
+    if test == LatTest::Write && iters < 2 {
+        return Err("write_lat needs at least 2 iterations (-n): its samples are the time between two".into());
+    }
     if iters > MAX_LAT_ITERS {
         return Err(format!("{iters} iterations (-n): at most {MAX_LAT_ITERS}, whose samples are all kept").into());
     }
@@ -588,19 +640,20 @@ fn run_lat(test: LatTest, o: &LatOpts) -> Res<()> {
         println!("{}", rule());
         print_lat_header();
     }
-    let mut stream = open_stream(&role, c.tcp_port)?;
+    let (mut stream, mut peer) = open_peer(&role, c, &ctx, false)?;
     for &size in &sizes {
-        let side = |stream: &mut dyn Stream, client: bool| {
-            lat_side(test, c, &ctx, &clock, (size, inline), iters, client, stream)
+        let side = |stream: &mut dyn Stream, client: bool, peer: &mut Peer| {
+            let run = LatRun { test, c, clock: &clock, size, inline, iters, client };
+            run.side(&ctx, stream, peer)
         };
         let row = match stream.as_deref_mut() {
-            None => loopback(|s| side(s, false).map(drop), |s| side(s, true))?,
+            None => loopback(|s| side(s, false, &mut Peer::Ours).map(drop), |s| side(s, true, &mut Peer::Ours))?,
             Some(s) if role == Role::Server => {
-                side(s, false)?;
+                side(s, false, &mut peer)?;
                 eprintln!("{}: {size} B: {iters} iterations done", test.title());
                 continue;
             }
-            Some(s) => side(s, true)?,
+            Some(s) => side(s, true, &mut peer)?,
         };
         let row = row.ok_or("the client measured nothing")?;
         print_lat_row(&row, c.json);
@@ -619,154 +672,226 @@ const LAT_DEPTH: u32 = 32;
 /// Every sample is kept (perftest's percentiles need them all): 8 bytes an iteration.
 const MAX_LAT_ITERS: u64 = 100_000_000;
 
-/// One side of one size: connects a QP, runs the ping-pong (or the reads), meets the
-/// peer at the end, and returns the statistics on the client.
-#[allow(clippy::too_many_arguments)]
-fn lat_side(
+/// One side of one size of a latency test.
+struct LatRun<'a> {
     test: LatTest,
-    c: &Common,
-    ctx: &Context,
-    clock: &Clock,
-    (size, inline): (usize, u32),
+    c: &'a Common,
+    clock: &'a Clock,
+    size: usize,
+    /// Largest message sent inline (`-I`).
+    inline: u32,
     iters: u64,
     client: bool,
-    stream: &mut dyn Stream,
-) -> Res<Option<LatRow>> {
-    let pd = rdma_verbs::ProtectionDomain::new(ctx)?;
-    let mut cq = CompletionQueue::new(ctx, 2 * LAT_DEPTH + 2)?;
-    // Inline when the message fits what -I allows (as perftest decides).
-    let inline = size <= inline as usize;
-    let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
-        .max_send_wr(LAT_DEPTH)
-        .max_recv_wr(LAT_DEPTH)
-        .max_inline_data(if inline { size as u32 } else { 0 })
-        .build()?;
-    // The region the peer writes (write_lat: polled for its last byte) or reads (read_lat).
-    // Whole 8-byte words, so that the word holding the last byte is inside it.
-    let target = pd.register_remote_writable(
-        AlignedBuf::new(size.next_multiple_of(8))?,
-        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
-    )?;
-    // `_read_src` lives to the end: the peer reads it until the barrier.
-    let (hs, _read_src) = match test {
-        LatTest::Write => (c.handshake(&qp, QpAccess::REMOTE_WRITE).advertise(target.remote()?), None),
-        LatTest::Read => {
-            let src = pd.register(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?;
-            (c.handshake(&qp, QpAccess::REMOTE_READ).advertise(src.remote()?), Some(src))
+}
+
+/// A latency side's verbs objects, before the run.
+struct LatQp {
+    pd: rdma_verbs::ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    /// What the peer writes (write_lat, polled for its last byte).
+    target: MemoryRegion<AlignedBuf, RemoteWritable>,
+    /// What the peer reads (read_lat): it lives to the end of the run.
+    read_src: Option<MemoryRegion<AlignedBuf>>,
+    rq: RecvQueue<Chunk>,
+}
+
+impl LatRun<'_> {
+    /// Connects a QP, runs the ping-pong (or the reads), meets the peer at the end, and
+    /// returns the statistics on the client.
+    fn side(&self, ctx: &Context, stream: &mut dyn Stream, peer: &mut Peer) -> Res<Option<LatRow>> {
+        let LatQp { pd, mut cq, qp, target, read_src, mut rq } = self.build(ctx)?;
+        let (access, mr, shape) = match (self.test, &read_src) {
+            (LatTest::Write, _) => (self.test.access(), Some(target.remote()?), Shape::RDMA_LAT),
+            (LatTest::Read, Some(src)) => (self.test.access(), Some(src.remote()?), Shape::RDMA_LAT),
+            _ => (self.test.access(), None, Shape::SEND),
+        };
+        let offer = Offer { qp: &qp, access, mr, rts: self.c.rts() };
+        let remote = peer.connect(self.c, shape, &[offer], self.size as u64, stream)?.pop().flatten();
+        let remote = self.check_peer_region(remote)?;
+        let mut ping = self.pinger(&pd, &qp, remote)?;
+        // write_lat polls the word that holds the message's last byte.
+        let last_word = (target.atomic_u64((self.size - 1) & !7)?, (self.size - 1) & 7);
+        let result = self.ping_pong(&mut ping, &mut cq, &mut rq, last_word);
+        // Meet the peer whatever happened, so that it stops too; our error comes first.
+        let met = self.meet(stream, peer, result.is_ok());
+        let mut stamps = result?;
+        met?;
+        if !self.client {
+            return Ok(None);
         }
-        LatTest::Send => (c.handshake(&qp, QpAccess::empty()), None),
-    };
-    hs.init()?;
-    // Receives go in before the peer can send (send_lat).
-    let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
-    if test == LatTest::Send {
-        let bufs = pd.register(AlignedBuf::new(size * LAT_DEPTH as usize)?, AccessFlags::LOCAL_WRITE)?;
-        for (i, b) in bufs.into_chunks(size)?.into_iter().enumerate() {
-            rq.post(b, 0..size, i as u64)?;
+        // The samples, in place: each stamp minus the one before it.
+        for i in (1..stamps.len()).rev() {
+            stamps[i] = stamps[i].wrapping_sub(stamps[i - 1]);
+        }
+        stamps.remove(0);
+        Ok(Some(LatRow::from_samples(self.size, self.iters, stamps, self.clock, self.test.divisor())?))
+    }
+
+    /// The QP, its regions, and (send_lat) its receives, posted before the peer can send.
+    fn build(&self, ctx: &Context) -> Res<LatQp> {
+        let size = self.size;
+        let pd = rdma_verbs::ProtectionDomain::new(ctx)?;
+        let cq = CompletionQueue::new(ctx, 2 * LAT_DEPTH + 2)?;
+        let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
+            .max_send_wr(LAT_DEPTH)
+            .max_recv_wr(LAT_DEPTH)
+            .max_inline_data(if self.inlined() { size as u32 } else { 0 })
+            .build()?;
+        // Whole 8-byte words, so that the word holding the last byte is inside it.
+        let target = pd.register_remote_writable(
+            AlignedBuf::new(size.next_multiple_of(8))?,
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+        )?;
+        let read_src = match self.test {
+            LatTest::Read => {
+                Some(pd.register(AlignedBuf::new(size)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)?)
+            }
+            _ => None,
+        };
+        // INIT now, with what the peer may do: receives go in before the peer can send.
+        self.c.handshake(&qp, self.test.access()).init()?;
+        let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
+        if self.test == LatTest::Send {
+            let bufs = pd.register(AlignedBuf::new(size * LAT_DEPTH as usize)?, AccessFlags::LOCAL_WRITE)?;
+            for (i, b) in bufs.into_chunks(size)?.into_iter().enumerate() {
+                rq.post(b, 0..size, i as u64)?;
+            }
+        }
+        Ok(LatQp { pd, cq, qp, target, read_src, rq })
+    }
+
+    /// Inline when the message fits what -I allows (as perftest decides).
+    fn inlined(&self) -> bool {
+        self.size <= self.inline as usize
+    }
+
+    /// The peer's region, where this side writes or reads: at least `-s` bytes.
+    fn check_peer_region(&self, mr: Option<RemoteMr>) -> Res<Option<RemoteMr>> {
+        match (self.test, mr) {
+            (LatTest::Send, _) => Ok(None),
+            (_, Some(mr)) if mr.len >= self.size as u64 => Ok(Some(mr)),
+            (_, Some(mr)) => Err(format!(
+                "the peer's region is {} bytes, smaller than -s {}: give both sides the same -s/-a",
+                mr.len, self.size
+            )
+            .into()),
+            (_, None) => Err("the peer advertised no memory region".into()),
         }
     }
-    let conn = hs.connect(stream)?;
-    let peer = match (test, conn.remote.mr) {
-        (LatTest::Send, _) => None,
-        (_, Some(mr)) if mr.len >= size as u64 => Some(mr),
-        (_, Some(mr)) => {
-            return Err(format!(
-                "the peer's region is {} bytes, smaller than -s {size}: give both sides the same -s/-a",
-                mr.len
-            )
-            .into())
-        }
-        (_, None) => return Err("the peer advertised no memory region".into()),
-    };
 
-    // Sources: a request per slot in flight, each with its own chunk, so the byte that
-    // changes each iteration is never written while the device may still read it. Each is
-    // prepared once (checked, its C request built) and posted again every time, as
-    // perftest posts its one prebuilt request.
-    let moderation = if size <= 65536 { LAT_DEPTH / 2 } else { 1 };
-    let pool = pd.register(AlignedBuf::new(size * 2 * moderation as usize)?, AccessFlags::LOCAL_WRITE)?;
-    let sq = qp.prepared_queue()?;
-    let make = |buf: Chunk| -> Res<SendWr<Chunk>> {
-        let wr = match test {
-            LatTest::Write => SendWr::write(buf, 0..size, peer.ok_or("no peer region")?),
-            LatTest::Send => SendWr::send(buf, 0..size),
-            LatTest::Read => SendWr::read(buf, 0..size, peer.ok_or("no peer region")?),
+    /// Sources: a request per slot in flight, each with its own chunk, so the byte that
+    /// changes each iteration is never written while the device may still read it. Each
+    /// is prepared once (checked, its C request built) and posted again every time, as
+    /// perftest posts its one prebuilt request.
+    fn pinger(&self, pd: &rdma_verbs::ProtectionDomain, qp: &QueuePair, peer: Option<RemoteMr>) -> Res<Pinger> {
+        let (test, size, inline) = (self.test, self.size, self.inlined());
+        let moderation = if size <= 65536 { LAT_DEPTH / 2 } else { 1 };
+        let pool = pd.register(AlignedBuf::new(size * 2 * moderation as usize)?, AccessFlags::LOCAL_WRITE)?;
+        let sq = qp.prepared_queue()?;
+        let make = |buf: Chunk| -> Res<SendWr<Chunk>> {
+            let wr = match test {
+                LatTest::Write => SendWr::write(buf, 0..size, peer.ok_or("no peer region")?),
+                LatTest::Send => SendWr::send(buf, 0..size),
+                LatTest::Read => SendWr::read(buf, 0..size, peer.ok_or("no peer region")?),
+            };
+            Ok(if inline { wr.inline() } else { wr })
         };
-        Ok(if inline { wr.inline() } else { wr })
-    };
-    let free = pool
-        .into_chunks(size)?
-        .into_iter()
-        .map(|buf| sq.prepare(make(buf)?).map_err(Into::into))
-        .collect::<Res<Vec<_>>>()?;
-    let mut ping = Pinger {
-        sq,
-        free,
-        moderation: u64::from(moderation),
-        to_signal: u64::from(moderation),
-        posted: 0,
-        recvs: 0,
-        wcs: [WorkCompletion::EMPTY, WorkCompletion::EMPTY, WorkCompletion::EMPTY, WorkCompletion::EMPTY],
-    };
-    // write_lat polls the word that holds the message's last byte.
-    let last_word = (target.atomic_u64((size - 1) & !7)?, (size - 1) & 7);
-    let mut stamps = Vec::with_capacity(iters as usize + 1);
-    let silence = clock.ticks(PEER_SILENCE);
-    let run =
-        |ping: &mut Pinger, stamps: &mut Vec<u64>, cq: &mut CompletionQueue, rq: &mut RecvQueue<Chunk>| -> Res<()> {
-            // A loop per test, so that no round asks which test this is.
-            match test {
-                LatTest::Write => {
-                    for i in 1..=iters {
-                        if !client {
-                            wait_byte(last_word, i, clock, silence, || ping.drain_some(cq, rq))?;
-                        }
-                        stamps.push(clock.now());
-                        ping.post(cq, rq, i == iters, Some(i as u8))?;
-                        if client {
-                            wait_byte(last_word, i, clock, silence, || ping.drain_some(cq, rq))?;
-                        }
+        let free = pool
+            .into_chunks(size)?
+            .into_iter()
+            .map(|buf| sq.prepare(make(buf)?).map_err(Into::into))
+            .collect::<Res<Vec<_>>>()?;
+        Ok(Pinger {
+            sq,
+            free,
+            moderation: u64::from(moderation),
+            to_signal: u64::from(moderation),
+            posted: 0,
+            recvs: 0,
+            wcs: [WorkCompletion::EMPTY, WorkCompletion::EMPTY, WorkCompletion::EMPTY, WorkCompletion::EMPTY],
+        })
+    }
+
+    /// The timed loop, a loop per test so that no round asks which test this is.
+    /// Returns the stamps: the client's samples are the differences of consecutive ones.
+    fn ping_pong(
+        &self,
+        ping: &mut Pinger,
+        cq: &mut CompletionQueue,
+        rq: &mut RecvQueue<Chunk>,
+        last_word: (&AtomicU64, usize),
+    ) -> Res<Vec<u64>> {
+        let (clock, client, iters) = (self.clock, self.client, self.iters);
+        let mut stamps = Vec::with_capacity(iters as usize + 1);
+        let silence = clock.ticks(PEER_SILENCE);
+        match self.test {
+            // The server sends first, as ib_write_lat's does; the client stamps each
+            // message it received, so its samples are the iters - 1 round trips between.
+            LatTest::Write => self.write_pongs(ping, cq, rq, last_word, &mut stamps)?,
+            LatTest::Send => {
+                for i in 1..=iters {
+                    if !client {
+                        ping.wait_recv(cq, rq, i, clock, silence)?;
+                    }
+                    stamps.push(clock.now());
+                    ping.post(cq, rq, i == iters, None)?;
+                    if client {
+                        ping.wait_recv(cq, rq, i, clock, silence)?;
                     }
                 }
-                LatTest::Send => {
-                    for i in 1..=iters {
-                        if !client {
-                            ping.wait_recv(cq, rq, i, clock, silence)?;
-                        }
-                        stamps.push(clock.now());
-                        ping.post(cq, rq, i == iters, None)?;
-                        if client {
-                            ping.wait_recv(cq, rq, i, clock, silence)?;
-                        }
-                    }
+                stamps.push(clock.now());
+            }
+            // The read_lat server only serves its region, until the end.
+            LatTest::Read if !client => return Ok(stamps),
+            LatTest::Read => {
+                for _ in 1..=iters {
+                    stamps.push(clock.now());
+                    ping.post(cq, rq, true, None)?;
+                    ping.drain(cq, rq)?;
                 }
-                // The read_lat server only serves its region, until the barrier.
-                LatTest::Read if !client => return Ok(()),
-                LatTest::Read => {
-                    for _ in 1..=iters {
-                        stamps.push(clock.now());
-                        ping.post(cq, rq, true, None)?;
-                        ping.drain(cq, rq)?;
-                    }
-                }
+                stamps.push(clock.now());
+            }
+        }
+        ping.drain(cq, rq)?;
+        Ok(stamps)
+    }
+
+    /// write_lat's loop: each side writes the iteration's number into the last byte of
+    /// the peer's region and spins on its own.
+    fn write_pongs(
+        &self,
+        ping: &mut Pinger,
+        cq: &mut CompletionQueue,
+        rq: &mut RecvQueue<Chunk>,
+        last_word: (&AtomicU64, usize),
+        stamps: &mut Vec<u64>,
+    ) -> Res<()> {
+        let (clock, client, iters) = (self.clock, self.client, self.iters);
+        let silence = clock.ticks(PEER_SILENCE);
+        for i in 1..=iters {
+            if client {
+                wait_byte(last_word, i, clock, silence, || ping.drain_some(cq, rq))?;
             }
             stamps.push(clock.now());
-            ping.drain(cq, rq)
-        };
-    let result = run(&mut ping, &mut stamps, &mut cq, &mut rq);
-    // Meet the peer whatever happened, so that it stops too; our error comes first.
-    let met = barrier(stream, result.is_ok());
-    result?;
-    met?;
-    if !client {
-        return Ok(None);
+            ping.post(cq, rq, i == iters, Some(i as u8))?;
+            if !client {
+                wait_byte(last_word, i, clock, silence, || ping.drain_some(cq, rq))?;
+            }
+        }
+        Ok(())
     }
-    // The samples, in place: each stamp minus the one before it.
-    for i in (1..stamps.len()).rev() {
-        stamps[i] = stamps[i].wrapping_sub(stamps[i - 1]);
+
+    /// The end of a size: our barrier, or perftest's end of this test (ib_write_lat has
+    /// none; ib_send_lat and ib_read_lat close, which waits for the peer's close).
+    fn meet(&self, stream: &mut dyn Stream, peer: &Peer, ok: bool) -> Res<()> {
+        match peer {
+            Peer::Ours => barrier(stream, ok),
+            Peer::Perftest(_) if !ok => Ok(()),
+            Peer::Perftest(_) if self.test == LatTest::Write => Ok(()),
+            Peer::Perftest(p) => p.close(stream),
+        }
     }
-    stamps.remove(0);
-    Ok(Some(LatRow::from_samples(size, iters, stamps, clock, test.divisor())?))
 }
 
 /// Spins on the last byte of the target (`word`, and the byte's index in it) until it is

@@ -525,6 +525,15 @@ fn spread(ticks: &[u64], first: u64) -> (u64, u64, f64, f64) {
     (lo, hi, mean, (squares / n - mean * mean).max(0.0))
 }
 
+/// Time stamps into samples, in place and front to back: each stamp becomes the time to
+/// the next one (a window of two cells reads both before it writes the first), and the
+/// last, which has no next, goes. No bounds checks and no memmove (`remove(0)`'s).
+fn into_samples(stamps: &mut Vec<u64>) {
+    let cells = std::cell::Cell::from_mut(&mut stamps[..]).as_slice_of_cells();
+    cells.windows(2).for_each(|w| w[0].set(w[1].get().wrapping_sub(w[0].get())));
+    stamps.pop();
+}
+
 /// The latency table's header.
 pub fn print_lat_header() {
     println!(
@@ -720,11 +729,7 @@ impl LatRun<'_> {
         if !self.client {
             return Ok(None);
         }
-        // The samples, in place: each stamp minus the one before it.
-        for i in (1..stamps.len()).rev() {
-            stamps[i] = stamps[i].wrapping_sub(stamps[i - 1]);
-        }
-        stamps.remove(0);
+        into_samples(&mut stamps);
         Ok(Some(LatRow::from_samples(self.size, self.iters, stamps, self.clock, self.test.divisor())?))
     }
 
@@ -1057,6 +1062,17 @@ mod tests {
         let var = us.iter().map(|v| (v - avg) * (v - avg)).sum::<f64>() / n as f64;
         let pct = |p: f64| us[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
         [us[0], us[n - 1], median, pct(0.99), pct(0.999), avg, var.sqrt()]
+    }
+
+    #[test]
+    fn stamps_become_the_differences_of_consecutive_ones() {
+        let mut stamps = vec![10, 13, 20, 20, u64::MAX, 4];
+        super::into_samples(&mut stamps);
+        assert_eq!(stamps, [3, 7, 0, u64::MAX - 20, 5]);
+        for mut short in [vec![], vec![7]] {
+            super::into_samples(&mut short);
+            assert!(short.is_empty());
+        }
     }
 
     #[test]

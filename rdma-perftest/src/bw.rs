@@ -1,7 +1,7 @@
 //! The engine of the bandwidth tools `write_bw`, `read_bw` and `send_bw` (perftest's
 //! `ib_write_bw`, `ib_read_bw`, `ib_send_bw`) on the safe data path. Each tool is a thin
 //! `main` over [`bw_main`]; they share the flags, the checks, server/client/`--loopback`,
-//! the posting loop ([`Bw::post_loop`]), the progress lines, the table or JSON, and the
+//! the posting loop (`Bw::post_loop`), the progress lines, the table or JSON, and the
 //! data check, which differs by operation:
 //!
 //! - **write**: the client writes the pattern into one region per server QP; the server

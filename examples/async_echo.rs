@@ -7,10 +7,15 @@
 //! async_echo --connect IP [-p PORT] [--connections N] [--messages M] [--size BYTES]
 //! ```
 //!
-//! A client connects (RC, port space TCP) with the number of messages it will send in its
-//! private data (8 bytes, little-endian), then sends each message (its connection number
-//! and sequence in every byte's pattern), awaits the echo and compares it byte for byte.
-//! The server echoes that many messages per connection, then disconnects it.
+//! A client connects (RC, port space TCP) with private data: the number of messages it
+//! will send (8 bytes, little-endian), its connection number (4 bytes, little-endian) and
+//! `async_echo: hello`. The server checks those bytes (a request without them is rejected)
+//! and accepts with private data of its own: `async_echo: welcome`, then the connection
+//! number and the message count it read; the client checks those bytes too (the rest of
+//! each side's field must be the zeros rdma_cm pads it with). The client then sends each
+//! message (its connection number and sequence in every byte's pattern), awaits the echo
+//! and compares it byte for byte. The server echoes that many messages per connection,
+//! then disconnects it.
 //!
 //! Completions are awaited: each side of a connection is an `AsyncSendQueue` or
 //! `AsyncRecvQueue` on a channel CQ of its own (`AsyncCq::tokio`), so a post returns a
@@ -21,7 +26,10 @@
 //! end. No thread of tokio's blocking pool is used. `--loopback` runs the server and N clients in one
 //! process on one runtime; the exit status is 0 only when every echo matched (1 on a
 //! failure, 2 on a command-line error). The address is one of the RDMA device's (scripts/rxe
-//! exports `RDMA_IP`, the default of `--addr`).
+//! exports `RDMA_IP`, the default of `--addr`). The client (and `--loopback`) ends with
+//! `async_echo: N connections x M messages of S bytes: every echo matched, private data
+//! checked both ways`; `--server` with `async_echo: served N connections: every client's
+//! private data checked`. `scripts/multihost` runs the server and the client on two nodes.
 
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
@@ -130,6 +138,45 @@ impl Conn {
     }
 }
 
+/// What a client's private data ends with, after its message count and connection number.
+const HELLO: &[u8] = b"async_echo: hello";
+/// What the server's private data starts with, before the connection number and message
+/// count it read.
+const WELCOME: &[u8] = b"async_echo: welcome";
+
+/// The client's private data: the message count, the connection number, [`HELLO`].
+fn hello(conn: u32, messages: u64) -> Vec<u8> {
+    [&messages.to_le_bytes()[..], &conn.to_le_bytes(), HELLO].concat()
+}
+
+/// The server's private data for a client that sent [`hello`]`(conn, messages)`.
+fn welcome(conn: u32, messages: u64) -> Vec<u8> {
+    [WELCOME, &conn.to_le_bytes(), &messages.to_le_bytes()].concat()
+}
+
+/// Checks that `got` is `want` followed by nothing but the zeros rdma_cm pads with.
+fn padded(got: &[u8], want: &[u8], whose: &str) -> Res<()> {
+    let ok = got.len() >= want.len() && got[..want.len()] == *want && got[want.len()..].iter().all(|&b| b == 0);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{whose} private data is {got:02x?}, not {want:02x?} and zeros"))
+    }
+}
+
+/// The connection number and message count of a client's private data, once its bytes
+/// are checked.
+fn read_hello(got: &[u8]) -> Res<(u32, u64)> {
+    let (count, conn) = match (got.get(..8), got.get(8..12)) {
+        (Some(c), Some(n)) => (c, n),
+        _ => return Err(format!("a client's private data is {} bytes, too short for a hello", got.len())),
+    };
+    let messages = u64::from_le_bytes(count.try_into().map_err(|_| "8 bytes")?);
+    let conn = u32::from_le_bytes(conn.try_into().map_err(|_| "4 bytes")?);
+    padded(got, &hello(conn, messages), "a client's")?;
+    Ok((conn, messages))
+}
+
 /// The byte `i` of message `seq` of connection `conn`.
 fn pattern(conn: u32, seq: u64, i: usize) -> u8 {
     (conn as u64).wrapping_mul(131).wrapping_add(seq.wrapping_mul(7)).wrapping_add(i as u64) as u8
@@ -185,13 +232,15 @@ async fn talk(n: u32, mut c: Conn, size: usize, limit: Duration) -> Res<()> {
 /// Accepts one connection (in the task that serves it: the id moves onto an event
 /// channel of its own), then serves it.
 async fn accept(req: ConnectRequest, size: usize, limit: Duration) -> Res<()> {
-    let messages = req.private_data().get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
-    let Some(messages) = messages else {
-        let _ = req.id().reject(b"send the message count");
-        return Err("a client sent no message count".into());
+    let (conn, messages) = match read_hello(req.private_data()) {
+        Ok(hello) => hello,
+        Err(e) => {
+            let _ = req.id().reject(b"send async_echo's hello");
+            return Err(e);
+        }
     };
     let mut c = Conn::new(AsyncCmId::tokio(req.into_id()).map_err(err)?, size, messages)?;
-    c.id.accept(&ConnParam::new(), limit).await.map_err(err)?;
+    c.id.accept(&ConnParam::new().private_data(&welcome(conn, messages)), limit).await.map_err(err)?;
     serve(c, size, limit).await
 }
 
@@ -232,8 +281,10 @@ async fn clients(addr: SocketAddr, n: u32, messages: u64, size: usize, limit: Du
             id.resolve_addr(None, addr, limit).await.map_err(err)?;
             id.resolve_route(limit).await.map_err(err)?;
             let mut c = Conn::new(id, size, messages)?;
-            let count = messages.to_le_bytes();
-            c.id.connect(&ConnParam::new().private_data(&count), limit).await.map_err(err)?;
+            let established = c.id.connect(&ConnParam::new().private_data(&hello(conn, messages)), limit).await;
+            let established = established.map_err(err)?;
+            padded(established.private_data(), &welcome(conn, messages), "the server's")
+                .map_err(|e| format!("connection {conn}: {e}"))?;
             talk(conn, c, size, limit).await
         }));
     }
@@ -263,9 +314,11 @@ fn run(o: &Opts) -> Res<()> {
         clients(addr, o.connections, o.messages, size, limit).await?;
         serving.await.map_err(|e| e.to_string())?
     })?;
-    if !o.server {
+    if o.server {
+        println!("async_echo: served {} connections: every client's private data checked", o.connections);
+    } else {
         println!(
-            "async_echo: {} connections x {} messages of {size} bytes: every echo matched",
+            "async_echo: {} connections x {} messages of {size} bytes: every echo matched, private data checked both ways",
             o.connections, o.messages
         );
     }
@@ -284,5 +337,28 @@ fn main() -> ExitCode {
             eprintln!("async_echo: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_data_is_checked_byte_for_byte_with_zero_padding() {
+        let mut got = hello(3, 100);
+        assert_eq!(read_hello(&got).unwrap(), (3, 100));
+        got.resize(56, 0);
+        assert_eq!(read_hello(&got).unwrap(), (3, 100), "rdma_cm pads a connect's 56 bytes with zeros");
+        got[40] = 1;
+        assert!(read_hello(&got).is_err(), "a non-zero byte past the hello");
+        let mut typo = hello(3, 100);
+        typo[12] ^= 0x20;
+        assert!(read_hello(&typo).is_err());
+        assert!(read_hello(&[0; 8]).is_err());
+        let w = welcome(3, 100);
+        padded(&[&w[..], &[0; 20]].concat(), &w, "the server's").unwrap();
+        assert!(padded(&w[..w.len() - 1], &w, "the server's").is_err());
+        assert!(padded(&welcome(4, 100), &w, "the server's").is_err());
     }
 }

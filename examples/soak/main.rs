@@ -121,12 +121,23 @@ struct Opts {
     /// QP's retry bound (timeout and retry count) of the last completion.
     #[arg(long)]
     accept_link_failure: bool,
+    /// Two hosts: an operation unfinished this long is a hang, and fails the run.
+    #[arg(long, default_value_t = STUCK.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    stuck_secs: u64,
+    /// Two hosts: the operations the lanes pick from, e.g. `--ops send,write`.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Send, Kind::Write, Kind::Read])]
+    ops: Vec<Kind>,
 }
 
 impl Opts {
     /// Whether any two-host flag was given a value of its own.
     fn two_host_flags(&self) -> bool {
-        self.gid_index.is_some() || self.qp_timeout != 14 || self.retry_cnt != 7 || self.accept_link_failure
+        self.gid_index.is_some()
+            || self.qp_timeout != 14
+            || self.retry_cnt != 7
+            || self.accept_link_failure
+            || self.stuck_secs != STUCK.as_secs()
+            || self.ops != [Kind::Send, Kind::Write, Kind::Read]
     }
 }
 
@@ -137,7 +148,7 @@ fn main() -> ExitCode {
     } else if let Some(host) = &opts.client {
         two_host::client(&opts, host)
     } else if opts.two_host_flags() {
-        Err("-x, --qp-timeout, --retry-cnt and --accept-link-failure are for the two-host mode (--server, --client)"
+        Err("-x, --qp-timeout, --retry-cnt, --accept-link-failure, --stuck-secs and --ops are for the two-host mode (--server, --client)"
             .into())
     } else {
         run(&opts)
@@ -232,7 +243,7 @@ impl Rng {
 
 // ---- one pair ---------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Kind {
     Send,
     Write,

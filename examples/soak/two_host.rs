@@ -29,7 +29,7 @@
 //! whose QPs failed passes when they failed cleanly: every request posted completed
 //! exactly once, no byte was wrong, nothing hung, and the first failed completion came
 //! within the QP's retry bound, (retry_cnt + 1) x 4.096 us x 2^timeout, of the last good
-//! one (plus [`DETECT_SLACK`] for the emulated guests' scheduling). rxe retries forever
+//! completion of its QP (plus [`DETECT_SLACK`] for the emulated guests' scheduling). rxe retries forever
 //! when retry_cnt is 7 (its completer does not count down from 7), so that bound is the
 //! spec's, not rxe's.
 
@@ -261,28 +261,25 @@ fn handshake<'a>(o: &Opts, qp: &'a QueuePair, setup: &Setup) -> Handshake<'a> {
 
 // ---- the client: every pair's A ------------------------------------------------------------
 
-/// The first failed completion the client saw, and how long it came after the last good one.
+/// The first failed completion the client saw, and how long it came after the last good
+/// completion of its QP.
 struct FirstError {
     status: WcStatus,
     silence: Duration,
 }
 
-/// What the client's completions tell about the link.
+/// What the client's failed completions tell about the link.
 struct Watch {
-    last_ok: Instant,
     first_error: Option<FirstError>,
     /// Failed completions by status, in the order first seen.
     by_status: Vec<(WcStatus, u64)>,
 }
 
 impl Watch {
-    fn ok(&mut self) {
-        self.last_ok = Instant::now();
-    }
-
-    fn failed(&mut self, status: WcStatus) {
+    /// A failed completion on a QP whose last good one came `silence` ago.
+    fn failed(&mut self, status: WcStatus, silence: Duration) {
         if self.first_error.is_none() {
-            self.first_error = Some(FirstError { status, silence: self.last_ok.elapsed() });
+            self.first_error = Some(FirstError { status, silence });
         }
         match self.by_status.iter_mut().find(|(s, _)| *s == status) {
             Some((_, n)) => *n += 1,
@@ -305,11 +302,19 @@ struct ClientPair {
     acks: Counts,
     stats: Stats,
     done: Vec<Done<Chunk>>,
+    /// After the run's first error: lanes whose buffer came back were given up, and a
+    /// late ack for one of them is no error.
+    stopping: bool,
+    /// An operation of this pair has been reported hung.
+    hung: bool,
+    /// The last good completion of this QP (or the start of the traffic).
+    last_ok: Instant,
     qp: QueuePair,
 }
 
 struct ClientShared {
     crc: Crc32,
+    ops: Vec<Kind>,
     read_area: Vec<u8>,
     max_size: usize,
     depth: usize,
@@ -365,6 +370,9 @@ impl ClientPair {
             acks,
             stats: Stats::default(),
             done: Vec::with_capacity(4),
+            stopping: false,
+            hung: false,
+            last_ok: Instant::now(),
             qp,
         })
     }
@@ -384,7 +392,7 @@ impl ClientPair {
                 self.fail(format!("lane {lane} is idle without its buffer"));
                 continue;
             };
-            let kind = [Kind::Send, Kind::Write, Kind::Read][self.rng.below(3) as usize];
+            let kind = sh.ops[self.rng.below(sh.ops.len() as u64) as usize];
             let len = self.rng.size(sh.max_size);
             // Bytes A sends, or (READ) bytes that must be overwritten by what it reads.
             self.rng.fill(&mut chunk[..len]);
@@ -444,10 +452,10 @@ impl ClientPair {
                 f.sent = true;
                 if d.status != WcStatus::Success {
                     self.stats.wc_errors += 1;
-                    w.failed(d.status);
+                    w.failed(d.status, self.last_ok.elapsed());
                     eprintln!("soak: pair {} lane {lane}: {:?} of {} bytes: {:?}", self.index, f.kind, f.len, d.status);
                 } else {
-                    w.ok();
+                    self.last_ok = Instant::now();
                     if f.kind == Kind::Read {
                         f.checked = true;
                         if sh.crc.sum(&d.buf[..f.len]) != f.crc {
@@ -485,10 +493,10 @@ impl ClientPair {
             }
             if d.status != WcStatus::Success {
                 self.stats.wc_errors += 1;
-                w.failed(d.status);
+                w.failed(d.status, self.last_ok.elapsed());
                 continue;
             }
-            w.ok();
+            self.last_ok = Instant::now();
             self.take_ack(&d.buf[..(d.byte_len as usize).min(ACK_BUF)]);
             match self.ack_rq.post(d.buf, 0..ACK_BUF, d.id) {
                 Ok(()) => self.acks.posts += 1,
@@ -505,6 +513,11 @@ impl ClientPair {
         };
         let lane = ack.lane as usize;
         let Some(f) = self.lanes.get_mut(lane).and_then(|l| l.flight.as_mut()) else {
+            if self.stopping && lane < self.lanes.len() {
+                // A lane given up after the first error: its ack was still on the way.
+                self.stats.flushed += 1;
+                return;
+            }
             return self.fail(format!("an ack for lane {lane}, which has nothing in flight"));
         };
         if f.kind != ack.kind || f.len != ack.len as usize || f.checked {
@@ -549,11 +562,12 @@ pub(super) fn client(o: &Opts, host: &str) -> Result<bool, AnyError> {
     };
     let bound = retry_bound(o.qp_timeout, o.retry_cnt);
     eprintln!(
-        "soak: two hosts, client of {host}:{}: device {device}, {} pairs x {} lanes, sizes 1..={} B, {:.2} min, \
-         seed {seed}, QP timeout {} retry_cnt {} (retry bound {})",
+        "soak: two hosts, client of {host}:{}: device {device}, {} pairs x {} lanes, {:?}, sizes 1..={} B, \
+         {:.2} min, seed {seed}, QP timeout {} retry_cnt {} (retry bound {})",
         o.port,
         o.qps,
         o.depth,
+        o.ops,
         o.max_size,
         o.minutes,
         o.qp_timeout,
@@ -701,14 +715,17 @@ fn drive_client(
     }
     let sh = ClientShared {
         crc: Crc32::new(),
+        ops: o.ops.clone(),
         read_area: read_area(setup.seed),
         max_size: o.max_size,
         depth: setup.depth as usize,
     };
     let mut wcs: Vec<WorkCompletion> = (0..16).map(|_| WorkCompletion::EMPTY).collect();
     let warmup = Duration::from_secs(o.warmup_secs).min(duration / 2);
+    let stuck = Duration::from_secs(o.stuck_secs);
     let started = Instant::now();
-    let mut w = Watch { last_ok: started, first_error: None, by_status: Vec::new() };
+    let mut w = Watch { first_error: None, by_status: Vec::new() };
+    pairs.iter_mut().for_each(|p| p.last_ok = started);
     let report_every = Duration::from_secs(o.report_secs.max(1));
     let mut next_report = started + report_every;
     let mut rss_warm = None;
@@ -721,14 +738,16 @@ fn drive_client(
             progressed += p.poll_sends(&sh, &mut wcs, &mut w)?;
             progressed += p.poll_acks(&mut wcs, &mut w, true)?;
             let oldest = retire(&mut p.lanes, &mut p.stats);
-            if oldest > STUCK {
-                p.fail(format!("an operation has not finished after {oldest:?}"));
+            if oldest > stuck && !p.hung {
+                p.hung = true;
+                p.fail(format!("hung: an operation has not finished after {:.1} s", oldest.as_secs_f64()));
             }
             if p.stats.errors() > 0 && !failed {
                 failed = true;
                 eprintln!("soak: stopping after the first error");
             }
             if failed {
+                p.stopping = true;
                 abandon_sent(&mut p.lanes);
             }
             if running && !failed {
@@ -749,8 +768,8 @@ fn drive_client(
                 if !pairs.iter().any(|p| busy(&p.lanes)) {
                     break;
                 }
-                if now.duration_since(since) > STUCK {
-                    eprintln!("soak: the drain did not finish within {STUCK:?}");
+                if now.duration_since(since) > stuck {
+                    eprintln!("soak: hung: the drain did not finish within {stuck:?}");
                     pairs[0].stats.other_errors += 1;
                     break;
                 }
@@ -1155,7 +1174,7 @@ fn drive_server(o: &Opts, device: &str, setup: &Setup, stream: &mut TcpStream) -
     let duration = Duration::from_millis(setup.duration_ms);
     let warmup = Duration::from_secs(o.warmup_secs).min(duration / 2);
     // The client's run, its drain and its slowest failure, and some.
-    let give_up = duration + 3 * STUCK + PEER_SILENCE;
+    let give_up = duration + 3 * Duration::from_secs(o.stuck_secs.max(STUCK.as_secs())) + PEER_SILENCE;
     stream.set_nonblocking(true)?;
     let started = Instant::now();
     let mut rss_warm = None;

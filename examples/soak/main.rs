@@ -3,7 +3,17 @@
 //!
 //! ```text
 //! soak [--minutes M] [--qps N] [--depth D] [--seed S] [--max-size BYTES] [-d DEV]
+//! soak --server [-p PORT] [-d DEV] [-x GID_INDEX]
+//! soak --client HOST [-p PORT] [the flags of the first line] [-x GID_INDEX]
+//!      [--qp-timeout T] [--retry-cnt R] [--ops send,write,read] [--stuck-secs S]
+//!      [--accept-link-failure]
 //! ```
+//!
+//! The first line is the single-host mode, described below. The other two are the
+//! two-host mode (`two_host.rs`): the same lanes and checks with every pair's A in the
+//! client and its B in the server, on two hosts, each pair's QPs connected across by the
+//! library's endpoint handshake over one TCP connection; `scripts/netfaults` runs it
+//! between the two test-bed nodes under network faults.
 //!
 //! Each of the N pairs is two RC QPs on the device, connected to each other: the
 //! initiator A posts, the target B receives and exposes one remote-readable,

@@ -3,7 +3,17 @@
 //!
 //! ```text
 //! soak [--minutes M] [--qps N] [--depth D] [--seed S] [--max-size BYTES] [-d DEV]
+//! soak --server [-p PORT] [-d DEV] [-x GID_INDEX]
+//! soak --client HOST [-p PORT] [the flags of the first line] [-x GID_INDEX]
+//!      [--qp-timeout T] [--retry-cnt R] [--ops send,write,read] [--stuck-secs S]
+//!      [--accept-link-failure]
 //! ```
+//!
+//! The first line is the single-host mode, described below. The other two are the
+//! two-host mode (`two_host.rs`): the same lanes and checks with every pair's A in the
+//! client and its B in the server, on two hosts, each pair's QPs connected across by the
+//! library's endpoint handshake over one TCP connection; `scripts/netfaults` runs it
+//! between the two test-bed nodes under network faults.
 //!
 //! Each of the N pairs is two RC QPs on the device, connected to each other: the
 //! initiator A posts, the target B receives and exposes one remote-readable,
@@ -41,6 +51,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+
+mod two_host;
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpAccess,
     QpType, QueuePair, RecvQueue, Refused, RemoteMr, RemoteWritable, SendQueue, SendWr, WcOpcode, WcStatus,
@@ -92,11 +104,66 @@ struct Opts {
     /// landed and before B checks it. The run must then report a checksum error and fail.
     #[arg(long, hide = true)]
     corrupt_one_write: bool,
+    /// Two hosts: be the target side (every B), waiting for a `--client` on `--port`.
+    /// The client's flags set the run's shape (pairs, lanes, seed, length, retries).
+    #[arg(long, conflicts_with = "client")]
+    server: bool,
+    /// Two hosts: be the initiator side (every A) of a `--server` on HOST.
+    #[arg(long, value_name = "HOST")]
+    client: Option<String>,
+    /// Two hosts: the TCP port of the exchange.
+    #[arg(short = 'p', long, default_value_t = 18600)]
+    port: u16,
+    /// Two hosts: GID index (default: RoCE v2 with an IPv4 address, or 0 on InfiniBand).
+    #[arg(short = 'x', long = "gid-index")]
+    gid_index: Option<u32>,
+    /// Two hosts: QP timeout (perftest's `-u`): a request unacknowledged for
+    /// 4.096 us * 2^N is sent again (0..=31; 0 waits forever).
+    #[arg(short = 'u', long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    qp_timeout: u8,
+    /// Two hosts: retries after a timeout before a request fails (0..=7; rxe retries
+    /// forever at 7).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+    retry_cnt: u8,
+    /// Two hosts: a failed link or peer is an accepted outcome. The run then passes when
+    /// either everything arrived intact, or the QPs failed cleanly: every request posted
+    /// completed exactly once, no byte was wrong, and the first failure came within the
+    /// QP's retry bound (timeout and retry count) of the last completion.
+    #[arg(long)]
+    accept_link_failure: bool,
+    /// Two hosts: an operation unfinished this long is a hang, and fails the run.
+    #[arg(long, default_value_t = STUCK.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    stuck_secs: u64,
+    /// Two hosts: the operations the lanes pick from, e.g. `--ops send,write`.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Kind::Send, Kind::Write, Kind::Read])]
+    ops: Vec<Kind>,
+}
+
+impl Opts {
+    /// Whether any two-host flag was given a value of its own.
+    fn two_host_flags(&self) -> bool {
+        self.gid_index.is_some()
+            || self.qp_timeout != 14
+            || self.retry_cnt != 7
+            || self.accept_link_failure
+            || self.stuck_secs != STUCK.as_secs()
+            || self.ops != [Kind::Send, Kind::Write, Kind::Read]
+    }
 }
 
 fn main() -> ExitCode {
     let opts = Opts::parse();
-    match run(&opts) {
+    let result = if opts.server {
+        two_host::serve(&opts)
+    } else if let Some(host) = &opts.client {
+        two_host::client(&opts, host)
+    } else if opts.two_host_flags() {
+        Err("-x, --qp-timeout, --retry-cnt, --accept-link-failure, --stuck-secs and --ops are for the two-host mode (--server, --client)"
+            .into())
+    } else {
+        run(&opts)
+    };
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -186,7 +253,7 @@ impl Rng {
 
 // ---- one pair ---------------------------------------------------------------------------
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Kind {
     Send,
     Write,
@@ -521,39 +588,54 @@ impl Pair {
 
     /// Retires finished lanes; returns the oldest flight's age.
     fn retire(&mut self) -> Duration {
-        let mut oldest = Duration::ZERO;
-        for lane in &mut self.lanes {
-            let finished = match &lane.flight {
-                Some(f) if f.sent && f.checked => true,
-                Some(f) => {
-                    oldest = oldest.max(f.since.elapsed());
-                    false
-                }
-                None => false,
-            };
-            if finished {
-                if let Some(f) = lane.flight.take() {
-                    self.stats.ops[f.kind as usize] += 1;
-                    self.stats.bytes += f.len as u64;
-                }
-            }
-        }
-        oldest
+        retire(&mut self.lanes, &mut self.stats)
     }
 
     /// After an error, a lane is over once A has its buffer back: its message may never
     /// arrive.
     fn abandon_sent(&mut self) {
-        for lane in &mut self.lanes {
-            if lane.flight.as_ref().is_some_and(|f| f.sent) {
-                lane.flight = None;
-            }
-        }
+        abandon_sent(&mut self.lanes);
     }
 
     fn busy(&self) -> bool {
-        self.lanes.iter().any(|l| l.flight.is_some())
+        busy(&self.lanes)
     }
+}
+
+/// Retires the finished lanes (sent and checked) into `stats`; returns the oldest
+/// unfinished flight's age.
+fn retire(lanes: &mut [Lane], stats: &mut Stats) -> Duration {
+    let mut oldest = Duration::ZERO;
+    for lane in lanes {
+        let finished = match &lane.flight {
+            Some(f) if f.sent && f.checked => true,
+            Some(f) => {
+                oldest = oldest.max(f.since.elapsed());
+                false
+            }
+            None => false,
+        };
+        if finished {
+            if let Some(f) = lane.flight.take() {
+                stats.ops[f.kind as usize] += 1;
+                stats.bytes += f.len as u64;
+            }
+        }
+    }
+    oldest
+}
+
+/// After an error, a lane is over once A has its buffer back: its message may never arrive.
+fn abandon_sent(lanes: &mut [Lane]) {
+    for lane in lanes {
+        if lane.flight.as_ref().is_some_and(|f| f.sent) {
+            lane.flight = None;
+        }
+    }
+}
+
+fn busy(lanes: &[Lane]) -> bool {
+    lanes.iter().any(|l| l.flight.is_some())
 }
 
 // ---- resident memory and device resources --------------------------------------------------
@@ -612,7 +694,8 @@ fn progress(started: Instant, pairs: &[Pair]) -> String {
     )
 }
 
-fn run(o: &Opts) -> Result<bool, AnyError> {
+/// Refuses a shape the run cannot have, before any device is touched.
+fn check_shape(o: &Opts) -> Result<(), AnyError> {
     if !(o.minutes > 0.0 && o.minutes.is_finite()) {
         return Err(format!("--minutes {}: give a positive number", o.minutes).into());
     }
@@ -627,14 +710,29 @@ fn run(o: &Opts) -> Result<bool, AnyError> {
     if o.max_size == 0 || o.max_size > SLOT {
         return Err(format!("--max-size {}: 1 to {SLOT} bytes", o.max_size).into());
     }
-    let device = match o.device.clone().or_else(|| std::env::var("RDMA_DEVICE").ok()) {
+    Ok(())
+}
+
+/// `-d`, else $RDMA_DEVICE, else the first device.
+fn device_name(o: &Opts) -> Result<String, AnyError> {
+    Ok(match o.device.clone().or_else(|| std::env::var("RDMA_DEVICE").ok()) {
         Some(d) => d,
         None => rdma_verbs::devices()?.iter().next().map(|d| d.name().to_owned()).ok_or("no RDMA device")?,
-    };
-    let seed = o.seed.unwrap_or_else(|| {
+    })
+}
+
+/// `--seed`, else one from the clock.
+fn seed_of(o: &Opts) -> u64 {
+    o.seed.unwrap_or_else(|| {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         t.as_nanos() as u64 ^ u64::from(std::process::id())
-    });
+    })
+}
+
+fn run(o: &Opts) -> Result<bool, AnyError> {
+    check_shape(o)?;
+    let device = device_name(o)?;
+    let seed = seed_of(o);
     let duration = Duration::from_secs_f64(o.minutes * 60.0);
     let warmup = Duration::from_secs(o.warmup_secs).min(duration / 2);
     eprintln!(

@@ -7,7 +7,7 @@
 //!             [--timeout SECONDS] [--no-loopback] [--memlock-need BYTES]
 //! rdma-doctor --compare-nodes A.json B.json [C.json ...] [--json] [--ignore PATTERN]...
 //! rdma-doctor --serve [--peer-port PORT] [--once] [-d NAME] [-p PORT] [--timeout SECONDS]
-//! rdma-doctor --peer HOST[:PORT] [--json] [-d NAME] [-p PORT] [--timeout SECONDS]
+//! rdma-doctor --peer HOST[:PORT] [--peer-port PORT] [--json] [-d NAME] [-p PORT] [--timeout SECONDS]
 //! ```
 //!
 //! `--serve` and `--peer` check the path between two nodes end to end ([`crate::peer`]):
@@ -85,8 +85,8 @@ pub struct Args {
     /// Answer `--peer` probes from other nodes, one at a time, until killed
     #[arg(long, conflicts_with_all = ["compare_nodes", "compare", "save"])]
     pub serve: bool,
-    /// The TCP port `--serve` listens on
-    #[arg(long, value_name = "PORT", default_value_t = crate::peer::DEFAULT_PORT, requires = "serve")]
+    /// The TCP port `--serve` listens on, and `--peer` connects to when HOST names none
+    #[arg(long, value_name = "PORT", default_value_t = crate::peer::DEFAULT_PORT)]
     pub peer_port: u16,
     /// With --serve: exit after one probe (status 0 when this side's checks passed)
     #[arg(long, requires = "serve")]
@@ -136,7 +136,12 @@ impl Args {
     }
 
     fn peer_options(&self) -> crate::peer::PeerOptions {
-        crate::peer::PeerOptions { device: self.device.clone(), port: self.port, timeout: self.timeout }
+        crate::peer::PeerOptions {
+            device: self.device.clone(),
+            port: self.port,
+            timeout: self.timeout,
+            tcp_port: self.peer_port,
+        }
     }
 
     /// `--known-bad` files, then those of `RDMA_DOCTOR_KNOWN_BAD`.

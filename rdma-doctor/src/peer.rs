@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, GidType, Handshake, MemoryRegion, PortState,
-    ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, SendQueue, SendWr,
+    ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendQueue, SendWr,
     WorkCompletion,
 };
 
@@ -183,11 +183,15 @@ pub struct PeerOptions {
     pub port: Option<u8>,
     /// Longest wait for one completion, event or line.
     pub timeout: Duration,
+    /// The TCP port: the one `--serve` listens on, the one `--peer` connects to when
+    /// its HOST names none.
+    pub tcp_port: u16,
 }
 
 // ---- the prober ----------------------------------------------------------------------
 
-/// Probes the path to the doctor serving at `peer` (`HOST` or `HOST:PORT`).
+/// Probes the path to the doctor serving at `peer` (`HOST` or `HOST:PORT`; the port
+/// defaults to `opts.tcp_port`).
 pub fn probe(peer: &str, opts: &PeerOptions) -> PeerReport {
     let start = Instant::now();
     let mut r = PeerReport { peer: peer.to_owned(), ..PeerReport::default() };
@@ -197,7 +201,7 @@ pub fn probe(peer: &str, opts: &PeerOptions) -> PeerReport {
 }
 
 fn probe_steps(peer: &str, opts: &PeerOptions, r: &mut PeerReport) -> Result<(), ()> {
-    let mut ctl = match connect_control(peer, opts.timeout) {
+    let mut ctl = match connect_control(peer, opts.tcp_port, opts.timeout) {
         Ok(c) => c,
         Err(e) => {
             let fix =
@@ -217,12 +221,9 @@ fn ctl_peer(ctl: &TcpStream) -> String {
     ctl.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "the peer".into())
 }
 
-fn connect_control(peer: &str, timeout: Duration) -> Result<TcpStream, String> {
-    let with_port = if peer.parse::<IpAddr>().is_ok() || !peer.contains(':') {
-        format!("{peer}:{DEFAULT_PORT}")
-    } else {
-        peer.to_owned()
-    };
+fn connect_control(peer: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {
+    let with_port =
+        if peer.parse::<IpAddr>().is_ok() || !peer.contains(':') { format!("{peer}:{port}") } else { peer.to_owned() };
     let addrs: Vec<SocketAddr> =
         with_port.to_socket_addrs().map_err(|e| format!("cannot resolve {peer}: {e}"))?.collect();
     let mut last = format!("{peer} resolves to no address");
@@ -624,7 +625,11 @@ impl Bed {
     /// The endpoint handshake over the control channel; the path MTU in use.
     fn connect(&mut self, ctl: &mut TcpStream) -> rdma_verbs::Result<String> {
         let access = QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ | QpAccess::REMOTE_ATOMIC;
+        // Six retries of 67 ms each, not seven: rxe takes a retry count of 7 as "retry
+        // forever", and a probe of a path that drops RoCE must end with an error.
+        let rts = RtsAttr { timeout: 14, retry_cnt: 6, ..RtsAttr::default() };
         let hs = Handshake::new(&self.qp)
+            .rts(rts)
             .port(self.ctx_port)
             .gid_index(self.end.gid_index)
             .access(access)

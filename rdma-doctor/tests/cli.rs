@@ -198,12 +198,13 @@ fn peer_that_is_another_program_or_floods_a_line_is_refused_at_the_control_chann
 #[test]
 fn peer_json_is_one_object_and_serve_options_need_serve() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let (code, out, _) = doctor(&["--peer", &format!("127.0.0.1:{port}"), "--json", "--timeout", "2"]);
+    let port = port.to_string();
+    let (code, out, _) = doctor(&["--peer", "127.0.0.1", "--peer-port", &port, "--json", "--timeout", "2"]);
     assert_eq!(code, 1);
     let v: Value = serde_json::from_str(&out).expect("--peer --json prints JSON");
     assert_eq!(v["checks"][0]["layer"], "control channel");
     assert_eq!(v["checks"][0]["ok"], false);
-    let (code, _, err) = doctor(&["--peer-port", "9999"]);
+    let (code, _, err) = doctor(&["--once"]);
     assert_eq!(code, 2, "{err}");
     let (code, _, err) = doctor(&["--peer", "a", "--serve"]);
     assert_eq!(code, 2, "{err}");

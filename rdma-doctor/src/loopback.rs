@@ -20,12 +20,12 @@ use rdma_verbs::{
 };
 
 /// Bytes moved by each of WRITE, READ and SEND.
-const LEN: usize = 1024;
+pub(crate) const LEN: usize = 1024;
 /// Offset of the atomic word in the target region (8-byte aligned).
-const ATOMIC_AT: usize = 3 * LEN;
-const FIRST_VALUE: u64 = 0x0102_0304_0506_0700;
-const ADD: u64 = 0x11;
-const SWAP: u64 = 0x00c0_ffee_0000_0042;
+pub(crate) const ATOMIC_AT: usize = 3 * LEN;
+pub(crate) const FIRST_VALUE: u64 = 0x0102_0304_0506_0700;
+pub(crate) const ADD: u64 = 0x11;
+pub(crate) const SWAP: u64 = 0x00c0_ffee_0000_0042;
 
 /// What the loopback test did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -310,7 +310,11 @@ fn expect(wc: WorkCompletion, opcode: WcOpcode) -> std::result::Result<WorkCompl
     Ok(wc)
 }
 
-fn same(got: &[u8], want: &[u8], what: &str) -> std::result::Result<(), String> {
+/// `got` holds `want` (and at least as many bytes), else where it first differs.
+pub(crate) fn same(got: &[u8], want: &[u8], what: &str) -> std::result::Result<(), String> {
+    if got.len() < want.len() {
+        return Err(format!("{what}: {} bytes arrived, {} were sent", got.len(), want.len()));
+    }
     match got.iter().zip(want).position(|(g, w)| g != w) {
         None => Ok(()),
         Some(i) => Err(format!("{what} differs at byte {i}: {:#04x}, expected {:#04x}", got[i], want[i])),
@@ -318,7 +322,7 @@ fn same(got: &[u8], want: &[u8], what: &str) -> std::result::Result<(), String> 
 }
 
 /// Devices return an atomic's old value in host order or, on some HCAs, big-endian.
-fn returned_order(got: u64, want: u64) -> std::result::Result<&'static str, String> {
+pub(crate) fn returned_order(got: u64, want: u64) -> std::result::Result<&'static str, String> {
     if got == want {
         Ok("host byte order")
     } else if got == want.swap_bytes() {
@@ -328,6 +332,7 @@ fn returned_order(got: u64, want: u64) -> std::result::Result<&'static str, Stri
     }
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+/// `len` bytes that differ with `seed` and along the buffer.
+pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed.wrapping_mul(71))).collect()
 }

@@ -27,10 +27,13 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+// The sizes, the atomic word and its values, and the checks of the one-node loopback test.
+use crate::loopback::{returned_order, same, ADD, ATOMIC_AT, FIRST_VALUE, LEN, SWAP};
+use crate::rdma_cm::wait_one as wait;
+
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, GidType, Handshake, MemoryRegion, PortState,
     ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendQueue, SendWr,
-    WorkCompletion,
 };
 
 /// The TCP port `--serve` listens on and `--peer` connects to by default.
@@ -44,13 +47,6 @@ const DATA_LAYERS: [&str; 6] = ["RDMA_WRITE", "RDMA_READ", "SEND", "FETCH_ADD", 
 const SETUP: &str = "setting up the QP";
 /// The longest line either side reads from the other.
 const LINE_MAX: usize = 4096;
-/// Bytes moved by each WRITE, READ and SEND.
-const LEN: usize = 1024;
-/// The atomic word's offset in the server's region.
-const ATOMIC_AT: usize = 3 * LEN;
-const FIRST_VALUE: u64 = 0x0102_0304_0506_0700;
-const ADD: u64 = 0x11;
-const SWAP: u64 = 0x00c0_ffee_0000_0042;
 
 /// One end of the path, as its doctor describes it in the hello.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -777,42 +773,9 @@ fn read_answer(ctl: &mut TcpStream) -> Result<String, String> {
 
 // ---- small helpers -------------------------------------------------------------------
 
-fn wait(cq: &mut CompletionQueue, timeout: Duration, what: &str) -> Result<WorkCompletion, String> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(wc) = cq.poll_one().map_err(|e| format!("polling for {what}: {e}"))? {
-            return Ok(wc);
-        }
-        if Instant::now() > deadline {
-            return Err(format!("no completion for {what} within {timeout:?}"));
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
-fn same(got: &[u8], want: &[u8], what: &str) -> Result<(), String> {
-    if got.len() < want.len() {
-        return Err(format!("{what}: {} bytes arrived, {} were sent", got.len(), want.len()));
-    }
-    match got.iter().zip(want).position(|(g, w)| g != w) {
-        None => Ok(()),
-        Some(i) => Err(format!("{what} differs at byte {i}: {:#04x}, expected {:#04x}", got[i], want[i])),
-    }
-}
-
-/// Devices return an atomic's old value in host order or, on some HCAs, big-endian.
-fn returned_order(got: u64, want: u64) -> Result<&'static str, String> {
-    if got == want {
-        Ok("host byte order")
-    } else if got == want.swap_bytes() {
-        Ok("big-endian reply")
-    } else {
-        Err(format!("the atomic returned {got:#x}, the word held {want:#x}"))
-    }
-}
-
+/// The loopback test's pattern, [`LEN`] bytes of it.
 fn pattern(seed: u8) -> Vec<u8> {
-    (0..LEN).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed.wrapping_mul(67))).collect()
+    crate::loopback::pattern(LEN, seed)
 }
 
 #[cfg(test)]

@@ -146,7 +146,7 @@ pub(crate) fn connect_and_send(dst: SocketAddr, timeout: Duration) -> Steps<()> 
 }
 
 /// Polls `cq` for one completion, for at most `timeout`.
-fn wait_one(cq: &mut CompletionQueue, timeout: Duration, what: &str) -> Steps<WorkCompletion> {
+pub(crate) fn wait_one(cq: &mut CompletionQueue, timeout: Duration, what: &str) -> Steps<WorkCompletion> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(wc) = cq.poll_one().map_err(|e| format!("polling for {what}: {e}"))? {

@@ -55,7 +55,7 @@ use clap::Parser;
 mod two_host;
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpAccess,
-    QpType, QueuePair, RecvQueue, Refused, RemoteMr, RemoteWritable, SendQueue, SendWr, WcOpcode, WcStatus,
+    QpType, QueuePair, RecvQueue, Refused, RemoteMr, RemoteWritable, RtsAttr, SendQueue, SendWr, WcOpcode, WcStatus,
     WorkCompletion,
 };
 
@@ -119,11 +119,11 @@ struct Opts {
     gid_index: Option<u32>,
     /// Two hosts: QP timeout (perftest's `-u`): a request unacknowledged for
     /// 4.096 us * 2^N is sent again (0..=31; 0 waits forever).
-    #[arg(short = 'u', long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    #[arg(short = 'u', long, default_value_t = RtsAttr::default().timeout, value_parser = clap::value_parser!(u8).range(0..=31))]
     qp_timeout: u8,
-    /// Two hosts: retries after a timeout before a request fails (0..=7; rxe retries
-    /// forever at 7).
-    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+    /// Two hosts: retries after a timeout before a request fails (0..=7; the library's
+    /// default, 6; rxe retries forever at 7).
+    #[arg(long, default_value_t = RtsAttr::default().retry_cnt, value_parser = clap::value_parser!(u8).range(0..=7))]
     retry_cnt: u8,
     /// Two hosts: a failed link or peer is an accepted outcome. The run then passes when
     /// either everything arrived intact, or the QPs failed cleanly: every request posted
@@ -143,8 +143,8 @@ impl Opts {
     /// Whether any two-host flag was given a value of its own.
     fn two_host_flags(&self) -> bool {
         self.gid_index.is_some()
-            || self.qp_timeout != 14
-            || self.retry_cnt != 7
+            || self.qp_timeout != RtsAttr::default().timeout
+            || self.retry_cnt != RtsAttr::default().retry_cnt
             || self.accept_link_failure
             || self.stuck_secs != STUCK.as_secs()
             || self.ops != [Kind::Send, Kind::Write, Kind::Read]

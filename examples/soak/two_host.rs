@@ -30,8 +30,7 @@
 //! exactly once, no byte was wrong, nothing hung, and the first failed completion came
 //! within the QP's retry bound, (retry_cnt + 1) x 4.096 us x 2^timeout, of the last good
 //! completion of its QP (plus [`DETECT_SLACK`] for the emulated guests' scheduling). rxe retries forever
-//! when retry_cnt is 7 (its completer does not count down from 7), so that bound is the
-//! spec's, not rxe's.
+//! when retry_cnt is 7 (its completer does not count down from 7); the library's default is 6.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};

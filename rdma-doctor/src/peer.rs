@@ -621,11 +621,10 @@ impl Bed {
     /// The endpoint handshake over the control channel; the path MTU in use.
     fn connect(&mut self, ctl: &mut TcpStream) -> rdma_verbs::Result<String> {
         let access = QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ | QpAccess::REMOTE_ATOMIC;
-        // Six retries of 67 ms each, not seven: rxe takes a retry count of 7 as "retry
-        // forever", and a probe of a path that drops RoCE must end with an error.
-        let rts = RtsAttr { timeout: 14, retry_cnt: 6, ..RtsAttr::default() };
+        // The default retries (6 of 67 ms each; rxe takes 7 as "retry forever"): a probe of
+        // a path that drops RoCE ends with an error within about half a second.
         let hs = Handshake::new(&self.qp)
-            .rts(rts)
+            .rts(RtsAttr::default())
             .port(self.ctx_port)
             .gid_index(self.end.gid_index)
             .access(access)

@@ -149,8 +149,9 @@ pub(crate) fn check_private_data(
 
 /// Connection parameters for [`CmId::connect`] and [`CmId::accept`] (`struct
 /// rdma_conn_param`). The defaults: no private data, RDMA READ and atomic depths as
-/// large as the device allows, 7 retries after a timeout, 6 after an RNR NAK (not 7,
-/// which would retry forever while the peer posts no receive).
+/// large as the device allows, 6 retries after a timeout and 6 after an RNR NAK (not 7:
+/// an RNR retry count of 7 retries forever while the peer posts no receive, and rxe
+/// never counts a retry count of 7 down; see [`RtsAttr`](crate::RtsAttr)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
 pub struct ConnParam<'a> {
@@ -167,7 +168,7 @@ impl Default for ConnParam<'_> {
             private_data: &[],
             responder_resources: None,
             initiator_depth: None,
-            retry_count: 7,
+            retry_count: 6,
             rnr_retry_count: 6,
         }
     }
@@ -250,7 +251,7 @@ mod tests {
     #[test]
     fn conn_param_defaults_cannot_retry_forever() {
         let p = ConnParam::new();
-        assert_eq!((p.retry_count, p.rnr_retry_count), (7, 6));
+        assert_eq!((p.retry_count, p.rnr_retry_count), (6, 6));
         assert!(p.private_data.is_empty());
     }
 }

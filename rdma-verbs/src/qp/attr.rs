@@ -229,9 +229,12 @@ impl RtrAttr {
 /// PSN [`QueuePair::local_info`](crate::QueuePair::local_info) advertised.
 ///
 /// The defaults cannot hang a sender forever: `timeout` 14 (4.096 us * 2^14, about 67 ms
-/// per try), `retry_cnt` 7, `rnr_retry` 6. An `rnr_retry` of 7 means "retry forever while
-/// the receiver has no receive posted", which turns a peer's bug into a silent hang; it is
-/// allowed but never the default. `max_rd_atomic` 16 is clamped to the device's
+/// per try), `retry_cnt` 6, `rnr_retry` 6, so a peer that stops answering fails the
+/// request with `RETRY_EXC_ERR` after 7 tries, about 0.47 s. Not 7 for either: an
+/// `rnr_retry` of 7 means "retry forever while the receiver has no receive posted", and
+/// rxe (and soft providers built like it) never counts a `retry_cnt` of 7 down, so there
+/// it means "retry forever while the peer is silent"; both turn a peer's fault into a
+/// silent hang. They are allowed but never the default. (perftest gives `retry_cnt` 7.) `max_rd_atomic` 16 is clamped to the device's
 /// `max_qp_init_rd_atom`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RtsAttr {
@@ -240,7 +243,7 @@ pub struct RtsAttr {
     pub sq_psn: u32,
     /// Local ACK timeout code (RC; 0..=31; 0 waits forever).
     pub timeout: u8,
-    /// Retries after a timeout before the send fails (RC; 0..=7).
+    /// Retries after a timeout before the send fails (RC; 0..=7; 7 is forever on rxe).
     pub retry_cnt: u8,
     /// Retries after an RNR NAK (RC; 0..=7, 7 = forever).
     pub rnr_retry: u8,
@@ -251,7 +254,7 @@ pub struct RtsAttr {
 
 impl Default for RtsAttr {
     fn default() -> Self {
-        RtsAttr { sq_psn: 0, timeout: 14, retry_cnt: 7, rnr_retry: 6, max_rd_atomic: 16 }
+        RtsAttr { sq_psn: 0, timeout: 14, retry_cnt: 6, rnr_retry: 6, max_rd_atomic: 16 }
     }
 }
 

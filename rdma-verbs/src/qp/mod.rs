@@ -539,7 +539,7 @@ mod tests {
     #[test]
     fn defaults_cannot_retry_forever() {
         let rts = RtsAttr::default();
-        assert_eq!((rts.timeout, rts.retry_cnt, rts.rnr_retry), (14, 7, 6));
+        assert_eq!((rts.timeout, rts.retry_cnt, rts.rnr_retry), (14, 6, 6));
         assert_eq!(RtrAttr::default().min_rnr_timer, 12);
         assert_eq!(InitAttr::default().qkey & 0x8000_0000, 0, "the default Q_Key is not a controlled key");
     }

@@ -250,7 +250,7 @@ fn two_rc_qps_walk_reset_init_rtr_rts_through_the_device_gid_and_pass_sends_both
     assert_eq!(q.dest_qp_num, b.qp_num());
     assert_eq!(q.path_mtu, port.active_mtu, "4096 is clamped to the active MTU: {q:?}");
     assert_eq!(q.access, access);
-    assert_eq!((q.timeout, q.retry_cnt, q.rnr_retry), (14, 7, 6), "{q:?}");
+    assert_eq!((q.timeout, q.retry_cnt, q.rnr_retry), (14, 6, 6), "{q:?}");
     assert_eq!(q.port, 1);
     if port.is_ethernet() {
         assert!(matches!(q.path.remote, Remote::Gid { gid, .. } if gid == ib.gid), "{q:?}");

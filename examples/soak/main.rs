@@ -23,7 +23,8 @@
 //!
 //! - SEND with immediate: A fills its chunk with random bytes; B checks what it received.
 //! - RDMA WRITE with immediate into the lane's slot of B's region: B checks the slot.
-//! - RDMA READ of the lane's slot, which B filled first: A checks what it read.
+//! - RDMA READ of the lane's slot, which B filled first: A checks what it read. A fills
+//!   its chunk with random bytes first too, so a READ that landed nothing fails the check.
 //!
 //! The checksum is CRC-32 (IEEE) over every byte of the message. SEND and WRITE carry it
 //! in the immediate data (the lane in the top 4 bits, the low 28 bits of the CRC below);
@@ -45,19 +46,26 @@
 //! resource counts (`rdma -j resource show`) back to what they were before the run, and
 //! the resident memory within `--rss-slack-kib` of what it was after the warm-up. The last
 //! line on stdout is a summary; the exit status is 0 only when every check holds.
+//!
+//! Both modes run the same code but for where B is: `lanes.rs` holds a pair's lanes (A's
+//! side and B's, B's verdict on each message an `Ack`), `run.rs` the traffic loop and the
+//! end checks over a mode's pairs (`Side`). Here, a `LocalPair` hands B's verdict straight
+//! to A; in `two_host.rs` it travels back by SEND.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::Parser;
 
+mod lanes;
+mod run;
 mod two_host;
+use lanes::{Counts, Initiator, Receiver, Shared, Stats};
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpAccess,
-    QpType, QueuePair, RecvQueue, Refused, RemoteMr, RemoteWritable, RtsAttr, SendQueue, SendWr, WcOpcode, WcStatus,
-    WorkCompletion,
+    AccessFlags, AlignedBuf, Context, InitAttr, ProtectionDomain, QpAccess, QpType, QueuePair, RtsAttr, WorkCompletion,
 };
+use run::{Lanes, Limits, Side, Tally, Traffic};
 
 /// The largest message, and the size of each lane's buffers.
 const SLOT: usize = 1 << 20;
@@ -161,7 +169,7 @@ fn main() -> ExitCode {
         Err("-x, --qp-timeout, --retry-cnt, --accept-link-failure, --stuck-secs and --ops are for the two-host mode (--server, --client)"
             .into())
     } else {
-        run(&opts)
+        one_host(&opts)
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -260,105 +268,21 @@ enum Kind {
     Read,
 }
 
-/// The operation a lane has in flight.
-#[derive(Debug)]
-struct Flight {
-    kind: Kind,
-    len: usize,
-    crc: u32,
-    /// A's send completion came back (with A's chunk).
-    sent: bool,
-    /// The data was checked where it landed (B for SEND and WRITE; A, on completion, for READ).
-    checked: bool,
-    since: Instant,
-}
-
-struct Lane {
-    /// A's buffer while no operation holds it.
-    chunk: Option<Chunk>,
-    flight: Option<Flight>,
-}
-
-/// Posts and completions of one queue.
-#[derive(Debug, Default, Clone, Copy)]
-struct Counts {
-    posts: u64,
-    completions: u64,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct Stats {
-    ops: [u64; 3],
-    bytes: u64,
-    checksum_errors: u64,
-    wc_errors: u64,
-    other_errors: u64,
-    flushed: u64,
-}
-
-impl Stats {
-    fn add(&mut self, o: &Stats) {
-        for i in 0..3 {
-            self.ops[i] += o.ops[i];
-        }
-        self.bytes += o.bytes;
-        self.checksum_errors += o.checksum_errors;
-        self.wc_errors += o.wc_errors;
-        self.other_errors += o.other_errors;
-        self.flushed += o.flushed;
-    }
-
-    fn errors(&self) -> u64 {
-        self.checksum_errors + self.wc_errors + self.other_errors
-    }
-}
-
-struct Pair {
-    index: usize,
-    rng: Rng,
-    a_cq: CompletionQueue,
-    a_sq: SendQueue<Chunk>,
-    b_cq: CompletionQueue,
-    b_rq: RecvQueue<Chunk>,
-    b_region: MemoryRegion<AlignedBuf, RemoteWritable>,
-    remote: RemoteMr,
-    lanes: Vec<Lane>,
-    sq: Counts,
-    rq: Counts,
-    stats: Stats,
-    /// Done items of one send completion (all sends are signaled: one each); kept to
-    /// reuse its capacity.
-    done: Vec<rdma_verbs::Done<Chunk>>,
+/// One host: a pair's A and B, both QPs on this device, connected to each other. B's
+/// verdict on a SEND or WRITE goes straight to A's lane.
+struct LocalPair {
+    a: Initiator,
+    b: Receiver,
     b_qp: QueuePair,
     _a_qp: QueuePair,
 }
 
-/// What the loop needs besides the pair: the checksum tables, a scratch MiB, the limits.
-struct Shared {
-    crc: Crc32,
-    scratch: Vec<u8>,
-    max_size: usize,
-    /// `--corrupt-one-write`, until it has been done.
-    corrupt_next_write: bool,
-}
-
-fn slot_of(remote: &RemoteMr, lane: usize, len: usize) -> Result<RemoteMr, AnyError> {
-    let start = (lane * SLOT) as u64;
-    Ok(remote.slice(start..start + len as u64)?)
-}
-
-impl Pair {
-    fn new(ctx: &Context, pd: &ProtectionDomain, o: &Opts, index: usize, seed: u64) -> Result<Pair, AnyError> {
+impl LocalPair {
+    fn new(ctx: &Context, pd: &ProtectionDomain, o: &Opts, index: usize, seed: u64) -> Result<LocalPair, AnyError> {
         let depth = o.depth;
         // CQ depth: see the module docs; at most `depth` completions can be waiting, and the
         // QP's other queue (depth 1) has its share too.
-        let a_cq = CompletionQueue::new(ctx, depth + 1)?;
-        let b_cq = CompletionQueue::new(ctx, depth + 1)?;
-        for cq in [&a_cq, &b_cq] {
-            if cq.cqe() < depth + 1 {
-                return Err(format!("a CQ of {} entries, asked for {}", cq.cqe(), depth + 1).into());
-            }
-        }
+        let (a_cq, b_cq) = (lanes::cq(ctx, depth + 1)?, lanes::cq(ctx, depth + 1)?);
         let psn = |i: usize| (0x1000 + i as u32 * 0x100) & 0xFF_FFFF;
         let a = QueuePair::builder(pd, QpType::Rc, &a_cq, &a_cq)
             .max_send_wr(depth)
@@ -375,267 +299,63 @@ impl Pair {
         let b_access = QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ;
         b.connect(&InitAttr { port: o.ib_port, access: b_access, ..InitAttr::default() }, &ia)?;
 
-        let lanes_len = depth as usize * SLOT;
-        let a_chunks = pd.register(AlignedBuf::new(lanes_len)?, AccessFlags::LOCAL_WRITE)?.into_chunks(SLOT)?;
-        let b_chunks = pd.register(AlignedBuf::new(lanes_len)?, AccessFlags::LOCAL_WRITE)?.into_chunks(SLOT)?;
         let region_access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-        let b_region = pd.register_remote_writable(AlignedBuf::new(lanes_len)?, region_access)?;
-        let remote = b_region.remote()?;
-
-        let mut pair = Pair {
-            index,
-            rng: Rng::seeded(seed ^ (index as u64).wrapping_mul(0xA076_1D64_78BD_642F)),
-            a_sq: a.send_queue()?,
-            b_rq: b.recv_queue()?,
-            a_cq,
-            b_cq,
-            b_region,
-            remote,
-            lanes: a_chunks.into_iter().map(|c| Lane { chunk: Some(c), flight: None }).collect(),
-            sq: Counts::default(),
-            rq: Counts::default(),
-            stats: Stats::default(),
-            done: Vec::with_capacity(4),
+        let region = pd.register_remote_writable(AlignedBuf::new(depth as usize * SLOT)?, region_access)?;
+        let remote = region.remote()?;
+        Ok(LocalPair {
+            a: Initiator::new(pd, index, seed, (a_cq, a.send_queue()?), remote, depth)?,
+            b: Receiver::new(pd, index, (b_cq, b.recv_queue()?), region, depth)?,
             b_qp: b,
             _a_qp: a,
-        };
-        for (i, c) in b_chunks.into_iter().enumerate() {
-            pair.b_rq.post(c, 0..SLOT, i as u64)?;
-            pair.rq.posts += 1;
-        }
-        Ok(pair)
+        })
+    }
+}
+
+impl Side for LocalPair {
+    fn index(&self) -> usize {
+        self.a.index
     }
 
-    fn fail(&mut self, what: String) {
-        eprintln!("soak: pair {}: {what}", self.index);
-        self.stats.other_errors += 1;
+    fn poll(&mut self, sh: &mut Shared, wcs: &mut [WorkCompletion], running: bool) -> Result<usize, AnyError> {
+        let n = self.a.poll_sends(sh, wcs)?;
+        let a = &mut self.a;
+        // B counted what it found wrong; a malformed message names no lane A could free.
+        let m = self.b.poll(sh, wcs, running, |ack| {
+            if ack.verdict != lanes::MALFORMED {
+                a.checked(&ack);
+            }
+        })?;
+        Ok(n + m)
     }
 
-    /// Starts an operation on every idle lane.
-    fn start_idle(&mut self, sh: &mut Shared) {
-        for lane in 0..self.lanes.len() {
-            if self.lanes[lane].flight.is_some() {
-                continue;
-            }
-            let Some(mut chunk) = self.lanes[lane].chunk.take() else {
-                self.fail(format!("lane {lane} is idle without its buffer"));
-                continue;
-            };
-            let kind = [Kind::Send, Kind::Write, Kind::Read][self.rng.below(3) as usize];
-            let len = self.rng.size(sh.max_size);
-            let (wr, crc) = match kind {
-                Kind::Send | Kind::Write => {
-                    self.rng.fill(&mut chunk[..len]);
-                    let crc = sh.crc.sum(&chunk[..len]);
-                    let imm = (lane as u32) << 28 | (crc & CRC_BITS);
-                    let wr = if kind == Kind::Send {
-                        SendWr::send(chunk, 0..len)
-                    } else {
-                        match slot_of(&self.remote, lane, len) {
-                            Ok(slot) => SendWr::write(chunk, 0..len, slot),
-                            Err(e) => {
-                                self.lanes[lane].chunk = Some(chunk);
-                                self.fail(format!("lane {lane}: {e}"));
-                                continue;
-                            }
-                        }
-                    };
-                    (wr.imm(imm), crc)
-                }
-                Kind::Read => {
-                    // B puts fresh bytes in the slot, and tells the reader their CRC.
-                    self.rng.fill(&mut sh.scratch[..len]);
-                    let crc = sh.crc.sum(&sh.scratch[..len]);
-                    let slot = self
-                        .b_region
-                        .write_at(lane * SLOT, &sh.scratch[..len])
-                        .map_err(AnyError::from)
-                        .and_then(|()| slot_of(&self.remote, lane, len));
-                    match slot {
-                        Ok(slot) => (SendWr::read(chunk, 0..len, slot), crc),
-                        Err(e) => {
-                            self.lanes[lane].chunk = Some(chunk);
-                            self.fail(format!("lane {lane}: {e}"));
-                            continue;
-                        }
-                    }
-                }
-            };
-            match self.a_sq.post(wr.id(lane as u64)) {
-                Ok(()) => {
-                    self.sq.posts += 1;
-                    self.lanes[lane].flight =
-                        Some(Flight { kind, len, crc, sent: false, checked: false, since: Instant::now() });
-                }
-                Err(Refused { error: e, value: wr }) => {
-                    self.lanes[lane].chunk = Some(wr.into_buf());
-                    self.fail(format!("lane {lane}: posting a {kind:?} of {len} bytes: {e}"));
-                }
-            }
-        }
+    fn queues(&self) -> [(&'static str, Counts); 2] {
+        [("A send", self.a.sends), ("B receive", self.b.recvs)]
     }
 
-    /// Takes A's send completions; a READ is checked here, where it landed.
-    fn poll_a(&mut self, sh: &Shared, wcs: &mut [WorkCompletion]) -> Result<usize, AnyError> {
-        let n = self.a_cq.poll(wcs)?.len();
-        for wc in &mut wcs[..n] {
-            let status = wc.status();
-            let mut done = std::mem::take(&mut self.done);
-            let taken = self.a_sq.complete(wc, |d| done.push(d));
-            if let Err(e) = taken {
-                self.done = done;
-                self.fail(format!("a completion A's send queue refused: {e}"));
-                continue;
-            }
-            for d in done.drain(..) {
-                self.sq.completions += 1;
-                let lane = d.id as usize;
-                let Some(f) = self.lanes.get_mut(lane).and_then(|l| l.flight.as_mut()) else {
-                    self.stats.other_errors += 1;
-                    eprintln!("soak: pair {}: a send completion for idle lane {lane}", self.index);
-                    continue;
-                };
-                f.sent = true;
-                if d.status != WcStatus::Success {
-                    self.stats.wc_errors += 1;
-                    eprintln!("soak: pair {} lane {lane}: {:?} of {} bytes: {status:?}", self.index, f.kind, f.len);
-                } else if f.kind == Kind::Read {
-                    f.checked = true;
-                    if sh.crc.sum(&d.buf[..f.len]) != f.crc {
-                        self.stats.checksum_errors += 1;
-                        eprintln!("soak: pair {} lane {lane}: READ of {} bytes: checksum mismatch", self.index, f.len);
-                    }
-                }
-                self.lanes[lane].chunk = Some(d.buf);
-            }
-            self.done = done;
-        }
-        Ok(n)
+    /// A's operations (B counts the same ones again) and both sides' errors.
+    fn stats(&self) -> Stats {
+        let mut s = self.a.stats;
+        s.add_errors(&self.b.stats);
+        s
     }
 
-    /// Takes B's receive completions: checks the SEND or WRITE they announce and reposts
-    /// the receive. `running` false: completions after B's QP was moved to error.
-    fn poll_b(&mut self, sh: &mut Shared, wcs: &mut [WorkCompletion], running: bool) -> Result<usize, AnyError> {
-        let n = self.b_cq.poll(wcs)?.len();
-        for wc in &mut wcs[..n] {
-            let (opcode, imm) = (wc.opcode(), wc.imm_data());
-            let d = match self.b_rq.complete(wc) {
-                Ok(d) => d,
-                Err(e) => {
-                    self.fail(format!("a completion B's receive queue refused: {e}"));
-                    continue;
-                }
-            };
-            self.rq.completions += 1;
-            if !running && d.status == WcStatus::WrFlushErr {
-                self.stats.flushed += 1;
-                continue;
-            }
-            if d.status != WcStatus::Success {
-                self.stats.wc_errors += 1;
-                eprintln!("soak: pair {}: receive completed with {:?}", self.index, d.status);
-                continue;
-            }
-            self.check_landed(sh, opcode, imm, &d.buf, d.byte_len);
-            match self.b_rq.post(d.buf, 0..SLOT, d.id) {
-                Ok(()) => self.rq.posts += 1,
-                Err(Refused { error: e, .. }) => self.fail(format!("reposting a receive: {e}")),
-            }
-        }
-        Ok(n)
+    fn qp(&self) -> &QueuePair {
+        &self.b_qp
     }
+}
 
-    /// B's check of a SEND (bytes in `buf`) or a WRITE (bytes in the lane's slot), from
-    /// what the receive completion says: the lane and CRC in the immediate data, the
-    /// length in `byte_len`.
-    fn check_landed(&mut self, sh: &mut Shared, opcode: WcOpcode, imm: Option<u32>, buf: &Chunk, byte_len: u32) {
-        let Some(imm) = imm else {
-            return self.fail(format!("a {opcode:?} completion without immediate data"));
-        };
-        let lane = (imm >> 28) as usize;
-        let len = byte_len as usize;
-        let kind = match opcode {
-            WcOpcode::Recv => Kind::Send,
-            WcOpcode::RecvRdmaWithImm => Kind::Write,
-            other => return self.fail(format!("an unexpected receive opcode {other:?}")),
-        };
-        let Some(f) = self.lanes.get(lane).and_then(|l| l.flight.as_ref()) else {
-            return self.fail(format!("a {kind:?} for lane {lane}, which has nothing in flight"));
-        };
-        if f.kind != kind || f.len != len || f.checked || len > SLOT {
-            let what = format!("lane {lane}: B got a {kind:?} of {len} bytes; A posted {:?} of {}", f.kind, f.len);
-            return self.fail(what);
-        }
-        let data = if kind == Kind::Send {
-            &buf[..len]
-        } else {
-            if let Err(e) = self.b_region.read_at(lane * SLOT, &mut sh.scratch[..len]) {
-                return self.fail(format!("lane {lane}: reading the WRITE's slot: {e}"));
-            }
-            if std::mem::take(&mut sh.corrupt_next_write) {
-                sh.scratch[len / 2] ^= 0x10;
-            }
-            &sh.scratch[..len]
-        };
-        if sh.crc.sum(data) & CRC_BITS != imm & CRC_BITS {
-            self.stats.checksum_errors += 1;
-            eprintln!("soak: pair {} lane {lane}: {kind:?} of {len} bytes: checksum mismatch", self.index);
-        }
-        if let Some(f) = self.lanes[lane].flight.as_mut() {
-            f.checked = true;
-        }
-    }
-
-    /// Retires finished lanes; returns the oldest flight's age.
-    fn retire(&mut self) -> Duration {
-        retire(&mut self.lanes, &mut self.stats)
-    }
-
-    /// After an error, a lane is over once A has its buffer back: its message may never
-    /// arrive.
-    fn abandon_sent(&mut self) {
-        abandon_sent(&mut self.lanes);
+impl Lanes for LocalPair {
+    fn a(&mut self) -> &mut Initiator {
+        &mut self.a
     }
 
     fn busy(&self) -> bool {
-        busy(&self.lanes)
+        self.a.busy()
     }
-}
 
-/// Retires the finished lanes (sent and checked) into `stats`; returns the oldest
-/// unfinished flight's age.
-fn retire(lanes: &mut [Lane], stats: &mut Stats) -> Duration {
-    let mut oldest = Duration::ZERO;
-    for lane in lanes {
-        let finished = match &lane.flight {
-            Some(f) if f.sent && f.checked => true,
-            Some(f) => {
-                oldest = oldest.max(f.since.elapsed());
-                false
-            }
-            None => false,
-        };
-        if finished {
-            if let Some(f) = lane.flight.take() {
-                stats.ops[f.kind as usize] += 1;
-                stats.bytes += f.len as u64;
-            }
-        }
+    fn start_idle(&mut self, sh: &mut Shared) {
+        self.a.start_idle(sh, &mut self.b);
     }
-    oldest
-}
-
-/// After an error, a lane is over once A has its buffer back: its message may never arrive.
-fn abandon_sent(lanes: &mut [Lane]) {
-    for lane in lanes {
-        if lane.flight.as_ref().is_some_and(|f| f.sent) {
-            lane.flight = None;
-        }
-    }
-}
-
-fn busy(lanes: &[Lane]) -> bool {
-    lanes.iter().any(|l| l.flight.is_some())
 }
 
 // ---- resident memory and device resources --------------------------------------------------
@@ -678,22 +398,6 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1 << 20)
 }
 
-fn progress(started: Instant, pairs: &[Pair]) -> String {
-    let mut s = Stats::default();
-    pairs.iter().for_each(|p| s.add(&p.stats));
-    format!(
-        "soak: t={:.0}s ops={} (send {} write {} read {}) bytes={:.1}MiB errors={} rss={}KiB",
-        started.elapsed().as_secs_f64(),
-        s.ops.iter().sum::<u64>(),
-        s.ops[0],
-        s.ops[1],
-        s.ops[2],
-        mib(s.bytes),
-        s.errors(),
-        rss_kib()
-    )
-}
-
 /// Refuses a shape the run cannot have, before any device is touched.
 fn check_shape(o: &Opts) -> Result<(), AnyError> {
     if !(o.minutes > 0.0 && o.minutes.is_finite()) {
@@ -729,70 +433,41 @@ fn seed_of(o: &Opts) -> u64 {
     })
 }
 
-fn run(o: &Opts) -> Result<bool, AnyError> {
+/// The single-host mode: runs, checks and prints the summary.
+fn one_host(o: &Opts) -> Result<bool, AnyError> {
     check_shape(o)?;
     let device = device_name(o)?;
     let seed = seed_of(o);
     let duration = Duration::from_secs_f64(o.minutes * 60.0);
-    let warmup = Duration::from_secs(o.warmup_secs).min(duration / 2);
     eprintln!(
         "soak: device {device}, {} pairs x {} lanes, sizes 1..={} B, {:.1} min, seed {seed}",
         o.qps, o.depth, o.max_size, o.minutes
     );
     let before = resource_counts(&device)?;
 
-    let mut outcome = drive(o, &device, seed, duration, warmup)?;
+    let (traffic, t) = drive(o, &device, seed, &Limits::new(o, duration))?;
     // Everything of the run is dropped by now: the device must be back where it was.
     let after = resource_counts(&device)?;
-    outcome.rss_after_teardown = rss_kib();
+    let rss_after_teardown = rss_kib();
 
-    let t = &outcome.totals;
-    let rss_grew = outcome.rss_final.saturating_sub(outcome.rss_warm);
+    let s = &t.totals;
     let mut failures = Vec::new();
-    if t.checksum_errors > 0 {
-        failures.push(format!("{} checksum errors", t.checksum_errors));
+    if s.checksum_errors > 0 {
+        failures.push(format!("{} checksum errors", s.checksum_errors));
     }
-    if t.wc_errors + t.other_errors > 0 {
-        failures.push(format!("{} completion errors, {} other errors", t.wc_errors, t.other_errors));
+    if s.wc_errors + s.other_errors > 0 {
+        failures.push(format!("{} completion errors, {} other errors", s.wc_errors, s.other_errors));
     }
-    if outcome.unbalanced > 0 {
-        failures.push(format!("{} queues whose posts and completions differ", outcome.unbalanced));
+    if t.unbalanced > 0 {
+        failures.push(format!("{} queues whose posts and completions differ", t.unbalanced));
     }
-    if before != after {
-        failures.push(format!("device resources {} before, {} after", counts_text(&before), counts_text(&after)));
-    }
-    if rss_grew > o.rss_slack_kib {
-        failures.push(format!("RSS grew {rss_grew} KiB after the warm-up (bound {} KiB)", o.rss_slack_kib));
-    }
-    let ops: u64 = t.ops.iter().sum();
-    let secs = outcome.traffic.as_secs_f64();
+    failures.extend(run::own_checks(&before, &after, (traffic.rss_warm, traffic.rss_final), o.rss_slack_kib));
     println!(
-        "soak: {} minutes={:.2} pairs={} depth={} seed={seed} ops={ops} (send {} write {} read {}) bytes={:.1}MiB \
-         ({:.2} MiB/s, {:.0} ops/s) checksum_errors={} wc_errors={} other_errors={} posts={} completions={} \
-         (flushed at the end {}) rss_warm={}KiB rss_final={}KiB (+{rss_grew}, bound +{}) rss_after_teardown={}KiB \
-         resources_before={} resources_after={}",
+        "soak: {} {} {} rss_after_teardown={rss_after_teardown}KiB {}",
         if failures.is_empty() { "PASS" } else { "FAIL" },
-        secs / 60.0,
-        o.qps,
-        o.depth,
-        t.ops[0],
-        t.ops[1],
-        t.ops[2],
-        mib(t.bytes),
-        mib(t.bytes) / secs.max(1e-9),
-        ops as f64 / secs.max(1e-9),
-        t.checksum_errors,
-        t.wc_errors,
-        t.other_errors,
-        outcome.posts,
-        outcome.completions,
-        t.flushed,
-        outcome.rss_warm,
-        outcome.rss_final,
-        o.rss_slack_kib,
-        outcome.rss_after_teardown,
-        counts_text(&before),
-        counts_text(&after),
+        run::traffic_fields(o, seed, traffic.traffic, &t),
+        run::rss_fields(&traffic, o.rss_slack_kib),
+        run::resources_fields(&before, &after),
     );
     for f in &failures {
         eprintln!("soak: FAIL: {f}");
@@ -800,137 +475,24 @@ fn run(o: &Opts) -> Result<bool, AnyError> {
     Ok(failures.is_empty())
 }
 
-struct Outcome {
-    totals: Stats,
-    posts: u64,
-    completions: u64,
-    unbalanced: usize,
-    traffic: Duration,
-    rss_warm: u64,
-    rss_final: u64,
-    rss_after_teardown: u64,
-}
-
-/// Sets everything up, drives traffic for `duration`, drains and counts; everything it
-/// made is dropped when it returns.
-fn drive(o: &Opts, device: &str, seed: u64, duration: Duration, warmup: Duration) -> Result<Outcome, AnyError> {
+/// Sets everything up, drives traffic, drains and counts; everything it made is dropped
+/// when it returns.
+fn drive(o: &Opts, device: &str, seed: u64, lim: &Limits) -> Result<(Traffic, Tally), AnyError> {
     let ctx = Context::open(Some(device))?;
     let pd = ProtectionDomain::new(&ctx)?;
     let mut pairs = Vec::with_capacity(o.qps as usize);
     for i in 0..o.qps as usize {
-        pairs.push(Pair::new(&ctx, &pd, o, i, seed)?);
+        pairs.push(LocalPair::new(&ctx, &pd, o, i, seed)?);
     }
-    let mut sh = Shared {
-        crc: Crc32::new(),
-        scratch: vec![0u8; SLOT],
-        max_size: o.max_size,
-        corrupt_next_write: o.corrupt_one_write,
-    };
-    let mut wcs: Vec<WorkCompletion> = (0..16).map(|_| WorkCompletion::EMPTY).collect();
-
-    let started = Instant::now();
-    let report_every = Duration::from_secs(o.report_secs.max(1));
-    let mut next_report = started + report_every;
-    let mut rss_warm = None;
-    let mut failed = false;
-    // Traffic, then the drain: no new operations, every lane finishes.
-    let mut draining_since: Option<Instant> = None;
-    loop {
-        let running = draining_since.is_none();
-        let mut progressed = 0;
-        for p in pairs.iter_mut() {
-            progressed += p.poll_a(&sh, &mut wcs)?;
-            progressed += p.poll_b(&mut sh, &mut wcs, true)?;
-            let oldest = p.retire();
-            if oldest > STUCK {
-                p.fail(format!("an operation has not finished after {oldest:?}"));
-            }
-            if p.stats.errors() > 0 && !failed {
-                failed = true;
-                eprintln!("soak: stopping after the first error");
-            }
-            if failed {
-                p.abandon_sent();
-            }
-            if running && !failed {
-                p.start_idle(&mut sh);
-            }
-        }
-        let now = Instant::now();
-        if now >= next_report {
-            eprintln!("{}", progress(started, &pairs));
-            next_report += report_every;
-        }
-        if rss_warm.is_none() && now.duration_since(started) >= warmup {
-            rss_warm = Some(rss_kib());
-            eprintln!("soak: warm-up over, RSS {} KiB", rss_warm.unwrap_or(0));
-        }
-        match draining_since {
-            None if failed || now.duration_since(started) >= duration => {
-                draining_since = Some(now);
-            }
-            Some(since) => {
-                if !pairs.iter().any(Pair::busy) {
-                    break;
-                }
-                if now.duration_since(since) > STUCK {
-                    eprintln!("soak: the drain did not finish within {STUCK:?}");
-                    failed = true;
-                    break;
-                }
-            }
-            None => {}
-        }
-        if progressed == 0 {
-            // Nothing completed: give rxe's kernel threads the CPU for a moment.
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
-    let traffic = started.elapsed();
-    // Measured with every buffer of the run still allocated: what the steady state holds.
-    let rss_final = rss_kib();
-    eprintln!("{}", progress(started, &pairs));
-
+    let mut sh = Shared::new(o, o.depth);
+    let mut wcs = run::completions();
+    let traffic = run::drive(&mut pairs, &mut sh, &mut wcs, lim)?;
     // B's posted receives complete only by being flushed: the error state does that.
-    for p in pairs.iter_mut() {
-        p.b_qp.to_error()?;
-    }
-    let flush_deadline = Instant::now() + Duration::from_secs(30);
-    while pairs.iter().any(|p| p.rq.completions < p.rq.posts) && Instant::now() < flush_deadline {
-        for p in pairs.iter_mut() {
-            p.poll_b(&mut sh, &mut wcs, false)?;
-            p.poll_a(&sh, &mut wcs)?;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let mut totals = Stats::default();
-    let (mut posts, mut completions, mut unbalanced) = (0, 0, 0);
-    for p in &pairs {
-        totals.add(&p.stats);
-        for (side, c) in [("A send", p.sq), ("B receive", p.rq)] {
-            posts += c.posts;
-            completions += c.completions;
-            if c.posts != c.completions {
-                unbalanced += 1;
-                eprintln!("soak: pair {} {side} queue: {} posts, {} completions", p.index, c.posts, c.completions);
-            }
-        }
-    }
-    if failed && totals.errors() == 0 {
-        totals.other_errors += 1;
-    }
+    run::flush(&mut pairs, &mut sh, &mut wcs)?;
+    let t = run::tally(&pairs);
     drop(pairs);
     drop((pd, ctx));
-    Ok(Outcome {
-        totals,
-        posts,
-        completions,
-        unbalanced,
-        traffic,
-        rss_warm: rss_warm.unwrap_or(rss_final),
-        rss_final,
-        rss_after_teardown: 0,
-    })
+    Ok((traffic, t))
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@
 //! (a fixed 32-byte setup: pairs, lanes, seed, length, the QPs' timeout and retry count,
 //! whether a failed link is accepted), then each pair is brought up by the library's
 //! endpoint handshake (`rdma_verbs::Handshake`) over that connection, B advertising its
-//! region. The lanes, sizes and CRC-32 checks are the single-host mode's, with two
-//! differences that come from the two sides being two processes:
+//! region. The lanes, sizes and CRC-32 checks are the single-host mode's (the same code,
+//! `lanes.rs` and `run.rs`), with two differences that come from the two sides being two
+//! processes:
 //!
 //! - B tells A that it checked a SEND or WRITE by an RDMA SEND back on the same QP pair:
 //!   16 bytes (lane, verdict, length, kind). A's lane starts its next operation only after
@@ -15,8 +16,7 @@
 //!   B keeps twice as many acks' buffers as lanes, and holds an ack back while none is free.
 //! - A READ reads a random span of a 2 MiB read area after B's lane slots, which B filled at
 //!   the start with bytes both sides derive from the seed; A keeps the same bytes and
-//!   checks the CRC of what it read against theirs. A fills its buffer with fresh random
-//!   bytes before each READ, so a READ that landed nothing fails the check.
+//!   checks the CRC of what it read against theirs.
 //!
 //! When the time is up (or a request failed), A drains its lanes and sends `DONE`; B
 //! stops, lets its last acks complete, moves its QPs to error (flushing its receives),
@@ -32,21 +32,20 @@
 //! completion of its QP (plus [`DETECT_SLACK`] for the emulated guests' scheduling). rxe retries forever
 //! when retry_cnt is 7 (its completer does not count down from 7); the library's default is 6.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use rdma_perftest::perftest;
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Done, Handshake, MemoryRegion, ProtectionDomain,
-    QpAccess, QpType, QueuePair, RecvQueue, Refused, RemoteMr, RemoteWritable, RtsAttr, SendQueue, SendWr, WcOpcode,
-    WcStatus, WorkCompletion,
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Done, Handshake, ProtectionDomain, QpAccess, QpType,
+    QueuePair, RecvQueue, Refused, RtsAttr, SendQueue, SendWr, WcStatus, WorkCompletion,
 };
 
-use super::{
-    abandon_sent, busy, check_shape, counts_text, device_name, mib, resource_counts, retire, rss_kib, seed_of,
-    AnyError, Counts, Crc32, Flight, Kind, Lane, Opts, Rng, Stats, CRC_BITS, SLOT, STUCK,
-};
+use super::lanes::{self, Ack, Counts, Initiator, ReadSource, Receiver, Shared, Stats, Watch, INTACT, MISMATCH};
+use super::run::{self, Lanes, Limits, Side, Tally, Traffic};
+use super::{check_shape, device_name, mib, resource_counts, rss_kib, seed_of, AnyError, Kind, Opts, Rng, SLOT, STUCK};
 
 /// The span of B's region that READs read, after the lanes' slots.
 const READ_AREA: usize = 2 * SLOT;
@@ -196,20 +195,7 @@ impl Report {
     }
 }
 
-/// B's verdict on a SEND or WRITE, sent back to A.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Ack {
-    lane: u32,
-    /// 0 intact, 1 checksum mismatch, 2 not what a lane sends (no immediate, bad lane, size).
-    verdict: u32,
-    len: u32,
-    kind: Kind,
-}
-
-const INTACT: u32 = 0;
-const MISMATCH: u32 = 1;
-const MALFORMED: u32 = 2;
-
+/// An ack travels as 16 bytes: lane, verdict, length, kind (u32 each, little-endian).
 impl Ack {
     fn encode(&self) -> [u8; ACK_LEN] {
         let mut b = [0u8; ACK_LEN];
@@ -260,63 +246,24 @@ fn handshake<'a>(o: &Opts, qp: &'a QueuePair, setup: &Setup) -> Handshake<'a> {
 
 // ---- the client: every pair's A ------------------------------------------------------------
 
-/// The first failed completion the client saw, and how long it came after the last good
-/// completion of its QP.
-struct FirstError {
-    status: WcStatus,
-    silence: Duration,
-}
+/// Two hosts: a READ reads a random span of B's read area, whose bytes both sides derive
+/// from the seed.
+struct SeededArea;
 
-/// What the client's failed completions tell about the link.
-struct Watch {
-    first_error: Option<FirstError>,
-    /// Failed completions by status, in the order first seen.
-    by_status: Vec<(WcStatus, u64)>,
-}
-
-impl Watch {
-    /// A failed completion on a QP whose last good one came `silence` ago.
-    fn failed(&mut self, status: WcStatus, silence: Duration) {
-        if self.first_error.is_none() {
-            self.first_error = Some(FirstError { status, silence });
-        }
-        match self.by_status.iter_mut().find(|(s, _)| *s == status) {
-            Some((_, n)) => *n += 1,
-            None => self.by_status.push((status, 1)),
-        }
+impl ReadSource for SeededArea {
+    fn ready(&mut self, rng: &mut Rng, sh: &mut Shared, _lane: usize, len: usize) -> Result<(usize, u32), AnyError> {
+        let off = rng.below((READ_AREA - len + 1) as u64) as usize;
+        Ok((sh.depth * SLOT + off, sh.crc.sum(&sh.read_area[off..off + len])))
     }
 }
 
+/// Two hosts, the client: a pair's A, and the receives of B's acks on the same QP.
 struct ClientPair {
-    index: usize,
-    rng: Rng,
-    cq: CompletionQueue,
-    sq: SendQueue<Chunk>,
+    a: Initiator,
     ack_cq: CompletionQueue,
     ack_rq: RecvQueue<Chunk>,
-    /// B's region: the lanes' slots, then the read area.
-    remote: RemoteMr,
-    lanes: Vec<Lane>,
-    sends: Counts,
     acks: Counts,
-    stats: Stats,
-    done: Vec<Done<Chunk>>,
-    /// After the run's first error: lanes whose buffer came back were given up, and a
-    /// late ack for one of them is no error.
-    stopping: bool,
-    /// An operation of this pair has been reported hung.
-    hung: bool,
-    /// The last good completion of this QP (or the start of the traffic).
-    last_ok: Instant,
     qp: QueuePair,
-}
-
-struct ClientShared {
-    crc: Crc32,
-    ops: Vec<Kind>,
-    read_area: Vec<u8>,
-    max_size: usize,
-    depth: usize,
 }
 
 impl ClientPair {
@@ -328,24 +275,12 @@ impl ClientPair {
         stream: &mut TcpStream,
     ) -> Result<Self, AnyError> {
         let depth = setup.depth;
-        let ctx = pd.context();
-        let cq = CompletionQueue::new(ctx, depth + 1)?;
-        let ack_cq = CompletionQueue::new(ctx, depth + 1)?;
-        for c in [&cq, &ack_cq] {
-            if c.cqe() < depth + 1 {
-                return Err(format!("a CQ of {} entries, asked for {}", c.cqe(), depth + 1).into());
-            }
-        }
+        let (cq, ack_cq) = (lanes::cq(pd.context(), depth + 1)?, lanes::cq(pd.context(), depth + 1)?);
         let qp = QueuePair::builder(pd, QpType::Rc, &cq, &ack_cq).max_send_wr(depth).max_recv_wr(depth).build()?;
         let hs = handshake(o, &qp, setup);
         hs.init()?;
         let mut ack_rq = qp.recv_queue()?;
-        let ack_bufs = pd.register(AlignedBuf::new(depth as usize * ACK_BUF)?, AccessFlags::LOCAL_WRITE)?;
-        let mut acks = Counts::default();
-        for (i, c) in ack_bufs.into_chunks(ACK_BUF)?.into_iter().enumerate() {
-            ack_rq.post(c, 0..ACK_BUF, i as u64).map_err(|r| r.error)?;
-            acks.posts += 1;
-        }
+        let acks = lanes::post_receives(pd, &mut ack_rq, depth as usize, ACK_BUF)?;
         let conn = hs.connect(stream).map_err(|e| format!("pair {index}: connecting its QPs across: {e}"))?;
         let remote = conn.remote.mr.ok_or_else(|| format!("pair {index}: the server advertised no region"))?;
         let need = depth as usize * SLOT + READ_AREA;
@@ -354,190 +289,99 @@ impl ClientPair {
                 format!("pair {index}: the server's region has {} bytes, the lanes need {need}", remote.len).into()
             );
         }
-        let chunks =
-            pd.register(AlignedBuf::new(depth as usize * SLOT)?, AccessFlags::LOCAL_WRITE)?.into_chunks(SLOT)?;
-        Ok(ClientPair {
-            index,
-            rng: Rng::seeded(setup.seed ^ (index as u64).wrapping_mul(0xA076_1D64_78BD_642F)),
-            sq: qp.send_queue()?,
-            cq,
-            ack_cq,
-            ack_rq,
-            remote,
-            lanes: chunks.into_iter().map(|c| Lane { chunk: Some(c), flight: None }).collect(),
-            sends: Counts::default(),
-            acks,
-            stats: Stats::default(),
-            done: Vec::with_capacity(4),
-            stopping: false,
-            hung: false,
-            last_ok: Instant::now(),
-            qp,
-        })
-    }
-
-    fn fail(&mut self, what: String) {
-        eprintln!("soak: pair {}: {what}", self.index);
-        self.stats.other_errors += 1;
-    }
-
-    /// Starts an operation on every idle lane.
-    fn start_idle(&mut self, sh: &ClientShared) {
-        for lane in 0..self.lanes.len() {
-            if self.lanes[lane].flight.is_some() {
-                continue;
-            }
-            let Some(mut chunk) = self.lanes[lane].chunk.take() else {
-                self.fail(format!("lane {lane} is idle without its buffer"));
-                continue;
-            };
-            let kind = sh.ops[self.rng.below(sh.ops.len() as u64) as usize];
-            let len = self.rng.size(sh.max_size);
-            // Bytes A sends, or (READ) bytes that must be overwritten by what it reads.
-            self.rng.fill(&mut chunk[..len]);
-            let (start, crc) = match kind {
-                Kind::Send | Kind::Write => (lane * SLOT, sh.crc.sum(&chunk[..len])),
-                Kind::Read => {
-                    let off = self.rng.below((READ_AREA - len + 1) as u64) as usize;
-                    (sh.depth * SLOT + off, sh.crc.sum(&sh.read_area[off..off + len]))
-                }
-            };
-            let target = match self.remote.slice(start as u64..(start + len) as u64) {
-                Ok(t) => t,
-                Err(e) => {
-                    self.lanes[lane].chunk = Some(chunk);
-                    self.fail(format!("lane {lane}: {e}"));
-                    continue;
-                }
-            };
-            let imm = (lane as u32) << 28 | (crc & CRC_BITS);
-            let wr = match kind {
-                Kind::Send => SendWr::send(chunk, 0..len).imm(imm),
-                Kind::Write => SendWr::write(chunk, 0..len, target).imm(imm),
-                Kind::Read => SendWr::read(chunk, 0..len, target),
-            };
-            match self.sq.post(wr.id(lane as u64)) {
-                Ok(()) => {
-                    self.sends.posts += 1;
-                    self.lanes[lane].flight =
-                        Some(Flight { kind, len, crc, sent: false, checked: false, since: Instant::now() });
-                }
-                Err(Refused { error: e, value: wr }) => {
-                    self.lanes[lane].chunk = Some(wr.into_buf());
-                    self.fail(format!("lane {lane}: posting a {kind:?} of {len} bytes: {e}"));
-                }
-            }
-        }
-    }
-
-    /// Takes A's send completions; a READ is checked here, where it landed.
-    fn poll_sends(&mut self, sh: &ClientShared, wcs: &mut [WorkCompletion], w: &mut Watch) -> Result<usize, AnyError> {
-        let n = self.cq.poll(wcs)?.len();
-        for wc in &mut wcs[..n] {
-            let mut done = std::mem::take(&mut self.done);
-            if let Err(e) = self.sq.complete(wc, |d| done.push(d)) {
-                self.done = done;
-                self.fail(format!("a completion A's send queue refused: {e}"));
-                continue;
-            }
-            for d in done.drain(..) {
-                self.sends.completions += 1;
-                let lane = d.id as usize;
-                let Some(f) = self.lanes.get_mut(lane).and_then(|l| l.flight.as_mut()) else {
-                    self.stats.other_errors += 1;
-                    eprintln!("soak: pair {}: a send completion for idle lane {lane}", self.index);
-                    continue;
-                };
-                f.sent = true;
-                if d.status != WcStatus::Success {
-                    self.stats.wc_errors += 1;
-                    w.failed(d.status, self.last_ok.elapsed());
-                    eprintln!("soak: pair {} lane {lane}: {:?} of {} bytes: {:?}", self.index, f.kind, f.len, d.status);
-                } else {
-                    self.last_ok = Instant::now();
-                    if f.kind == Kind::Read {
-                        f.checked = true;
-                        if sh.crc.sum(&d.buf[..f.len]) != f.crc {
-                            self.stats.checksum_errors += 1;
-                            eprintln!(
-                                "soak: pair {} lane {lane}: READ of {} bytes: checksum mismatch",
-                                self.index, f.len
-                            );
-                        }
-                    }
-                }
-                self.lanes[lane].chunk = Some(d.buf);
-            }
-            self.done = done;
-        }
-        Ok(n)
+        let a = Initiator::new(pd, index, setup.seed, (cq, qp.send_queue()?), remote, depth)?;
+        Ok(ClientPair { a, ack_cq, ack_rq, acks, qp })
     }
 
     /// Takes B's acks: the SEND or WRITE they name was checked. `running` false: after
     /// A's QP was moved to error, when the receives left are flushed.
-    fn poll_acks(&mut self, wcs: &mut [WorkCompletion], w: &mut Watch, running: bool) -> Result<usize, AnyError> {
+    fn poll_acks(&mut self, sh: &mut Shared, wcs: &mut [WorkCompletion], running: bool) -> Result<usize, AnyError> {
         let n = self.ack_cq.poll(wcs)?.len();
         for wc in &mut wcs[..n] {
             let d = match self.ack_rq.complete(wc) {
                 Ok(d) => d,
                 Err(e) => {
-                    self.fail(format!("a completion A's ack queue refused: {e}"));
+                    self.a.fail(format!("a completion A's ack queue refused: {e}"));
                     continue;
                 }
             };
             self.acks.completions += 1;
             if !running && d.status == WcStatus::WrFlushErr {
-                self.stats.flushed += 1;
+                self.a.stats.flushed += 1;
                 continue;
             }
             if d.status != WcStatus::Success {
-                self.stats.wc_errors += 1;
-                w.failed(d.status, self.last_ok.elapsed());
+                self.a.stats.wc_errors += 1;
+                sh.watch.failed(d.status, self.a.last_ok.elapsed());
                 continue;
             }
-            self.last_ok = Instant::now();
+            self.a.last_ok = Instant::now();
             self.take_ack(&d.buf[..(d.byte_len as usize).min(ACK_BUF)]);
             match self.ack_rq.post(d.buf, 0..ACK_BUF, d.id) {
                 Ok(()) => self.acks.posts += 1,
-                Err(Refused { error: e, .. }) => self.fail(format!("reposting an ack receive: {e}")),
+                Err(Refused { error: e, .. }) => self.a.fail(format!("reposting an ack receive: {e}")),
             }
         }
         Ok(n)
     }
 
+    /// B's verdict, counted on this side too: B's counts reach the client only at the end.
     fn take_ack(&mut self, bytes: &[u8]) {
         let ack = match Ack::decode(bytes) {
             Ok(a) => a,
-            Err(e) => return self.fail(e),
+            Err(e) => return self.a.fail(e),
         };
-        let lane = ack.lane as usize;
-        let Some(f) = self.lanes.get_mut(lane).and_then(|l| l.flight.as_mut()) else {
-            if self.stopping && lane < self.lanes.len() {
-                // A lane given up after the first error: its ack was still on the way.
-                self.stats.flushed += 1;
-                return;
-            }
-            return self.fail(format!("an ack for lane {lane}, which has nothing in flight"));
-        };
-        if f.kind != ack.kind || f.len != ack.len as usize || f.checked {
-            let what = format!(
-                "lane {lane}: B acked a {:?} of {} bytes; A posted {:?} of {}",
-                ack.kind, ack.len, f.kind, f.len
-            );
-            return self.fail(what);
+        if !self.a.checked(&ack) {
+            return;
         }
-        f.checked = true;
+        let lane = ack.lane;
         match ack.verdict {
             INTACT => {}
             MISMATCH => {
-                self.stats.checksum_errors += 1;
+                self.a.stats.checksum_errors += 1;
                 eprintln!(
                     "soak: pair {} lane {lane}: B found a checksum mismatch in a {:?} of {} bytes",
-                    self.index, f.kind, f.len
+                    self.a.index, ack.kind, ack.len
                 );
             }
-            v => self.fail(format!("lane {lane}: B could not make sense of the {:?} (verdict {v})", ack.kind)),
+            v => self.a.fail(format!("lane {lane}: B could not make sense of the {:?} (verdict {v})", ack.kind)),
         }
+    }
+}
+
+impl Side for ClientPair {
+    fn index(&self) -> usize {
+        self.a.index
+    }
+
+    fn poll(&mut self, sh: &mut Shared, wcs: &mut [WorkCompletion], running: bool) -> Result<usize, AnyError> {
+        Ok(self.a.poll_sends(sh, wcs)? + self.poll_acks(sh, wcs, running)?)
+    }
+
+    fn queues(&self) -> [(&'static str, Counts); 2] {
+        [("A send", self.a.sends), ("A ack receive", self.acks)]
+    }
+
+    fn stats(&self) -> Stats {
+        self.a.stats
+    }
+
+    fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
+}
+
+impl Lanes for ClientPair {
+    fn a(&mut self) -> &mut Initiator {
+        &mut self.a
+    }
+
+    fn busy(&self) -> bool {
+        self.a.busy()
+    }
+
+    fn start_idle(&mut self, sh: &mut Shared) {
+        self.a.start_idle(sh, &mut SeededArea);
     }
 }
 
@@ -574,15 +418,46 @@ pub(super) fn client(o: &Opts, host: &str) -> Result<bool, AnyError> {
         bound.map_or("none".to_owned(), |b| format!("{:.3} s", b.as_secs_f64()))
     );
     let before = resource_counts(&device)?;
-    let mut stream = dial(host, o.port)?;
+    let mut stream = perftest::connect(host, o.port).map_err(|e| e as AnyError)?;
     stream.set_read_timeout(Some(PEER_SILENCE))?;
     stream.write_all(&setup.encode())?;
-    let out = drive_client(o, &device, &setup, &mut stream, duration)?;
+    let out = drive_client(o, &device, &setup, &mut stream, &Limits::new(o, duration))?;
     let after = resource_counts(&device)?;
+    let failures = client_failures(o, &out, &before, &after);
+    let w = &out.watch;
+    let detect = w.first_error.as_ref().map_or("-".to_owned(), |f| format!("{:.3}", f.silence.as_secs_f64()));
+    let first = w.first_error.as_ref().map_or("-".to_owned(), |f| format!("{:?}", f.status));
+    let by_status = w.by_status.iter().map(|(s, n)| format!("{s:?}:{n}")).collect::<Vec<_>>().join(",");
+    let outcome = if failed_completions(&out) == 0 && out.report.is_ok() { "intact" } else { "failed" };
+    println!(
+        "soak: {} two-host outcome={outcome} {} failed_completions={} first_error={first} detect_secs={detect} \
+         retry_bound_secs={} qp_timeout={} retry_cnt={} {} {} {}",
+        if failures.is_empty() { "PASS" } else { "FAIL" },
+        run::traffic_fields(o, seed, out.traffic.traffic, &out.tally),
+        if by_status.is_empty() { "0".to_owned() } else { by_status },
+        bound.map_or("none".to_owned(), |b| format!("{:.3}", b.as_secs_f64())),
+        o.qp_timeout,
+        o.retry_cnt,
+        run::rss_fields(&out.traffic, o.rss_slack_kib),
+        run::resources_fields(&before, &after),
+        peer_text(&out.report),
+    );
+    for f in &failures {
+        eprintln!("soak: FAIL: {f}");
+    }
+    Ok(failures.is_empty())
+}
 
-    let t = &out.totals;
+/// The checks of the run as the client sees it: both sides' counts, its own process, and
+/// (failed completions) whether they fit `--accept-link-failure`.
+fn client_failures(
+    o: &Opts,
+    out: &ClientOutcome,
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> Vec<String> {
+    let t = &out.tally.totals;
     let peer = out.report.as_ref().ok();
-    let rss_grew = out.rss_final.saturating_sub(out.rss_warm);
     let mut failures = Vec::new();
     let checksum_errors = t.checksum_errors + peer.map_or(0, |r| r.checksum_errors);
     if checksum_errors > 0 {
@@ -592,48 +467,48 @@ pub(super) fn client(o: &Opts, host: &str) -> Result<bool, AnyError> {
     if other_errors > 0 {
         failures.push(format!("{other_errors} errors that are not failed completions (see above)"));
     }
-    let unbalanced = out.unbalanced + peer.map_or(0, |r| r.unbalanced);
+    let unbalanced = out.tally.unbalanced + peer.map_or(0, |r| r.unbalanced);
     if unbalanced > 0 {
         failures.push(format!("{unbalanced} queues whose posts and completions differ"));
     }
-    if before != after {
-        failures.push(format!("device resources {} before, {} after", counts_text(&before), counts_text(&after)));
-    }
-    if rss_grew > o.rss_slack_kib {
-        failures.push(format!("RSS grew {rss_grew} KiB after the warm-up (bound {} KiB)", o.rss_slack_kib));
-    }
+    failures.extend(run::own_checks(before, after, (out.traffic.rss_warm, out.traffic.rss_final), o.rss_slack_kib));
     if let Some(r) = peer.filter(|r| r.failed_checks > 0) {
         failures.push(format!("{} of the server's own checks failed (see its output)", r.failed_checks));
     }
-    let wc_errors = t.wc_errors + peer.map_or(0, |r| r.wc_errors);
-    let outcome = if wc_errors == 0 && out.report.is_ok() { "intact" } else { "failed" };
-    if outcome == "failed" {
-        if !o.accept_link_failure {
-            match &out.report {
-                Ok(_) => failures.push(format!("{wc_errors} failed completions")),
-                Err(e) => failures.push(format!("no report from the server: {e}")),
-            }
-        } else if let Some(first) = &out.first_error {
-            match bound {
-                Some(b) if first.silence > b + DETECT_SLACK => failures.push(format!(
-                    "the first failure came {:.3} s after the last good completion, beyond the retry bound {:.3} s \
-                     (+{:.1} s slack)",
-                    first.silence.as_secs_f64(),
-                    b.as_secs_f64(),
-                    DETECT_SLACK.as_secs_f64()
-                )),
-                _ => {}
-            }
-        } else if t.wc_errors == 0 && out.report.is_err() {
-            failures.push("the server vanished, yet none of this side's requests failed".to_owned());
-        }
+    let wc_errors = failed_completions(out);
+    if wc_errors == 0 && out.report.is_ok() {
+        return failures;
     }
-    let ops: u64 = t.ops.iter().sum();
-    let secs = out.traffic.as_secs_f64();
-    let detect = out.first_error.as_ref().map_or("-".to_owned(), |f| format!("{:.3}", f.silence.as_secs_f64()));
-    let first = out.first_error.as_ref().map_or("-".to_owned(), |f| format!("{:?}", f.status));
-    let by_status = out.by_status.iter().map(|(s, n)| format!("{s:?}:{n}")).collect::<Vec<_>>().join(",");
-    let peer_text = match &out.report {
+    if !o.accept_link_failure {
+        match &out.report {
+            Ok(_) => failures.push(format!("{wc_errors} failed completions")),
+            Err(e) => failures.push(format!("no report from the server: {e}")),
+        }
+    } else if let Some(first) = &out.watch.first_error {
+        match retry_bound(o.qp_timeout, o.retry_cnt) {
+            Some(b) if first.silence > b + DETECT_SLACK => failures.push(format!(
+                "the first failure came {:.3} s after the last good completion, beyond the retry bound {:.3} s \
+                 (+{:.1} s slack)",
+                first.silence.as_secs_f64(),
+                b.as_secs_f64(),
+                DETECT_SLACK.as_secs_f64()
+            )),
+            _ => {}
+        }
+    } else if t.wc_errors == 0 && out.report.is_err() {
+        failures.push("the server vanished, yet none of this side's requests failed".to_owned());
+    }
+    failures
+}
+
+/// Both sides' failed completions (the server's as far as it reported).
+fn failed_completions(out: &ClientOutcome) -> u64 {
+    out.tally.totals.wc_errors + out.report.as_ref().map_or(0, |r| r.wc_errors)
+}
+
+/// The server's part of the client's summary.
+fn peer_text(report: &Result<Report, String>) -> String {
+    match report {
         Ok(r) => format!(
             "server: ops={} bytes={:.1}MiB posts={} completions={} checksum_errors={} wc_errors={} other_errors={} \
              flushed={}",
@@ -647,55 +522,13 @@ pub(super) fn client(o: &Opts, host: &str) -> Result<bool, AnyError> {
             r.flushed
         ),
         Err(e) => format!("server: no report ({e})"),
-    };
-    println!(
-        "soak: {} two-host outcome={outcome} minutes={:.2} pairs={} depth={} seed={seed} ops={ops} (send {} write {} \
-         read {}) bytes={:.1}MiB ({:.2} MiB/s, {:.0} ops/s) checksum_errors={} wc_errors={} other_errors={} posts={} \
-         completions={} (flushed at the end {}) failed_completions={} first_error={first} detect_secs={detect} \
-         retry_bound_secs={} qp_timeout={} retry_cnt={} rss_warm={}KiB rss_final={}KiB (+{rss_grew}, bound +{}) \
-         resources_before={} resources_after={} {peer_text}",
-        if failures.is_empty() { "PASS" } else { "FAIL" },
-        secs / 60.0,
-        o.qps,
-        o.depth,
-        t.ops[0],
-        t.ops[1],
-        t.ops[2],
-        mib(t.bytes),
-        mib(t.bytes) / secs.max(1e-9),
-        ops as f64 / secs.max(1e-9),
-        t.checksum_errors,
-        t.wc_errors,
-        t.other_errors,
-        out.posts,
-        out.completions,
-        t.flushed,
-        if by_status.is_empty() { "0".to_owned() } else { by_status },
-        bound.map_or("none".to_owned(), |b| format!("{:.3}", b.as_secs_f64())),
-        o.qp_timeout,
-        o.retry_cnt,
-        out.rss_warm,
-        out.rss_final,
-        o.rss_slack_kib,
-        counts_text(&before),
-        counts_text(&after),
-    );
-    for f in &failures {
-        eprintln!("soak: FAIL: {f}");
     }
-    Ok(failures.is_empty())
 }
 
 struct ClientOutcome {
-    totals: Stats,
-    posts: u64,
-    completions: u64,
-    unbalanced: u64,
-    traffic: Duration,
-    rss_warm: u64,
-    rss_final: u64,
-    first_error: Option<FirstError>,
-    by_status: Vec<(WcStatus, u64)>,
+    traffic: Traffic,
+    tally: Tally,
+    watch: Watch,
     report: Result<Report, String>,
 }
 
@@ -704,7 +537,7 @@ fn drive_client(
     device: &str,
     setup: &Setup,
     stream: &mut TcpStream,
-    duration: Duration,
+    lim: &Limits,
 ) -> Result<ClientOutcome, AnyError> {
     let ctx = Context::open(Some(device))?;
     let pd = ProtectionDomain::new(&ctx)?;
@@ -712,188 +545,37 @@ fn drive_client(
     for i in 0..setup.qps as usize {
         pairs.push(ClientPair::new(o, &pd, setup, i, stream)?);
     }
-    let sh = ClientShared {
-        crc: Crc32::new(),
-        ops: o.ops.clone(),
-        read_area: read_area(setup.seed),
-        max_size: o.max_size,
-        depth: setup.depth as usize,
-    };
-    let mut wcs: Vec<WorkCompletion> = (0..16).map(|_| WorkCompletion::EMPTY).collect();
-    let warmup = Duration::from_secs(o.warmup_secs).min(duration / 2);
-    let stuck = Duration::from_secs(o.stuck_secs);
-    let started = Instant::now();
-    let mut w = Watch { first_error: None, by_status: Vec::new() };
-    pairs.iter_mut().for_each(|p| p.last_ok = started);
-    let report_every = Duration::from_secs(o.report_secs.max(1));
-    let mut next_report = started + report_every;
-    let mut rss_warm = None;
-    let mut failed = false;
-    let mut draining_since: Option<Instant> = None;
-    loop {
-        let running = draining_since.is_none();
-        let mut progressed = 0;
-        for p in pairs.iter_mut() {
-            progressed += p.poll_sends(&sh, &mut wcs, &mut w)?;
-            progressed += p.poll_acks(&mut wcs, &mut w, true)?;
-            let oldest = retire(&mut p.lanes, &mut p.stats);
-            if oldest > stuck && !p.hung {
-                p.hung = true;
-                p.fail(format!("hung: an operation has not finished after {:.1} s", oldest.as_secs_f64()));
-            }
-            if p.stats.errors() > 0 && !failed {
-                failed = true;
-                eprintln!("soak: stopping after the first error");
-            }
-            if failed {
-                p.stopping = true;
-                abandon_sent(&mut p.lanes);
-            }
-            if running && !failed {
-                p.start_idle(&sh);
-            }
-        }
-        let now = Instant::now();
-        if now >= next_report {
-            eprintln!("{}", progress(started, &pairs));
-            next_report += report_every;
-        }
-        if rss_warm.is_none() && now.duration_since(started) >= warmup {
-            rss_warm = Some(rss_kib());
-        }
-        match draining_since {
-            None if failed || now.duration_since(started) >= duration => draining_since = Some(now),
-            Some(since) => {
-                if !pairs.iter().any(|p| busy(&p.lanes)) {
-                    break;
-                }
-                if now.duration_since(since) > stuck {
-                    eprintln!("soak: hung: the drain did not finish within {stuck:?}");
-                    pairs[0].stats.other_errors += 1;
-                    break;
-                }
-            }
-            None => {}
-        }
-        if progressed == 0 {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
-    let traffic = started.elapsed();
-    let rss_final = rss_kib();
-    eprintln!("{}", progress(started, &pairs));
+    let mut sh = Shared::new(o, setup.depth);
+    sh.read_area = read_area(setup.seed);
+    let mut wcs = run::completions();
+    let traffic = run::drive(&mut pairs, &mut sh, &mut wcs, lim)?;
 
     // B stops and tears down while A's QPs are still up, so B's last acks complete.
     let report = stream.write_all(DONE).map_err(|e| format!("sending DONE: {e}")).and_then(|()| {
-        let wait = if failed { Duration::from_secs(10) } else { PEER_SILENCE };
+        let wait = if traffic.failed { Duration::from_secs(10) } else { PEER_SILENCE };
         stream.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
         let mut b = [0u8; REPORT_LEN];
         stream.read_exact(&mut b).map_err(|e| format!("reading the server's report: {e}"))?;
         Report::decode(&b)
     });
     // A's posted ack receives complete only by being flushed.
-    for p in pairs.iter_mut() {
-        p.qp.to_error()?;
-    }
-    let flush_deadline = Instant::now() + Duration::from_secs(30);
-    while pairs.iter().any(|p| p.acks.completions < p.acks.posts || p.sends.completions < p.sends.posts)
-        && Instant::now() < flush_deadline
-    {
-        for p in pairs.iter_mut() {
-            p.poll_acks(&mut wcs, &mut w, false)?;
-            p.poll_sends(&sh, &mut wcs, &mut w)?;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let mut totals = Stats::default();
-    let (mut posts, mut completions, mut unbalanced) = (0, 0, 0);
-    for p in &pairs {
-        totals.add(&p.stats);
-        for (side, c) in [("A send", p.sends), ("A ack receive", p.acks)] {
-            posts += c.posts;
-            completions += c.completions;
-            if c.posts != c.completions {
-                unbalanced += 1;
-                eprintln!("soak: pair {} {side} queue: {} posts, {} completions", p.index, c.posts, c.completions);
-            }
-        }
-    }
+    run::flush(&mut pairs, &mut sh, &mut wcs)?;
+    let tally = run::tally(&pairs);
     drop(pairs);
     drop((pd, ctx));
-    Ok(ClientOutcome {
-        totals,
-        posts,
-        completions,
-        unbalanced,
-        traffic,
-        rss_warm: rss_warm.unwrap_or(rss_final),
-        rss_final,
-        first_error: w.first_error,
-        by_status: w.by_status,
-        report,
-    })
-}
-
-fn progress(started: Instant, pairs: &[ClientPair]) -> String {
-    let mut s = Stats::default();
-    pairs.iter().for_each(|p| s.add(&p.stats));
-    format!(
-        "soak: t={:.0}s ops={} (send {} write {} read {}) bytes={:.1}MiB errors={} rss={}KiB",
-        started.elapsed().as_secs_f64(),
-        s.ops.iter().sum::<u64>(),
-        s.ops[0],
-        s.ops[1],
-        s.ops[2],
-        mib(s.bytes),
-        s.errors(),
-        rss_kib()
-    )
-}
-
-/// The client's end of the TCP connection. A refused connection is retried for 30 s:
-/// the server may still be starting.
-fn dial(host: &str, port: u16) -> Result<TcpStream, AnyError> {
-    let addr = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("{host}: {e}"))?
-        .find(|a| a.is_ipv4())
-        .ok_or_else(|| format!("{host}: no IPv4 address"))?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
-            Ok(s) => {
-                s.set_nodelay(true)?;
-                return Ok(s);
-            }
-            Err(e) if Instant::now() < deadline => {
-                log_retry(&e);
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => return Err(format!("connecting to {addr}: {e}").into()),
-        }
-    }
-}
-
-fn log_retry(e: &std::io::Error) {
-    if e.kind() != ErrorKind::ConnectionRefused {
-        eprintln!("soak: connecting: {e}; trying again");
-    }
+    Ok(ClientOutcome { traffic, tally, watch: sh.watch, report })
 }
 
 // ---- the server: every pair's B ------------------------------------------------------------
 
+/// Two hosts, the server: a pair's B, and the sending of its acks on the same QP.
 struct ServerPair {
-    index: usize,
-    rcq: CompletionQueue,
-    rq: RecvQueue<Chunk>,
+    b: Receiver,
     ack_cq: CompletionQueue,
     ack_sq: SendQueue<Chunk>,
-    region: MemoryRegion<AlignedBuf, RemoteWritable>,
     free_acks: Vec<Chunk>,
     pending: VecDeque<Ack>,
-    recvs: Counts,
     acks: Counts,
-    stats: Stats,
     done: Vec<Done<Chunk>>,
     qp: QueuePair,
 }
@@ -908,19 +590,7 @@ impl ServerPair {
         stream: &mut TcpStream,
     ) -> Result<Self, AnyError> {
         let depth = setup.depth;
-        let ctx = pd.context();
-        let rcq = CompletionQueue::new(ctx, depth + 1)?;
-        let ack_cq = CompletionQueue::new(ctx, 2 * depth + 1)?;
-        if rcq.cqe() < depth + 1 || ack_cq.cqe() < 2 * depth + 1 {
-            return Err(format!(
-                "CQs of {} and {} entries, asked for {} and {}",
-                rcq.cqe(),
-                ack_cq.cqe(),
-                depth + 1,
-                2 * depth + 1
-            )
-            .into());
-        }
+        let (rcq, ack_cq) = (lanes::cq(pd.context(), depth + 1)?, lanes::cq(pd.context(), 2 * depth + 1)?);
         let qp = QueuePair::builder(pd, QpType::Rc, &ack_cq, &rcq).max_send_wr(2 * depth).max_recv_wr(depth).build()?;
         let lanes_len = depth as usize * SLOT;
         let region_access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
@@ -930,110 +600,21 @@ impl ServerPair {
             handshake(o, &qp, setup).access(QpAccess::REMOTE_WRITE | QpAccess::REMOTE_READ).advertise(region.remote()?);
         hs.init()?;
         // Receives first: A may send as soon as the handshake returns.
-        let mut rq = qp.recv_queue()?;
-        let mut recvs = Counts::default();
-        let bufs = pd.register(AlignedBuf::new(lanes_len)?, AccessFlags::LOCAL_WRITE)?.into_chunks(SLOT)?;
-        for (i, c) in bufs.into_iter().enumerate() {
-            rq.post(c, 0..SLOT, i as u64).map_err(|r| r.error)?;
-            recvs.posts += 1;
-        }
+        let b = Receiver::new(pd, index, (rcq, qp.recv_queue()?), region, depth)?;
         hs.connect(stream).map_err(|e| format!("pair {index}: connecting its QPs across: {e}"))?;
         let free_acks = pd
             .register(AlignedBuf::new(2 * depth as usize * ACK_BUF)?, AccessFlags::LOCAL_WRITE)?
             .into_chunks(ACK_BUF)?;
         Ok(ServerPair {
-            index,
+            b,
             ack_sq: qp.send_queue()?,
-            rcq,
-            rq,
             ack_cq,
-            region,
             free_acks,
             pending: VecDeque::new(),
-            recvs,
             acks: Counts::default(),
-            stats: Stats::default(),
             done: Vec::with_capacity(4),
             qp,
         })
-    }
-
-    fn fail(&mut self, what: String) {
-        eprintln!("soak: pair {}: {what}", self.index);
-        self.stats.other_errors += 1;
-    }
-
-    /// Takes B's receive completions: checks the SEND or WRITE, reposts the receive, acks.
-    fn poll_recvs(
-        &mut self,
-        sh: &mut ServerShared,
-        wcs: &mut [WorkCompletion],
-        running: bool,
-    ) -> Result<usize, AnyError> {
-        let n = self.rcq.poll(wcs)?.len();
-        for wc in &mut wcs[..n] {
-            let (opcode, imm) = (wc.opcode(), wc.imm_data());
-            let d = match self.rq.complete(wc) {
-                Ok(d) => d,
-                Err(e) => {
-                    self.fail(format!("a completion B's receive queue refused: {e}"));
-                    continue;
-                }
-            };
-            self.recvs.completions += 1;
-            if !running && d.status == WcStatus::WrFlushErr {
-                self.stats.flushed += 1;
-                continue;
-            }
-            if d.status != WcStatus::Success {
-                self.stats.wc_errors += 1;
-                eprintln!("soak: pair {}: receive completed with {:?}", self.index, d.status);
-                continue;
-            }
-            let ack = self.check(sh, opcode, imm, &d.buf, d.byte_len);
-            match self.rq.post(d.buf, 0..SLOT, d.id) {
-                Ok(()) => self.recvs.posts += 1,
-                Err(Refused { error: e, .. }) => self.fail(format!("reposting a receive: {e}")),
-            }
-            self.pending.push_back(ack);
-        }
-        self.send_acks();
-        Ok(n)
-    }
-
-    /// B's check of a SEND (bytes in `buf`) or a WRITE (bytes in the lane's slot).
-    fn check(&mut self, sh: &mut ServerShared, opcode: WcOpcode, imm: Option<u32>, buf: &Chunk, byte_len: u32) -> Ack {
-        let len = byte_len as usize;
-        let kind = if opcode == WcOpcode::RecvRdmaWithImm { Kind::Write } else { Kind::Send };
-        let lane = imm.map_or(u32::MAX, |i| i >> 28);
-        let mut ack = Ack { lane, verdict: MALFORMED, len: byte_len, kind };
-        let Some(imm) = imm.filter(|_| lane < sh.depth && len <= SLOT) else {
-            self.fail(format!("a {opcode:?} of {len} bytes without a lane's immediate data"));
-            return ack;
-        };
-        if opcode != WcOpcode::Recv && opcode != WcOpcode::RecvRdmaWithImm {
-            self.fail(format!("an unexpected receive opcode {opcode:?}"));
-            return ack;
-        }
-        let data = if kind == Kind::Send {
-            &buf[..len]
-        } else {
-            if let Err(e) = self.region.read_at(lane as usize * SLOT, &mut sh.scratch[..len]) {
-                self.fail(format!("lane {lane}: reading the WRITE's slot: {e}"));
-                return ack;
-            }
-            &sh.scratch[..len]
-        };
-        if sh.crc.sum(data) & CRC_BITS == imm & CRC_BITS {
-            ack.verdict = INTACT;
-            self.stats.ops[kind as usize] += 1;
-            self.stats.bytes += len as u64;
-        } else {
-            ack.verdict = MISMATCH;
-            self.stats.checksum_errors += 1;
-            eprintln!("soak: pair {} lane {lane}: {kind:?} of {len} bytes: checksum mismatch", self.index);
-        }
-        ack
     }
 
     /// Posts the waiting acks while ack buffers are free.
@@ -1046,7 +627,7 @@ impl ServerPair {
                 Ok(()) => self.acks.posts += 1,
                 Err(Refused { error: e, value: wr }) => {
                     self.free_acks.push(wr.into_buf());
-                    self.fail(format!("posting an ack: {e}"));
+                    self.b.fail(format!("posting an ack: {e}"));
                 }
             }
         }
@@ -1058,16 +639,16 @@ impl ServerPair {
             let mut done = std::mem::take(&mut self.done);
             if let Err(e) = self.ack_sq.complete(wc, |d| done.push(d)) {
                 self.done = done;
-                self.fail(format!("a completion B's ack queue refused: {e}"));
+                self.b.fail(format!("a completion B's ack queue refused: {e}"));
                 continue;
             }
             for d in done.drain(..) {
                 self.acks.completions += 1;
                 if !running && d.status == WcStatus::WrFlushErr {
-                    self.stats.flushed += 1;
+                    self.b.stats.flushed += 1;
                 } else if d.status != WcStatus::Success {
-                    self.stats.wc_errors += 1;
-                    eprintln!("soak: pair {}: an ack completed with {:?}", self.index, d.status);
+                    self.b.stats.wc_errors += 1;
+                    eprintln!("soak: pair {}: an ack completed with {:?}", self.b.index, d.status);
                 }
                 self.free_acks.push(d.buf);
             }
@@ -1078,21 +659,39 @@ impl ServerPair {
     }
 }
 
-struct ServerShared {
-    crc: Crc32,
-    scratch: Vec<u8>,
-    depth: u32,
+impl Side for ServerPair {
+    fn index(&self) -> usize {
+        self.b.index
+    }
+
+    /// B's receives (each checked message queues an ack), then the acks' completions.
+    fn poll(&mut self, sh: &mut Shared, wcs: &mut [WorkCompletion], running: bool) -> Result<usize, AnyError> {
+        let pending = &mut self.pending;
+        let n = self.b.poll(sh, wcs, running, |ack| pending.push_back(ack))?;
+        self.send_acks();
+        Ok(n + self.poll_acks(wcs, running)?)
+    }
+
+    fn queues(&self) -> [(&'static str, Counts); 2] {
+        [("B receive", self.b.recvs), ("B ack send", self.acks)]
+    }
+
+    fn stats(&self) -> Stats {
+        self.b.stats
+    }
+
+    fn qp(&self) -> &QueuePair {
+        &self.qp
+    }
 }
 
 /// The server's side: takes one client, serves its run, reports, prints its own summary.
 pub(super) fn serve(o: &Opts) -> Result<bool, AnyError> {
     let device = device_name(o)?;
-    let listener =
-        TcpListener::bind(("0.0.0.0", o.port)).map_err(|e| format!("listening on TCP port {} (-p): {e}", o.port))?;
+    let listener = perftest::listen(o.port).map_err(|e| e as AnyError)?;
     eprintln!("soak: two hosts, server on {device}: waiting for a client on TCP port {}", o.port);
-    let (mut stream, peer) = listener.accept().map_err(|e| format!("accepting a client: {e}"))?;
+    let (mut stream, peer) = perftest::accept_on(&listener).map_err(|e| e as AnyError)?;
     drop(listener);
-    stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(PEER_SILENCE))?;
     let mut b = [0u8; SETUP_LEN];
     stream.read_exact(&mut b).map_err(|e| format!("reading the client's setup: {e}"))?;
@@ -1109,14 +708,7 @@ pub(super) fn serve(o: &Opts) -> Result<bool, AnyError> {
     let before = resource_counts(&device)?;
     let (mut report, rss_warm, rss_final) = drive_server(o, &device, &setup, &mut stream)?;
     let after = resource_counts(&device)?;
-    let rss_grew = rss_final.saturating_sub(rss_warm);
-    let mut failures = Vec::new();
-    if before != after {
-        failures.push(format!("device resources {} before, {} after", counts_text(&before), counts_text(&after)));
-    }
-    if rss_grew > o.rss_slack_kib {
-        failures.push(format!("RSS grew {rss_grew} KiB after the warm-up (bound {} KiB)", o.rss_slack_kib));
-    }
+    let mut failures = run::own_checks(&before, &after, (rss_warm, rss_final), o.rss_slack_kib);
     report.failed_checks += failures.len() as u64;
     let sent = stream.set_read_timeout(None).and_then(|()| stream.write_all(&report.encode()));
     if let Err(e) = &sent {
@@ -1137,8 +729,7 @@ pub(super) fn serve(o: &Opts) -> Result<bool, AnyError> {
     }
     println!(
         "soak: {} two-host server ops={} bytes={:.1}MiB posts={} completions={} checksum_errors={} wc_errors={} \
-         other_errors={} flushed={} rss_warm={rss_warm}KiB rss_final={rss_final}KiB resources_before={} \
-         resources_after={}",
+         other_errors={} flushed={} rss_warm={rss_warm}KiB rss_final={rss_final}KiB {}",
         if failures.is_empty() { "PASS" } else { "FAIL" },
         r.ops,
         mib(r.bytes),
@@ -1148,8 +739,7 @@ pub(super) fn serve(o: &Opts) -> Result<bool, AnyError> {
         r.wc_errors,
         r.other_errors,
         r.flushed,
-        counts_text(&before),
-        counts_text(&after)
+        run::resources_fields(&before, &after)
     );
     for f in &failures {
         eprintln!("soak: FAIL: {f}");
@@ -1168,98 +758,34 @@ fn drive_server(o: &Opts, device: &str, setup: &Setup, stream: &mut TcpStream) -
         pairs.push(ServerPair::new(o, &pd, setup, i, &area, stream)?);
     }
     drop(area);
-    let mut sh = ServerShared { crc: Crc32::new(), scratch: vec![0u8; SLOT], depth: setup.depth };
-    let mut wcs: Vec<WorkCompletion> = (0..16).map(|_| WorkCompletion::EMPTY).collect();
-    let duration = Duration::from_millis(setup.duration_ms);
-    let warmup = Duration::from_secs(o.warmup_secs).min(duration / 2);
-    // The client's run, its drain and its slowest failure, and some.
-    let give_up = duration + 3 * Duration::from_secs(o.stuck_secs.max(STUCK.as_secs())) + PEER_SILENCE;
-    stream.set_nonblocking(true)?;
-    let started = Instant::now();
-    let mut rss_warm = None;
-    let mut word = [0u8; 4];
-    let mut got = 0;
-    let mut client_gone = None;
-    let mut next_look = started;
-    loop {
-        let mut progressed = 0;
-        for p in pairs.iter_mut() {
-            progressed += p.poll_recvs(&mut sh, &mut wcs, true)?;
-            progressed += p.poll_acks(&mut wcs, true)?;
-        }
-        let now = Instant::now();
-        if rss_warm.is_none() && now.duration_since(started) >= warmup {
-            rss_warm = Some(rss_kib());
-        }
-        if now >= next_look {
-            next_look = now + Duration::from_millis(20);
-            match stream.read(&mut word[got..]) {
-                Ok(0) => client_gone = Some("the client closed the connection without DONE".to_owned()),
-                Ok(n) => got += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-                Err(e) => client_gone = Some(format!("the client's connection failed: {e}")),
-            }
-            if got == word.len() {
-                if &word != DONE {
-                    client_gone = Some(format!("the client sent {word:?}, not DONE"));
-                }
-                break;
-            }
-            if client_gone.is_some() {
-                break;
-            }
-            if now.duration_since(started) > give_up {
-                client_gone = Some(format!("no DONE from the client after {give_up:?}"));
-                break;
-            }
-        }
-        if progressed == 0 {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
-    stream.set_nonblocking(false)?;
+    let mut sh = Shared::new(o, setup.depth);
+    let mut wcs = run::completions();
+    let lim = Limits::new(o, Duration::from_millis(setup.duration_ms));
+    let (client_gone, rss_warm) = serve_until_done(&mut pairs, &mut sh, &mut wcs, stream, &lim)?;
     let rss_final = rss_kib();
     // The client's QPs are still up: B's last acks may complete, for 2 s.
     let ack_deadline = Instant::now() + Duration::from_secs(2);
     while pairs.iter().any(|p| p.acks.completions < p.acks.posts) && Instant::now() < ack_deadline {
         for p in pairs.iter_mut() {
-            p.poll_recvs(&mut sh, &mut wcs, true)?;
-            p.poll_acks(&mut wcs, true)?;
+            p.poll(&mut sh, &mut wcs, true)?;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    for p in pairs.iter_mut() {
-        p.qp.to_error()?;
-    }
-    let flush_deadline = Instant::now() + Duration::from_secs(30);
-    while pairs.iter().any(|p| p.recvs.completions < p.recvs.posts || p.acks.completions < p.acks.posts)
-        && Instant::now() < flush_deadline
-    {
-        for p in pairs.iter_mut() {
-            p.poll_recvs(&mut sh, &mut wcs, false)?;
-            p.poll_acks(&mut wcs, false)?;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let mut r = Report::default();
-    let mut totals = Stats::default();
-    for p in &pairs {
-        totals.add(&p.stats);
-        for (side, c) in [("B receive", p.recvs), ("B ack send", p.acks)] {
-            r.posts += c.posts;
-            r.completions += c.completions;
-            if c.posts != c.completions {
-                r.unbalanced += 1;
-                eprintln!("soak: pair {} {side} queue: {} posts, {} completions", p.index, c.posts, c.completions);
-            }
-        }
-    }
-    r.ops = totals.ops.iter().sum();
-    r.bytes = totals.bytes;
-    r.checksum_errors = totals.checksum_errors;
-    r.wc_errors = totals.wc_errors;
-    r.other_errors = totals.other_errors;
-    r.flushed = totals.flushed;
+    run::flush(&mut pairs, &mut sh, &mut wcs)?;
+    let t = run::tally(&pairs);
+    let s = &t.totals;
+    let mut r = Report {
+        ops: s.ops.iter().sum(),
+        bytes: s.bytes,
+        posts: t.posts,
+        completions: t.completions,
+        unbalanced: t.unbalanced,
+        checksum_errors: s.checksum_errors,
+        wc_errors: s.wc_errors,
+        other_errors: s.other_errors,
+        flushed: s.flushed,
+        failed_checks: 0,
+    };
     if let Some(why) = client_gone {
         eprintln!("soak: {why}");
         r.failed_checks += 1;
@@ -1267,6 +793,60 @@ fn drive_server(o: &Opts, device: &str, setup: &Setup, stream: &mut TcpStream) -
     drop(pairs);
     drop((pd, ctx));
     Ok((r, rss_warm.unwrap_or(rss_final), rss_final))
+}
+
+/// Takes B's completions until the client's DONE; returns why the client is gone if it
+/// went otherwise, and the RSS after the warm-up if it came.
+fn serve_until_done(
+    pairs: &mut [ServerPair],
+    sh: &mut Shared,
+    wcs: &mut [WorkCompletion],
+    stream: &mut TcpStream,
+    lim: &Limits,
+) -> Result<(Option<String>, Option<u64>), AnyError> {
+    // The client's run, its drain and its slowest failure, and some.
+    let give_up = lim.duration + 3 * lim.stuck.max(STUCK) + PEER_SILENCE;
+    stream.set_nonblocking(true)?;
+    let started = Instant::now();
+    let mut rss_warm = None;
+    let (mut word, mut got) = ([0u8; 4], 0);
+    let mut next_look = started;
+    let client_gone = loop {
+        let mut progressed = 0;
+        for p in pairs.iter_mut() {
+            progressed += p.poll(sh, wcs, true)?;
+        }
+        let now = Instant::now();
+        if rss_warm.is_none() && now.duration_since(started) >= lim.warmup {
+            rss_warm = Some(rss_kib());
+        }
+        if now >= next_look {
+            next_look = now + Duration::from_millis(20);
+            let gone = match stream.read(&mut word[got..]) {
+                Ok(0) => Some("the client closed the connection without DONE".to_owned()),
+                Ok(n) => {
+                    got += n;
+                    None
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => None,
+                Err(e) => Some(format!("the client's connection failed: {e}")),
+            };
+            if got == word.len() {
+                break (&word != DONE).then(|| format!("the client sent {word:?}, not DONE"));
+            }
+            if gone.is_some() {
+                break gone;
+            }
+            if now.duration_since(started) > give_up {
+                break Some(format!("no DONE from the client after {give_up:?}"));
+            }
+        }
+        if progressed == 0 {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    };
+    stream.set_nonblocking(false)?;
+    Ok((client_gone, rss_warm))
 }
 
 #[cfg(test)]

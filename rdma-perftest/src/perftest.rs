@@ -14,7 +14,7 @@
 //! samples are the `-n` - 1 round trips between the messages it received.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -187,16 +187,29 @@ impl<T: Read + Write + Send> Stream for T {}
 
 /// The server's end: waits on the TCP port for one client.
 pub fn accept(port: u16) -> Res<TcpStream> {
-    let listener =
-        TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("listening on TCP port {port} (-p): {e}"))?;
+    let listener = listen(port)?;
     eprintln!("waiting for a client on TCP port {port}");
-    let (stream, _) = listener.accept().map_err(|e| format!("accepting a client on TCP port {port}: {e}"))?;
-    prepare(&stream)?;
-    Ok(stream)
+    Ok(accept_on(&listener)?.0)
 }
 
-/// The client's end. A refused connection is retried for a few seconds: the server may
-/// still be starting (perftest's client gives up at once; scripts start both together).
+/// Listens on the TCP port, on every address, for [`accept_on`].
+pub fn listen(port: u16) -> Res<TcpListener> {
+    Ok(TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("listening on TCP port {port} (-p): {e}"))?)
+}
+
+/// Takes one client from `listener`; returns its stream, ready for the exchange, and its
+/// address.
+pub fn accept_on(listener: &TcpListener) -> Res<(TcpStream, SocketAddr)> {
+    let port = listener.local_addr().map_or(0, |a| a.port());
+    let (stream, peer) = listener.accept().map_err(|e| format!("accepting a client on TCP port {port}: {e}"))?;
+    prepare(&stream)?;
+    Ok((stream, peer))
+}
+
+/// The client's end. Failing connections are retried for 30 s: the server may still be
+/// starting (a refusal, retried quietly; perftest's client gives up at once, but scripts
+/// start both together), or the link still coming up (any other error, retried with a
+/// line on stderr).
 pub fn connect(host: &str, port: u16) -> Res<TcpStream> {
     let addr = (host, port)
         .to_socket_addrs()
@@ -210,7 +223,10 @@ pub fn connect(host: &str, port: u16) -> Res<TcpStream> {
                 prepare(&stream)?;
                 return Ok(stream);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused && Instant::now() < deadline => {
+            Err(e) if Instant::now() < deadline => {
+                if e.kind() != std::io::ErrorKind::ConnectionRefused {
+                    eprintln!("connecting to {addr}: {e}; trying again");
+                }
                 std::thread::sleep(Duration::from_millis(100));
             }
             Err(e) => return Err(format!("connecting to the server {addr} (is it running, -p {port}?): {e}").into()),

@@ -39,24 +39,19 @@
 //! Where the host has no RDMA device, `scripts/rxe` gives it one:
 //! `scripts/rxe cargo run --example rc_pingpong -- -g 1 & ...`.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[path = "common/pingpong.rs"]
+mod pingpong;
+use pingpong::{at_least_one, number, seconds, service_level, AnyError, Buffers, Local, Rounds, Traffic, FILL};
 
 use clap::{CommandFactory, Parser};
-use rdma_verbs::wire::pingpong;
 use rdma_verbs::Handshake;
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Gid, InitAttr, Mtu, ProtectionDomain, QpType, QueuePair,
-    Remote, RemoteQpInfo, RtrAttr, RtsAttr, SendWr, WorkCompletion,
+    Chunk, Context, InitAttr, Mtu, ProtectionDomain, QpType, QueuePair, RemoteQpInfo, RtrAttr, RtsAttr, SendWr,
+    WorkCompletion,
 };
-use rdma_verbs::{RecvQueue, SendQueue};
-
-/// What the C tool fills its buffer with; so every message it sends is this byte.
-const FILL: u8 = 0x7b;
-/// Registered memory this example agrees to use: (rx-depth + 1) x size.
-const MAX_MEMORY: usize = 1 << 30;
 
 /// `ibv_rc_pingpong`'s flags, with its short and long names and defaults.
 #[derive(Parser)]
@@ -115,7 +110,7 @@ struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            port: pingpong::DEFAULT_PORT,
+            port: rdma_verbs::wire::pingpong::DEFAULT_PORT,
             device: None,
             ib_port: 1,
             size: 4096,
@@ -134,29 +129,8 @@ impl Default for Options {
     }
 }
 
-/// A number as strtoul(.., 0) reads it: decimal, or hex after `0x`.
-fn number<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
-    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => s.parse::<u64>(),
-    };
-    v.ok().and_then(|v| T::try_from(v).ok()).ok_or_else(|| format!("{s:?} is not a number in range"))
-}
-
-fn at_least_one<T: TryFrom<u64> + PartialEq + From<u8>>(s: &str) -> Result<T, String> {
-    let n: T = number(s)?;
-    if n == T::from(0) {
-        return Err("must be at least 1".into());
-    }
-    Ok(n)
-}
-
 fn ib_port(s: &str) -> Result<u8, String> {
     at_least_one(s).map_err(|e| if e.starts_with("must") { "ports are numbered from 1".into() } else { e })
-}
-
-fn service_level(s: &str) -> Result<u8, String> {
-    number(s).ok().filter(|&sl: &u8| sl <= 15).ok_or_else(|| "service levels are 0..=15".into())
 }
 
 fn mtu(s: &str) -> Result<Mtu, String> {
@@ -170,10 +144,6 @@ fn mtu(s: &str) -> Result<Mtu, String> {
     })
 }
 
-fn seconds(s: &str) -> Result<Duration, String> {
-    number(s).map(Duration::from_secs)
-}
-
 /// The flags, or clap's error (exit 2, or 0 for `--help`); the C tool's `-o` and `-t`
 /// are refused as usage errors.
 fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, clap::Error> {
@@ -185,99 +155,21 @@ fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Options, clap::E
     Ok(o)
 }
 
-type AnyError = Box<dyn std::error::Error>;
-
-/// This side's address, as the exchange sends it, and the GID index it sends from.
-struct Local {
-    info: RemoteQpInfo,
-    sgid_index: u32,
-}
-
-fn local_address(ctx: &Context, qp: &QueuePair, o: &Options) -> Result<Local, AnyError> {
-    let port = ctx.query_port(o.ib_port)?;
-    if !port.is_ethernet() && port.lid == 0 {
-        return Err(format!("port {} has no LID (is the subnet manager running?)", o.ib_port).into());
-    }
-    let (sgid_index, gid) = match o.gid_index {
-        Some(i) => (i, ctx.query_gid(o.ib_port, i)?.gid),
-        None if port.is_ethernet() => {
-            let e = ctx.default_gid(o.ib_port)?;
-            (e.index, e.gid)
-        }
-        // Like the C tool without -g: no GID, addressed by LID.
-        None => (0, Gid::default()),
-    };
-    Ok(Local { info: RemoteQpInfo { qpn: qp.qp_num(), psn: qp.psn(), lid: port.lid, gid }, sgid_index })
-}
-
-fn print_address(label: &str, a: &RemoteQpInfo) {
-    println!("  {label} LID {:#06x}, QPN {:#08x}, PSN {:#08x}, GID {}", a.lid, a.qpn, a.psn, a.gid);
-}
-
 /// RTR and RTS towards `remote` with the C tool's attributes: a global route when the
 /// remote GID has an interface ID, else its LID.
 fn connect_qp(qp: &QueuePair, o: &Options, local: &Local, remote: &RemoteQpInfo) -> Result<(), AnyError> {
-    let path =
-        if remote.gid.0[8..] != [0; 8] { Remote::gid(remote.gid, local.sgid_index) } else { Remote::lid(remote.lid) };
     let rtr = RtrAttr {
         port: o.ib_port,
         sl: o.sl,
         path_mtu: o.mtu,
         max_dest_rd_atomic: 1,
         min_rnr_timer: 12,
-        ..RtrAttr::new(path, remote.qpn, remote.psn)
+        ..RtrAttr::new(pingpong::path_to(local, remote), remote.qpn, remote.psn)
     };
     qp.to_rtr(&rtr)?;
     let rts = RtsAttr { sq_psn: qp.psn(), timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 1 };
     qp.to_rts(&rts)?;
     Ok(())
-}
-
-fn read_msg<const N: usize>(s: &mut TcpStream, what: &str) -> Result<[u8; N], AnyError> {
-    let mut buf = [0u8; N];
-    s.read_exact(&mut buf).map_err(|e| format!("{what}: {e}"))?;
-    Ok(buf)
-}
-
-fn tcp_stream(o: &Options) -> Result<TcpStream, AnyError> {
-    let s = match &o.server {
-        Some(host) => TcpStream::connect((host.as_str(), o.port))
-            .map_err(|e| format!("couldn't connect to {host}:{}: {e}", o.port))?,
-        None => {
-            let listener = TcpListener::bind(("0.0.0.0", o.port))
-                .map_err(|e| format!("couldn't listen on TCP port {}: {e}", o.port))?;
-            let (s, _) = listener.accept().map_err(|e| format!("accept failed: {e}"))?;
-            s
-        }
-    };
-    s.set_read_timeout(Some(o.timeout))?;
-    s.set_write_timeout(Some(o.timeout))?;
-    Ok(s)
-}
-
-/// rdma-core's exchange. The server brings its QP up before it answers, so the client's
-/// first message finds it ready.
-fn exchange_rdma_core(qp: &QueuePair, o: &Options, local: &Local) -> Result<RemoteQpInfo, AnyError> {
-    let mut s = tcp_stream(o)?;
-    let mine = pingpong::encode(&local.info)?;
-    if o.server.is_some() {
-        s.write_all(&mine)?;
-        let msg = read_msg::<{ pingpong::MSG_LEN }>(&mut s, "reading the server's address")?;
-        let remote = pingpong::decode(&msg).map_err(|e| format!("the server's address: {e}"))?;
-        s.write_all(&pingpong::DONE)?;
-        print_address("remote address:", &remote);
-        connect_qp(qp, o, local, &remote)?;
-        Ok(remote)
-    } else {
-        let msg = read_msg::<{ pingpong::MSG_LEN }>(&mut s, "reading the client's address")?;
-        let remote = pingpong::decode(&msg).map_err(|e| format!("the client's address: {e}"))?;
-        connect_qp(qp, o, local, &remote)?;
-        s.write_all(&mine)?;
-        let done = read_msg::<{ pingpong::DONE.len() }>(&mut s, "reading the client's \"done\"")?;
-        pingpong::check_done(&done).map_err(|e| format!("the client's last message: {e}"))?;
-        print_address("remote address:", &remote);
-        Ok(remote)
-    }
 }
 
 /// What each message holds, and the check of each arrival. With `--handshake` a message
@@ -313,7 +205,7 @@ impl Messages {
     }
 
     /// Checks message `n` as it arrived: its length, then its bytes.
-    fn check(&mut self, n: u64, byte_len: u32, got: &[u8]) -> Result<(), AnyError> {
+    fn arrived(&mut self, n: u64, byte_len: u32, got: &[u8]) -> Result<(), AnyError> {
         let size = self.body.len();
         if byte_len as usize != size {
             return Err(format!(
@@ -332,125 +224,66 @@ impl Messages {
     }
 }
 
-const RECV: u8 = 1;
-const SEND: u8 = 2;
-
-fn run(o: &Options) -> Result<(), AnyError> {
-    let ctx = Context::open(o.device.as_deref())?;
-    let pd = ProtectionDomain::new(&ctx)?;
-    let cqe = o.rx_depth + 1;
-    let mut cq = if o.events {
-        CompletionQueue::builder(&ctx, cqe).with_channel().build()?
-    } else {
-        CompletionQueue::new(&ctx, cqe)?
-    };
-    let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(o.rx_depth).build()?;
-
-    // One send buffer and one buffer per posted receive: a posted buffer belongs to the
-    // device until its completion.
-    let total = (o.rx_depth as usize + 1)
-        .checked_mul(o.size)
-        .filter(|&t| t <= MAX_MEMORY)
-        .ok_or_else(|| format!("(rx-depth + 1) x size is above {MAX_MEMORY} bytes: lower -r or -s"))?;
-    let mut chunks = pd.register(AlignedBuf::new(total)?, AccessFlags::LOCAL_WRITE)?.into_chunks(o.size)?;
-    let mut send_buf: Option<Chunk> = chunks.pop();
-    if let Some(b) = send_buf.as_mut() {
-        b.fill(FILL);
+impl Traffic for Messages {
+    fn send_wr(&mut self, n: u64, mut buf: Chunk) -> SendWr<Chunk> {
+        let size = self.body.len();
+        self.fill(n, &mut buf[..size]);
+        SendWr::send(buf, 0..size)
     }
 
+    fn check(&mut self, n: u64, _: &WorkCompletion, byte_len: u32, buf: &[u8]) -> Result<(), AnyError> {
+        self.arrived(n, byte_len, buf)
+    }
+
+    fn stalled(&self, timeout: Duration, received: u64, sent: u64) -> AnyError {
+        format!("no completion for {timeout:?} after {received} messages in and {sent} out: is the peer alive?").into()
+    }
+}
+
+/// The QP's handshake (`--handshake`), which brings it to RTS; rdma-core's exchange
+/// does that with [`connect_qp`] instead.
+fn handshake<'a>(qp: &'a QueuePair, o: &Options) -> Handshake<'a> {
     // The QP's PSN (random) is what both exchanges advertise and what it sends from.
-    let handshake = Handshake::new(&qp).port(o.ib_port).max_mtu(o.mtu).sl(o.sl);
+    let handshake = Handshake::new(qp).port(o.ib_port).max_mtu(o.mtu).sl(o.sl);
     let handshake = match o.gid_index {
         Some(i) => handshake.gid_index(i),
         None => handshake,
     };
-    let handshake = handshake.rts(RtsAttr { rnr_retry: 7, max_rd_atomic: 1, ..RtsAttr::default() });
+    handshake.rts(RtsAttr { rnr_retry: 7, max_rd_atomic: 1, ..RtsAttr::default() })
+}
+
+fn run(o: &Options) -> Result<(), AnyError> {
+    let ctx = Context::open(o.device.as_deref())?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let mut cq = pingpong::completion_queue(&ctx, o.rx_depth, o.events)?;
+    let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(o.rx_depth).build()?;
+    let handshake = handshake(&qp, o);
     if o.handshake {
         handshake.init()?;
     } else {
         qp.to_init(&InitAttr { port: o.ib_port, ..InitAttr::default() })?;
     }
-    let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
-    let mut sq: SendQueue<Chunk> = qp.send_queue()?;
-    for c in chunks {
-        rq.post(c, 0..o.size, 0)?;
-    }
+    let mut buffers = Buffers::post(&pd, &qp, o.rx_depth, o.size, "size")?;
     if o.events {
         cq.arm(false)?;
     }
 
+    let client = o.server.is_some();
+    let tcp_stream = || pingpong::tcp_stream(o.server.as_deref(), o.port, o.timeout);
     if o.handshake {
-        let me = handshake.endpoint()?;
-        print_address("local address: ", &me.qp_info());
-        let mut s = tcp_stream(o)?;
-        let conn = handshake.connect(&mut s)?;
-        print_address("remote address:", &conn.remote.qp_info());
+        pingpong::print_address("local address: ", &handshake.endpoint()?.qp_info());
+        let conn = handshake.connect(&mut tcp_stream()?)?;
+        pingpong::print_address("remote address:", &conn.remote.qp_info());
     } else {
-        let local = local_address(&ctx, &qp, o)?;
-        print_address("local address: ", &local.info);
-        exchange_rdma_core(&qp, o, &local)?;
+        let local = pingpong::local_address(&ctx, &qp, o.ib_port, o.gid_index)?;
+        pingpong::print_address("local address: ", &local.info);
+        pingpong::exchange(&mut tcp_stream()?, &local.info, client, |remote| connect_qp(&qp, o, &local, remote))?;
     }
 
     let inline = o.size <= qp.caps().max_inline_data as usize;
-    let mut messages = Messages::new(o);
-    let post_send =
-        |sq: &mut SendQueue<Chunk>, messages: &Messages, buf: Option<Chunk>, n: u64| -> Result<(), AnyError> {
-            let mut buf = buf.ok_or("the send buffer is still posted")?;
-            messages.fill(n, &mut buf[..o.size]);
-            let wr = SendWr::send(buf, 0..o.size);
-            sq.post(if inline { wr.inline() } else { wr })?;
-            Ok(())
-        };
-
-    let start = Instant::now();
-    let mut pending = RECV;
-    if o.server.is_some() {
-        post_send(&mut sq, &messages, send_buf.take(), 0)?;
-        pending |= SEND;
-    }
-    let (mut rcnt, mut scnt) = (0u64, 0u64);
-    let mut wcs = [WorkCompletion::EMPTY; 2];
-    let mut progress = Instant::now();
-    while rcnt < o.iters || scnt < o.iters {
-        if o.events {
-            cq.wait(Some(o.timeout))?;
-            cq.arm(false)?;
-        }
-        let n = cq.poll(&mut wcs)?.len();
-        if n == 0 {
-            if progress.elapsed() > o.timeout {
-                return Err(format!(
-                    "no completion for {:?} after {rcnt} messages in and {scnt} out: is the peer alive?",
-                    o.timeout
-                )
-                .into());
-            }
-            continue;
-        }
-        progress = Instant::now();
-        for wc in &mut wcs[..n] {
-            wc.ok()?;
-            if wc.opcode().is_recv() {
-                let done = rq.complete(wc)?;
-                messages.check(rcnt, done.byte_len, &done.buf[..o.size])?;
-                rq.post(done.buf, 0..o.size, 0)?;
-                rcnt += 1;
-                pending &= !RECV;
-            } else {
-                sq.complete(wc, |d| send_buf = Some(d.buf))?;
-                scnt += 1;
-                pending &= !SEND;
-            }
-            if scnt < o.iters && pending == 0 {
-                post_send(&mut sq, &messages, send_buf.take(), scnt)?;
-                pending = RECV | SEND;
-            }
-        }
-    }
-    let usec = start.elapsed().as_secs_f64() * 1e6;
-    let bytes = o.size as u64 * o.iters * 2;
-    println!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec);
-    println!("{} iters in {:.2} seconds = {:.2} usec/iter", o.iters, usec / 1e6, usec / o.iters as f64);
+    let rounds = Rounds { iters: o.iters, events: o.events, timeout: o.timeout, client, inline };
+    let elapsed = pingpong::ping_pong(&mut cq, &mut buffers, &rounds, &mut Messages::new(o))?;
+    pingpong::print_result(o.size, o.iters, elapsed);
     Ok(())
 }
 
@@ -505,15 +338,15 @@ mod tests {
             m.fill(3, &mut a);
             m.fill(4, &mut b);
             assert_ne!(a, b, "size {size}");
-            m.check(3, size as u32, &a).unwrap();
-            assert!(m.check(4, size as u32, &a).is_err());
-            assert!(m.check(3, size as u32 - 1, &a).is_err());
+            m.arrived(3, size as u32, &a).unwrap();
+            assert!(m.arrived(4, size as u32, &a).is_err());
+            assert!(m.arrived(3, size as u32 - 1, &a).is_err());
         }
         let mut c = Messages::new(&Options { size: 64, ..Options::default() });
-        c.check(0, 64, &[FILL; 64]).unwrap();
+        c.arrived(0, 64, &[FILL; 64]).unwrap();
         let mut off = [FILL; 64];
         off[9] = 0;
-        let e = c.check(0, 64, &off).unwrap_err().to_string();
+        let e = c.arrived(0, 64, &off).unwrap_err().to_string();
         assert!(e.contains("byte 9 is 0x00"), "{e}");
     }
 }

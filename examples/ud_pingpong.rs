@@ -41,45 +41,21 @@
 //! `scripts/multihost` runs it across two nodes against `ibv_ud_pingpong` in both roles
 //! and against itself.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[path = "common/pingpong.rs"]
+mod pingpong;
+use pingpong::{at_least_one, number, seconds, service_level, AnyError, Buffers, Local, Rounds, Traffic, FILL};
 
 use clap::Parser;
-use rdma_verbs::wire::pingpong;
 use rdma_verbs::{
-    AccessFlags, AddressHandle, AhAttr, AlignedBuf, Chunk, CompletionQueue, Context, Gid, InitAttr, ProtectionDomain,
-    QpType, QueuePair, RecvQueue, Remote, RemoteQpInfo, SendQueue, SendWr, WcFlags, WorkCompletion, DEFAULT_QKEY,
+    AddressHandle, AhAttr, Chunk, Context, Gid, InitAttr, ProtectionDomain, QpType, QueuePair, RemoteQpInfo, SendWr,
+    WcFlags, WorkCompletion, DEFAULT_QKEY,
 };
 
-/// What the C tool fills its buffer with: every message it sends is this byte.
-const FILL: u8 = 0x7b;
 /// The global route header that starts every UD receive.
 const GRH: usize = 40;
-/// Registered memory this example agrees to use: (rx-depth + 1) x (size + 40).
-const MAX_MEMORY: usize = 1 << 30;
-
-/// A number as strtoul(.., 0) reads it: decimal, or hex after `0x`.
-fn number<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
-    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => s.parse::<u64>(),
-    };
-    v.ok().and_then(|v| T::try_from(v).ok()).ok_or_else(|| format!("{s:?} is not a number in range"))
-}
-
-fn at_least_one<T: TryFrom<u64> + PartialEq + From<u8>>(s: &str) -> Result<T, String> {
-    let v = number::<T>(s)?;
-    if v == T::from(0) {
-        return Err("must be at least 1".into());
-    }
-    Ok(v)
-}
-
-fn service_level(s: &str) -> Result<u8, String> {
-    number::<u8>(s).and_then(|v| if v <= 15 { Ok(v) } else { Err("service levels are 0..=15".into()) })
-}
 
 #[derive(Parser, Debug)]
 #[command(name = "ud_pingpong", about = "UD ping-pong (rdma-core's ibv_ud_pingpong, on rdma-verbs)")]
@@ -112,44 +88,10 @@ struct Options {
     #[arg(short = 'g', long = "gid-idx", value_name = "INDEX", value_parser = number::<u32>)]
     gid_index: Option<u32>,
     /// Give up after this many seconds without progress.
-    #[arg(long, value_name = "SECS", default_value = "60", value_parser = number::<u64>)]
-    timeout: u64,
+    #[arg(long, value_name = "SECS", default_value = "60", value_parser = seconds)]
+    timeout: Duration,
     /// The server to connect to (none: be the server).
     server: Option<String>,
-}
-
-type AnyError = Box<dyn std::error::Error>;
-
-/// This side's address, as the exchange sends it, and the GID index it sends from.
-struct Local {
-    info: RemoteQpInfo,
-    sgid_index: u32,
-}
-
-fn local_address(ctx: &Context, qp: &QueuePair, o: &Options) -> Result<Local, AnyError> {
-    let port = ctx.query_port(o.ib_port)?;
-    if !port.is_ethernet() && port.lid == 0 {
-        return Err(format!("port {} has no LID (is the subnet manager running?)", o.ib_port).into());
-    }
-    let (sgid_index, gid) = match o.gid_index {
-        Some(i) => (i, ctx.query_gid(o.ib_port, i)?.gid),
-        None if port.is_ethernet() => {
-            let e = ctx.default_gid(o.ib_port)?;
-            (e.index, e.gid)
-        }
-        // Like the C tool without -g: no GID, addressed by LID.
-        None => (0, Gid::default()),
-    };
-    Ok(Local { info: RemoteQpInfo { qpn: qp.qp_num(), psn: qp.psn(), lid: port.lid, gid }, sgid_index })
-}
-
-fn print_address(label: &str, a: &RemoteQpInfo) {
-    println!("  {label} LID {:#06x}, QPN {:#08x}, PSN {:#08x}, GID {}", a.lid, a.qpn, a.psn, a.gid);
-}
-
-/// A GID with an interface ID (its last 8 bytes) is one to route by, as the C tool decides.
-fn has_interface_id(gid: &Gid) -> bool {
-    gid.0[8..] != [0; 8]
 }
 
 /// The address handle towards the peer: by its GID when it sent one, else by its LID.
@@ -159,53 +101,8 @@ fn peer_ah(
     local: &Local,
     remote: &RemoteQpInfo,
 ) -> Result<AddressHandle, AnyError> {
-    let remote_path =
-        if has_interface_id(&remote.gid) { Remote::gid(remote.gid, local.sgid_index) } else { Remote::lid(remote.lid) };
-    let attr = AhAttr { sl: o.sl, ..AhAttr::new(o.ib_port, remote_path) };
+    let attr = AhAttr { sl: o.sl, ..AhAttr::new(o.ib_port, pingpong::path_to(local, remote)) };
     Ok(AddressHandle::new(pd, &attr)?)
-}
-
-fn read_msg<const N: usize>(s: &mut TcpStream, what: &str) -> Result<[u8; N], AnyError> {
-    let mut buf = [0u8; N];
-    s.read_exact(&mut buf).map_err(|e| format!("{what}: {e}"))?;
-    Ok(buf)
-}
-
-fn tcp_stream(o: &Options) -> Result<TcpStream, AnyError> {
-    let s = match &o.server {
-        Some(host) => TcpStream::connect((host.as_str(), o.port))
-            .map_err(|e| format!("couldn't connect to {host}:{}: {e}", o.port))?,
-        None => {
-            let listener = TcpListener::bind(("0.0.0.0", o.port))
-                .map_err(|e| format!("couldn't listen on TCP port {}: {e}", o.port))?;
-            let (s, _) = listener.accept().map_err(|e| format!("accept failed: {e}"))?;
-            s
-        }
-    };
-    let timeout = Some(Duration::from_secs(o.timeout));
-    s.set_read_timeout(timeout)?;
-    s.set_write_timeout(timeout)?;
-    Ok(s)
-}
-
-/// rdma-core's exchange: the client's address, the server's, the client's "done".
-fn exchange(o: &Options, local: &Local) -> Result<RemoteQpInfo, AnyError> {
-    let mut s = tcp_stream(o)?;
-    let mine = pingpong::encode(&local.info)?;
-    if o.server.is_some() {
-        s.write_all(&mine)?;
-        let msg = read_msg::<{ pingpong::MSG_LEN }>(&mut s, "reading the server's address")?;
-        let remote = pingpong::decode(&msg).map_err(|e| format!("the server's address: {e}"))?;
-        s.write_all(&pingpong::DONE)?;
-        Ok(remote)
-    } else {
-        let msg = read_msg::<{ pingpong::MSG_LEN }>(&mut s, "reading the client's address")?;
-        let remote = pingpong::decode(&msg).map_err(|e| format!("the client's address: {e}"))?;
-        s.write_all(&mine)?;
-        let done = read_msg::<{ pingpong::DONE.len() }>(&mut s, "reading the client's \"done\"")?;
-        pingpong::check_done(&done).map_err(|e| format!("the client's last message: {e}"))?;
-        Ok(remote)
-    }
 }
 
 /// Whether the 40 bytes that precede a datagram name `gid` as its source. On RoCE v2 over
@@ -221,14 +118,21 @@ fn grh_source_is(grh: &[u8], gid: &Gid) -> bool {
     }
 }
 
-/// The check of every datagram that arrives, and what it saw.
-struct Arrivals<'a> {
+/// The datagrams to the peer through its address handle, the check of every datagram
+/// that arrives, and how many passed.
+struct Datagrams<'a> {
     size: usize,
     remote: &'a RemoteQpInfo,
+    ah: &'a AddressHandle,
     checked: u64,
 }
 
-impl Arrivals<'_> {
+impl Traffic for Datagrams<'_> {
+    /// What the C tool sends: its buffer as it is, all [`FILL`].
+    fn send_wr(&mut self, _: u64, buf: Chunk) -> SendWr<Chunk> {
+        SendWr::send_ud(buf, 0..self.size, self.ah, self.remote.qpn, DEFAULT_QKEY)
+    }
+
     /// Datagram `n`: its length, its source QP and GID, then its bytes.
     fn check(&mut self, n: u64, wc: &WorkCompletion, byte_len: u32, buf: &[u8]) -> Result<(), AnyError> {
         let (size, remote) = (self.size, self.remote);
@@ -244,7 +148,7 @@ impl Arrivals<'_> {
                 format!("datagram {n} came from QP {:#x}, not the peer's {:#x}", wc.src_qp(), remote.qpn).into()
             );
         }
-        if has_interface_id(&remote.gid) {
+        if pingpong::has_interface_id(&remote.gid) {
             if !wc.wc_flags().contains(WcFlags::GRH) {
                 return Err(
                     format!("datagram {n} came without a GRH, but the peer sends from GID {}", remote.gid).into()
@@ -262,10 +166,15 @@ impl Arrivals<'_> {
         self.checked += 1;
         Ok(())
     }
-}
 
-const RECV: u8 = 1;
-const SEND: u8 = 2;
+    fn stalled(&self, timeout: Duration, received: u64, sent: u64) -> AnyError {
+        format!(
+            "no completion for {timeout:?} after {received} datagrams in and {sent} out: is the peer alive? \
+             (a lost datagram stalls a UD ping-pong)"
+        )
+        .into()
+    }
+}
 
 fn run(o: &Options) -> Result<(), AnyError> {
     let ctx = Context::open(o.device.as_deref())?;
@@ -276,12 +185,7 @@ fn run(o: &Options) -> Result<(), AnyError> {
         );
     }
     let pd = ProtectionDomain::new(&ctx)?;
-    let cqe = o.rx_depth + 1;
-    let mut cq = if o.events {
-        CompletionQueue::builder(&ctx, cqe).with_channel().build()?
-    } else {
-        CompletionQueue::new(&ctx, cqe)?
-    };
+    let mut cq = pingpong::completion_queue(&ctx, o.rx_depth, o.events)?;
     let qp = QueuePair::builder(&pd, QpType::Ud, &cq, &cq)
         .max_send_wr(1)
         .max_recv_wr(o.rx_depth)
@@ -289,96 +193,27 @@ fn run(o: &Options) -> Result<(), AnyError> {
         .max_recv_sge(1)
         .build()?;
     qp.ready_ud(&InitAttr { port: o.ib_port, qkey: DEFAULT_QKEY, ..InitAttr::default() })?;
-
-    // One buffer per posted receive (a posted buffer belongs to the device until its
-    // completion), each with room for the GRH, and one to send from.
-    let chunk = o.size + GRH;
-    let total = (o.rx_depth as usize + 1)
-        .checked_mul(chunk)
-        .filter(|&t| t <= MAX_MEMORY)
-        .ok_or_else(|| format!("(rx-depth + 1) x (size + {GRH}) is above {MAX_MEMORY} bytes: lower -r or -s"))?;
-    let mut chunks = pd.register(AlignedBuf::new(total)?, AccessFlags::LOCAL_WRITE)?.into_chunks(chunk)?;
-    let mut send_buf: Option<Chunk> = chunks.pop();
-    if let Some(b) = send_buf.as_mut() {
-        b.fill(FILL);
-    }
-    let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
-    let mut sq: SendQueue<Chunk> = qp.send_queue()?;
-    for c in chunks {
-        rq.post(c, 0..chunk, 0)?;
-    }
+    // Each receive with room for the GRH.
+    let mut buffers = Buffers::post(&pd, &qp, o.rx_depth, o.size + GRH, &format!("(size + {GRH})"))?;
     if o.events {
         cq.arm(false)?;
     }
 
-    let local = local_address(&ctx, &qp, o)?;
-    print_address("local address: ", &local.info);
-    let remote = exchange(o, &local)?;
-    print_address("remote address:", &remote);
+    let client = o.server.is_some();
+    let local = pingpong::local_address(&ctx, &qp, o.ib_port, o.gid_index)?;
+    pingpong::print_address("local address: ", &local.info);
+    let mut s = pingpong::tcp_stream(o.server.as_deref(), o.port, o.timeout)?;
+    let remote = pingpong::exchange(&mut s, &local.info, client, |_| Ok(()))?;
     let ah = peer_ah(&pd, o, &local, &remote)?;
 
     let inline = o.size <= qp.caps().max_inline_data as usize;
-    let post_send = |sq: &mut SendQueue<Chunk>, buf: Option<Chunk>| -> Result<(), AnyError> {
-        let buf = buf.ok_or("the send buffer is still posted")?;
-        let wr = SendWr::send_ud(buf, 0..o.size, &ah, remote.qpn, DEFAULT_QKEY);
-        sq.post(if inline { wr.inline() } else { wr })?;
-        Ok(())
-    };
-
-    let timeout = Duration::from_secs(o.timeout);
-    let mut arrivals = Arrivals { size: o.size, remote: &remote, checked: 0 };
-    let start = Instant::now();
-    let mut pending = RECV;
-    if o.server.is_some() {
-        post_send(&mut sq, send_buf.take())?;
-        pending |= SEND;
-    }
-    let (mut rcnt, mut scnt) = (0u64, 0u64);
-    let mut wcs = [WorkCompletion::EMPTY; 2];
-    let mut progress = Instant::now();
-    while rcnt < o.iters || scnt < o.iters {
-        if o.events {
-            cq.wait(Some(timeout))?;
-            cq.arm(false)?;
-        }
-        let n = cq.poll(&mut wcs)?.len();
-        if n == 0 {
-            if progress.elapsed() > timeout {
-                return Err(format!(
-                    "no completion for {timeout:?} after {rcnt} datagrams in and {scnt} out: is the peer alive? \
-                     (a lost datagram stalls a UD ping-pong)"
-                )
-                .into());
-            }
-            continue;
-        }
-        progress = Instant::now();
-        for wc in &mut wcs[..n] {
-            wc.ok()?;
-            if wc.opcode().is_recv() {
-                let done = rq.complete(wc)?;
-                arrivals.check(rcnt, wc, done.byte_len, &done.buf[..chunk])?;
-                rq.post(done.buf, 0..chunk, 0)?;
-                rcnt += 1;
-                pending &= !RECV;
-            } else {
-                sq.complete(wc, |d| send_buf = Some(d.buf))?;
-                scnt += 1;
-                pending &= !SEND;
-            }
-            if scnt < o.iters && pending == 0 {
-                post_send(&mut sq, send_buf.take())?;
-                pending = RECV | SEND;
-            }
-        }
-    }
-    let usec = start.elapsed().as_secs_f64() * 1e6;
-    let bytes = o.size as u64 * o.iters * 2;
-    println!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec);
-    println!("{} iters in {:.2} seconds = {:.2} usec/iter", o.iters, usec / 1e6, usec / o.iters as f64);
+    let rounds = Rounds { iters: o.iters, events: o.events, timeout: o.timeout, client, inline };
+    let mut datagrams = Datagrams { size: o.size, remote: &remote, ah: &ah, checked: 0 };
+    let elapsed = pingpong::ping_pong(&mut cq, &mut buffers, &rounds, &mut datagrams)?;
+    pingpong::print_result(o.size, o.iters, elapsed);
     println!(
         "ud_pingpong: {} datagrams checked: {} bytes of {FILL:#04x} each, from QPN {:#08x} at GID {}",
-        arrivals.checked, o.size, remote.qpn, remote.gid
+        datagrams.checked, o.size, remote.qpn, remote.gid
     );
     Ok(())
 }

@@ -232,10 +232,10 @@ impl RtrAttr {
 /// per try), `retry_cnt` 6, `rnr_retry` 6, so a peer that stops answering fails the
 /// request with `RETRY_EXC_ERR` after 7 tries, about 0.47 s. Not 7 for either: an
 /// `rnr_retry` of 7 means "retry forever while the receiver has no receive posted", and
-/// rxe (and soft providers built like it) never counts a `retry_cnt` of 7 down, so there
-/// it means "retry forever while the peer is silent"; both turn a peer's fault into a
-/// silent hang. They are allowed but never the default. (perftest gives `retry_cnt` 7.) `max_rd_atomic` 16 is clamped to the device's
-/// `max_qp_init_rd_atom`.
+/// rxe never counts a `retry_cnt` of 7 down, so there it means "retry forever while the
+/// peer is silent"; both turn a peer's fault into a silent hang. They are allowed but
+/// never the default (perftest gives `retry_cnt` 7). `max_rd_atomic` 16 is clamped to the
+/// device's `max_qp_init_rd_atom`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RtsAttr {
     /// The first PSN this QP sends (24 bits): the peer's `rq_psn`, so [`QueuePair::psn`](crate::QueuePair::psn)

@@ -484,3 +484,18 @@ fn soak_for_20_s_checks_every_byte_and_balances_posts_completions_and_resources(
     }
     assert!(!summary.contains(" ops=0 "), "no operation ran: {summary}");
 }
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn soak_catches_one_flipped_bit_in_a_write_that_landed() {
+    let _leaks = LeakCheck::new();
+    // The checker's self-test: one bit of the first WRITE that lands is flipped before
+    // its check, and the run must fail on that, not pass.
+    let args = ["-d", &device_name(), "--minutes", "0.1", "--qps", "1", "--warmup-secs", "0", "--corrupt-one-write"]
+        .map(String::from);
+    let done = run("soak", &args);
+    assert!(!done.status.success(), "soak passed with a corrupted WRITE\n{}", done.report("soak"));
+    let summary = done.stdout.lines().last().unwrap_or_default();
+    assert!(summary.starts_with("soak: FAIL "), "no FAIL summary\n{}", done.report("soak"));
+    assert!(summary.contains(" checksum_errors=1 "), "one checksum error in {summary}");
+}

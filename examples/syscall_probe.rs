@@ -16,6 +16,8 @@
 //!   WAY  safe    SendQueue (RecvQueue for recv): each request built on every post, each
 //!                completion handed back with `complete`
 //!        prepared  PreparedQueue: requests prepared once, posted again every round
+//!        chain   ChainQueue: the K requests prepared as one chain (`prepare_chain`),
+//!                posted whole with `post` every round (sends only)
 //!        raw     post_send_raw (post_recv_raw for recv): C requests built once, only
 //!                the wr_id stamped per post; completions polled and counted
 //! syscall_probe send-batch N K           send-safe    (names scripts/syscalls uses)
@@ -45,7 +47,8 @@ use rdma_verbs::{
 };
 
 /// The phase's names, for the usage errors.
-const PHASES: &str = "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, raw; recv: safe, \
+const PHASES: &str =
+    "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, chain, raw; recv: safe, \
                       raw) | send-batch N K | prepared-send-batch N K";
 /// Receives pre-posted for the SEND phases, B's receive queue depth, and the most
 /// receives the `recv` phase posts.
@@ -70,6 +73,7 @@ enum Op {
 enum Way {
     Safe,
     Prepared,
+    Chain,
     Raw,
 }
 
@@ -122,6 +126,7 @@ fn parse(args: &Args) -> Result<Phase, String> {
     let way = match way {
         "safe" => Way::Safe,
         "prepared" => Way::Prepared,
+        "chain" => Way::Chain,
         "raw" => Way::Raw,
         _ => return Err(usage()),
     };
@@ -337,6 +342,22 @@ fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()>
 
 /// The raw way's requests: a chain of C send requests built once; each round stamps the
 /// `wr_id`s, posts the chain with `post_send_raw`, and counts the completions.
+/// The K requests prepared as one chain (a ChainQueue), posted whole each round.
+fn sends_chain(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
+    let mut pq = lo.a.chain_queue::<Chunk>()?;
+    let target = lo.target;
+    let chain = pq.prepare_chain(lo.srcs.drain(..k).map(|b| wr(op, b, target))).map_err(rdma_verbs::Error::from)?;
+    let mut chain = Some(chain);
+    for _ in 0..rounds {
+        pq.post(chain.take().ok_or("the chain did not come back")?).map_err(rdma_verbs::Error::from)?;
+        drain(&mut lo.cq_a, &mut lo.wcs, k, |wc| {
+            pq.complete(wc, |d| chain = Some(d.buf))?;
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
 struct RawSends {
     wrs: Box<[ffi::ibv_send_wr]>,
     _sges: Box<[ffi::ibv_sge]>,
@@ -471,6 +492,7 @@ fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
         Phase::Sends { op, way, n, k } => match way {
             Way::Safe => sends_safe(lo, op, WARMUP + n, k),
             Way::Prepared => sends_prepared(lo, op, WARMUP + n, k),
+            Way::Chain => sends_chain(lo, op, WARMUP + n, k),
             Way::Raw => sends_raw(lo, op, WARMUP + n, k),
         },
         Phase::Recvs { way: Way::Safe, n, k } => recvs_safe(lo, WARMUP + n, k),

@@ -119,7 +119,9 @@ pub use qp::{
     RtsAttr, SendOps, DEFAULT_MAX_WR, DEFAULT_QKEY, MAX_PSN,
 };
 pub use queue::{AsyncRecvQueue, AsyncSendQueue, Ticket, Tickets};
-pub use queue::{Prepared, PreparedQueue, RecvQueue, SendQueue, SendRequest, SrqQueue, MAX_BATCH};
+pub use queue::{
+    ChainQueue, Prepared, PreparedChain, PreparedQueue, RecvQueue, SendQueue, SendRequest, SrqQueue, MAX_BATCH,
+};
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use wc::{WcFlags, WorkCompletion};
 pub use wr::{Done, PostError, SendWr};

@@ -323,8 +323,12 @@ impl<T: SendBuf, R: Readiness, W: SendRequest> AsyncSendQueue<T, R, W> {
         if self.slots.room() == 0 {
             return Err(Refused::new(full(Verb::PostSend, self.slots.cap), wr));
         }
-        self.queue.post(wr)?;
-        Ok(self.slots.issue(1).next().expect("one ticket"))
+        let before = self.queue.posted();
+        let result = self.queue.post(wr);
+        // A chain the provider stopped inside is posted in part, and comes back.
+        let mut tickets = self.slots.issue((self.queue.posted() - before) as usize);
+        result?;
+        Ok(tickets.next().expect("one ticket"))
     }
 
     /// Posts up to [`MAX_BATCH`](crate::MAX_BATCH) requests with one provider call and

@@ -15,6 +15,7 @@ use crate::ffi;
 use crate::wc::WorkCompletion;
 
 mod awaited;
+mod chain;
 mod claim;
 mod prepared;
 mod recv;
@@ -24,6 +25,7 @@ mod send;
 mod tag;
 
 pub use awaited::{AsyncRecvQueue, AsyncSendQueue, Ticket, Tickets};
+pub use chain::{ChainQueue, PreparedChain};
 pub use prepared::{Prepared, PreparedQueue};
 pub use recv::{RecvQueue, SrqQueue};
 pub use request::SendRequest;
@@ -75,14 +77,20 @@ impl<W: Linked> Chain<W> {
     /// Appends `cur`, whose `next` is NULL.
     #[inline(always)]
     fn link(&mut self, cur: *mut W) {
+        self.link_span(cur, cur);
+    }
+
+    /// Appends the chain from `first` to `last` (linked, the last `next` NULL).
+    #[inline(always)]
+    fn link_span(&mut self, first: *mut W, last: *mut W) {
         if self.prev.is_null() {
-            self.first = cur;
+            self.first = first;
         } else {
             // SAFETY: `prev` is the C request linked just before this one (in a queue's
             // scratch space or a prepared request's heap block), which nothing moved since.
-            unsafe { (*self.prev).set_next(cur) };
+            unsafe { (*self.prev).set_next(first) };
         }
-        self.prev = cur;
+        self.prev = last;
     }
 
     /// Hands the chain of `n` requests to `post` (one provider call, given the head and

@@ -5,6 +5,7 @@ use std::mem::MaybeUninit;
 use std::ops::{DerefMut, Range};
 
 use super::request::{check_send, classic, zeroed_wr, End, Ext, SendLimits as Limits, SendRequest, Token};
+use super::tag::send_wr_id;
 use super::{SendQueue, Sges, NO_SGES};
 use crate::buf::SendBuf;
 use crate::error::{Error, Refused, Result, Verb};
@@ -42,7 +43,7 @@ unsafe impl<T: SendBuf> Send for Prepared<T> {}
 impl<T: SendBuf> Prepared<T> {
     /// Checks `wr` against `limits` (max SGEs, max inline bytes) and builds it.
     #[allow(clippy::result_large_err)] // the refused request comes back by value
-    fn build(wr: SendWr<T>, limits: Limits) -> Result<Self, Refused<SendWr<T>>> {
+    pub(super) fn build(wr: SendWr<T>, limits: Limits) -> Result<Self, Refused<SendWr<T>>> {
         let mut sges = NO_SGES;
         let n = match check_send(&limits, &wr, &mut sges) {
             Ok(n) => n,
@@ -70,20 +71,38 @@ impl<T: SendBuf> Prepared<T> {
         Ok(())
     }
 
-    fn raw(&mut self) -> &mut ffi::ibv_send_wr {
+    pub(super) fn raw(&mut self) -> &mut ffi::ibv_send_wr {
         &mut self.inner.raw
     }
 
     /// The C request, ready to post as `wr_id`: its SGE pointer taken afresh from this
     /// borrow of the block (so no pointer from an earlier borrow is used), its `next` NULL.
     #[inline(always)]
-    fn stamp(&mut self, wr_id: u64) -> *mut ffi::ibv_send_wr {
+    pub(super) fn stamp(&mut self, wr_id: u64) -> *mut ffi::ibv_send_wr {
         let inner = &mut *self.inner;
         let raw = &mut inner.raw;
         raw.wr_id = wr_id;
         raw.sg_list = inner.sges.as_mut_ptr().cast();
         raw.next = std::ptr::null_mut();
         raw
+    }
+
+    /// The C request as a chain's part: `wr_id` stamped, `next` NULL (the chain links
+    /// the next part); its SGE pointer, set when it was built, still points into its own
+    /// block, which does not move.
+    #[inline(always)]
+    pub(super) fn stamp_part(&mut self, wr_id: u64) -> *mut ffi::ibv_send_wr {
+        let raw = &mut self.inner.raw;
+        raw.wr_id = wr_id;
+        raw.next = std::ptr::null_mut();
+        raw
+    }
+
+    /// The limits key and protection domain it was checked against, and what its
+    /// completion says.
+    #[inline(always)]
+    pub(super) fn checked_for(&self) -> (u64, crate::buf::PdId, WcOpcode) {
+        (self.inner.key, self.inner.limits.pd, self.inner.wc_op)
     }
 
     /// The caller's identifier, handed back with the completion.
@@ -216,13 +235,15 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
     #[inline(always)]
     fn c_request(
         &mut self,
-        wr_id: u64,
+        tag: u64,
+        seq: u64,
         _sges: &mut Sges,
         _n: usize,
         _out: &mut ffi::ibv_send_wr,
         _: Token,
-    ) -> *mut ffi::ibv_send_wr {
-        self.stamp(wr_id)
+    ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr) {
+        let wr = self.stamp(send_wr_id(tag, seq));
+        (wr, wr)
     }
 
     /// Never: a prebuilt C request is what makes this path cheap, and the `ibv_wr_*`

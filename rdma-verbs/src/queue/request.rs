@@ -60,23 +60,58 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
     /// request of a `Prepared` one (to post again).
     type Back;
 
+    /// Whether a request of this kind may be a chain of several C requests posted as one
+    /// ([`width`](Self::width)). A chain sits in the ring slot of its last C request; the
+    /// slots of the others are marked as its members.
+    #[doc(hidden)]
+    const CHAIN: bool = false;
+
+    /// How many C requests it posts (1 unless [`CHAIN`](Self::CHAIN)).
+    #[doc(hidden)]
+    #[inline(always)]
+    fn width(&self) -> usize {
+        1
+    }
+
+    /// Marks `slot` as a member of a chain (a chain's C request other than its last).
+    #[doc(hidden)]
+    #[inline(always)]
+    fn mark_member(_slot: &mut std::mem::MaybeUninit<Self>, _: Token) {}
+
+    /// Whether `slot`, written by the ring (a request or a member mark), is a member mark.
+    #[doc(hidden)]
+    #[inline(always)]
+    fn is_member(_slot: &std::mem::MaybeUninit<Self>, _: Token) -> bool {
+        false
+    }
+
+    /// Splits a chain after its first `k` C requests (0 < k < width): `self` keeps
+    /// those, the rest comes back. Only called on a [`CHAIN`](Self::CHAIN) kind, when the
+    /// provider stopped inside a chain.
+    #[doc(hidden)]
+    fn split(&mut self, _k: usize, _: Token) -> Self {
+        unreachable!("a request of one C request is never split")
+    }
+
     /// Checks the request against the QP and writes its SGEs (if it builds them) into
     /// `sges`; returns how many.
     #[doc(hidden)]
     fn check(&self, limits: &SendLimits, key: u64, sges: &mut Sges, _: Token) -> Result<usize>;
 
-    /// The C request to post as `wr_id`, its `next` NULL: built into `out` (with the `n`
-    /// SGEs `check` wrote into `sges`, which must not move before the post), or the
-    /// request's own.
+    /// The C request(s) to post, the first as `send_wr_id(tag, seq)` and each next one
+    /// with the next sequence number, linked, the last `next` NULL: built into `out`
+    /// (with the `n` SGEs `check` wrote into `sges`, which must not move before the post),
+    /// or the request's own. Returns the first and the last.
     #[doc(hidden)]
     fn c_request(
         &mut self,
-        wr_id: u64,
+        tag: u64,
+        seq: u64,
         sges: &mut Sges,
         n: usize,
         out: &mut ffi::ibv_send_wr,
         _: Token,
-    ) -> *mut ffi::ibv_send_wr;
+    ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr);
 
     /// Whether the extended API of `ext` takes this checked request (`n` SGEs).
     #[doc(hidden)]
@@ -110,6 +145,17 @@ pub struct End {
     pub(crate) vendor_err: u32,
 }
 
+impl End {
+    /// An unsignaled request released by a later completion: a success of its own.
+    pub(super) const IMPLIED: End = End { status: WcStatus::Success, byte_len: 0, qp_num: 0, vendor_err: 0 };
+
+    /// How the request that `wc` completes ended, on QP `qp_num`.
+    #[inline(always)]
+    pub(super) fn of(wc: &crate::wc::WorkCompletion, qp_num: u32) -> End {
+        End { status: wc.status(), byte_len: wc.byte_len(), qp_num, vendor_err: wc.vendor_err() }
+    }
+}
+
 pub(super) const TOKEN: fn() -> Token = || Token;
 
 impl<T: SendBuf> sealed::Sealed for SendWr<T> {}
@@ -125,13 +171,15 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
     #[inline(always)]
     fn c_request(
         &mut self,
-        wr_id: u64,
+        tag: u64,
+        seq: u64,
         sges: &mut Sges,
         n: usize,
         out: &mut ffi::ibv_send_wr,
         _: Token,
-    ) -> *mut ffi::ibv_send_wr {
-        classic(self, wr_id, sges, n, out)
+    ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr) {
+        let wr: *mut ffi::ibv_send_wr = classic(self, super::tag::send_wr_id(tag, seq), sges, n, out);
+        (wr, wr)
     }
 
     #[inline]

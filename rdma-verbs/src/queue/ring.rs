@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 use super::not_ours;
 use super::tag::LOW_MASK;
 use crate::error::{Error, Refused, Result};
-use crate::wc::{WcStatus, WorkCompletion};
+use crate::wc::WorkCompletion;
 
 /// A ring of entries indexed by sequence number, for queues whose requests complete in
 /// order. Entries between `tail` and `head` are initialized (posted); an entry may be
@@ -121,30 +121,6 @@ impl<E> Ring<E> {
         self.batch_failed(b, rest)
     }
 
-    /// Ends a post of one staged entry: committed when the provider took it, else given
-    /// back with the reason.
-    #[inline]
-    pub(super) fn finish_one(&mut self, b: Batch<E>) -> Result<(), Refused<E>> {
-        if b.failure.is_none() && b.refused.is_none() {
-            self.commit(b.staged);
-            return Ok(());
-        }
-        self.one_failed(b)
-    }
-
-    #[cold]
-    #[inline(never)]
-    pub(super) fn one_failed(&mut self, b: Batch<E>) -> Result<(), Refused<E>> {
-        match b {
-            Batch { failure: Some(error), staged: 1, .. } => {
-                // SAFETY: the one entry was staged and not committed; it is read out once.
-                Err(Refused::new(*error, unsafe { self.unstage(0) }))
-            }
-            Batch { refused: Some(r), staged: 0, .. } => Err(*r),
-            _ => unreachable!("a post of one stages at most one entry, and fails once"),
-        }
-    }
-
     /// The failure path of [`finish_batch`](Self::finish_batch), out of line.
     #[cold]
     #[inline(never)]
@@ -178,15 +154,15 @@ impl<E> Ring<E> {
 
     /// Takes the send completion `wc` of the queue whose tag bits are `tag` on QP
     /// `qp_num`: hands the slot of each entry it finishes to `done`, which reads it out,
-    /// in posting order (the unsignaled ones before it as successes, then its own with its
-    /// status and length), and returns how many.
-    #[inline]
+    /// in posting order (the unsignaled ones before it, as successes with no completion of
+    /// their own: `None`, then its own with the completion), and returns how many.
+    #[inline(always)]
     pub(super) fn complete_sends(
         &mut self,
         wc: &mut WorkCompletion,
         tag: u64,
         qp_num: u32,
-        mut done: impl FnMut(&mut MaybeUninit<E>, WcStatus, u32, u32),
+        mut done: impl FnMut(&mut MaybeUninit<E>, Option<&WorkCompletion>),
     ) -> Result<usize> {
         // How far past the oldest outstanding request this one is (sequence numbers wrap
         // at 40 bits; at most a ring's worth is outstanding). Ours when the wr_id carries
@@ -199,9 +175,9 @@ impl<E> Ring<E> {
         }
         wc.consume();
         for _ in 0..ahead {
-            done(self.pop_slot(), WcStatus::Success, 0, 0);
+            done(self.pop_slot(), None);
         }
-        done(self.pop_slot(), wc.status(), wc.byte_len(), wc.vendor_err());
+        done(self.pop_slot(), Some(wc));
         Ok(ahead as usize + 1)
     }
 

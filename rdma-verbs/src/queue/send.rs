@@ -74,7 +74,8 @@ use crate::wr::{Done, SendWr};
 /// One [`SendQueue`] posts every kind of send request ([`SendRequest`]): [`SendWr`](crate::SendWr)s,
 /// checked and built into their C form at each post, or [`Prepared`](crate::Prepared) requests, checked and
 /// built once and posted again with only the `wr_id` stamped ([`PreparedQueue`](crate::PreparedQueue) says how,
-/// and why it is as sound). A post is a batch of one; a batch is one provider call.
+/// and why it is as sound), alone or linked into a chain posted and handed back whole. A
+/// post is a batch of one; a batch is one provider call.
 ///
 /// # The walk from post to completion
 ///
@@ -116,6 +117,10 @@ pub struct SendQueue<T: SendBuf, R: SendRequest = SendWr<T>> {
     tag: Tag,
     /// `tag.bits()`, the high bits of every `wr_id` this queue posts.
     tag_bits: u64,
+    /// How many requests (each whole, a chain counting once) were ever posted.
+    items: u64,
+    /// The first failed completion of a chain's member, reported when the chain finishes.
+    member_fail: Option<End>,
     claim: Claim<QpInner>,
     _buf: PhantomData<fn() -> T>,
 }
@@ -181,6 +186,19 @@ impl QueuePair {
         self.send_queue_of(depth)
     }
 
+    /// Takes the send side for [`PreparedChain`](super::PreparedChain)s, as deep (in C
+    /// requests) as the `max_send_wr` the QP was built with. Fails as
+    /// [`send_queue`](Self::send_queue) does.
+    pub fn chain_queue<T: SendBuf>(&self) -> Result<super::ChainQueue<T>> {
+        self.chain_queue_with_depth(self.inner.asked_depth.0)
+    }
+
+    /// Takes the send side for prepared chains with room for `depth` outstanding C
+    /// requests, as [`send_queue_with_depth`](Self::send_queue_with_depth) does.
+    pub fn chain_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<super::ChainQueue<T>> {
+        self.send_queue_of(depth)
+    }
+
     /// Claims the send side (one poster at a time, whatever it posts) and sets `depth`
     /// entries of the send CQ aside for it.
     fn send_queue_of<T: SendBuf, R: SendRequest>(&self, depth: u32) -> Result<SendQueue<T, R>> {
@@ -199,6 +217,8 @@ impl QueuePair {
             limits,
             ext: self.inner.qp_ex.map(|q| (q, self.inner.send_ops)),
             tag_bits: tag.bits(),
+            items: 0,
+            member_fail: None,
             tag,
             claim,
             _buf: PhantomData,
@@ -220,9 +240,9 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         self.ring.cap
     }
 
-    /// How many requests were ever posted.
+    /// How many requests were ever posted (a chain counts once).
     pub(super) fn posted(&self) -> u64 {
-        self.ring.head
+        self.items
     }
 
     /// This queue's share of its CQ.
@@ -248,7 +268,9 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     }
 
     /// Posts one request: one provider call (one doorbell), no allocation. On refusal
-    /// (by our checks or by the provider) the request comes back in the error.
+    /// (by our checks or by the provider) the request comes back in the error. (A
+    /// prepared chain the provider stopped inside: its unposted part comes back, and the
+    /// posted part with the completion of its last request.)
     // Always inlined: a tool's posting loop is large enough that the hint alone left this
     // an out-of-line call, ~10 instructions a post (scripts/per-message).
     #[inline(always)]
@@ -256,17 +278,29 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     pub fn post(&mut self, wr: R) -> Result<(), Refused<R>> {
         // A batch of one: the same two steps as post_batch, without an iterator (which
         // would move the request twice more on its way into the ring).
-        let room = self.ring.free().min(1);
+        let most = if R::CHAIN { MAX_BATCH } else { 1 };
+        let room = self.ring.free().min(most);
         let mut chain = Staging::new();
-        let refused = self.stage(0, room, 1, wr, &mut chain).err();
-        let batch = self.post_staged(usize::from(refused.is_none()), chain, refused);
-        self.ring.finish_one(batch)
+        let (n, refused) = match self.stage(0, room, most, wr, &mut chain) {
+            Ok(w) => (w, None),
+            Err(r) => (0, Some(r)),
+        };
+        let batch = self.post_staged(n, chain, refused);
+        if batch.failure.is_none() && batch.refused.is_none() {
+            self.ring.commit(n);
+            self.items += 1;
+            return Ok(());
+        }
+        let (error, mut unposted) = self.failed(batch, std::iter::empty());
+        let wr = unposted.pop().expect("a failed post of one request hands back it or its unposted part");
+        Err(Refused::new(error, wr))
     }
 
-    /// Posts up to [`MAX_BATCH`] requests with one provider call (one doorbell). Returns
-    /// how many were posted. When one is refused (by our checks or by the provider), the
-    /// ones before it are posted, and the error comes back with the requests that were
-    /// not posted, in order (that path allocates, the fast path does not).
+    /// Posts up to [`MAX_BATCH`] C requests with one provider call (one doorbell): that
+    /// many requests, or fewer when some are prepared chains. Returns how many requests
+    /// were posted. When one is refused (by our checks or by the provider), the ones
+    /// before it are posted, and the error comes back with the requests that were not
+    /// posted, in order (that path allocates, the fast path does not).
     #[inline]
     pub fn post_batch<I>(&mut self, wrs: I) -> Result<usize, Refused<Vec<R>>>
     where
@@ -275,10 +309,13 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let mut wrs = wrs.into_iter();
         let room = self.ring.free().min(MAX_BATCH);
         let mut chain = Staging::new();
-        let (mut n, mut refused) = (0, None);
+        let (mut n, mut items, mut refused) = (0, 0, None);
         for wr in wrs.by_ref() {
             match self.stage(n, room, MAX_BATCH, wr, &mut chain) {
-                Ok(()) => n += 1,
+                Ok(w) => {
+                    n += w;
+                    items += 1;
+                }
                 Err(r) => {
                     refused = Some(r);
                     break;
@@ -286,44 +323,67 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             }
         }
         let batch = self.post_staged(n, chain, refused);
-        self.ring.finish_batch(batch, wrs)
+        if batch.failure.is_none() && batch.refused.is_none() {
+            self.ring.commit(n);
+            self.items += items as u64;
+            return Ok(items);
+        }
+        let (error, unposted) = self.failed(batch, wrs);
+        Err(Refused::new(error, unposted))
     }
 
-    /// Step one of every post: checks `wr`, moves it into the ring `n` places past the
-    /// head, and (on a QP without the extended API) builds or stamps its C request and
-    /// appends it to `chain`. `room` is how many this post may stage, `most` the longest
-    /// post allowed.
+    /// Step one of every post: checks `wr`, moves it into the ring (into the slot of its
+    /// last C request, `n` places past the head for a request of one), and (on a QP
+    /// without the extended API, or for a chain) builds or stamps its C request(s) and
+    /// appends them to `chain`. `room` is how many C requests this post may stage, `most`
+    /// the longest post allowed. Returns how many C requests it staged.
     #[inline(always)]
-    fn stage(&mut self, n: usize, room: usize, most: usize, wr: R, chain: &mut Staging) -> Result<(), Box<Refused<R>>> {
+    fn stage(
+        &mut self,
+        n: usize,
+        room: usize,
+        most: usize,
+        wr: R,
+        chain: &mut Staging,
+    ) -> Result<usize, Box<Refused<R>>> {
         let SendQueue { ring, scratch, limits, key, ext, tag_bits, .. } = self;
-        if n == room {
-            let e = if n == most { batch_too_long() } else { queue_full(Verb::PostSend, ring.cap) };
+        let w = wr.width();
+        if n + w > room {
+            let e = if n + w > most { batch_too_long() } else { queue_full(Verb::PostSend, ring.cap) };
             return Err(refusal(e, wr));
         }
         let SendScratch { sges, raws, counts } = &mut **scratch;
         // Into the ring first, then checked there: the request is written once, where it
         // stays, and a refused one is read back out (the cold path).
-        let staged = ring.stage(n, wr);
+        let at = n + w - 1;
+        let staged = ring.stage(at, wr);
         let k = match staged.check(limits, *key, &mut sges[n], TOKEN()) {
             Ok(k) => k,
             // SAFETY: staged just above, neither committed nor taken back.
-            Err(e) => return Err(refusal(e, unsafe { ring.unstage(n) })),
+            Err(e) => return Err(refusal(e, unsafe { ring.unstage(at) })),
         };
-        if ext.is_none() {
-            let seq = send_wr_id(*tag_bits, ring.head + n as u64);
+        if ext.is_none() || R::CHAIN {
+            let seq = ring.head + n as u64;
             // SAFETY: staged above.
-            let cur = unsafe { ring.staged(n) }.c_request(seq, &mut sges[n], k, &mut raws[n], TOKEN());
-            chain.classic.link(cur);
+            let (first, last) =
+                unsafe { ring.staged(at) }.c_request(*tag_bits, seq, &mut sges[n], k, &mut raws[n], TOKEN());
+            chain.classic.link_span(first, last);
+            if R::CHAIN {
+                chain.all_ext = false;
+                for i in n..at {
+                    R::mark_member(ring.slot(ring.head + i as u64), TOKEN());
+                }
+            }
         } else {
             // SAFETY: staged above.
             let staged = unsafe { ring.staged(n) };
             chain.all_ext &= staged.ext_takes(*ext, k, TOKEN());
             counts[n] = k as u8;
         }
-        Ok(())
+        Ok(w)
     }
 
-    /// Step two of every post: hands the `n` staged requests to the provider in one call
+    /// Step two of every post: hands the `n` staged C requests to the provider in one call
     /// (the extended API's batch when it takes them all, else the chain of C requests).
     #[inline(always)]
     fn post_staged(&mut self, n: usize, mut chain: Staging, refused: Option<Box<Refused<R>>>) -> Batch<R> {
@@ -335,13 +395,15 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         } else if ext.is_some() && chain.all_ext {
             post_extended(ext, ring, tag, n, sges, counts)
         } else {
-            if ext.is_some() {
+            if ext.is_some() && !R::CHAIN {
                 // A batch the extended API does not take whole goes the classic way.
+                let head = ring.head;
                 for i in 0..n {
-                    let seq = send_wr_id(tag, ring.head + i as u64);
-                    // SAFETY: 0..n were staged by `stage`.
+                    // SAFETY: 0..n were staged by `stage` (one C request each).
                     let wr = unsafe { ring.staged(i) };
-                    chain.classic.link(wr.c_request(seq, &mut sges[i], usize::from(counts[i]), &mut raws[i], TOKEN()));
+                    let (first, last) =
+                        wr.c_request(tag, head + i as u64, &mut sges[i], usize::from(counts[i]), &mut raws[i], TOKEN());
+                    chain.classic.link_span(first, last);
                 }
             }
             // SAFETY: the chain holds valid C requests (linked by `stage` or above, the
@@ -353,15 +415,78 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         Batch { staged: n, posted, failure, refused }
     }
 
+    /// The failure path of every post: commits the C requests the provider took (a chain
+    /// it stopped inside is split: the posted part stays, to come back with its last
+    /// completion) and returns the error with every request not posted, in order: the
+    /// staged ones, the refused one, then `rest`.
+    #[cold]
+    #[inline(never)]
+    fn failed(&mut self, b: Batch<R>, rest: impl Iterator<Item = R>) -> (Error, Vec<R>) {
+        let Batch { staged: n, posted, failure, refused } = b;
+        let ring = &mut self.ring;
+        let head = ring.head;
+        let (mut unposted, mut items, mut start) = (Vec::new(), 0, 0);
+        for i in 0..n {
+            if R::is_member(ring.slot(head + i as u64), TOKEN()) {
+                continue;
+            }
+            // A request whose C requests are start..=i.
+            if i < posted {
+                items += 1;
+            } else if start >= posted {
+                // SAFETY: staged by `stage` and not committed; read out once.
+                unposted.push(unsafe { ring.unstage(i) });
+            } else {
+                // SAFETY: as above; the part the provider took is staged again, in the
+                // slot of its last posted C request (a member mark until now).
+                let mut whole = unsafe { ring.unstage(i) };
+                unposted.push(whole.split(posted - start, TOKEN()));
+                ring.stage(posted - 1, whole);
+                items += 1;
+            }
+            start = i + 1;
+        }
+        ring.commit(posted);
+        self.items += items;
+        let error = match (failure, refused) {
+            (Some(e), refused) => {
+                unposted.extend(refused.map(|r| r.into_value()));
+                *e
+            }
+            (None, Some(r)) => {
+                let Refused { error, value } = *r;
+                unposted.push(value);
+                error
+            }
+            (None, None) => unreachable!("a post fails with an error or a refusal"),
+        };
+        unposted.extend(rest);
+        (error, unposted)
+    }
+
     /// Takes a completion of this send queue and hands each finished request to `done`,
     /// in posting order: the unsignaled ones the completion implies, then its own.
     /// Returns how many finished. A completion that is not this queue's is an error.
     #[inline]
     pub fn complete(&mut self, wc: &mut WorkCompletion, mut done: impl FnMut(Done<R::Back>)) -> Result<usize> {
-        let qp_num = self.qp_num;
-        self.ring.complete_sends(wc, self.tag_bits, qp_num, |slot, status, byte_len, vendor_err| {
-            // SAFETY: the ring hands over each finished slot once, holding its request.
-            done(unsafe { R::finish(slot, End { status, byte_len, qp_num, vendor_err }, TOKEN()) })
+        let SendQueue { ring, tag_bits, qp_num, member_fail, .. } = self;
+        let qp_num = *qp_num;
+        ring.complete_sends(wc, *tag_bits, qp_num, |slot, wc| {
+            if R::CHAIN && R::is_member(slot, TOKEN()) {
+                // A chain comes back whole, with its last completion: a member's is kept
+                // only when it failed, to report the first failure.
+                if let Some(wc) = wc.filter(|wc| !wc.is_success() && member_fail.is_none()) {
+                    *member_fail = Some(End::of(wc, qp_num));
+                }
+                return;
+            }
+            let mut end = wc.map_or(End { qp_num, ..End::IMPLIED }, |wc| End::of(wc, qp_num));
+            if R::CHAIN && member_fail.is_some() {
+                end = End { byte_len: end.byte_len, ..member_fail.take().unwrap_or(end) };
+            }
+            // SAFETY: the ring hands over each finished slot once, holding its request
+            // (not a member mark: checked above for chains).
+            done(unsafe { R::finish(slot, end, TOKEN()) })
         })
     }
 }
@@ -422,7 +547,16 @@ fn post_extended<R: SendRequest>(
 impl<T: SendBuf, R: SendRequest> Drop for SendQueue<T, R> {
     fn drop(&mut self) {
         let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
-        bury(self.claim.owner.graveyard(), self.ring.take_all(), keep);
+        let mut all = Vec::with_capacity(self.ring.outstanding() as usize);
+        while self.ring.outstanding() > 0 {
+            let slot = self.ring.pop_slot();
+            if !R::is_member(slot, TOKEN()) {
+                // SAFETY: an outstanding slot that is not a member mark holds a request,
+                // read out once (the ring counts it gone).
+                all.push(unsafe { slot.assume_init_read() });
+            }
+        }
+        bury(self.claim.owner.graveyard(), all, keep);
     }
 }
 

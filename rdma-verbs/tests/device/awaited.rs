@@ -478,3 +478,45 @@ fn a_peer_killed_while_async_io_tasks_await_ends_every_await_with_an_error_withi
     let _leaks = LeakCheck::new();
     check_every_await_ended("async-io", async_io::block_on(survive_a_kill(this_test!(), AsyncCq::async_io)));
 }
+
+/// A prepared chain through an awaited queue: one ticket for the whole chain, handed back
+/// once, and the tickets after it still name their own requests.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn an_awaited_prepared_chain_takes_one_ticket_and_comes_back_whole_once() {
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    rt.block_on(async {
+        let (a, asq, _arq) = qp_with_own_cqs(&pd);
+        let (b, _bsq, brq) = qp_with_own_cqs(&pd);
+        let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
+        a.connect(&InitAttr::default(), &ib).unwrap();
+        b.connect(&InitAttr::default(), &ia).unwrap();
+        let pq = a.chain_queue::<Chunk>().unwrap();
+        let mut rq = AsyncRecvQueue::new(b.recv_queue().unwrap(), AsyncCq::tokio(brq).unwrap()).unwrap();
+        for (n, c) in chunks(&pd, 5, LEN, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
+            rq.post(c, 0..LEN, 100 + n as u64).unwrap();
+        }
+        let mut srcs = chunks(&pd, 5, LEN, AccessFlags::LOCAL_WRITE);
+        for (n, c) in srcs.iter_mut().enumerate() {
+            c.copy_from_slice(&message(n as u64));
+        }
+        let single = srcs.pop().unwrap();
+        let wrs = srcs.into_iter().enumerate().map(|(n, c)| SendWr::send(c, 0..LEN).id(n as u64));
+        let chain = pq.prepare_chain(wrs).unwrap();
+        let single = pq.prepare_chain([SendWr::send(single, 0..LEN).id(4)]).unwrap();
+        let mut sq = AsyncSendQueue::new(pq, AsyncCq::tokio(asq).unwrap()).unwrap();
+        let t_chain = sq.post(chain).unwrap();
+        let t_single = sq.post(single).unwrap();
+        let d = sq.wait(t_single).await.unwrap().result().unwrap();
+        assert_eq!((d.id, d.buf.len()), (4, 1));
+        let d = sq.wait(t_chain).await.unwrap().result().unwrap();
+        assert_eq!((d.id, d.op, d.buf.len()), (0, WcOpcode::Send, 4));
+        assert_eq!(sq.outstanding(), 0, "every ticket handed back");
+        for n in 0..5 {
+            check_received(rq.next().await.unwrap(), n);
+        }
+    });
+}

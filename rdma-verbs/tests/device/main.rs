@@ -22,6 +22,7 @@ mod aio;
 mod alloc;
 mod awaited;
 mod basics;
+mod chain;
 mod cm;
 mod cq;
 mod cq_budget;

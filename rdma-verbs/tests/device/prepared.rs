@@ -12,14 +12,18 @@ use crate::datapath::{chunks, poll_one, rc_pair, rc_pair_with, Side};
 use crate::LeakCheck;
 
 /// A side whose send side is claimed for prepared requests.
-struct PSide {
+pub struct PSide {
     cq: CompletionQueue,
-    pq: PreparedQueue<Chunk>,
+    pub pq: PreparedQueue<Chunk>,
     _rq: RecvQueue<Chunk>,
     qp: QueuePair,
 }
 
 /// Gives up a side's `SendQueue` (the claim passes on) and takes a `PreparedQueue`.
+pub fn prepared_side(side: Side<Chunk>) -> PSide {
+    prepared(side)
+}
+
 fn prepared(side: Side<Chunk>) -> PSide {
     let Side { cq, sq, rq, qp } = side;
     drop(sq);
@@ -44,7 +48,7 @@ pub fn read_back(t: &Target, offset: usize, len: usize) -> Vec<u8> {
 }
 
 /// Round `r`'s bytes for request `k`: differ between rounds and requests.
-fn bytes(r: u64, k: u64, len: usize) -> Vec<u8> {
+pub fn bytes(r: u64, k: u64, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u64).wrapping_mul(7).wrapping_add(r * 13 + k * 101) as u8).collect()
 }
 
@@ -54,7 +58,7 @@ fn prepare(pq: &PreparedQueue<Chunk>, wr: SendWr<Chunk>) -> Prepared<Chunk> {
 }
 
 #[track_caller]
-fn posted<X>(r: Result<(), Refused<X>>) {
+pub fn posted<X>(r: Result<(), Refused<X>>) {
     if let Err(Refused { error: e, .. }) = r {
         panic!("post refused: {e}");
     }

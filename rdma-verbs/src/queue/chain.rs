@@ -1,0 +1,248 @@
+//! Prepared chains: [`PreparedChain`], posted whole through a [`ChainQueue`] (documented
+//! there).
+
+use std::fmt;
+use std::mem::MaybeUninit;
+
+use super::prepared::Prepared;
+use super::request::{End, Ext, SendLimits, SendRequest, Token, TOKEN};
+use super::tag::send_wr_id;
+use super::{SendQueue, Sges, MAX_BATCH};
+use crate::buf::{PdId, SendBuf};
+use crate::error::{Error, Refused, Result, Verb};
+use crate::ffi;
+use crate::wr::{Done, SendWr};
+
+/// Prepared requests linked into one chain, posted whole with one provider call and
+/// handed back whole, once, by the completion of its last request: built by
+/// [`ChainQueue::prepare_chain`](SendQueue::prepare_chain), posted through a
+/// [`ChainQueue`].
+// One pointer: the ring tells a chain's member mark (a null) from a chain by it.
+#[repr(transparent)]
+pub struct PreparedChain<T: SendBuf> {
+    inner: Box<ChainInner<T>>,
+}
+
+struct ChainInner<T: SendBuf> {
+    /// 1 up to MAX_BATCH requests, in posting order.
+    parts: Vec<Prepared<T>>,
+    /// The limits key and protection domain every part was checked against.
+    key: u64,
+    pd: PdId,
+    /// A part was handed out by `get_mut` (and may have been changed or replaced): every
+    /// part is checked again at the next post.
+    changed: bool,
+}
+
+// SAFETY: it owns its parts, each Send (a prepared request); nothing is shared.
+unsafe impl<T: SendBuf> Send for PreparedChain<T> {}
+
+impl<T: SendBuf> PreparedChain<T> {
+    /// How many requests it posts (at least 1).
+    pub fn len(&self) -> usize {
+        self.inner.parts.len()
+    }
+
+    /// Never: a chain holds at least one request.
+    pub fn is_empty(&self) -> bool {
+        self.inner.parts.is_empty()
+    }
+
+    /// Request `i`, in posting order.
+    pub fn get(&self, i: usize) -> Option<&Prepared<T>> {
+        self.inner.parts.get(i)
+    }
+
+    /// Request `i`, to change it between posts ([`Prepared`]'s setters, its bytes), or to
+    /// put another prepared request in its place: every request is checked again at the
+    /// next post.
+    pub fn get_mut(&mut self, i: usize) -> Option<&mut Prepared<T>> {
+        self.inner.changed = true;
+        self.inner.parts.get_mut(i)
+    }
+
+    /// The requests apart, in posting order.
+    pub fn into_parts(self) -> Vec<Prepared<T>> {
+        self.inner.parts
+    }
+
+    /// A chain of `parts` (1 up to MAX_BATCH), checked against `key` and `pd`.
+    fn of(parts: Vec<Prepared<T>>) -> Self {
+        let (key, pd, _) = parts[0].checked_for();
+        PreparedChain { inner: Box::new(ChainInner { parts, key, pd, changed: false }) }
+    }
+}
+
+impl<T: SendBuf> fmt::Debug for PreparedChain<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedChain").field("parts", &self.inner.parts).finish()
+    }
+}
+
+/// The send side of a QP for [`PreparedChain`]s: one [`SendQueue`], posting chains.
+///
+/// A batch of fixed requests posted again and again (a bandwidth tool's window, a
+/// collective's fixed transfers) costs least as one chain: its requests are checked and
+/// built once ([`prepare_chain`](SendQueue::prepare_chain)), and each post stamps their
+/// `wr_id`s, links them and calls the provider once; the chain takes one ring slot (its
+/// last request's, the others marked as its members), and comes back whole, once, with
+/// the completion of its last request: the shape of a C program reposting a prebuilt
+/// list, with the checks and the ownership kept. Its [`Done`] names its first request
+/// (id, operation) and carries the first failure among its completions (a member the peer
+/// refused, not the flush after it), else its last completion's status.
+///
+/// Soundness is the send queue's ([`SendQueue`]): the chain owns its requests, is posted
+/// by value and stays in the ring until its last completion. A chain the provider stops
+/// inside (it refuses a request after taking some) is split: the part it took stays with
+/// the queue until its last completion, the rest comes back in the error, as a chain.
+///
+/// A single request posts as a chain of one; a [`PreparedQueue`](super::PreparedQueue)
+/// posts single prepared requests more cheaply.
+pub type ChainQueue<T> = SendQueue<T, PreparedChain<T>>;
+
+impl<T: SendBuf> SendQueue<T, PreparedChain<T>> {
+    /// Checks and builds `wrs` (1 up to [`MAX_BATCH`], and no more than this queue's
+    /// depth) as one chain. On refusal every work request comes back, in order.
+    #[allow(clippy::result_large_err)] // the refused requests come back by value
+    pub fn prepare_chain<I>(&self, wrs: I) -> Result<PreparedChain<T>, Refused<Vec<SendWr<T>>>>
+    where
+        I: IntoIterator<Item = SendWr<T>>,
+    {
+        let most = (self.depth() as usize).min(MAX_BATCH);
+        let mut wrs = wrs.into_iter();
+        let mut parts: Vec<Prepared<T>> = Vec::new();
+        let back = |parts: Vec<Prepared<T>>, wr, rest| {
+            parts.into_iter().map(Prepared::into_wr).chain([wr]).chain(rest).collect()
+        };
+        while let Some(wr) = wrs.next() {
+            if parts.len() == most {
+                let e = Error::invalid(
+                    Verb::PostSend,
+                    format!("a chain holds at most {most} requests (MAX_BATCH, and this queue's depth)"),
+                );
+                return Err(Refused::new(e, back(parts, wr, wrs)));
+            }
+            match Prepared::build(wr, *self.limits()) {
+                Ok(p) => parts.push(p),
+                Err(r) => {
+                    let (error, wr) = r.into_parts();
+                    return Err(Refused::new(error, back(parts, wr, wrs)));
+                }
+            }
+        }
+        if parts.is_empty() {
+            return Err(Refused::new(Error::invalid(Verb::PostSend, "a chain needs at least one request"), Vec::new()));
+        }
+        Ok(PreparedChain::of(parts))
+    }
+}
+
+impl<T: SendBuf> super::request::sealed::Sealed for PreparedChain<T> {}
+
+impl<T: SendBuf> SendRequest for PreparedChain<T> {
+    type Back = PreparedChain<T>;
+
+    const CHAIN: bool = true;
+
+    #[inline(always)]
+    fn width(&self) -> usize {
+        self.inner.parts.len()
+    }
+
+    #[inline(always)]
+    fn mark_member(slot: &mut MaybeUninit<Self>, _: Token) {
+        // SAFETY: the slot is uninitialized memory the size of a chain, which is one Box
+        // pointer (repr(transparent), a Sized target), never null: a null there is a
+        // mark, never a chain.
+        unsafe { slot.as_mut_ptr().cast::<*const ChainInner<T>>().write(std::ptr::null()) }
+    }
+
+    #[inline(always)]
+    fn is_member(slot: &MaybeUninit<Self>, _: Token) -> bool {
+        // SAFETY: the ring asks only of slots it wrote, with a chain or a mark: either way
+        // the pointer-sized word is initialized.
+        unsafe { slot.as_ptr().cast::<*const ChainInner<T>>().read().is_null() }
+    }
+
+    #[cold]
+    fn split(&mut self, k: usize, _: Token) -> Self {
+        PreparedChain::of(self.inner.parts.split_off(k))
+    }
+
+    /// Whether this QP takes every part: at once when they were checked against its
+    /// limits and domain and none was handed out since, else part by part.
+    #[inline(always)]
+    fn check(&self, limits: &SendLimits, key: u64, sges: &mut Sges, _: Token) -> Result<usize> {
+        let inner = &*self.inner;
+        if !inner.changed && inner.key == key && inner.pd == limits.pd {
+            return Ok(0);
+        }
+        check_parts(inner, limits, key, sges)
+    }
+
+    /// Stamps each part's `wr_id` and links the parts in order (at every post, so a part
+    /// changed or replaced since is linked too); returns the first and the last.
+    #[inline(always)]
+    fn c_request(
+        &mut self,
+        tag: u64,
+        seq: u64,
+        _sges: &mut Sges,
+        _n: usize,
+        _out: &mut ffi::ibv_send_wr,
+        _: Token,
+    ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr) {
+        let inner = &mut *self.inner;
+        inner.changed = false;
+        let mut parts = inner.parts.iter_mut();
+        let Some(head) = parts.next() else { unreachable!("a chain holds at least one request") };
+        let first = head.stamp_part(send_wr_id(tag, seq));
+        let mut last = first;
+        for (i, p) in parts.enumerate() {
+            let cur = p.stamp_part(send_wr_id(tag, seq + 1 + i as u64));
+            // SAFETY: `last` is the part stamped just before, in its own heap block, which
+            // nothing moved or borrowed since.
+            unsafe { (*last).next = cur };
+            last = cur;
+        }
+        (first, last)
+    }
+
+    /// Never: a prebuilt C request is what makes this path cheap.
+    #[inline]
+    fn ext_takes(&self, _ext: Ext, _n: usize, _: Token) -> bool {
+        false
+    }
+
+    #[inline]
+    unsafe fn extended(&self, _qpx: *mut ffi::ibv_qp_ex, _wr_id: u64, _sges: &Sges, _n: usize, _: Token) {
+        // Not reached: `ext_takes` is false.
+    }
+
+    #[inline(always)]
+    unsafe fn finish(slot: &mut MaybeUninit<Self>, end: End, _: Token) -> Done<PreparedChain<T>> {
+        // SAFETY: the caller's contract: `slot` holds a chain, read out here once.
+        let chain = unsafe { slot.assume_init_read() };
+        let head = &chain.inner.parts[0];
+        let (id, op) = (head.id(), head.checked_for().2);
+        Done {
+            id,
+            buf: chain,
+            status: end.status,
+            byte_len: end.byte_len,
+            op,
+            qp_num: end.qp_num,
+            vendor_err: end.vendor_err,
+        }
+    }
+}
+
+/// Checks every part of a chain against a QP (the cold path: a part was handed out, or
+/// the chain was built for another QP).
+#[cold]
+fn check_parts<T: SendBuf>(inner: &ChainInner<T>, limits: &SendLimits, key: u64, sges: &mut Sges) -> Result<usize> {
+    for p in &inner.parts {
+        p.check(limits, key, sges, TOKEN())?;
+    }
+    Ok(0)
+}

@@ -1,0 +1,185 @@
+//! Prepared chains (`ChainQueue`): requests checked and built once, linked, posted whole
+//! and handed back whole; every byte that arrives is compared with what was written.
+
+use rdma_verbs::{AccessFlags, Chunk, CompletionQueue, ProtectionDomain, QpAccess, QueuePair, Refused};
+use rdma_verbs::{ChainQueue, Done, PreparedChain, RecvQueue, RemoteMr, SendWr, WcOpcode, WcStatus};
+
+use crate::datapath::{chunks, poll_one, rc_pair, Side};
+use crate::prepared::{bytes, posted, read_back, target, Target};
+use crate::LeakCheck;
+
+const LEN: usize = 64;
+
+/// A side whose send side is claimed for chains.
+struct CSide {
+    cq: CompletionQueue,
+    cq_: ChainQueue<Chunk>,
+    _rq: RecvQueue<Chunk>,
+    _qp: QueuePair,
+}
+
+fn chained(side: Side<Chunk>, depth: u32) -> CSide {
+    let Side { cq, sq, rq, qp } = side;
+    drop(sq);
+    let cq_ = qp.chain_queue_with_depth::<Chunk>(depth).unwrap();
+    CSide { cq, cq_, _rq: rq, _qp: qp }
+}
+
+/// Polls until `n` chains have come back.
+fn back(s: &mut CSide, n: usize) -> Vec<Done<PreparedChain<Chunk>>> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let mut wc = poll_one(&mut s.cq);
+        s.cq_.complete(&mut wc, |d| out.push(d)).unwrap();
+    }
+    out
+}
+
+/// `n` WRITEs with ids 0..n: request `k` writes `LEN` bytes of its own chunk (round 0's
+/// bytes for `k`) to `k * LEN` of `t`.
+fn writes(pd: &ProtectionDomain, t: &Target, n: usize) -> Vec<SendWr<Chunk>> {
+    chunks(pd, n, LEN, AccessFlags::LOCAL_WRITE)
+        .into_iter()
+        .enumerate()
+        .map(|(k, mut c)| {
+            c.copy_from_slice(&bytes(0, k as u64, LEN));
+            SendWr::write(c, 0..LEN, t.remote().unwrap().slice((k * LEN) as u64..).unwrap()).id(k as u64)
+        })
+        .collect()
+}
+
+/// The caller's id of a work request, as its Debug form shows it.
+fn id_of(wr: &SendWr<Chunk>) -> u64 {
+    let text = format!("{wr:?}");
+    let at = text.find(" id: ").expect("a SendWr's Debug shows its id") + 5;
+    text[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn a_prepared_chain_of_32_writes_lands_every_requests_bytes_each_round_and_comes_back_whole_once() {
+    let _leaks = LeakCheck::new();
+    let (pd, a, _b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let mut a = chained(a, 64);
+    let mut t = target(&pd, 32 * LEN);
+    let mut chain = a.cq_.prepare_chain(writes(&pd, &t, 32)).unwrap();
+    assert_eq!(chain.len(), 32);
+    for r in 0..20u64 {
+        t.write_at(0, &[0u8; 32 * LEN]).unwrap();
+        // Requests 0 and 17 change their bytes every round (checked again, linked again).
+        for k in [0, 17] {
+            chain.get_mut(k).unwrap().bytes_mut()[..LEN].copy_from_slice(&bytes(r + 1, k as u64, LEN));
+        }
+        posted(a.cq_.post(chain));
+        assert_eq!(a.cq_.outstanding(), 32, "one post, 32 C requests outstanding");
+        // 32 signaled completions; the chain comes back with the last, once.
+        let (mut came, mut finished) = (Vec::new(), 0);
+        for _ in 0..32 {
+            let mut wc = poll_one(&mut a.cq);
+            finished += a.cq_.complete(&mut wc, |d| came.push(d)).unwrap();
+        }
+        assert_eq!((finished, came.len(), a.cq_.outstanding()), (32, 1, 0), "round {r}");
+        let d = came.pop().unwrap();
+        assert_eq!((d.id, d.status, d.op), (0, WcStatus::Success, WcOpcode::RdmaWrite), "round {r}");
+        for k in 0..32u64 {
+            let want = if k == 0 || k == 17 { bytes(r + 1, k, LEN) } else { bytes(0, k, LEN) };
+            assert_eq!(read_back(&t, k as usize * LEN, LEN), want, "round {r}: request {k}'s bytes");
+        }
+        chain = d.buf;
+    }
+    // Taken apart and chained again as 31 and 1, posted in one batch: one provider call.
+    let mut wrs: Vec<_> = chain.into_parts().into_iter().map(|p| p.into_wr()).collect();
+    let last = a.cq_.prepare_chain(wrs.split_off(31)).unwrap();
+    let head = a.cq_.prepare_chain(wrs).unwrap();
+    t.write_at(0, &[0u8; 32 * LEN]).unwrap();
+    assert_eq!(a.cq_.post_batch([head, last]).unwrap(), 2, "two chains, 32 C requests");
+    let came = back(&mut a, 2);
+    assert_eq!(came.iter().map(|d| (d.id, d.buf.len())).collect::<Vec<_>>(), [(0, 31), (31, 1)]);
+    assert_eq!(read_back(&t, 17 * LEN, LEN), bytes(20, 17, LEN), "request 17 kept its last bytes");
+    assert_eq!(read_back(&t, 31 * LEN, LEN), bytes(0, 31, LEN));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn a_chain_whose_middle_write_is_refused_by_the_peer_comes_back_once_with_that_first_failure() {
+    let _leaks = LeakCheck::new();
+    let (pd, a, _b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let mut a = chained(a, 64);
+    let t = target(&pd, 4 * LEN);
+    let good = t.remote().unwrap();
+    let bad = RemoteMr { rkey: good.rkey ^ 0x5a00, ..good };
+    let wrs = chunks(&pd, 4, LEN, AccessFlags::LOCAL_WRITE).into_iter().enumerate().map(|(k, mut c)| {
+        c.copy_from_slice(&bytes(0, k as u64, LEN));
+        let to = if k == 2 { bad } else { good.slice((k * LEN) as u64..).unwrap() };
+        SendWr::write(c, 0..LEN, to).id(10 + k as u64)
+    });
+    let chain = a.cq_.prepare_chain(wrs).unwrap();
+    posted(a.cq_.post(chain));
+    let (mut came, mut seen) = (Vec::new(), Vec::new());
+    while a.cq_.outstanding() > 0 {
+        let mut wc = poll_one(&mut a.cq);
+        seen.push(wc.status());
+        a.cq_.complete(&mut wc, |d| came.push(d)).unwrap();
+    }
+    assert_eq!(came.len(), 1, "the chain comes back once: {seen:?}");
+    let d = came.pop().unwrap();
+    assert_eq!(d.status, WcStatus::RemAccessErr, "the first failure, not the flush after it: {seen:?}");
+    assert_eq!((d.id, d.buf.len()), (10, 4));
+    let e = d.result().unwrap_err().into_parts().0.to_string();
+    assert!(e.contains("RDMA WRITE id 10"), "{e}");
+    assert_eq!(read_back(&t, 0, 2 * LEN), [bytes(0, 0, LEN), bytes(0, 1, LEN)].concat(), "the two before it landed");
+    assert_eq!(read_back(&t, 2 * LEN, 2 * LEN), vec![0; 2 * LEN], "the refused one and the flushed one did not");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn a_chain_is_refused_whole_before_c_when_empty_too_long_bad_full_or_for_another_pd() {
+    let _leaks = LeakCheck::new();
+    let (pd, a, b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let mut a = chained(a, 8);
+    let t = target(&pd, 4096);
+    let Refused { error: e, value } = a.cq_.prepare_chain(Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("at least one"), "{e}");
+    assert!(value.is_empty());
+    // Longer than the queue is deep: every request back, in order.
+    let Refused { error: e, value } = a.cq_.prepare_chain(writes(&pd, &t, 9)).unwrap_err();
+    assert!(e.to_string().contains("at most 8 requests"), "{e}");
+    assert_eq!(value.iter().map(id_of).collect::<Vec<_>>(), (0..9).collect::<Vec<_>>());
+    // One bad request (a range past its buffer): all back, in order.
+    let mut wrs = writes(&pd, &t, 4);
+    let c = chunks(&pd, 1, LEN, AccessFlags::LOCAL_WRITE).pop().unwrap();
+    wrs.insert(2, SendWr::write(c, 0..LEN + 1, t.remote().unwrap()).id(99));
+    let Refused { error: e, value } = a.cq_.prepare_chain(wrs).unwrap_err();
+    assert!(e.to_string().contains("outside a 64-byte buffer"), "{e}");
+    assert_eq!(value.iter().map(id_of).collect::<Vec<_>>(), [0, 1, 99, 2, 3]);
+    // Four chains of one outstanding on a queue 8 deep; a chain of 6 does not fit: back whole.
+    b.qp.reset().unwrap(); // nothing completes: they stay outstanding
+    let ones: Vec<_> = writes(&pd, &t, 4).into_iter().map(|w| a.cq_.prepare_chain([w]).unwrap()).collect();
+    assert_eq!(a.cq_.post_batch(ones).unwrap(), 4);
+    let six = a.cq_.prepare_chain(writes(&pd, &t, 6)).unwrap();
+    let Refused { error: e, value: six } = a.cq_.post(six).unwrap_err();
+    assert!(e.to_string().contains("full"), "{e}");
+    assert_eq!((six.len(), a.cq_.outstanding()), (6, 4));
+    // Built for a QP of another protection domain, or with a part from one put in its
+    // place: refused before C, back whole.
+    let (pd2, c, d) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let (c, d) = (chained(c, 64), crate::prepared::prepared_side(d));
+    let t2 = target(&pd2, 4096);
+    let foreign = c.cq_.prepare_chain(writes(&pd2, &t2, 3)).unwrap();
+    let Refused { error: e, value: foreign } = a.cq_.post(foreign).unwrap_err();
+    assert!(e.to_string().contains("another protection domain"), "{e}");
+    assert_eq!((foreign.len(), a.cq_.outstanding()), (3, 4));
+    let mut two = a.cq_.prepare_chain(writes(&pd, &t, 2)).unwrap();
+    let stranger = d.pq.prepare(writes(&pd2, &t2, 1).pop().unwrap()).unwrap();
+    let mine = std::mem::replace(two.get_mut(1).unwrap(), stranger);
+    let Refused { error: e, value: mut two } = a.cq_.post(two).unwrap_err();
+    assert!(e.to_string().contains("another protection domain"), "{e}");
+    assert_eq!((two.len(), a.cq_.outstanding()), (2, 4));
+    // Put back, it is taken again (the four before it still outstanding: 6 of 8).
+    let _stranger = std::mem::replace(two.get_mut(1).unwrap(), mine);
+    posted(a.cq_.post(two));
+    assert_eq!(a.cq_.outstanding(), 6);
+    // Dropped with six C requests outstanding: kept until the QP is gone (the leak check).
+    drop(a.cq_);
+    drop((c, d, foreign, six));
+}

@@ -37,6 +37,7 @@ impl QueuePair {
         let depth = self::depth(VERB, depth, self.inner.caps.max_recv_wr, "max_recv_wr")?;
         let claim = Claim::take(&self.inner, |q| &q.recv_claimed, "this QP's receive side")?;
         let room = CqReservation::take(&self.inner.recv_cq, depth.into(), VERB, "this receive queue")?;
+        let tag = Tag::reserve()?;
         Ok(RecvQueue {
             room: Some(room),
             ring: Ring::new(depth),
@@ -45,7 +46,8 @@ impl QueuePair {
             qp_num: self.qp_num(),
             max_sge: self.inner.caps.max_recv_sge,
             pd: PdId::of(self.pd()),
-            tag: Tag::reserve()?,
+            tag_bits: RECV_TAG | tag.bits(),
+            tag,
             claim,
         })
     }
@@ -81,10 +83,11 @@ fn too_many_recv_sges(n: usize, max_sge: u32) -> Error {
 
 // ---- receive side ---------------------------------------------------------------
 
-/// The `wr_id` of the receive with sequence number `seq` of the queue with `tag`.
-#[inline]
-fn recv_wr_id(tag: &Tag, seq: u64) -> u64 {
-    RECV_TAG | tag.bits() | (seq & LOW_MASK)
+/// The `wr_id` of the receive with sequence number `seq` of the queue whose receive tag
+/// bits (`RECV_TAG | tag.bits()`) are `tag`.
+#[inline(always)]
+fn recv_wr_id(tag: u64, seq: u64) -> u64 {
+    tag | (seq & LOW_MASK)
 }
 
 const EMPTY_RECV: ffi::ibv_recv_wr =
@@ -110,6 +113,8 @@ pub struct RecvQueue<T: Send + 'static> {
     max_sge: u32,
     pd: PdId,
     tag: Tag,
+    /// `RECV_TAG | tag.bits()`, the high bits of every `wr_id` this queue posts.
+    tag_bits: u64,
     claim: Claim<crate::qp::QpInner>,
 }
 
@@ -137,9 +142,9 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         self.qp_num
     }
 
-    #[inline]
+    #[inline(always)]
     fn wr_id(&self, seq: u64) -> u64 {
-        recv_wr_id(&self.tag, seq)
+        recv_wr_id(self.tag_bits, seq)
     }
 
     /// Posts a receive into `range` of `buf` (one provider call, no allocation, no
@@ -185,7 +190,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
                 refused = refuse(queue_full(Verb::PostRecv, self.ring.cap), (buf, id));
                 break;
             }
-            let wr_id = recv_wr_id(&self.tag, self.ring.head + n as u64);
+            let wr_id = recv_wr_id(self.tag_bits, self.ring.head + n as u64);
             match fill_recv(&buf, range, wr_id, (self.max_sge, self.pd), &mut sges[n], &mut raws[n]) {
                 Ok(wr) => {
                     chain.link(wr);

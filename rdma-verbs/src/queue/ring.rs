@@ -164,12 +164,20 @@ impl<E> Ring<E> {
         qp_num: u32,
         mut done: impl FnMut(&mut MaybeUninit<E>, Option<&WorkCompletion>),
     ) -> Result<usize> {
+        // The common case: the oldest outstanding request (every request signaled).
+        // Ours when the wr_id is this queue's tag with that sequence number, and the QP is
+        // this one: compared without a branch between them.
+        let (id, tail) = (wc.wr_id(), self.tail);
+        if (id == tag | (tail & LOW_MASK)) & (wc.qp_num() == qp_num) & (tail != self.head) {
+            wc.consume();
+            self.tail = tail + 1;
+            done(self.slot(tail), Some(wc));
+            return Ok(1);
+        }
         // How far past the oldest outstanding request this one is (sequence numbers wrap
         // at 40 bits; at most a ring's worth is outstanding). Ours when the wr_id carries
-        // this queue's tag (send side), the QP is this one, and it is outstanding: three
-        // tests without a branch between them.
-        let id = wc.wr_id();
-        let ahead = id.wrapping_sub(self.tail) & LOW_MASK;
+        // this queue's tag (send side), the QP is this one, and it is outstanding.
+        let ahead = id.wrapping_sub(tail) & LOW_MASK;
         if (id & !LOW_MASK != tag) | (wc.qp_num() != qp_num) | (ahead >= self.outstanding()) {
             return Err(not_ours("send", wc));
         }

@@ -475,8 +475,10 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             if R::CHAIN && R::is_member(slot, TOKEN()) {
                 // A chain comes back whole, with its last completion: a member's is kept
                 // only when it failed, to report the first failure.
-                if let Some(wc) = wc.filter(|wc| !wc.is_success() && member_fail.is_none()) {
-                    *member_fail = Some(End::of(wc, qp_num));
+                if let Some(wc) = wc {
+                    if !wc.is_success() {
+                        member_failed(member_fail, wc, qp_num);
+                    }
                 }
                 return;
             }
@@ -503,6 +505,13 @@ impl Staging {
     fn new() -> Self {
         Staging { classic: Chain::new(), all_ext: true }
     }
+}
+
+/// Keeps the first failed completion of a chain's members (the failure path only).
+#[cold]
+#[inline(never)]
+fn member_failed(first: &mut Option<End>, wc: &WorkCompletion, qp_num: u32) {
+    first.get_or_insert(End::of(wc, qp_num));
 }
 
 /// A refusal of one request, boxed (the failure path only).

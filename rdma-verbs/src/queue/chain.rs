@@ -5,7 +5,7 @@ use std::fmt;
 use std::mem::MaybeUninit;
 
 use super::prepared::Prepared;
-use super::request::{End, Ext, SendLimits, SendRequest, Token, TOKEN};
+use super::request::{End, SendLimits, SendRequest, Token, TOKEN};
 use super::tag::send_wr_id;
 use super::{SendQueue, Sges, MAX_BATCH};
 use crate::buf::{PdId, SendBuf};
@@ -206,17 +206,6 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
             last = cur;
         }
         (first, last)
-    }
-
-    /// Never: a prebuilt C request is what makes this path cheap.
-    #[inline]
-    fn ext_takes(&self, _ext: Ext, _n: usize, _: Token) -> bool {
-        false
-    }
-
-    #[inline]
-    unsafe fn extended(&self, _qpx: *mut ffi::ibv_qp_ex, _wr_id: u64, _sges: &Sges, _n: usize, _: Token) {
-        // Not reached: `ext_takes` is false.
     }
 
     #[inline(always)]

@@ -4,7 +4,7 @@ use std::fmt;
 use std::mem::MaybeUninit;
 use std::ops::{DerefMut, Range};
 
-use super::request::{check_send, classic, zeroed_wr, End, Ext, SendLimits as Limits, SendRequest, Token};
+use super::request::{check_send, classic, zeroed_wr, End, SendLimits as Limits, SendRequest, Token};
 use super::tag::send_wr_id;
 use super::{SendQueue, Sges, NO_SGES};
 use crate::buf::SendBuf;
@@ -244,19 +244,6 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
     ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr) {
         let wr = self.stamp(send_wr_id(tag, seq));
         (wr, wr)
-    }
-
-    /// Never: a prebuilt C request is what makes this path cheap, and the `ibv_wr_*`
-    /// calls build the request anew each time.
-    #[inline]
-    fn ext_takes(&self, _ext: Ext, _n: usize, _: Token) -> bool {
-        false
-    }
-
-    #[inline]
-    unsafe fn extended(&self, _qpx: *mut ffi::ibv_qp_ex, _wr_id: u64, _sges: &Sges, _n: usize, _: Token) {
-        // Not reached: `ext_takes` is false, so a batch with prepared requests is posted
-        // through their C requests.
     }
 
     #[inline(always)]

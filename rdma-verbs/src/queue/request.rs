@@ -113,17 +113,24 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
         _: Token,
     ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr);
 
-    /// Whether the extended API of `ext` takes this checked request (`n` SGEs).
+    /// Whether the extended API of `ext` takes this checked request (`n` SGEs). Never,
+    /// unless a kind says so: a prebuilt C request is what makes a prepared kind cheap,
+    /// and the `ibv_wr_*` calls build the request anew each time.
     #[doc(hidden)]
-    fn ext_takes(&self, ext: Ext, n: usize, _: Token) -> bool;
+    #[inline]
+    fn ext_takes(&self, _ext: Ext, _n: usize, _: Token) -> bool {
+        false
+    }
 
-    /// Adds this checked request to the open `ibv_wr_start` batch of `qpx`.
+    /// Adds this checked request to the open `ibv_wr_start` batch of `qpx` (not reached
+    /// for a kind whose [`ext_takes`](Self::ext_takes) is always false).
     ///
     /// # Safety
     /// `qpx` is the posting queue's extended QP, inside `ibv_wr_start`, and
     /// [`ext_takes`](Self::ext_takes) held; `sges[..n]` were written by `check`.
     #[doc(hidden)]
-    unsafe fn extended(&self, qpx: *mut ffi::ibv_qp_ex, wr_id: u64, sges: &Sges, n: usize, _: Token);
+    #[inline]
+    unsafe fn extended(&self, _qpx: *mut ffi::ibv_qp_ex, _wr_id: u64, _sges: &Sges, _n: usize, _: Token) {}
 
     /// The finished request, read out of its ring slot (no move of the whole request):
     /// what comes back, with how it ended.

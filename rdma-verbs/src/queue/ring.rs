@@ -136,18 +136,7 @@ impl<E> Ring<E> {
             unposted.push(unsafe { self.unstage(i) });
         }
         self.commit(posted);
-        let error = match (failure, refused) {
-            (Some(e), refused) => {
-                unposted.extend(refused.map(|r| r.into_value()));
-                *e
-            }
-            (None, Some(r)) => {
-                let Refused { error, value } = *r;
-                unposted.push(value);
-                error
-            }
-            (None, None) => unreachable!("handled above"),
-        };
+        let error = failure_of(failure, refused, &mut unposted);
         unposted.extend(rest);
         Err(Refused::new(error, unposted))
     }
@@ -209,6 +198,28 @@ pub(super) struct Batch<E> {
     pub(super) posted: usize,
     pub(super) failure: Option<Box<Error>>,
     pub(super) refused: Option<Box<Refused<E>>>,
+}
+
+/// The error of a failed post, the provider's (`failure`) outranking our refusal of the
+/// request that stopped the batch (`refused`), whose request joins `unposted`.
+#[cold]
+pub(super) fn failure_of<E>(
+    failure: Option<Box<Error>>,
+    refused: Option<Box<Refused<E>>>,
+    unposted: &mut Vec<E>,
+) -> Error {
+    match (failure, refused) {
+        (Some(e), refused) => {
+            unposted.extend(refused.map(|r| r.into_value()));
+            *e
+        }
+        (None, Some(r)) => {
+            let Refused { error, value } = *r;
+            unposted.push(value);
+            error
+        }
+        (None, None) => unreachable!("a post fails with an error or a refusal"),
+    }
 }
 
 /// A refusal of the batch's, boxed (out of line: the failure path only).

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 
 use super::claim::{bury, Claim, ClaimOwner};
 use super::request::{zeroed_wr, End, Ext, SendLimits, SendRequest, TOKEN};
-use super::ring::{Batch, Ring};
+use super::ring::{failure_of, Batch, Ring};
 use super::tag::{send_wr_id, Tag};
 use super::{batch_too_long, depth, queue_full, Chain, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{PdId, SendBuf};
@@ -448,18 +448,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         }
         ring.commit(posted);
         self.items += items;
-        let error = match (failure, refused) {
-            (Some(e), refused) => {
-                unposted.extend(refused.map(|r| r.into_value()));
-                *e
-            }
-            (None, Some(r)) => {
-                let Refused { error, value } = *r;
-                unposted.push(value);
-                error
-            }
-            (None, None) => unreachable!("a post fails with an error or a refusal"),
-        };
+        let error = failure_of(failure, refused, &mut unposted);
         unposted.extend(rest);
         (error, unposted)
     }

@@ -214,15 +214,7 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
         let chain = unsafe { slot.assume_init_read() };
         let head = &chain.inner.parts[0];
         let (id, op) = (head.id(), head.checked_for().2);
-        Done {
-            id,
-            buf: chain,
-            status: end.status,
-            byte_len: end.byte_len,
-            op,
-            qp_num: end.qp_num,
-            vendor_err: end.vendor_err,
-        }
+        end.done(id, op, chain)
     }
 }
 

@@ -252,15 +252,7 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
         // prepared request is one pointer).
         let p = unsafe { slot.assume_init_read() };
         let (id, op) = (p.inner.wr.id, p.inner.wc_op);
-        Done {
-            id,
-            buf: p,
-            status: end.status,
-            byte_len: end.byte_len,
-            op,
-            qp_num: end.qp_num,
-            vendor_err: end.vendor_err,
-        }
+        end.done(id, op, p)
     }
 }
 

@@ -11,7 +11,7 @@ use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::mr::RemoteMr;
 use crate::qp::SendOps;
-use crate::wc::WcStatus;
+use crate::wc::{WcOpcode, WcStatus};
 use crate::wr::{Done, Op, SendWr};
 
 /// What a QP's send side takes, as the safe path checks it before calling the provider.
@@ -156,6 +156,14 @@ impl End {
     /// An unsignaled request released by a later completion: a success of its own.
     pub(super) const IMPLIED: End = End { status: WcStatus::Success, byte_len: 0, qp_num: 0, vendor_err: 0 };
 
+    /// What comes back of a request: `buf`, with the caller's `id`, its operation `op`,
+    /// and how it ended.
+    #[inline(always)]
+    pub(super) fn done<B>(self, id: u64, op: WcOpcode, buf: B) -> Done<B> {
+        let End { status, byte_len, qp_num, vendor_err } = self;
+        Done { id, buf, status, byte_len, op, qp_num, vendor_err }
+    }
+
     /// How the request that `wc` completes ended, on QP `qp_num`.
     #[inline(always)]
     pub(super) fn of(wc: &crate::wc::WorkCompletion, qp_num: u32) -> End {
@@ -209,15 +217,7 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
         unsafe {
             let buf = std::ptr::read(&raw const (*wr).buf);
             std::ptr::drop_in_place(&raw mut (*wr).ah);
-            Done {
-                id: (*wr).id,
-                buf,
-                status: end.status,
-                byte_len: end.byte_len,
-                op: (*wr).op.codes().wc,
-                qp_num: end.qp_num,
-                vendor_err: end.vendor_err,
-            }
+            end.done((*wr).id, (*wr).op.codes().wc, buf)
         }
     }
 }

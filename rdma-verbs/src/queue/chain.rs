@@ -26,6 +26,12 @@ pub struct PreparedChain<T: SendBuf> {
 struct ChainInner<T: SendBuf> {
     /// 1 up to MAX_BATCH requests, in posting order.
     parts: Vec<Prepared<T>>,
+    /// Their C requests side by side, linked in order (the last `next` NULL), copied from
+    /// the parts when the chain is built and again after a part was handed out. Each SGE
+    /// pointer names its part's SGEs, in the part's own heap block, which does not move
+    /// while the chain holds it. Reached only through `as_mut_ptr`, which materializes no
+    /// reference to the elements, so the links stay valid from one post to the next.
+    raws: Vec<ffi::ibv_send_wr>,
     /// The limits key and protection domain every part was checked against.
     key: u64,
     pd: PdId,
@@ -69,7 +75,25 @@ impl<T: SendBuf> PreparedChain<T> {
     /// A chain of `parts` (1 up to MAX_BATCH), checked against `key` and `pd`.
     fn of(parts: Vec<Prepared<T>>) -> Self {
         let (key, pd, _) = parts[0].checked_for();
-        PreparedChain { inner: Box::new(ChainInner { parts, key, pd, changed: false }) }
+        let mut inner = ChainInner { parts, raws: Vec::new(), key, pd, changed: false };
+        inner.relink();
+        PreparedChain { inner: Box::new(inner) }
+    }
+}
+
+impl<T: SendBuf> ChainInner<T> {
+    /// Copies the parts' C requests side by side and links them in order.
+    #[cold]
+    fn relink(&mut self) {
+        self.raws.clear();
+        self.raws.extend(self.parts.iter_mut().map(Prepared::c_form));
+        let (n, base) = (self.raws.len(), self.raws.as_mut_ptr());
+        for i in 1..n {
+            // SAFETY: i - 1 and i are below the length of `raws`, which does not grow
+            // again before the next relink.
+            unsafe { (*base.add(i - 1)).next = base.add(i) };
+        }
+        self.changed = false;
     }
 }
 
@@ -166,7 +190,9 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
 
     #[cold]
     fn split(&mut self, k: usize, _: Token) -> Self {
-        PreparedChain::of(self.inner.parts.split_off(k))
+        let rest = PreparedChain::of(self.inner.parts.split_off(k));
+        self.inner.relink();
+        rest
     }
 
     /// Whether this QP takes every part: at once when they were checked against its
@@ -180,8 +206,9 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
         check_parts(inner, limits, key, sges)
     }
 
-    /// Stamps each part's `wr_id` and links the parts in order (at every post, so a part
-    /// changed or replaced since is linked too); returns the first and the last.
+    /// Stamps each part's `wr_id` in the side-by-side C requests (linked when the chain
+    /// was built, or again here after a part was handed out); returns the first and the
+    /// last.
     #[inline(always)]
     fn c_request(
         &mut self,
@@ -193,19 +220,17 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
         _: Token,
     ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr) {
         let inner = &mut *self.inner;
-        inner.changed = false;
-        let mut parts = inner.parts.iter_mut();
-        let Some(head) = parts.next() else { unreachable!("a chain holds at least one request") };
-        let first = head.stamp_part(send_wr_id(tag, seq));
-        let mut last = first;
-        for (i, p) in parts.enumerate() {
-            let cur = p.stamp_part(send_wr_id(tag, seq + 1 + i as u64));
-            // SAFETY: `last` is the part stamped just before, in its own heap block, which
-            // nothing moved or borrowed since.
-            unsafe { (*last).next = cur };
-            last = cur;
+        if inner.changed {
+            inner.relink();
         }
-        (first, last)
+        let (n, base) = (inner.raws.len(), inner.raws.as_mut_ptr());
+        for i in 0..n {
+            // SAFETY: i is below the length of `raws`; the element is written through the
+            // pointer alone, so the links into it stay valid.
+            unsafe { (*base.add(i)).wr_id = send_wr_id(tag, seq + i as u64) };
+        }
+        // SAFETY: a chain holds at least one request, so n - 1 is in bounds.
+        (base, unsafe { base.add(n - 1) })
     }
 
     #[inline(always)]

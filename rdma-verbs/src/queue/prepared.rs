@@ -87,13 +87,13 @@ impl<T: SendBuf> Prepared<T> {
         raw
     }
 
-    /// The C request as a chain's part: `wr_id` stamped, `next` NULL (the chain links
-    /// the next part); its SGE pointer, set when it was built, still points into its own
-    /// block, which does not move.
-    #[inline(always)]
-    pub(super) fn stamp_part(&mut self, wr_id: u64) -> *mut ffi::ibv_send_wr {
-        let raw = &mut self.inner.raw;
-        raw.wr_id = wr_id;
+    /// A copy of the C request, for a chain's side-by-side list: its SGE pointer taken
+    /// afresh from this borrow of the block (which does not move while the chain holds the
+    /// request), its `next` NULL.
+    pub(super) fn c_form(&mut self) -> ffi::ibv_send_wr {
+        let inner = &mut *self.inner;
+        let mut raw = inner.raw;
+        raw.sg_list = inner.sges.as_mut_ptr().cast();
         raw.next = std::ptr::null_mut();
         raw
     }

@@ -64,6 +64,17 @@ impl<E> Ring<E> {
         unsafe { self.slot(self.head + k as u64).assume_init_mut() }
     }
 
+    /// The slots from `from` up to `to` places past the head (`to - from` at most the
+    /// capacity), as two runs: the ring may wrap between them.
+    #[inline(always)]
+    pub(super) fn slots_past_head(&mut self, from: usize, to: usize) -> (&mut [MaybeUninit<E>], &mut [MaybeUninit<E>]) {
+        let start = ((self.head + from as u64) & self.mask) as usize;
+        let count = to - from;
+        let first = count.min(self.slots.len() - start);
+        let (before, after) = self.slots.split_at_mut(start);
+        (&mut after[..first], &mut before[..count - first])
+    }
+
     /// Takes back the entry staged `k` places past the head.
     ///
     /// # Safety

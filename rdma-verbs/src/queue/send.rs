@@ -370,8 +370,9 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             chain.classic.link_span(first, last);
             if R::CHAIN {
                 chain.all_ext = false;
-                for i in n..at {
-                    R::mark_member(ring.slot(ring.head + i as u64), TOKEN());
+                let (run, wrapped) = ring.slots_past_head(n, at);
+                for slot in run.iter_mut().chain(wrapped) {
+                    R::mark_member(slot, TOKEN());
                 }
             }
         } else {

@@ -87,6 +87,25 @@ fn a_prepared_chain_of_32_writes_lands_every_requests_bytes_each_round_and_comes
         }
         chain = d.buf;
     }
+    // Request 5 replaced by another prepared request (another chunk, the same target):
+    // the chain's C requests are copied and linked again, so the new one's bytes land.
+    let mut other = chunks(&pd, 1, LEN, AccessFlags::LOCAL_WRITE).pop().unwrap();
+    other.copy_from_slice(&bytes(99, 5, LEN));
+    let to = t.remote().unwrap().slice((5 * LEN) as u64..).unwrap();
+    let one = a.cq_.prepare_chain([SendWr::write(other, 0..LEN, to).id(5)]).unwrap();
+    let old = std::mem::replace(chain.get_mut(5).unwrap(), one.into_parts().pop().unwrap());
+    assert_eq!(old.id(), 5);
+    t.write_at(0, &[0u8; 32 * LEN]).unwrap();
+    posted(a.cq_.post(chain));
+    chain = back(&mut a, 1).pop().unwrap().result().unwrap().buf;
+    for k in 0..32u64 {
+        let want = match k {
+            5 => bytes(99, 5, LEN),
+            0 | 17 => bytes(20, k, LEN),
+            _ => bytes(0, k, LEN),
+        };
+        assert_eq!(read_back(&t, k as usize * LEN, LEN), want, "after the swap: request {k}'s bytes");
+    }
     // Taken apart and chained again as 31 and 1, posted in one batch: one provider call.
     let mut wrs: Vec<_> = chain.into_parts().into_iter().map(|p| p.into_wr()).collect();
     let last = a.cq_.prepare_chain(wrs.split_off(31)).unwrap();

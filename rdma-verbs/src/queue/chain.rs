@@ -107,11 +107,12 @@ impl<T: SendBuf> fmt::Debug for PreparedChain<T> {
 ///
 /// A batch of fixed requests posted again and again (a bandwidth tool's window, a
 /// collective's fixed transfers) costs least as one chain: its requests are checked and
-/// built once ([`prepare_chain`](SendQueue::prepare_chain)), and each post stamps their
-/// `wr_id`s, links them and calls the provider once; the chain takes one ring slot (its
-/// last request's, the others marked as its members), and comes back whole, once, with
-/// the completion of its last request: the shape of a C program reposting a prebuilt
-/// list, with the checks and the ownership kept. Its [`Done`] names its first request
+/// built once ([`prepare_chain`](SendQueue::prepare_chain)), their C requests kept side
+/// by side and linked once, and each post stamps their `wr_id`s and calls the provider
+/// once; the chain takes one ring slot (its last request's, the others marked as its
+/// members), and comes back whole, once, with the completion of its last request: the
+/// shape of a C program reposting a prebuilt list, with the checks and the ownership
+/// kept. Its [`Done`] names its first request
 /// (id, operation) and carries the first failure among its completions (a member the peer
 /// refused, not the flush after it), else its last completion's status.
 ///

@@ -15,7 +15,8 @@
 //!                them are the raw way's, the same code for both ways of receiving
 //!   WAY  safe    SendQueue (RecvQueue for recv): each request built on every post, each
 //!                completion handed back with `complete`
-//!        prepared  PreparedQueue: requests prepared once, posted again every round
+//!        prepared  PreparedQueue (PreparedRecvQueue for recv): requests prepared once,
+//!                posted again every round
 //!        chain   ChainQueue: the K requests prepared as one chain (`prepare_chain`),
 //!                posted whole with `post` every round (sends only)
 //!        raw     post_send_raw (post_recv_raw for recv): C requests built once, only
@@ -49,7 +50,7 @@ use rdma_verbs::{
 /// The phase's names, for the usage errors.
 const PHASES: &str =
     "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, chain, raw; recv: safe, \
-                      raw) | send-batch N K | prepared-send-batch N K";
+                      prepared, raw) | send-batch N K | prepared-send-batch N K";
 /// Receives pre-posted for the SEND phases, B's receive queue depth, and the most
 /// receives the `recv` phase posts.
 const RECV_DEPTH: usize = 8192;
@@ -140,7 +141,7 @@ fn parse(args: &Args) -> Result<Phase, String> {
             Err(format!("{name}: at most {RECV_DEPTH} sends in all ({WARMUP} warm-up rounds included)"))
         }
         "send" => Ok(Phase::Sends { op: Op::Send, way, n, k }),
-        "recv" if matches!(way, Way::Safe | Way::Raw) => Ok(Phase::Recvs { way, n, k }),
+        "recv" if matches!(way, Way::Safe | Way::Prepared | Way::Raw) => Ok(Phase::Recvs { way, n, k }),
         _ => Err(usage()),
     }
 }
@@ -440,6 +441,39 @@ fn recvs_safe(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
     Ok(())
 }
 
+/// PreparedRecvQueue: K receives prepared once (before the rounds), posted again every
+/// round (`post`, or `post_batch` for K > 1); the raw way's SENDs fill them, and
+/// `complete` hands each back.
+fn recvs_prepared(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
+    let mut rq = lo.b.prepared_recv_queue::<Chunk>()?;
+    let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
+    let mut ps = Vec::with_capacity(k);
+    for (i, b) in lo.dsts.drain(..k).enumerate() {
+        ps.push(rq.prepare(b, 0..LEN, i as u64).map_err(rdma_verbs::Error::from)?);
+    }
+    if k == 1 {
+        let mut p = ps.pop();
+        for _ in 0..rounds {
+            rq.post(p.take().ok_or("the receive did not come back")?).map_err(rdma_verbs::Error::from)?;
+            feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+            drain(&mut lo.cq_b, &mut lo.wcs, 1, |wc| {
+                p = Some(rq.complete(wc)?.buf);
+                Ok(())
+            })?;
+        }
+    } else {
+        for _ in 0..rounds {
+            rq.post_batch(ps.drain(..)).map_err(rdma_verbs::Error::from)?;
+            feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+            drain(&mut lo.cq_b, &mut lo.wcs, k, |wc| {
+                ps.push(rq.complete(wc)?.buf);
+                Ok(())
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// The raw API: a chain of K C receive requests built once, only the `wr_id`s stamped
 /// per post (`post_recv_raw`); the same SENDs fill them; completions polled and counted.
 fn recvs_raw(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
@@ -496,6 +530,7 @@ fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
             Way::Raw => sends_raw(lo, op, WARMUP + n, k),
         },
         Phase::Recvs { way: Way::Safe, n, k } => recvs_safe(lo, WARMUP + n, k),
+        Phase::Recvs { way: Way::Prepared, n, k } => recvs_prepared(lo, WARMUP + n, k),
         Phase::Recvs { n, k, .. } => recvs_raw(lo, WARMUP + n, k),
     }
 }

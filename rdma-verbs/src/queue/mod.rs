@@ -18,6 +18,7 @@ mod awaited;
 mod chain;
 mod claim;
 mod prepared;
+mod prepared_recv;
 mod recv;
 mod request;
 mod ring;
@@ -27,7 +28,8 @@ mod tag;
 pub use awaited::{AsyncRecvQueue, AsyncSendQueue, Ticket, Tickets};
 pub use chain::{ChainQueue, PreparedChain};
 pub use prepared::{Prepared, PreparedQueue};
-pub use recv::{RecvQueue, SrqQueue};
+pub use prepared_recv::{PreparedRecv, PreparedRecvQueue};
+pub use recv::{RecvQueue, RecvRequest, SrqQueue};
 pub use request::SendRequest;
 pub use send::SendQueue;
 

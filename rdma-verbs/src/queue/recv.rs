@@ -2,9 +2,12 @@
 //! [`SrqQueue`] (a shared receive queue's, completing in any order).
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::ops::Range;
 
 use super::claim::{bury, Claim, ClaimOwner};
+use super::request::sealed::Sealed;
+use super::request::{Token, TOKEN};
 use super::ring::{refuse, Batch, Ring};
 use super::tag::{ours, Tag, LOW_MASK, RECV_TAG, SLOT_BITS, TAG_SHIFT};
 use super::{depth, not_ours, queue_full, Chain, Sges, MAX_BATCH, NO_SGES};
@@ -30,6 +33,24 @@ impl QueuePair {
     /// Takes the receive side with room for `depth` posted receives (1 up to the QP's
     /// granted `max_recv_wr`), and sets `depth` entries of the receive CQ aside for them.
     pub fn recv_queue_with_depth<T: ExclusiveBuf>(&self, depth: u32) -> Result<RecvQueue<T>> {
+        self.recv_queue_of(depth)
+    }
+
+    /// Takes the receive side for [`PreparedRecv`](super::PreparedRecv)s, as deep as the
+    /// `max_recv_wr` the QP was built with. Fails as [`recv_queue`](Self::recv_queue) does.
+    pub fn prepared_recv_queue<T: ExclusiveBuf>(&self) -> Result<super::PreparedRecvQueue<T>> {
+        self.prepared_recv_queue_with_depth(self.inner.asked_depth.1.max(1))
+    }
+
+    /// Takes the receive side for prepared receives with room for `depth` of them, as
+    /// [`recv_queue_with_depth`](Self::recv_queue_with_depth) does.
+    pub fn prepared_recv_queue_with_depth<T: ExclusiveBuf>(&self, depth: u32) -> Result<super::PreparedRecvQueue<T>> {
+        self.recv_queue_of(depth)
+    }
+
+    /// Claims the receive side (one poster at a time, whatever it posts) and sets `depth`
+    /// entries of the receive CQ aside for it.
+    fn recv_queue_of<T: ExclusiveBuf, R: RecvRequest>(&self, depth: u32) -> Result<RecvQueue<T, R>> {
         const VERB: Verb = Verb::Claim;
         if self.has_srq() {
             return Err(Error::invalid(VERB, "this QP receives through its SRQ"));
@@ -49,6 +70,7 @@ impl QueuePair {
             tag_bits: RECV_TAG | tag.bits(),
             tag,
             claim,
+            _buf: PhantomData,
         })
     }
 }
@@ -56,7 +78,7 @@ impl QueuePair {
 /// Builds the C receive work request for `range` of `buf` into `out` (its `next` NULL),
 /// its SGEs into `sges`, in place; returns it.
 #[inline(always)]
-fn fill_recv<'o, T: ExclusiveBuf>(
+pub(super) fn fill_recv<'o, T: ExclusiveBuf>(
     buf: &T,
     range: Range<usize>,
     wr_id: u64,
@@ -86,42 +108,74 @@ fn too_many_recv_sges(n: usize, max_sge: u32) -> Error {
 /// The `wr_id` of the receive with sequence number `seq` of the queue whose receive tag
 /// bits (`RECV_TAG | tag.bits()`) are `tag`.
 #[inline(always)]
-fn recv_wr_id(tag: u64, seq: u64) -> u64 {
+pub(super) fn recv_wr_id(tag: u64, seq: u64) -> u64 {
     tag | (seq & LOW_MASK)
 }
 
-const EMPTY_RECV: ffi::ibv_recv_wr =
+pub(super) const EMPTY_RECV: ffi::ibv_recv_wr =
     ffi::ibv_recv_wr { wr_id: 0, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
 
 /// Scratch space of a receive queue's batches, kept with it (16 KiB would cost every
 /// post stack probes and cold pages); nothing in it outlives a post.
-struct RecvScratch {
+pub(super) struct RecvScratch {
     sges: [Sges; MAX_BATCH],
     raws: [ffi::ibv_recv_wr; MAX_BATCH],
 }
 
+/// What a [`RecvQueue`] keeps of each posted receive, and hands back with its
+/// completion: `(buffer, your id)` for a receive posted with [`RecvQueue::post`] (checked
+/// and built at each post, the default), or a [`PreparedRecv`](super::PreparedRecv)
+/// (checked and built once, posted again). Sealed.
+pub trait RecvRequest: Sealed + Sized + Send + 'static {
+    /// What a completion hands back in [`Done::buf`]: the buffer, or the whole prepared
+    /// receive (to post again).
+    type Back;
+
+    /// What comes back of it, with how it ended (`wc`, taken by the queue).
+    #[doc(hidden)]
+    fn finish(self, wc: &WorkCompletion, _: Token) -> Done<Self::Back>;
+}
+
+impl<T: ExclusiveBuf> Sealed for (T, u64) {}
+
+impl<T: ExclusiveBuf> RecvRequest for (T, u64) {
+    type Back = T;
+
+    #[inline(always)]
+    fn finish(self, wc: &WorkCompletion, _: Token) -> Done<T> {
+        Done::received(self.1, self.0, wc)
+    }
+}
+
 /// The receive side of a QP, owning the buffers it has posted. Why that is sound is
 /// documented on [`SendQueue`](crate::SendQueue).
-pub struct RecvQueue<T: Send + 'static> {
-    ring: Ring<(T, u64)>,
+///
+/// `R` is what it keeps of a posted receive: the buffer and your id, for receives built
+/// at each post ([`post`](RecvQueue::post), the default), or
+/// [`PreparedRecv`](super::PreparedRecv)s, built once
+/// ([`PreparedRecvQueue`](super::PreparedRecvQueue)). Either way the receive stays in the
+/// queue's ring until its completion hands it back.
+pub struct RecvQueue<T: Send + 'static, R: RecvRequest = (T, u64)> {
+    ring: Ring<R>,
     /// Where a batch's C requests and SGEs are built (as the send queue's).
     scratch: Box<RecvScratch>,
     /// This queue's share of the receive CQ (buried with what is still posted).
     room: Option<CqReservation>,
-    raw: *mut ffi::ibv_qp,
+    pub(super) raw: *mut ffi::ibv_qp,
     qp_num: u32,
-    max_sge: u32,
-    pd: PdId,
+    pub(super) max_sge: u32,
+    pub(super) pd: PdId,
     tag: Tag,
     /// `RECV_TAG | tag.bits()`, the high bits of every `wr_id` this queue posts.
     tag_bits: u64,
     claim: Claim<crate::qp::QpInner>,
+    _buf: PhantomData<fn() -> T>,
 }
 
-// SAFETY: as for SendQueue, with the thread-safe ibv_post_recv.
-unsafe impl<T: Send + 'static> Send for RecvQueue<T> {}
+// SAFETY: as for SendQueue, with the thread-safe ibv_post_recv; what it keeps is Send.
+unsafe impl<T: Send + 'static, R: RecvRequest> Send for RecvQueue<T, R> {}
 
-impl<T: ExclusiveBuf> RecvQueue<T> {
+impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
     /// How many receives may be outstanding.
     pub(super) fn depth(&self) -> u64 {
         self.ring.cap
@@ -143,10 +197,39 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     }
 
     #[inline(always)]
-    fn wr_id(&self, seq: u64) -> u64 {
+    pub(super) fn wr_id(&self, seq: u64) -> u64 {
         recv_wr_id(self.tag_bits, seq)
     }
 
+    /// The ring and the scratch space, for a kind's post, with the `wr_id` tag bits.
+    #[inline(always)]
+    pub(super) fn parts(&mut self) -> (&mut Ring<R>, &mut RecvScratch, u64) {
+        (&mut self.ring, &mut self.scratch, self.tag_bits)
+    }
+
+    /// The sequence number of the next receive posted.
+    #[inline(always)]
+    pub(super) fn ring_head(&self) -> u64 {
+        self.ring.head
+    }
+
+    /// Takes a completion of this receive queue and returns the finished receive with
+    /// its buffer (or the prepared receive). Receives complete in posting order; anything
+    /// else is refused.
+    #[inline(always)]
+    pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<R::Back>> {
+        // Ours when it is the oldest outstanding receive of this queue on this QP.
+        let expected = self.wr_id(self.ring.tail);
+        if (wc.wr_id() != expected) | (wc.qp_num() != self.qp_num) | (self.ring.outstanding() == 0) {
+            return Err(not_ours("receive", wc));
+        }
+        let r = self.ring.pop();
+        wc.consume();
+        Ok(r.finish(wc, TOKEN()))
+    }
+}
+
+impl<T: ExclusiveBuf> RecvQueue<T> {
     /// Posts a receive into `range` of `buf` (one provider call, no allocation, no
     /// syscall). On refusal the buffer comes back in the error.
     // Always inlined, as the send queue's `post`: a call costs more than the rest of it.
@@ -211,30 +294,16 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
             .finish_batch(batch, recvs.map(|(buf, _, id)| (buf, id)))
             .map_err(|r| r.map(|v| v.into_iter().map(|(buf, _)| buf).collect()))
     }
-
-    /// Takes a completion of this receive queue and returns the finished receive with
-    /// its buffer. Receives complete in posting order; anything else is refused.
-    #[inline(always)]
-    pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<T>> {
-        // Ours when it is the oldest outstanding receive of this queue on this QP.
-        let expected = self.wr_id(self.ring.tail);
-        if (wc.wr_id() != expected) | (wc.qp_num() != self.qp_num) | (self.ring.outstanding() == 0) {
-            return Err(not_ours("receive", wc));
-        }
-        let (buf, id) = self.ring.pop();
-        wc.consume();
-        Ok(Done::received(id, buf, wc))
-    }
 }
 
-impl<T: Send + 'static> Drop for RecvQueue<T> {
+impl<T: Send + 'static, R: RecvRequest> Drop for RecvQueue<T, R> {
     fn drop(&mut self) {
         let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
         bury(self.claim.owner.graveyard(), self.ring.take_all(), keep);
     }
 }
 
-impl<T: Send + 'static> fmt::Debug for RecvQueue<T> {
+impl<T: Send + 'static, R: RecvRequest> fmt::Debug for RecvQueue<T, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RecvQueue")
             .field("qp_num", &self.qp_num)

@@ -36,6 +36,7 @@ mod events;
 mod faults;
 mod mr;
 mod prepared;
+mod prepared_recv;
 mod qp;
 mod tools;
 

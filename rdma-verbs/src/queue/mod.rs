@@ -3,9 +3,10 @@
 //! Why it is sound, and the walk from post to completion, are documented on
 //! [`SendQueue`] (public, where a user reads them). Inside: `send` holds the one send
 //! core, `request` what it posts ([`SendRequest`]), `prepared` the prepared requests,
-//! `recv` the receive queues, `ring` the in-order ring with its one failure path, `tag`
-//! the `wr_id`s, `claim` one owner per side and the graveyard; [`Chain`] here is the one
-//! chain builder.
+//! `chain` prepared chains, `recv` the receive queues (one receive core, generic over
+//! what it keeps: [`RecvRequest`]), `prepared_recv` prepared receives, `ring` the
+//! in-order ring with its one failure path, `tag` the `wr_id`s, `claim` one owner per
+//! side and the graveyard; [`Chain`] here is the one chain builder.
 
 use std::mem::MaybeUninit;
 

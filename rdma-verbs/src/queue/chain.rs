@@ -123,6 +123,10 @@ impl<T: SendBuf> fmt::Debug for PreparedChain<T> {
 ///
 /// A single request posts as a chain of one; a [`PreparedQueue`](super::PreparedQueue)
 /// posts single prepared requests more cheaply.
+///
+/// A chain of SENDs into prepared receives, posted again each round:
+///
+#[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/prepared.rs")), "```")]
 pub type ChainQueue<T> = SendQueue<T, PreparedChain<T>>;
 
 impl<T: SendBuf> SendQueue<T, PreparedChain<T>> {

@@ -148,6 +148,10 @@ impl<T: ExclusiveBuf> RecvRequest for PreparedRecv<T> {
 ///
 /// It is a [`RecvQueue`] (one machine, whatever it keeps): it claims the receive side (a
 /// QP has one at a time) with the same CQ share, and completes the same way.
+///
+/// A chain of SENDs into prepared receives, posted again each round:
+///
+#[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/prepared.rs")), "```")]
 pub type PreparedRecvQueue<T> = RecvQueue<T, PreparedRecv<T>>;
 
 impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecv<T>> {

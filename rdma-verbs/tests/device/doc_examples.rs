@@ -12,6 +12,7 @@
 //! | `doc/async_cq.rs` | `AsyncCq` |
 //! | `doc/awaited.rs` | `AsyncSendQueue` |
 //! | `doc/async_cm.rs` | `AsyncCmId` |
+//! | `doc/prepared.rs` | `ChainQueue`, `PreparedRecvQueue` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -119,5 +120,16 @@ mod async_cm {
     #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
     fn the_async_cm_id_example_accepts_in_a_loop_and_connects_two_clients_on_tokio() {
         crate::cm::isolated(this_test!(), || super::run(main));
+    }
+}
+
+mod prepared {
+    include!("doc/prepared.rs");
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_prepared_example_sends_a_chain_into_prepared_receives_and_posts_both_again_each_round() {
+        let _leaks = super::LeakCheck::new();
+        super::run(main);
     }
 }

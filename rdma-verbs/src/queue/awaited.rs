@@ -323,10 +323,16 @@ impl<T: SendBuf, R: Readiness, W: SendRequest> AsyncSendQueue<T, R, W> {
         if self.slots.room() == 0 {
             return Err(Refused::new(full(Verb::PostSend, self.slots.cap), wr));
         }
-        let before = self.queue.posted();
+        // A chain the provider stopped inside is posted in part (its part gets the
+        // ticket), and comes back: only a chain needs the count before and after.
+        let before = if W::CHAIN { self.queue.posted() } else { 0 };
         let result = self.queue.post(wr);
-        // A chain the provider stopped inside is posted in part, and comes back.
-        let mut tickets = self.slots.issue((self.queue.posted() - before) as usize);
+        let posted = match result {
+            Ok(()) => 1,
+            Err(_) if W::CHAIN => (self.queue.posted() - before) as usize,
+            Err(_) => 0,
+        };
+        let mut tickets = self.slots.issue(posted);
         result?;
         Ok(tickets.next().expect("one ticket"))
     }

@@ -23,7 +23,8 @@ pub struct PreparedRecv<T: ExclusiveBuf> {
 }
 
 struct Inner<T> {
-    /// The C request, always initialized; `sg_list` points at `sges` in this block.
+    /// The C request, always initialized; `stamp` points its `sg_list` at `sges` in
+    /// this block at every post (where it was built, the SGEs were on the stack).
     raw: ffi::ibv_recv_wr,
     sges: Sges,
     buf: T,

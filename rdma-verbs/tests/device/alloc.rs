@@ -440,3 +440,56 @@ fn prepared_requests_post_post_batch_and_poll_allocate_nothing_in_steady_state()
     }
     assert_eq!(pq.outstanding() + b.rq.outstanding(), 0);
 }
+
+// ---- prepared receives and chains -------------------------------------------------
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn prepared_receives_and_a_prepared_chain_post_and_complete_without_allocating_in_steady_state() {
+    let _leaks = LeakCheck::new();
+    let (pd, a, b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp } = a;
+    let Side { cq: mut b_cq, sq: _b_sq, rq, qp: b_qp } = b;
+    drop((sq, rq));
+    let mut cq_ = a_qp.chain_queue::<Chunk>().unwrap();
+    let mut prq = b_qp.prepared_recv_queue::<Chunk>().unwrap();
+    let target = write_target(&pd);
+    let mut bufs = chunks(&pd, 3, LEN, AccessFlags::LOCAL_WRITE);
+    // Built once, before the measured loop (that is where they allocate).
+    let mut recv = Some(prq.prepare(bufs.pop().unwrap(), 0..LEN, 0).unwrap());
+    let send = SendWr::send(bufs.pop().unwrap(), 0..LEN).id(0);
+    let write = SendWr::write(bufs.pop().unwrap(), 0..LEN, target.remote().unwrap()).id(1);
+    let mut chain = Some(cq_.prepare_chain([send, write]).unwrap());
+    assert_steady_state_allocates_nothing("a prepared chain into a prepared receive", |r, ops| {
+        let c = chain.as_mut().unwrap();
+        for which in 0..2 {
+            c.get_mut(which).unwrap().bytes_mut().fill(fill_byte(r, which));
+        }
+        let mut p = recv.take().unwrap();
+        p.set_id(r);
+        prq.post(p).unwrap();
+        cq_.post(chain.take().unwrap()).unwrap();
+        ops.posts += 2;
+        let (cq_, prq) = (&mut cq_, &mut prq);
+        drain(
+            (&mut a_cq, 2),
+            (&mut b_cq, 1),
+            ops,
+            |wc| cq_.complete(wc, |d| assert!(chain.replace(d.buf).is_none())).unwrap() as u64,
+            |wc| {
+                let d = prq.complete(wc).unwrap();
+                assert_eq!((d.id, d.byte_len as usize), (r, LEN));
+                let want = fill_byte(r, 0);
+                assert!(
+                    d.buf.buf().iter().all(|&x| x == want),
+                    "round {r}: received {:?}, not {want}",
+                    &d.buf.buf()[..8]
+                );
+                recv = Some(d.buf);
+                1
+            },
+        );
+        assert_written(&target, fill_byte(r, 1));
+    });
+    assert_eq!(cq_.outstanding() + prq.outstanding(), 0);
+}

@@ -18,7 +18,8 @@
 //!        prepared  PreparedQueue (PreparedRecvQueue for recv): requests prepared once,
 //!                posted again every round
 //!        chain   ChainQueue: the K requests prepared as one chain (`prepare_chain`),
-//!                posted whole with `post` every round (sends only)
+//!                posted whole with `post` every round, each poll's completions taken
+//!                with one `complete_all` (sends only)
 //!        raw     post_send_raw (post_recv_raw for recv): C requests built once, only
 //!                the wr_id stamped per post; completions polled and counted
 //! syscall_probe send-batch N K           send-safe    (names scripts/syscalls uses)
@@ -275,6 +276,32 @@ fn drain(
     Ok(())
 }
 
+/// [`drain`] a poll at a time: each poll's completions are handed to `take` in one call
+/// (`complete_all`), which checks their status itself.
+fn drain_all(
+    cq: &mut CompletionQueue,
+    wcs: &mut Wcs,
+    want: usize,
+    mut take: impl FnMut(&mut [WorkCompletion]) -> Res<()>,
+) -> Res<()> {
+    settle();
+    let (mut got, mut empty, mut deadline) = (0, 0u32, None);
+    while got < want {
+        let done = cq.poll(wcs)?;
+        got += done.len();
+        empty = if done.is_empty() { empty + 1 } else { 0 };
+        take(done)?;
+        if empty == 1 << 20 {
+            empty = 0;
+            let now = Instant::now();
+            if now > *deadline.get_or_insert(now + Duration::from_secs(30)) {
+                return Err(format!("{got} of {want} completions after 30 s").into());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The safe request of `op` for the first 64 bytes of `buf`.
 fn wr(op: Op, buf: Chunk, target: RemoteMr) -> SendWr<Chunk> {
     match op {
@@ -341,9 +368,7 @@ fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()>
     Ok(())
 }
 
-/// The raw way's requests: a chain of C send requests built once; each round stamps the
-/// `wr_id`s, posts the chain with `post_send_raw`, and counts the completions.
-/// The K requests prepared as one chain (a ChainQueue), posted whole each round.
+/// ChainQueue: the K requests prepared as one chain, posted whole each round.
 fn sends_chain(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
     let mut pq = lo.a.chain_queue::<Chunk>()?;
     let target = lo.target;
@@ -351,14 +376,21 @@ fn sends_chain(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
     let mut chain = Some(chain);
     for _ in 0..rounds {
         pq.post(chain.take().ok_or("the chain did not come back")?).map_err(rdma_verbs::Error::from)?;
-        drain(&mut lo.cq_a, &mut lo.wcs, k, |wc| {
-            pq.complete(wc, |d| chain = Some(d.buf))?;
+        // Each poll's completions taken in one call; the chain comes back once, its Done
+        // carrying the first failure among them (checked, as the raw way checks each).
+        let mut back = None;
+        drain_all(&mut lo.cq_a, &mut lo.wcs, k, |done| {
+            pq.complete_all(done, |d| back = Some(d))?;
             Ok(())
         })?;
+        let d = back.ok_or("the chain did not come back")?;
+        chain = Some(d.result().map_err(rdma_verbs::Error::from)?.buf);
     }
     Ok(())
 }
 
+/// The raw way's requests: a chain of C send requests built once; each round stamps the
+/// `wr_id`s, posts the chain with `post_send_raw`, and counts the completions.
 struct RawSends {
     wrs: Box<[ffi::ibv_send_wr]>,
     _sges: Box<[ffi::ibv_sge]>,

@@ -46,6 +46,14 @@ impl<E> Ring<E> {
         unsafe { self.slots.get_unchecked_mut(i) }
     }
 
+    /// The slots' base and the index mask, for a loop that keeps them in registers: the
+    /// slot of `seq` is `base.add((seq & mask) as usize)`, in bounds for every `seq`.
+    /// Valid until the ring is next borrowed whole.
+    #[inline(always)]
+    pub(super) fn slot_base(&mut self) -> (*mut MaybeUninit<E>, u64) {
+        (self.slots.as_mut_ptr(), self.mask)
+    }
+
     /// Writes `e` into the slot `k` places past the head, not posted yet. The caller
     /// checked `k < free()`, and later commits it or takes it back with [`unstage`](Self::unstage).
     /// (Should the caller unwind in between, the staged entry leaks: never freed early.)

@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use super::claim::{bury, Claim, ClaimOwner};
 use super::request::{zeroed_wr, End, Ext, SendLimits, SendRequest, TOKEN};
 use super::ring::{failure_of, Batch, Ring};
-use super::tag::{send_wr_id, Tag};
+use super::tag::{send_wr_id, Tag, LOW_MASK};
 use super::{batch_too_long, depth, queue_full, Chain, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{PdId, SendBuf};
 use crate::conv;
@@ -88,7 +88,8 @@ use crate::wr::{Done, SendWr};
 ///    ring and handed back, in order, in a [`Refused`](crate::Refused).
 /// 3. [`CompletionQueue::poll`](crate::CompletionQueue::poll) fills
 ///    [`WorkCompletion`]s (`ibv_poll_cq`, nothing added).
-/// 4. [`SendQueue::complete`] checks that the completion's `wr_id` is this queue's and
+/// 4. [`SendQueue::complete`] (or [`complete_all`](SendQueue::complete_all), a poll's worth
+///    at once) checks that the completion's `wr_id` is this queue's and
 ///    outstanding, pops the request and the unsignaled ones before it, and hands each back
 ///    as a [`Done`](crate::Done) (its buffer, your id, its operation, its status);
 ///    [`Done::result`](crate::Done::result) turns a failure into an error naming all that.
@@ -480,6 +481,66 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             // (not a member mark: checked above for chains).
             done(unsafe { R::finish(slot, end, TOKEN()) })
         })
+    }
+}
+
+impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
+    /// Takes a poll's completions in order, each as [`complete`](Self::complete) does,
+    /// and hands every finished request to `done`, in posting order; returns how many
+    /// slots finished (as `complete` counts them). Stops at the first completion that is
+    /// not this queue's, with its error: the ones before it are taken, it and the rest
+    /// are left as they were. The run of completions of the oldest outstanding requests
+    /// that a batch or a chain makes is checked in one loop with the queue's state in
+    /// registers, and a chain's members are passed over there: the cheaper way to take
+    /// the completions of a batch (or of a CQ only this queue uses).
+    // Out of line: one call per poll, and a loop of its own keeps its registers (inlined
+    // into a large polling loop, its state was spilled and reloaded on every completion).
+    #[inline(never)]
+    pub fn complete_all(&mut self, wcs: &mut [WorkCompletion], mut done: impl FnMut(Done<R::Back>)) -> Result<usize> {
+        let (mut at, mut finished) = (0, 0);
+        while at < wcs.len() {
+            let (tag, qp_num, head) = (self.tag_bits, self.qp_num, self.ring.head);
+            let (base, mask) = self.ring.slot_base();
+            let start = self.ring.tail;
+            let mut tail = start;
+            for wc in wcs[at..].iter_mut() {
+                // The common case, as `Ring::complete_sends` checks it.
+                if !((wc.wr_id() == tag | (tail & LOW_MASK)) & (wc.qp_num() == qp_num) & (tail != head)) {
+                    break;
+                }
+                wc.consume();
+                // SAFETY: a masked index is in bounds (`slot_base`); the ring is not
+                // borrowed whole in this loop (only its tail is written).
+                let slot = unsafe { &mut *base.add((tail & mask) as usize) };
+                tail += 1;
+                if R::CHAIN && R::is_member(slot, TOKEN()) {
+                    // Nothing to hand back, and nothing here can unwind: the ring learns
+                    // the new tail before the next `done` or at the end of the run.
+                    if !wc.is_success() {
+                        member_failed(&mut self.member_fail, wc, qp_num);
+                    }
+                    continue;
+                }
+                self.ring.tail = tail;
+                let mut end = End::of(wc, qp_num);
+                if R::CHAIN && self.member_fail.is_some() {
+                    end = End { byte_len: end.byte_len, ..self.member_fail.take().unwrap_or(end) };
+                }
+                // SAFETY: this slot was outstanding (tail != head) and is counted gone
+                // (the ring's tail is past it), so it is read out once; it holds a
+                // request, not a member mark (checked above for chains).
+                done(unsafe { R::finish(slot, end, TOKEN()) });
+            }
+            self.ring.tail = tail;
+            // One completion of the run per slot.
+            let took = (tail - start) as usize;
+            (at, finished) = (at + took, finished + took);
+            if let Some(wc) = wcs.get_mut(at) {
+                finished += self.complete(wc, &mut done)?;
+                at += 1;
+            }
+        }
+        Ok(finished)
     }
 }
 

@@ -2,7 +2,7 @@
 //! and handed back whole; every byte that arrives is compared with what was written.
 
 use rdma_verbs::{AccessFlags, Chunk, CompletionQueue, ProtectionDomain, QpAccess, QueuePair, Refused};
-use rdma_verbs::{ChainQueue, Done, PreparedChain, RecvQueue, RemoteMr, SendWr, WcOpcode, WcStatus};
+use rdma_verbs::{ChainQueue, Done, PreparedChain, RecvQueue, RemoteMr, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::datapath::{chunks, poll_one, rc_pair, Side};
 use crate::prepared::{bytes, posted, read_back, target, Target};
@@ -122,32 +122,41 @@ fn a_prepared_chain_of_32_writes_lands_every_requests_bytes_each_round_and_comes
 #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
 fn a_chain_whose_middle_write_is_refused_by_the_peer_comes_back_once_with_that_first_failure() {
     let _leaks = LeakCheck::new();
-    let (pd, a, _b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
-    let mut a = chained(a, 64);
-    let t = target(&pd, 4 * LEN);
-    let good = t.remote().unwrap();
-    let bad = RemoteMr { rkey: good.rkey ^ 0x5a00, ..good };
-    let wrs = chunks(&pd, 4, LEN, AccessFlags::LOCAL_WRITE).into_iter().enumerate().map(|(k, mut c)| {
-        c.copy_from_slice(&bytes(0, k as u64, LEN));
-        let to = if k == 2 { bad } else { good.slice((k * LEN) as u64..).unwrap() };
-        SendWr::write(c, 0..LEN, to).id(10 + k as u64)
-    });
-    let chain = a.cq_.prepare_chain(wrs).unwrap();
-    posted(a.cq_.post(chain));
-    let (mut came, mut seen) = (Vec::new(), Vec::new());
-    while a.cq_.outstanding() > 0 {
-        let mut wc = poll_one(&mut a.cq);
-        seen.push(wc.status());
-        a.cq_.complete(&mut wc, |d| came.push(d)).unwrap();
+    // Its completions taken one by one (`complete`), then all at once (`complete_all`).
+    for all_at_once in [false, true] {
+        let (pd, a, _b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+        let mut a = chained(a, 64);
+        let t = target(&pd, 4 * LEN);
+        let good = t.remote().unwrap();
+        let bad = RemoteMr { rkey: good.rkey ^ 0x5a00, ..good };
+        let wrs = chunks(&pd, 4, LEN, AccessFlags::LOCAL_WRITE).into_iter().enumerate().map(|(k, mut c)| {
+            c.copy_from_slice(&bytes(0, k as u64, LEN));
+            let to = if k == 2 { bad } else { good.slice((k * LEN) as u64..).unwrap() };
+            SendWr::write(c, 0..LEN, to).id(10 + k as u64)
+        });
+        let chain = a.cq_.prepare_chain(wrs).unwrap();
+        posted(a.cq_.post(chain));
+        let (mut came, mut seen) = (Vec::new(), Vec::new());
+        if all_at_once {
+            let mut wcs: Vec<WorkCompletion> = (0..4).map(|_| poll_one(&mut a.cq)).collect();
+            seen.extend(wcs.iter().map(|wc| wc.status()));
+            assert_eq!(a.cq_.complete_all(&mut wcs, |d| came.push(d)).unwrap(), 4);
+        }
+        while a.cq_.outstanding() > 0 {
+            let mut wc = poll_one(&mut a.cq);
+            seen.push(wc.status());
+            a.cq_.complete(&mut wc, |d| came.push(d)).unwrap();
+        }
+        assert_eq!(came.len(), 1, "the chain comes back once: {seen:?}");
+        let d = came.pop().unwrap();
+        assert_eq!(d.status, WcStatus::RemAccessErr, "the first failure, not the flush after it: {seen:?}");
+        assert_eq!((d.id, d.buf.len()), (10, 4));
+        let e = d.result().unwrap_err().into_parts().0.to_string();
+        assert!(e.contains("RDMA WRITE id 10"), "{e}");
+        let before = [bytes(0, 0, LEN), bytes(0, 1, LEN)].concat();
+        assert_eq!(read_back(&t, 0, 2 * LEN), before, "the two before it landed");
+        assert_eq!(read_back(&t, 2 * LEN, 2 * LEN), vec![0; 2 * LEN], "the refused one and the flushed one did not");
     }
-    assert_eq!(came.len(), 1, "the chain comes back once: {seen:?}");
-    let d = came.pop().unwrap();
-    assert_eq!(d.status, WcStatus::RemAccessErr, "the first failure, not the flush after it: {seen:?}");
-    assert_eq!((d.id, d.buf.len()), (10, 4));
-    let e = d.result().unwrap_err().into_parts().0.to_string();
-    assert!(e.contains("RDMA WRITE id 10"), "{e}");
-    assert_eq!(read_back(&t, 0, 2 * LEN), [bytes(0, 0, LEN), bytes(0, 1, LEN)].concat(), "the two before it landed");
-    assert_eq!(read_back(&t, 2 * LEN, 2 * LEN), vec![0; 2 * LEN], "the refused one and the flushed one did not");
 }
 
 #[test]
@@ -201,4 +210,37 @@ fn a_chain_is_refused_whole_before_c_when_empty_too_long_bad_full_or_for_another
     // Dropped with six C requests outstanding: kept until the QP is gone (the leak check).
     drop(a.cq_);
     drop((c, d, foreign, six));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn complete_all_takes_a_polls_completions_at_once_and_stops_at_a_strangers_leaving_the_rest() {
+    let _leaks = LeakCheck::new();
+    let (pd, a, _b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let mut a = chained(a, 64);
+    let t = target(&pd, 8 * LEN);
+    // A chain of 4 and then a chain of 2 in one post: 6 completions, 2 chains back.
+    let mut wrs = writes(&pd, &t, 6);
+    let two = a.cq_.prepare_chain(wrs.split_off(4)).unwrap();
+    let four = a.cq_.prepare_chain(wrs).unwrap();
+    assert_eq!(a.cq_.post_batch([four, two]).unwrap(), 2);
+    let mut wcs: Vec<WorkCompletion> = (0..6).map(|_| poll_one(&mut a.cq)).collect();
+    // A completion that is not this queue's after the first chain's: the four before it
+    // are taken (the first chain comes back), it and the rest are left as they were.
+    wcs.insert(4, WorkCompletion::EMPTY);
+    let mut came = Vec::new();
+    let e = a.cq_.complete_all(&mut wcs, |d| came.push(d)).unwrap_err();
+    assert!(e.to_string().contains("is not outstanding on this send queue"), "{e}");
+    assert_eq!(came.iter().map(|d| (d.id, d.buf.len())).collect::<Vec<_>>(), [(0, 4)]);
+    assert_eq!(a.cq_.outstanding(), 2);
+    assert!(wcs[5..].iter().all(|wc| wc.wr_id() != 0), "the rest are not taken");
+    assert_eq!(a.cq_.complete_all(&mut wcs[5..], |d| came.push(d)).unwrap(), 2);
+    assert_eq!(came.iter().map(|d| (d.id, d.buf.len())).collect::<Vec<_>>(), [(0, 4), (4, 2)]);
+    assert_eq!(a.cq_.outstanding(), 0);
+    // Taken once: the same completions again are refused, and nothing comes back.
+    assert!(a.cq_.complete_all(&mut wcs[..1], |d| came.push(d)).is_err());
+    assert_eq!(came.len(), 2);
+    for k in 0..6 {
+        assert_eq!(read_back(&t, k * LEN, LEN), bytes(0, k as u64, LEN), "request {k}'s bytes");
+    }
 }

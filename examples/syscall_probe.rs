@@ -267,11 +267,19 @@ fn drain(
         empty = if done.is_empty() { empty + 1 } else { 0 };
         if empty == 1 << 20 {
             empty = 0;
-            let now = Instant::now();
-            if now > *deadline.get_or_insert(now + Duration::from_secs(30)) {
-                return Err(format!("{got} of {want} completions after 30 s").into());
-            }
+            still_waiting(&mut deadline, got, want)?;
         }
+    }
+    Ok(())
+}
+
+/// After a long run of empty polls: fails once 30 s have passed since the first such run.
+#[cold]
+#[inline(never)]
+fn still_waiting(deadline: &mut Option<Instant>, got: usize, want: usize) -> Res<()> {
+    let now = Instant::now();
+    if now > *deadline.get_or_insert(now + Duration::from_secs(30)) {
+        return Err(format!("{got} of {want} completions after 30 s").into());
     }
     Ok(())
 }
@@ -293,10 +301,7 @@ fn drain_all(
         take(done)?;
         if empty == 1 << 20 {
             empty = 0;
-            let now = Instant::now();
-            if now > *deadline.get_or_insert(now + Duration::from_secs(30)) {
-                return Err(format!("{got} of {want} completions after 30 s").into());
-            }
+            still_waiting(&mut deadline, got, want)?;
         }
     }
     Ok(())

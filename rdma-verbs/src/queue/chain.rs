@@ -112,9 +112,9 @@ impl<T: SendBuf> fmt::Debug for PreparedChain<T> {
 /// once; the chain takes one ring slot (its last request's, the others marked as its
 /// members), and comes back whole, once, with the completion of its last request: the
 /// shape of a C program reposting a prebuilt list, with the checks and the ownership
-/// kept. Its [`Done`] names its first request
-/// (id, operation) and carries the first failure among its completions (a member the peer
-/// refused, not the flush after it), else its last completion's status.
+/// kept. Its [`Done`] names its first request (id, operation) and carries the first
+/// failure among its completions (a member the peer refused, not the flush after it),
+/// else its last completion's status.
 ///
 /// Soundness is the send queue's ([`SendQueue`]): the chain owns its requests, is posted
 /// by value and stays in the ring until its last completion. A chain the provider stops

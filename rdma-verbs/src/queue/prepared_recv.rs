@@ -4,7 +4,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use super::recv::{fill_recv, RecvQueue, RecvRequest, RecvScratch};
+use super::recv::{fill_recv, recv_wr_id, RecvQueue, RecvRequest, EMPTY_RECV};
 use super::request::sealed::Sealed;
 use super::request::Token;
 use super::ring::{refuse, Batch};
@@ -161,7 +161,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecv<T>> {
     /// with `id`. On refusal the buffer comes back.
     #[allow(clippy::result_large_err)] // the refused buffer comes back by value
     pub fn prepare(&self, buf: T, range: Range<usize>, id: u64) -> Result<PreparedRecv<T>, Refused<T>> {
-        let (mut sges, mut raw) = (NO_SGES, super::recv::EMPTY_RECV);
+        let (mut sges, mut raw) = (NO_SGES, EMPTY_RECV);
         if let Err(e) = fill_recv(&buf, range.clone(), 0, (self.max_sge, self.pd), &mut sges, &mut raw) {
             return Err(Refused::new(e, buf));
         }
@@ -178,12 +178,12 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecv<T>> {
             return Err(Refused::new(e, p));
         }
         let (raw, seq) = (self.raw, self.ring_head());
-        let (ring, _, tag) = self.parts();
+        let (ring, tag) = self.ring_and_tag();
         if ring.free() == 0 {
             let cap = ring.cap;
             return Err(Refused::new(queue_full(Verb::PostRecv, cap), p));
         }
-        let wr = p.stamp(super::recv::recv_wr_id(tag, seq));
+        let wr = p.stamp(recv_wr_id(tag, seq));
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is alive (the queue's claim); the C request and its SGEs are in
         // the receive's heap block, naming bytes of its buffer, which the ring owns until
@@ -203,7 +203,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecv<T>> {
         I: IntoIterator<Item = PreparedRecv<T>>,
     {
         let (raw, max_sge, pd, head) = (self.raw, self.max_sge, self.pd, self.ring_head());
-        let (ring, _scratch, tag): (_, &mut RecvScratch, _) = self.parts();
+        let (ring, tag) = self.ring_and_tag();
         let room = MAX_BATCH.min(ring.free());
         let (mut n, mut refused) = (0, None);
         let mut chain = Chain::new();
@@ -218,7 +218,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecv<T>> {
                 break;
             }
             let p = ring.stage(n, p);
-            chain.link(p.stamp(super::recv::recv_wr_id(tag, head + n as u64)));
+            chain.link(p.stamp(recv_wr_id(tag, head + n as u64)));
             n += 1;
         }
         // SAFETY: the QP is alive; a valid chain of C requests in the heap blocks of

@@ -117,7 +117,7 @@ pub(super) const EMPTY_RECV: ffi::ibv_recv_wr =
 
 /// Scratch space of a receive queue's batches, kept with it (16 KiB would cost every
 /// post stack probes and cold pages); nothing in it outlives a post.
-pub(super) struct RecvScratch {
+struct RecvScratch {
     sges: [Sges; MAX_BATCH],
     raws: [ffi::ibv_recv_wr; MAX_BATCH],
 }
@@ -197,14 +197,14 @@ impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
     }
 
     #[inline(always)]
-    pub(super) fn wr_id(&self, seq: u64) -> u64 {
+    fn wr_id(&self, seq: u64) -> u64 {
         recv_wr_id(self.tag_bits, seq)
     }
 
-    /// The ring and the scratch space, for a kind's post, with the `wr_id` tag bits.
+    /// The ring, for a kind's post, with the `wr_id` tag bits.
     #[inline(always)]
-    pub(super) fn parts(&mut self) -> (&mut Ring<R>, &mut RecvScratch, u64) {
-        (&mut self.ring, &mut self.scratch, self.tag_bits)
+    pub(super) fn ring_and_tag(&mut self) -> (&mut Ring<R>, u64) {
+        (&mut self.ring, self.tag_bits)
     }
 
     /// The sequence number of the next receive posted.

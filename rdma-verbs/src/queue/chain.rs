@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 
 use super::prepared::Prepared;
 use super::request::{End, SendLimits, SendRequest, Token, TOKEN};
-use super::tag::send_wr_id;
+use super::tag::{send_wr_id, LOW_MASK};
 use super::{SendQueue, Sges, MAX_BATCH};
 use crate::buf::{PdId, SendBuf};
 use crate::error::{Error, Refused, Result, Verb};
@@ -17,8 +17,6 @@ use crate::wr::{Done, SendWr};
 /// handed back whole, once, by the completion of its last request: built by
 /// [`ChainQueue::prepare_chain`](SendQueue::prepare_chain), posted through a
 /// [`ChainQueue`].
-// One pointer: the ring tells a chain's member mark (a null) from a chain by it.
-#[repr(transparent)]
 pub struct PreparedChain<T: SendBuf> {
     inner: Box<ChainInner<T>>,
 }
@@ -109,12 +107,12 @@ impl<T: SendBuf> fmt::Debug for PreparedChain<T> {
 /// collective's fixed transfers) costs least as one chain: its requests are checked and
 /// built once ([`prepare_chain`](SendQueue::prepare_chain)), their C requests kept side
 /// by side and linked once, and each post stamps their `wr_id`s and calls the provider
-/// once; the chain takes one ring slot (its last request's, the others marked as its
-/// members), and comes back whole, once, with the completion of its last request: the
-/// shape of a C program reposting a prebuilt list, with the checks and the ownership
-/// kept. Its [`Done`] names its first request (id, operation) and carries the first
-/// failure among its completions (a member the peer refused, not the flush after it),
-/// else its last completion's status.
+/// once; the chain takes one ring slot (its first request's; the queue counts its
+/// members' completions), and comes back whole, once, with the completion of its last
+/// request: the shape of a C program reposting a prebuilt list, with the checks and the
+/// ownership kept. Its [`Done`] names its first request (id, operation) and carries the
+/// first failure among its completions (a member the peer refused, not the flush after
+/// it), else its last completion's status.
 ///
 /// Soundness is the send queue's ([`SendQueue`]): the chain owns its requests, is posted
 /// by value and stays in the ring until its last completion. A chain the provider stops
@@ -178,21 +176,6 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
         self.inner.parts.len()
     }
 
-    #[inline(always)]
-    fn mark_member(slot: &mut MaybeUninit<Self>, _: Token) {
-        // SAFETY: the slot is uninitialized memory the size of a chain, which is one Box
-        // pointer (repr(transparent), a Sized target), never null: a null there is a
-        // mark, never a chain.
-        unsafe { slot.as_mut_ptr().cast::<*const ChainInner<T>>().write(std::ptr::null()) }
-    }
-
-    #[inline(always)]
-    fn is_member(slot: &MaybeUninit<Self>, _: Token) -> bool {
-        // SAFETY: the ring asks only of slots it wrote, with a chain or a mark: either way
-        // the pointer-sized word is initialized.
-        unsafe { slot.as_ptr().cast::<*const ChainInner<T>>().read().is_null() }
-    }
-
     #[cold]
     fn split(&mut self, k: usize, _: Token) -> Self {
         let rest = PreparedChain::of(self.inner.parts.split_off(k));
@@ -229,10 +212,19 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
             inner.relink();
         }
         let (n, base) = (inner.raws.len(), inner.raws.as_mut_ptr());
-        for i in 0..n {
-            // SAFETY: i is below the length of `raws`; the element is written through the
-            // pointer alone, so the links into it stay valid.
-            unsafe { (*base.add(i)).wr_id = send_wr_id(tag, seq + i as u64) };
+        if (seq & LOW_MASK) + n as u64 <= LOW_MASK {
+            // No sequence number wraps inside the chain: its wr_ids are consecutive.
+            let first = send_wr_id(tag, seq);
+            for i in 0..n {
+                // SAFETY: i is below the length of `raws`; the element is written through
+                // the pointer alone, so the links into it stay valid.
+                unsafe { (*base.add(i)).wr_id = first + i as u64 };
+            }
+        } else {
+            for i in 0..n {
+                // SAFETY: as above.
+                unsafe { (*base.add(i)).wr_id = send_wr_id(tag, seq + i as u64) };
+            }
         }
         // SAFETY: a chain holds at least one request, so n - 1 is in bounds.
         (base, unsafe { base.add(n - 1) })

@@ -61,8 +61,9 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
     type Back;
 
     /// Whether a request of this kind may be a chain of several C requests posted as one
-    /// ([`width`](Self::width)). A chain sits in the ring slot of its last C request; the
-    /// slots of the others are marked as its members.
+    /// ([`width`](Self::width)). A chain sits in the ring slot of its first C request; the
+    /// slots of the others stay empty (the queue counts how many of the oldest chain's
+    /// C requests completed, and so finds it).
     #[doc(hidden)]
     const CHAIN: bool = false;
 
@@ -71,18 +72,6 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
     #[inline(always)]
     fn width(&self) -> usize {
         1
-    }
-
-    /// Marks `slot` as a member of a chain (a chain's C request other than its last).
-    #[doc(hidden)]
-    #[inline(always)]
-    fn mark_member(_slot: &mut std::mem::MaybeUninit<Self>, _: Token) {}
-
-    /// Whether `slot`, written by the ring (a request or a member mark), is a member mark.
-    #[doc(hidden)]
-    #[inline(always)]
-    fn is_member(_slot: &std::mem::MaybeUninit<Self>, _: Token) -> bool {
-        false
     }
 
     /// Splits a chain after its first `k` C requests (0 < k < width): `self` keeps

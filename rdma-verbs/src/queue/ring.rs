@@ -72,17 +72,6 @@ impl<E> Ring<E> {
         unsafe { self.slot(self.head + k as u64).assume_init_mut() }
     }
 
-    /// The slots from `from` up to `to` places past the head (`to - from` at most the
-    /// capacity), as two runs: the ring may wrap between them.
-    #[inline(always)]
-    pub(super) fn slots_past_head(&mut self, from: usize, to: usize) -> (&mut [MaybeUninit<E>], &mut [MaybeUninit<E>]) {
-        let start = ((self.head + from as u64) & self.mask) as usize;
-        let count = to - from;
-        let first = count.min(self.slots.len() - start);
-        let (before, after) = self.slots.split_at_mut(start);
-        (&mut after[..first], &mut before[..count - first])
-    }
-
     /// Takes back the entry staged `k` places past the head.
     ///
     /// # Safety
@@ -160,26 +149,19 @@ impl<E> Ring<E> {
         Err(Refused::new(error, unposted))
     }
 
-    /// Takes the send completion `wc` of the queue whose tag bits are `tag` on QP
-    /// `qp_num`: hands the slot of each entry it finishes to `done`, which reads it out,
-    /// in posting order (the unsignaled ones before it, as successes with no completion of
-    /// their own: `None`, then its own with the completion), and returns how many.
+    /// Checks the send completion `wc` against the queue whose tag bits are `tag` on QP
+    /// `qp_num`, and marks it taken: returns how many of the oldest outstanding entries
+    /// it finishes (the unsignaled ones before its own, then its own), which the caller
+    /// then pops in order. A completion that is not this queue's is an error, left as it
+    /// was.
     #[inline(always)]
-    pub(super) fn complete_sends(
-        &mut self,
-        wc: &mut WorkCompletion,
-        tag: u64,
-        qp_num: u32,
-        mut done: impl FnMut(&mut MaybeUninit<E>, Option<&WorkCompletion>),
-    ) -> Result<usize> {
+    pub(super) fn send_completion(&self, wc: &mut WorkCompletion, tag: u64, qp_num: u32) -> Result<u64> {
         // The common case: the oldest outstanding request (every request signaled).
         // Ours when the wr_id is this queue's tag with that sequence number, and the QP is
         // this one: compared without a branch between them.
         let (id, tail) = (wc.wr_id(), self.tail);
         if (id == tag | (tail & LOW_MASK)) & (wc.qp_num() == qp_num) & (tail != self.head) {
             wc.consume();
-            self.tail = tail + 1;
-            done(self.slot(tail), Some(wc));
             return Ok(1);
         }
         // How far past the oldest outstanding request this one is (sequence numbers wrap
@@ -190,11 +172,7 @@ impl<E> Ring<E> {
             return Err(not_ours("send", wc));
         }
         wc.consume();
-        for _ in 0..ahead {
-            done(self.pop_slot(), None);
-        }
-        done(self.pop_slot(), Some(wc));
-        Ok(ahead as usize + 1)
+        Ok(ahead + 1)
     }
 
     /// Everything still posted, for the graveyard.

@@ -15,7 +15,7 @@ use crate::cq::CqReservation;
 use crate::error::{Error, Refused, Result, Verb};
 use crate::ffi;
 use crate::qp::{QpInner, QpType, QueuePair};
-use crate::wc::WorkCompletion;
+use crate::wc::{WcStatus, WorkCompletion};
 use crate::wr::{Done, SendWr};
 
 /// The send side of a QP, owning what it has posted.
@@ -120,6 +120,9 @@ pub struct SendQueue<T: SendBuf, R: SendRequest = SendWr<T>> {
     tag_bits: u64,
     /// How many requests (each whole, a chain counting once) were ever posted.
     items: u64,
+    /// How many C requests of the oldest outstanding chain completed (always 0 for the
+    /// other kinds): that chain sits `into` slots behind the ring's tail.
+    into: u64,
     /// The first failed completion of a chain's member, reported when the chain finishes.
     member_fail: Option<End>,
     claim: Claim<QpInner>,
@@ -219,6 +222,7 @@ impl QueuePair {
             ext: self.inner.qp_ex.map(|q| (q, self.inner.send_ops)),
             tag_bits: tag.bits(),
             items: 0,
+            into: 0,
             member_fail: None,
             tag,
             claim,
@@ -334,7 +338,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     }
 
     /// Step one of every post: checks `wr`, moves it into the ring (into the slot of its
-    /// last C request, `n` places past the head for a request of one), and (on a QP
+    /// first C request, `n` places past the head), and (on a QP
     /// without the extended API, or for a chain) builds or stamps its C request(s) and
     /// appends them to `chain`. `room` is how many C requests this post may stage, `most`
     /// the longest post allowed. Returns how many C requests it staged.
@@ -355,27 +359,21 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         }
         let SendScratch { sges, raws, counts } = &mut **scratch;
         // Into the ring first, then checked there: the request is written once, where it
-        // stays, and a refused one is read back out (the cold path).
-        let at = n + w - 1;
-        let staged = ring.stage(at, wr);
+        // stays, and a refused one is read back out (the cold path). A chain's other C
+        // requests leave their slots empty.
+        let staged = ring.stage(n, wr);
         let k = match staged.check(limits, *key, &mut sges[n], TOKEN()) {
             Ok(k) => k,
             // SAFETY: staged just above, neither committed nor taken back.
-            Err(e) => return Err(refusal(e, unsafe { ring.unstage(at) })),
+            Err(e) => return Err(refusal(e, unsafe { ring.unstage(n) })),
         };
         if ext.is_none() || R::CHAIN {
             let seq = ring.head + n as u64;
             // SAFETY: staged above.
             let (first, last) =
-                unsafe { ring.staged(at) }.c_request(*tag_bits, seq, &mut sges[n], k, &mut raws[n], TOKEN());
+                unsafe { ring.staged(n) }.c_request(*tag_bits, seq, &mut sges[n], k, &mut raws[n], TOKEN());
             chain.classic.link_span(first, last);
-            if R::CHAIN {
-                chain.all_ext = false;
-                let (run, wrapped) = ring.slots_past_head(n, at);
-                for slot in run.iter_mut().chain(wrapped) {
-                    R::mark_member(slot, TOKEN());
-                }
-            }
+            chain.all_ext &= !R::CHAIN;
         } else {
             // SAFETY: staged above.
             let staged = unsafe { ring.staged(n) };
@@ -426,27 +424,24 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     fn failed(&mut self, b: Batch<R>, rest: impl Iterator<Item = R>) -> (Error, Vec<R>) {
         let Batch { staged: n, posted, failure, refused } = b;
         let ring = &mut self.ring;
-        let head = ring.head;
-        let (mut unposted, mut items, mut start) = (Vec::new(), 0, 0);
-        for i in 0..n {
-            if R::is_member(ring.slot(head + i as u64), TOKEN()) {
-                continue;
-            }
-            // A request whose C requests are start..=i.
-            if i < posted {
+        let (mut unposted, mut items, mut i) = (Vec::new(), 0, 0);
+        while i < n {
+            // SAFETY: each request was staged by `stage` in the slot of its first C request,
+            // and is not committed.
+            let w = unsafe { ring.staged(i) }.width();
+            // A request whose C requests are i..i + w.
+            if i + w <= posted {
                 items += 1;
-            } else if start >= posted {
-                // SAFETY: staged by `stage` and not committed; read out once.
+            } else if i >= posted {
+                // SAFETY: as above; read out once.
                 unposted.push(unsafe { ring.unstage(i) });
             } else {
-                // SAFETY: as above; the part the provider took is staged again, in the
-                // slot of its last posted C request (a member mark until now).
-                let mut whole = unsafe { ring.unstage(i) };
-                unposted.push(whole.split(posted - start, TOKEN()));
-                ring.stage(posted - 1, whole);
+                // SAFETY: as above; the part the provider took stays in its slot.
+                let whole = unsafe { ring.staged(i) };
+                unposted.push(whole.split(posted - i, TOKEN()));
                 items += 1;
             }
-            start = i + 1;
+            i += w;
         }
         ring.commit(posted);
         self.items += items;
@@ -457,90 +452,164 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
 
     /// Takes a completion of this send queue and hands each finished request to `done`,
     /// in posting order: the unsignaled ones the completion implies, then its own.
-    /// Returns how many finished. A completion that is not this queue's is an error.
+    /// Returns how many C requests finished (a chain's members count, and the chain comes
+    /// back with its last). A completion that is not this queue's is an error.
     #[inline]
     pub fn complete(&mut self, wc: &mut WorkCompletion, mut done: impl FnMut(Done<R::Back>)) -> Result<usize> {
-        let SendQueue { ring, tag_bits, qp_num, member_fail, .. } = self;
-        let qp_num = *qp_num;
-        ring.complete_sends(wc, *tag_bits, qp_num, |slot, wc| {
-            if R::CHAIN && R::is_member(slot, TOKEN()) {
-                // A chain comes back whole, with its last completion: a member's is kept
-                // only when it failed, to report the first failure.
-                if let Some(wc) = wc {
-                    if !wc.is_success() {
-                        member_failed(member_fail, wc, qp_num);
-                    }
+        let k = self.ring.send_completion(wc, self.tag_bits, self.qp_num)?;
+        for _ in 1..k {
+            self.finish_next(End { qp_num: self.qp_num, ..End::IMPLIED }, &mut done);
+        }
+        self.finish_next(End::of(wc, self.qp_num), &mut done);
+        Ok(k as usize)
+    }
+
+    /// Pops the oldest outstanding C request, which ended as `end`, and hands its request
+    /// to `done` when that finishes it (a chain finishes with its last C request).
+    #[inline(always)]
+    fn finish_next(&mut self, mut end: End, done: &mut impl FnMut(Done<R::Back>)) {
+        let SendQueue { ring, into, member_fail, .. } = self;
+        // The request's slot: a chain's is `into` behind this C request's.
+        let at = if R::CHAIN { ring.tail - *into } else { ring.tail };
+        ring.tail += 1;
+        let slot = ring.slot(at);
+        if R::CHAIN {
+            // SAFETY: the slot of an outstanding request's first C request holds it.
+            let width = unsafe { slot.assume_init_ref() }.width() as u64;
+            if *into + 1 < width {
+                // A member: the chain comes back with its last completion, and a member's
+                // is kept only when it failed, to report the first failure.
+                *into += 1;
+                if end.status != WcStatus::Success {
+                    member_failed(member_fail, end);
                 }
                 return;
             }
-            let mut end = wc.map_or(End { qp_num, ..End::IMPLIED }, |wc| End::of(wc, qp_num));
-            if R::CHAIN && member_fail.is_some() {
-                end = End { byte_len: end.byte_len, ..member_fail.take().unwrap_or(end) };
-            }
-            // SAFETY: the ring hands over each finished slot once, holding its request
-            // (not a member mark: checked above for chains).
-            done(unsafe { R::finish(slot, end, TOKEN()) })
-        })
+            *into = 0;
+            end = chain_end(member_fail, end);
+        }
+        // SAFETY: the request's C requests are all counted gone (the tail is past them),
+        // so it is read out once.
+        done(unsafe { R::finish(slot, end, TOKEN()) })
     }
 }
 
 impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// Takes a poll's completions in order, each as [`complete`](Self::complete) does,
     /// and hands every finished request to `done`, in posting order; returns how many
-    /// slots finished (as `complete` counts them). Stops at the first completion that is
-    /// not this queue's, with its error: the ones before it are taken, it and the rest
-    /// are left as they were. The run of completions of the oldest outstanding requests
-    /// that a batch or a chain makes is checked in one loop with the queue's state in
-    /// registers, and a chain's members are passed over there: the cheaper way to take
-    /// the completions of a batch (or of a CQ only this queue uses).
+    /// C requests finished (as `complete` counts them). Stops at the first completion
+    /// that is not this queue's, with its error: the ones before it are taken, it and the
+    /// rest are left as they were. The run of completions of the oldest outstanding
+    /// requests that a batch or a chain makes is checked in one loop with the queue's
+    /// state in registers: the cheaper way to take the completions of a batch (or of a CQ
+    /// only this queue uses).
     // Out of line: one call per poll, and a loop of its own keeps its registers (inlined
     // into a large polling loop, its state was spilled and reloaded on every completion).
     #[inline(never)]
     pub fn complete_all(&mut self, wcs: &mut [WorkCompletion], mut done: impl FnMut(Done<R::Back>)) -> Result<usize> {
-        let (mut at, mut finished) = (0, 0);
-        while at < wcs.len() {
-            let (tag, qp_num, head) = (self.tag_bits, self.qp_num, self.ring.head);
-            let (base, mask) = self.ring.slot_base();
-            let start = self.ring.tail;
-            let mut tail = start;
-            for wc in wcs[at..].iter_mut() {
-                // The common case, as `Ring::complete_sends` checks it.
-                if !((wc.wr_id() == tag | (tail & LOW_MASK)) & (wc.qp_num() == qp_num) & (tail != head)) {
+        let took = if R::CHAIN { self.run_of_chains(wcs, &mut done) } else { self.run(wcs, &mut done) };
+        if took == wcs.len() {
+            return Ok(took);
+        }
+        self.complete_rest(&mut wcs[took..], took, &mut done)
+    }
+
+    /// The rest of [`complete_all`](Self::complete_all), from a completion that is not the
+    /// next one in order (an unsignaled request before it, a failure in a chain, or a
+    /// stranger): each such one taken by [`complete`](Self::complete), the runs between
+    /// them as `complete_all` takes them. `finished` were taken before.
+    #[inline(never)]
+    fn complete_rest(
+        &mut self,
+        wcs: &mut [WorkCompletion],
+        mut finished: usize,
+        done: &mut impl FnMut(Done<R::Back>),
+    ) -> Result<usize> {
+        let mut at = 0;
+        while let Some(wc) = wcs.get_mut(at) {
+            finished += self.complete(wc, &mut *done)?;
+            at += 1;
+            let rest = &mut wcs[at..];
+            let took = if R::CHAIN { self.run_of_chains(rest, done) } else { self.run(rest, done) };
+            (at, finished) = (at + took, finished + took);
+        }
+        Ok(finished)
+    }
+
+    /// The leading run of `wcs` that completes the oldest outstanding requests in order,
+    /// each signaled: each taken, its request handed to `done`. Returns how many.
+    #[inline(always)]
+    fn run(&mut self, wcs: &mut [WorkCompletion], done: &mut impl FnMut(Done<R::Back>)) -> usize {
+        let (tag, qp_num, head) = (self.tag_bits, self.qp_num, self.ring.head);
+        let (base, mask) = self.ring.slot_base();
+        let start = self.ring.tail;
+        let mut tail = start;
+        for wc in wcs.iter_mut() {
+            // The common case, as `Ring::send_completion` checks it.
+            if !((wc.wr_id() == tag | (tail & LOW_MASK)) & (wc.qp_num() == qp_num) & (tail != head)) {
+                break;
+            }
+            wc.consume();
+            // SAFETY: a masked index is in bounds (`slot_base`); the ring is not borrowed
+            // whole in this loop (only its tail is written).
+            let slot = unsafe { &mut *base.add((tail & mask) as usize) };
+            tail += 1;
+            // The ring learns the new tail before `done`, which might unwind.
+            self.ring.tail = tail;
+            // SAFETY: this slot was outstanding (tail != head) and is counted gone, so it
+            // is read out once.
+            done(unsafe { R::finish(slot, End::of(wc, qp_num), TOKEN()) });
+        }
+        (tail - start) as usize
+    }
+
+    /// As [`run`](Self::run), for chains: each chain's successful completions are checked
+    /// in one tight loop (its width bounds it, so it never passes the head), and the chain
+    /// is handed to `done` after its last. A failed completion ends the run (`complete`
+    /// keeps it for the chain's report).
+    #[inline(always)]
+    fn run_of_chains(&mut self, mut wcs: &mut [WorkCompletion], done: &mut impl FnMut(Done<R::Back>)) -> usize {
+        let (tag, qp_num, head) = (self.tag_bits, self.qp_num, self.ring.head);
+        let (base, mask) = self.ring.slot_base();
+        let (start, mut tail, mut into) = (self.ring.tail, self.ring.tail, self.into);
+        while tail != head && !wcs.is_empty() {
+            // SAFETY: a masked index is in bounds (`slot_base`); the ring is not borrowed
+            // whole in this loop (only its tail is written).
+            let slot = unsafe { &mut *base.add(((tail - into) & mask) as usize) };
+            // SAFETY: the oldest outstanding chain sits in that slot (`into` of its C
+            // requests completed).
+            let width = unsafe { slot.assume_init_ref() }.width() as u64;
+            // This chain's rest, up to where sequence numbers wrap (then the next turn of
+            // the loop takes the chain on).
+            let first = tag | (tail & LOW_MASK);
+            let before_wrap = LOW_MASK - (tail & LOW_MASK) + 1;
+            let want = (width - into).min(before_wrap).min(wcs.len() as u64) as usize;
+            let mut id = first;
+            for wc in wcs[..want].iter_mut() {
+                if wc.wr_id() != id || wc.qp_num() != qp_num || !wc.is_success() {
                     break;
                 }
                 wc.consume();
-                // SAFETY: a masked index is in bounds (`slot_base`); the ring is not
-                // borrowed whole in this loop (only its tail is written).
-                let slot = unsafe { &mut *base.add((tail & mask) as usize) };
-                tail += 1;
-                if R::CHAIN && R::is_member(slot, TOKEN()) {
-                    // Nothing to hand back, and nothing here can unwind: the ring learns
-                    // the new tail before the next `done` or at the end of the run.
-                    if !wc.is_success() {
-                        member_failed(&mut self.member_fail, wc, qp_num);
-                    }
-                    continue;
-                }
-                self.ring.tail = tail;
-                let mut end = End::of(wc, qp_num);
-                if R::CHAIN && self.member_fail.is_some() {
-                    end = End { byte_len: end.byte_len, ..self.member_fail.take().unwrap_or(end) };
-                }
-                // SAFETY: this slot was outstanding (tail != head) and is counted gone
-                // (the ring's tail is past it), so it is read out once; it holds a
-                // request, not a member mark (checked above for chains).
+                id += 1;
+            }
+            let took = id - first;
+            let (run, rest) = std::mem::take(&mut wcs).split_at_mut(took as usize);
+            wcs = rest;
+            (tail, into) = (tail + took, into + took);
+            if into == width {
+                let end = chain_end(&mut self.member_fail, End::of(&run[run.len() - 1], qp_num));
+                // The queue learns where it is before `done`, which might unwind.
+                (self.ring.tail, self.into, into) = (tail, 0, 0);
+                // SAFETY: every C request of the chain is counted gone, so it is read out
+                // once.
                 done(unsafe { R::finish(slot, end, TOKEN()) });
             }
-            self.ring.tail = tail;
-            // One completion of the run per slot.
-            let took = (tail - start) as usize;
-            (at, finished) = (at + took, finished + took);
-            if let Some(wc) = wcs.get_mut(at) {
-                finished += self.complete(wc, &mut done)?;
-                at += 1;
+            if took < want as u64 {
+                break;
             }
         }
-        Ok(finished)
+        (self.ring.tail, self.into) = (tail, into);
+        (tail - start) as usize
     }
 }
 
@@ -558,11 +627,21 @@ impl Staging {
     }
 }
 
+/// How a chain whose last C request ended as `last` ended: as the first of its members
+/// that failed, if one did (with the last's byte count), else as its last.
+#[inline(always)]
+fn chain_end(member_fail: &mut Option<End>, last: End) -> End {
+    match member_fail.take() {
+        Some(first) => End { byte_len: last.byte_len, ..first },
+        None => last,
+    }
+}
+
 /// Keeps the first failed completion of a chain's members (the failure path only).
 #[cold]
 #[inline(never)]
-fn member_failed(first: &mut Option<End>, wc: &WorkCompletion, qp_num: u32) {
-    first.get_or_insert(End::of(wc, qp_num));
+fn member_failed(first: &mut Option<End>, end: End) {
+    first.get_or_insert(end);
 }
 
 /// A refusal of one request, boxed (the failure path only).
@@ -608,14 +687,17 @@ impl<T: SendBuf, R: SendRequest> Drop for SendQueue<T, R> {
     fn drop(&mut self) {
         let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
         let mut all = Vec::with_capacity(self.ring.outstanding() as usize);
-        while self.ring.outstanding() > 0 {
-            let slot = self.ring.pop_slot();
-            if !R::is_member(slot, TOKEN()) {
-                // SAFETY: an outstanding slot that is not a member mark holds a request,
-                // read out once (the ring counts it gone).
-                all.push(unsafe { slot.assume_init_read() });
-            }
+        // Each outstanding request, from the slot of its first C request (the oldest
+        // chain's is `into` behind the tail).
+        let mut at = self.ring.tail - self.into;
+        while at < self.ring.head {
+            // SAFETY: `at` is the first C request of an outstanding request, whose slot
+            // holds it; read out once (the ring is emptied below).
+            let r = unsafe { self.ring.slot(at).assume_init_read() };
+            at += r.width() as u64;
+            all.push(r);
         }
+        (self.ring.tail, self.into) = (self.ring.head, 0);
         bury(self.claim.owner.graveyard(), all, keep);
     }
 }

@@ -244,3 +244,40 @@ fn complete_all_takes_a_polls_completions_at_once_and_stops_at_a_strangers_leavi
         assert_eq!(read_back(&t, k * LEN, LEN), bytes(0, k as u64, LEN), "request {k}'s bytes");
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn a_chains_completions_split_across_polls_and_calls_bring_it_back_once_and_a_drop_mid_chain_frees_it_safely() {
+    let _leaks = LeakCheck::new();
+    let (pd, a, _b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let mut a = chained(a, 64);
+    let t = target(&pd, 8 * LEN);
+    // A chain of 5 and a chain of 3 in one post: 8 completions, 2 chains back.
+    let mut wrs = writes(&pd, &t, 8);
+    let three = a.cq_.prepare_chain(wrs.split_off(5)).unwrap();
+    let five = a.cq_.prepare_chain(wrs).unwrap();
+    assert_eq!(a.cq_.post_batch([five, three]).unwrap(), 2);
+    assert_eq!(a.cq_.outstanding(), 8);
+    let mut wcs: Vec<WorkCompletion> = (0..8).map(|_| poll_one(&mut a.cq)).collect();
+    let mut came = Vec::new();
+    // Two of the first chain's five at once: nothing back yet.
+    assert_eq!(a.cq_.complete_all(&mut wcs[..2], |d| came.push(d)).unwrap(), 2);
+    assert!(came.is_empty());
+    assert_eq!(a.cq_.outstanding(), 6);
+    // The third alone (`complete`), then the last two of it and the first of the next
+    // chain at once: the first chain comes back, once, whole.
+    assert_eq!(a.cq_.complete(&mut wcs[2], |d| came.push(d)).unwrap(), 1);
+    assert!(came.is_empty());
+    assert_eq!(a.cq_.complete_all(&mut wcs[3..6], |d| came.push(d)).unwrap(), 3);
+    assert_eq!(came.iter().map(|d| (d.id, d.buf.len(), d.status)).collect::<Vec<_>>(), [(0, 5, WcStatus::Success)]);
+    assert_eq!(a.cq_.outstanding(), 2);
+    // Taken once: a completion already taken is refused, and changes nothing.
+    assert!(a.cq_.complete(&mut wcs[4], |d| came.push(d)).is_err());
+    assert_eq!((came.len(), a.cq_.outstanding()), (1, 2));
+    for k in 0..8 {
+        assert_eq!(read_back(&t, k * LEN, LEN), bytes(0, k as u64, LEN), "request {k}'s bytes");
+    }
+    // The queue dropped with the second chain one C request in: its requests go to the QP,
+    // freed once it is destroyed (the leak check counts every chunk back).
+    drop(a);
+}

@@ -47,22 +47,51 @@ struct Member<T> {
     id: u64,
 }
 
-/// A member's completion, as the provider wrote it (raw words: decoded when read).
+/// A member's completion: the words of its `ibv_wc` from `status` to `wc_flags`, copied
+/// as they are (two 16-byte moves) and decoded when read.
+#[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct Arrived {
+    status: u32,
+    opcode: u32,
+    vendor_err: u32,
     byte_len: u32,
     imm: u32,
-    status: u32,
+    qp_num: u32,
+    src_qp: u32,
     flags: u32,
 }
 
+// `Arrived` mirrors `ibv_wc` from `status` on, word for word.
+const _: () = {
+    use std::mem::offset_of;
+    let at = offset_of!(ffi::ibv_wc, status);
+    assert!(offset_of!(ffi::ibv_wc, opcode) - at == offset_of!(Arrived, opcode));
+    assert!(offset_of!(ffi::ibv_wc, vendor_err) - at == offset_of!(Arrived, vendor_err));
+    assert!(offset_of!(ffi::ibv_wc, byte_len) - at == offset_of!(Arrived, byte_len));
+    assert!(offset_of!(ffi::ibv_wc, __bindgen_anon_1) - at == offset_of!(Arrived, imm));
+    assert!(offset_of!(ffi::ibv_wc, qp_num) - at == offset_of!(Arrived, qp_num));
+    assert!(offset_of!(ffi::ibv_wc, src_qp) - at == offset_of!(Arrived, src_qp));
+    assert!(offset_of!(ffi::ibv_wc, wc_flags) - at == offset_of!(Arrived, flags));
+    assert!(std::mem::size_of::<ffi::ibv_wc__bindgen_ty_1>() == 4);
+    assert!(std::mem::size_of::<Arrived>() == 32);
+};
+
 impl Arrived {
+    /// Where `wc`'s words from `status` on are, as an `Arrived` to copy.
+    #[inline(always)]
+    fn in_wc(wc: &WorkCompletion) -> *const Arrived {
+        let raw: *const ffi::ibv_wc = wc.as_raw();
+        // In bounds: `Arrived` is the words of `ibv_wc` from `status` to `wc_flags`
+        // (checked above at compile time), plain u32s at a 4-aligned offset of an
+        // 8-aligned struct, reached from the whole struct's pointer.
+        raw.wrapping_byte_add(std::mem::offset_of!(ffi::ibv_wc, status)).cast()
+    }
+
     #[inline(always)]
     fn of(wc: &WorkCompletion) -> Self {
-        let raw = wc.as_raw();
-        // SAFETY: both members of the union are a plain u32; `flags` says which it is.
-        let imm = unsafe { raw.__bindgen_anon_1.imm_data };
-        Arrived { byte_len: raw.byte_len, imm, status: raw.status.0, flags: raw.wc_flags }
+        // SAFETY: `in_wc` points at the initialized words of `ibv_wc` it names, aligned.
+        unsafe { Arrived::in_wc(wc).read() }
     }
 }
 
@@ -312,10 +341,17 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         }
         let mut chain = chain;
         let first = chain.inner.raws.as_mut_ptr();
-        for i in 0..w {
-            // SAFETY: i is below the length of `raws`; the element is written through the
-            // pointer alone, so the links into it stay valid.
-            unsafe { (*first.add(i)).wr_id = recv_wr_id(tag, head + i as u64) };
+        if (head & LOW_MASK) + w as u64 <= LOW_MASK {
+            // No carry into the tag bits: the wr_ids are the first's plus i.
+            let base = recv_wr_id(tag, head);
+            for i in 0..w {
+                // SAFETY: i is below the length of `raws`; the element is written through
+                // the pointer alone, so the links into it stay valid.
+                unsafe { (*first.add(i)).wr_id = base + i as u64 };
+            }
+        } else {
+            // SAFETY: `first` heads the chain's `w` C receives.
+            unsafe { stamp_wrapping(first, w, tag, head) };
         }
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is alive (the queue's claim); the chain's C receives are linked
@@ -423,24 +459,31 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
             let (from, width) = (*into as usize, inner.arrived.len());
             let arrived = inner.arrived.as_mut_ptr();
             let run = (width - from).min(wcs.len() - at);
-            let mut i = from;
-            // The chain's members are all posted: only the wr_id and the QP to compare.
-            for wc in &mut wcs[at..at + run] {
-                if !((wc.wr_id() == tag | (tail & LOW_MASK)) & (wc.qp_num() == qp_num)) {
-                    break;
+            let (took, failed) = {
+                let (run, arrived) = (&mut wcs[at..at + run], arrived.wrapping_add(from));
+                // The chain's members are all posted: only the wr_id and the QP to compare,
+                // the wr_ids counted up from the first (out of line when the sequence
+                // numbers wrap inside the run).
+                let first = tail & LOW_MASK;
+                if first + run.len() as u64 <= LOW_MASK {
+                    // No carry into the tag bits: the wr_ids count up from the first's.
+                    // SAFETY: `arrived` has room for the run (from + run <= width).
+                    unsafe { take_run(run, tag | first, qp_num, arrived) }
+                } else {
+                    // SAFETY: as above.
+                    unsafe { take_wrapping_run(run, tag, tail, qp_num, arrived) }
                 }
-                wc.consume();
-                // SAFETY: from <= i < width, the length of `arrived`.
-                unsafe { arrived.add(i).write(Arrived::of(wc)) };
-                if !wc.is_success() {
-                    member_failed(member_fail, i, wc);
-                }
-                (tail, i) = (tail + 1, i + 1);
+            };
+            if failed != 0 {
+                // SAFETY: the run's members were just written.
+                unsafe { first_failure(member_fail, arrived, from, from + took) };
             }
-            at += i - from;
+            let i = from + took;
+            tail += took as u64;
+            at += took;
             if i < width {
                 *into = i as u64;
-                if i - from < run {
+                if took < run {
                     break;
                 }
                 continue;
@@ -457,6 +500,89 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
             Some(stranger) => Err(not_ours("receive", stranger)),
             None => Ok(at),
         }
+    }
+}
+
+/// Takes the completions of a run of one chain's members (whose `wr_id`s are `first`,
+/// `first + 1`, ..., on QP `qp_num`), recording each in `arrived`, up to the first that
+/// is not the next: returns how many, and the statuses OR-ed (0: every one a success).
+///
+/// # Safety
+/// `arrived` has room for `wcs.len()` records.
+#[inline(always)]
+unsafe fn take_run(wcs: &mut [WorkCompletion], first: u64, qp_num: u32, arrived: *mut Arrived) -> (usize, u32) {
+    let (mut expect, mut failed) = (first, 0);
+    for wc in wcs {
+        if wc.wr_id() != expect || wc.qp_num() != qp_num {
+            break;
+        }
+        wc.consume();
+        failed |= wc.as_raw().status.0;
+        // SAFETY: expect - first is below wcs.len(), for which the caller's `arrived` has
+        // room; the source is the initialized words of `ibv_wc` that `in_wc` names.
+        unsafe { std::ptr::copy_nonoverlapping(Arrived::in_wc(wc), arrived.add((expect - first) as usize), 1) };
+        expect += 1;
+    }
+    ((expect - first) as usize, failed)
+}
+
+/// [`take_run`] for a run inside which the sequence numbers wrap (once in 2^40): the
+/// `wr_id`s are those of sequence numbers `seq..` of the queue whose tag bits are `tag`.
+///
+/// # Safety
+/// As for [`take_run`].
+#[cold]
+#[inline(never)]
+unsafe fn take_wrapping_run(
+    wcs: &mut [WorkCompletion],
+    tag: u64,
+    seq: u64,
+    qp_num: u32,
+    arrived: *mut Arrived,
+) -> (usize, u32) {
+    let (mut k, mut failed) = (0, 0);
+    for wc in wcs {
+        if wc.wr_id() != recv_wr_id(tag, seq + k as u64) || wc.qp_num() != qp_num {
+            break;
+        }
+        wc.consume();
+        failed |= wc.as_raw().status.0;
+        // SAFETY: as in `take_run`.
+        unsafe { arrived.add(k).write(Arrived::of(wc)) };
+        k += 1;
+    }
+    (k, failed)
+}
+
+/// Keeps the first failed member among `from..to` of the oldest chain, recorded in
+/// `arrived` (the failure path only).
+///
+/// # Safety
+/// `arrived[from..to]` were written.
+#[cold]
+#[inline(never)]
+unsafe fn first_failure(first: &mut Option<(usize, u32)>, arrived: *const Arrived, from: usize, to: usize) {
+    for i in from..to {
+        // SAFETY: the caller's contract.
+        let a = unsafe { arrived.add(i).read() };
+        if a.status != 0 {
+            first.get_or_insert((i, a.vendor_err));
+            return;
+        }
+    }
+}
+
+/// Stamps the `w` C receives at `first` as sequence numbers `head..`, which wrap inside
+/// them (once in 2^40).
+///
+/// # Safety
+/// `first` heads `w` C receives side by side.
+#[cold]
+#[inline(never)]
+unsafe fn stamp_wrapping(first: *mut ffi::ibv_recv_wr, w: usize, tag: u64, head: u64) {
+    for i in 0..w {
+        // SAFETY: the caller's contract; written through the pointer alone.
+        unsafe { (*first.add(i)).wr_id = recv_wr_id(tag, head + i as u64) };
     }
 }
 

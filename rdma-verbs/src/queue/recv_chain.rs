@@ -442,60 +442,58 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         wcs: &mut [WorkCompletion],
         mut done: impl FnMut(Done<PreparedRecvChain<T>>),
     ) -> Result<usize> {
-        let ChainState { ring, tag, qp_num, into, member_fail } = self.chain_state();
-        let (head, mut tail) = (ring.head, ring.tail);
-        let (base, mask) = ring.slot_base();
         let mut at = 0;
         while at < wcs.len() {
-            if tail == head {
+            // One run: the oldest chain's next members, up to its last or the poll's end.
+            // (The queue's state is read afresh each run: nothing kept across `done`.)
+            let ChainState { ring, tag, qp_num, into, member_fail } = self.chain_state();
+            let tail = ring.tail;
+            if tail == ring.head {
                 break;
             }
+            let (base, mask) = ring.slot_base();
             // SAFETY: a masked index is in bounds (`slot_base`); the oldest outstanding
             // chain sits `into` slots behind the tail, initialized until read out below;
-            // the ring is not borrowed whole in this loop (only its tail is written).
+            // the ring is not borrowed whole meanwhile (only its tail is written).
             let slot = unsafe { &mut *base.add(((tail - *into) & mask) as usize) };
             // SAFETY: as above.
             let inner = unsafe { &mut *slot.assume_init_mut().inner };
             let (from, width) = (*into as usize, inner.arrived.len());
             let arrived = inner.arrived.as_mut_ptr();
-            let run = (width - from).min(wcs.len() - at);
-            let (took, failed) = {
-                let (run, arrived) = (&mut wcs[at..at + run], arrived.wrapping_add(from));
-                // The chain's members are all posted: only the wr_id and the QP to compare,
-                // the wr_ids counted up from the first (out of line when the sequence
-                // numbers wrap inside the run).
-                let first = tail & LOW_MASK;
-                if first + run.len() as u64 <= LOW_MASK {
-                    // No carry into the tag bits: the wr_ids count up from the first's.
-                    // SAFETY: `arrived` has room for the run (from + run <= width).
-                    unsafe { take_run(run, tag | first, qp_num, arrived) }
-                } else {
-                    // SAFETY: as above.
-                    unsafe { take_wrapping_run(run, tag, tail, qp_num, arrived) }
-                }
+            let rest = &mut wcs[at..];
+            let len = (width - from).min(rest.len());
+            let run = &mut rest[..len];
+            // The chain's members are all posted: only the wr_id and the QP to compare,
+            // the wr_ids counted up from the first (out of line when the sequence numbers
+            // wrap inside the run).
+            let first = tail & LOW_MASK;
+            let (took, failed) = if first + len as u64 <= LOW_MASK {
+                // SAFETY: `arrived` has room for the run past `from` (from + len <= width).
+                unsafe { take_run(run, tag | first, qp_num, arrived.wrapping_add(from)) }
+            } else {
+                // SAFETY: as above.
+                unsafe { take_wrapping_run(run, tag, tail, qp_num, arrived.wrapping_add(from)) }
             };
             if failed != 0 {
                 // SAFETY: the run's members were just written.
                 unsafe { first_failure(member_fail, arrived, from, from + took) };
             }
-            let i = from + took;
-            tail += took as u64;
+            ring.tail = tail + took as u64;
             at += took;
-            if i < width {
-                *into = i as u64;
-                if took < run {
+            if from + took < width {
+                *into = (from + took) as u64;
+                if took < len {
                     break;
                 }
                 continue;
             }
             *into = 0;
-            ring.tail = tail;
             // SAFETY: its last member completed (the ring's tail is past it), so it is
             // read out, once.
             let chain = unsafe { slot.assume_init_read() };
-            done(done_of(chain, &wcs[at - 1], member_fail.take()));
+            let failed = member_fail.take();
+            done(done_of(chain, &wcs[at - 1], failed));
         }
-        ring.tail = tail;
         match wcs.get(at) {
             Some(stranger) => Err(not_ours("receive", stranger)),
             None => Ok(at),
@@ -511,19 +509,37 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
 /// `arrived` has room for `wcs.len()` records.
 #[inline(always)]
 unsafe fn take_run(wcs: &mut [WorkCompletion], first: u64, qp_num: u32, arrived: *mut Arrived) -> (usize, u32) {
-    let (mut expect, mut failed) = (first, 0);
-    for wc in wcs {
-        if wc.wr_id() != expect || wc.qp_num() != qp_num {
-            break;
+    let mut failed = 0;
+    // Takes `wc` as member `k` of the run when it is the next; returns whether it was.
+    let mut take = |wc: &mut WorkCompletion, k: usize| {
+        if wc.wr_id() != first + k as u64 || wc.qp_num() != qp_num {
+            return false;
         }
         wc.consume();
         failed |= wc.as_raw().status.0;
-        // SAFETY: expect - first is below wcs.len(), for which the caller's `arrived` has
-        // room; the source is the initialized words of `ibv_wc` that `in_wc` names.
-        unsafe { std::ptr::copy_nonoverlapping(Arrived::in_wc(wc), arrived.add((expect - first) as usize), 1) };
-        expect += 1;
+        // SAFETY: k is below wcs.len(), for which the caller's `arrived` has room; the
+        // source is the initialized words of `ibv_wc` that `in_wc` names.
+        unsafe { std::ptr::copy_nonoverlapping(Arrived::in_wc(wc), arrived.add(k), 1) };
+        true
+    };
+    // Two at a time: half the loop's own instructions, in a loop run for every completion.
+    let mut pairs = wcs.chunks_exact_mut(2);
+    let mut k = 0;
+    for pair in &mut pairs {
+        if let [a, b] = pair {
+            if !take(a, k) {
+                return (k, failed);
+            }
+            if !take(b, k + 1) {
+                return (k + 1, failed);
+            }
+        }
+        k += 2;
     }
-    ((expect - first) as usize, failed)
+    if let [a] = pairs.into_remainder() {
+        k += usize::from(take(a, k));
+    }
+    (k, failed)
 }
 
 /// [`take_run`] for a run inside which the sequence numbers wrap (once in 2^40): the

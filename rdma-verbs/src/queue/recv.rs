@@ -182,10 +182,13 @@ impl<T: ExclusiveBuf> RecvRequest for (T, u64) {
 /// documented on [`SendQueue`](crate::SendQueue).
 ///
 /// `R` is what it keeps of a posted receive: the buffer and your id, for receives built
-/// at each post ([`post`](RecvQueue::post), the default), or
+/// at each post ([`post`](RecvQueue::post), the default),
 /// [`PreparedRecv`](super::PreparedRecv)s, built once
-/// ([`PreparedRecvQueue`](super::PreparedRecvQueue)). Either way the receive stays in the
-/// queue's ring until its completion hands it back.
+/// ([`PreparedRecvQueue`](super::PreparedRecvQueue)), or
+/// [`PreparedRecvChain`](super::PreparedRecvChain)s of them, linked once and posted whole
+/// ([`RecvChainQueue`](super::RecvChainQueue), whose `complete` hands a chain back after
+/// its last receive). Either way the receive stays in the queue's ring until its
+/// completion hands it back.
 pub struct RecvQueue<T: Send + 'static, R: RecvRequest = (T, u64)> {
     ring: Ring<R>,
     /// Where a batch's C requests and SGEs are built (as the send queue's).

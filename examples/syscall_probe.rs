@@ -17,9 +17,9 @@
 //!                completion handed back with `complete`
 //!        prepared  PreparedQueue (PreparedRecvQueue for recv): requests prepared once,
 //!                posted again every round
-//!        chain   ChainQueue: the K requests prepared as one chain (`prepare_chain`),
-//!                posted whole with `post` every round, each poll's completions taken
-//!                with one `complete_all` (sends only)
+//!        chain   ChainQueue (RecvChainQueue for recv): the K requests prepared as one
+//!                chain (`prepare_chain`), posted whole with `post` every round, each
+//!                poll's completions taken with one `complete_all`
 //!        raw     post_send_raw (post_recv_raw for recv): C requests built once, only
 //!                the wr_id stamped per post; completions polled and counted
 //! syscall_probe send-batch N K           send-safe    (names scripts/syscalls uses)
@@ -49,9 +49,8 @@ use rdma_verbs::{
 };
 
 /// The phase's names, for the usage errors.
-const PHASES: &str =
-    "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, chain, raw; recv: safe, \
-                      prepared, raw) | send-batch N K | prepared-send-batch N K";
+const PHASES: &str = "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, chain, raw) | \
+                      send-batch N K | prepared-send-batch N K";
 /// Receives pre-posted for the SEND phases, B's receive queue depth, and the most
 /// receives the `recv` phase posts.
 const RECV_DEPTH: usize = 8192;
@@ -142,7 +141,7 @@ fn parse(args: &Args) -> Result<Phase, String> {
             Err(format!("{name}: at most {RECV_DEPTH} sends in all ({WARMUP} warm-up rounds included)"))
         }
         "send" => Ok(Phase::Sends { op: Op::Send, way, n, k }),
-        "recv" if matches!(way, Way::Safe | Way::Prepared | Way::Raw) => Ok(Phase::Recvs { way, n, k }),
+        "recv" => Ok(Phase::Recvs { way, n, k }),
         _ => Err(usage()),
     }
 }
@@ -511,6 +510,29 @@ fn recvs_prepared(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
     Ok(())
 }
 
+/// RecvChainQueue: the K receives prepared once as one chain, posted whole every round
+/// (`post`); the raw way's SENDs fill them, each poll's completions are taken with one
+/// `complete_all`, and the chain comes back once, its Done carrying the first failure
+/// among its receives (checked, as the raw way checks each).
+fn recvs_chain(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
+    let mut rq = lo.b.recv_chain_queue::<Chunk>()?;
+    let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
+    let recvs = lo.dsts.drain(..k).enumerate().map(|(i, b)| (b, 0..LEN, i as u64));
+    let mut chain = Some(rq.prepare_chain(recvs).map_err(rdma_verbs::Error::from)?);
+    for _ in 0..rounds {
+        rq.post(chain.take().ok_or("the chain did not come back")?).map_err(rdma_verbs::Error::from)?;
+        feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+        let mut back = None;
+        drain_all(&mut lo.cq_b, &mut lo.wcs, k, |done| {
+            rq.complete_all(done, |d| back = Some(d))?;
+            Ok(())
+        })?;
+        let d = back.ok_or("the chain did not come back")?;
+        chain = Some(d.result().map_err(rdma_verbs::Error::from)?.buf);
+    }
+    Ok(())
+}
+
 /// The raw API: a chain of K C receive requests built once, only the `wr_id`s stamped
 /// per post (`post_recv_raw`); the same SENDs fill them; completions polled and counted.
 fn recvs_raw(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
@@ -568,6 +590,7 @@ fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
         },
         Phase::Recvs { way: Way::Safe, n, k } => recvs_safe(lo, WARMUP + n, k),
         Phase::Recvs { way: Way::Prepared, n, k } => recvs_prepared(lo, WARMUP + n, k),
+        Phase::Recvs { way: Way::Chain, n, k } => recvs_chain(lo, WARMUP + n, k),
         Phase::Recvs { n, k, .. } => recvs_raw(lo, WARMUP + n, k),
     }
 }

@@ -120,8 +120,8 @@ pub use qp::{
 };
 pub use queue::{AsyncRecvQueue, AsyncSendQueue, Ticket, Tickets};
 pub use queue::{
-    ChainQueue, Prepared, PreparedChain, PreparedQueue, PreparedRecv, PreparedRecvQueue, RecvQueue, RecvRequest,
-    SendQueue, SendRequest, SrqQueue, MAX_BATCH,
+    ChainQueue, Prepared, PreparedChain, PreparedQueue, PreparedRecv, PreparedRecvChain, PreparedRecvQueue,
+    RecvChainMember, RecvChainQueue, RecvQueue, RecvRequest, SendQueue, SendRequest, SrqQueue, MAX_BATCH,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use wc::{WcFlags, WorkCompletion};

@@ -4,7 +4,7 @@
 //! [`SendQueue`] (public, where a user reads them). Inside: `send` holds the one send
 //! core, `request` what it posts ([`SendRequest`]), `prepared` the prepared requests,
 //! `chain` prepared chains, `recv` the receive queues (one receive core, generic over
-//! what it keeps: [`RecvRequest`]), `prepared_recv` prepared receives, `ring` the
+//! what it keeps: [`RecvRequest`]), `prepared_recv` prepared receives, `recv_chain` prepared receive chains, `ring` the
 //! in-order ring with its one failure path, `tag` the `wr_id`s, `claim` one owner per
 //! side and the graveyard; [`Chain`] here is the one chain builder.
 
@@ -21,6 +21,7 @@ mod claim;
 mod prepared;
 mod prepared_recv;
 mod recv;
+mod recv_chain;
 mod request;
 mod ring;
 mod send;
@@ -31,6 +32,7 @@ pub use chain::{ChainQueue, PreparedChain};
 pub use prepared::{Prepared, PreparedQueue};
 pub use prepared_recv::{PreparedRecv, PreparedRecvQueue};
 pub use recv::{RecvQueue, RecvRequest, SrqQueue};
+pub use recv_chain::{PreparedRecvChain, RecvChainMember, RecvChainQueue};
 pub use request::SendRequest;
 pub use send::SendQueue;
 

@@ -169,6 +169,14 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecv<T>> {
         Ok(PreparedRecv { inner })
     }
 
+    /// Takes a completion of this receive queue and returns the finished prepared
+    /// receive, to read and post again. Receives complete in posting order; anything
+    /// else is refused.
+    #[inline(always)]
+    pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<PreparedRecv<T>>> {
+        self.complete_one(wc)
+    }
+
     /// Posts a prepared receive (one provider call, no allocation, no syscall). On
     /// refusal it comes back in the error.
     #[inline(always)]

@@ -48,6 +48,19 @@ impl QueuePair {
         self.recv_queue_of(depth)
     }
 
+    /// Takes the receive side for [`PreparedRecvChain`](super::PreparedRecvChain)s, as
+    /// deep (in C receives) as the `max_recv_wr` the QP was built with. Fails as
+    /// [`recv_queue`](Self::recv_queue) does.
+    pub fn recv_chain_queue<T: ExclusiveBuf>(&self) -> Result<super::RecvChainQueue<T>> {
+        self.recv_chain_queue_with_depth(self.inner.asked_depth.1.max(1))
+    }
+
+    /// Takes the receive side for prepared receive chains with room for `depth` C
+    /// receives, as [`recv_queue_with_depth`](Self::recv_queue_with_depth) does.
+    pub fn recv_chain_queue_with_depth<T: ExclusiveBuf>(&self, depth: u32) -> Result<super::RecvChainQueue<T>> {
+        self.recv_queue_of(depth)
+    }
+
     /// Claims the receive side (one poster at a time, whatever it posts) and sets `depth`
     /// entries of the receive CQ aside for it.
     fn recv_queue_of<T: ExclusiveBuf, R: RecvRequest>(&self, depth: u32) -> Result<RecvQueue<T, R>> {
@@ -68,6 +81,8 @@ impl QueuePair {
             max_sge: self.inner.caps.max_recv_sge,
             pd: PdId::of(self.pd()),
             tag_bits: RECV_TAG | tag.bits(),
+            into: 0,
+            member_fail: None,
             tag,
             claim,
             _buf: PhantomData,
@@ -124,12 +139,28 @@ struct RecvScratch {
 
 /// What a [`RecvQueue`] keeps of each posted receive, and hands back with its
 /// completion: `(buffer, your id)` for a receive posted with [`RecvQueue::post`] (checked
-/// and built at each post, the default), or a [`PreparedRecv`](super::PreparedRecv)
-/// (checked and built once, posted again). Sealed.
+/// and built at each post, the default), a [`PreparedRecv`](super::PreparedRecv)
+/// (checked and built once, posted again), or a
+/// [`PreparedRecvChain`](super::PreparedRecvChain) (several, linked once, posted whole).
+/// Sealed.
 pub trait RecvRequest: Sealed + Sized + Send + 'static {
     /// What a completion hands back in [`Done::buf`]: the buffer, or the whole prepared
     /// receive (to post again).
     type Back;
+
+    /// Whether a request of this kind may be a chain of several C receives
+    /// ([`width`](Self::width)). A chain sits in the ring slot of its first C receive,
+    /// the slots of the others left unwritten; the queue counts how many of the oldest
+    /// chain's members have completed.
+    #[doc(hidden)]
+    const CHAIN: bool = false;
+
+    /// How many C receives it posts (1 unless [`CHAIN`](Self::CHAIN)).
+    #[doc(hidden)]
+    #[inline(always)]
+    fn width(&self) -> usize {
+        1
+    }
 
     /// What comes back of it, with how it ended (`wc`, taken by the queue).
     #[doc(hidden)]
@@ -151,10 +182,13 @@ impl<T: ExclusiveBuf> RecvRequest for (T, u64) {
 /// documented on [`SendQueue`](crate::SendQueue).
 ///
 /// `R` is what it keeps of a posted receive: the buffer and your id, for receives built
-/// at each post ([`post`](RecvQueue::post), the default), or
+/// at each post ([`post`](RecvQueue::post), the default),
 /// [`PreparedRecv`](super::PreparedRecv)s, built once
-/// ([`PreparedRecvQueue`](super::PreparedRecvQueue)). Either way the receive stays in the
-/// queue's ring until its completion hands it back.
+/// ([`PreparedRecvQueue`](super::PreparedRecvQueue)), or
+/// [`PreparedRecvChain`](super::PreparedRecvChain)s of them, linked once and posted whole
+/// ([`RecvChainQueue`](super::RecvChainQueue), whose `complete` hands a chain back after
+/// its last receive). Either way the receive stays in the queue's ring until its
+/// completion hands it back.
 pub struct RecvQueue<T: Send + 'static, R: RecvRequest = (T, u64)> {
     ring: Ring<R>,
     /// Where a batch's C requests and SGEs are built (as the send queue's).
@@ -168,6 +202,12 @@ pub struct RecvQueue<T: Send + 'static, R: RecvRequest = (T, u64)> {
     tag: Tag,
     /// `RECV_TAG | tag.bits()`, the high bits of every `wr_id` this queue posts.
     tag_bits: u64,
+    /// How many members of the oldest outstanding chain have completed (chains only:
+    /// the chain sits `into` slots behind the tail).
+    into: u64,
+    /// The first failed member of the oldest chain, and its vendor error (chains only;
+    /// the failure path).
+    member_fail: Option<(usize, u32)>,
     claim: Claim<crate::qp::QpInner>,
     _buf: PhantomData<fn() -> T>,
 }
@@ -213,11 +253,23 @@ impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
         self.ring.head
     }
 
-    /// Takes a completion of this receive queue and returns the finished receive with
-    /// its buffer (or the prepared receive). Receives complete in posting order; anything
-    /// else is refused.
+    /// The state a chain's completion works on.
     #[inline(always)]
-    pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<R::Back>> {
+    pub(super) fn chain_state(&mut self) -> ChainState<'_, R> {
+        ChainState {
+            ring: &mut self.ring,
+            tag: self.tag_bits,
+            qp_num: self.qp_num,
+            into: &mut self.into,
+            member_fail: &mut self.member_fail,
+        }
+    }
+
+    /// Takes a completion of the oldest outstanding receive (a kind of one C receive
+    /// each): the core of each such kind's `complete`.
+    #[inline(always)]
+    pub(super) fn complete_one(&mut self, wc: &mut WorkCompletion) -> Result<Done<R::Back>> {
+        debug_assert!(!R::CHAIN, "a chain's members complete one by one");
         // Ours when it is the oldest outstanding receive of this queue on this QP.
         let expected = self.wr_id(self.ring.tail);
         if (wc.wr_id() != expected) | (wc.qp_num() != self.qp_num) | (self.ring.outstanding() == 0) {
@@ -229,7 +281,26 @@ impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
     }
 }
 
+/// What a chain's post and completion reach of a [`RecvQueue`].
+pub(super) struct ChainState<'q, R> {
+    pub(super) ring: &'q mut Ring<R>,
+    /// The `wr_id` tag bits.
+    pub(super) tag: u64,
+    pub(super) qp_num: u32,
+    /// How many members of the oldest chain have completed.
+    pub(super) into: &'q mut u64,
+    /// Its first failed member and that one's vendor error.
+    pub(super) member_fail: &'q mut Option<(usize, u32)>,
+}
+
 impl<T: ExclusiveBuf> RecvQueue<T> {
+    /// Takes a completion of this receive queue and returns the finished receive with
+    /// its buffer. Receives complete in posting order; anything else is refused.
+    #[inline(always)]
+    pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<T>> {
+        self.complete_one(wc)
+    }
+
     /// Posts a receive into `range` of `buf` (one provider call, no allocation, no
     /// syscall). On refusal the buffer comes back in the error.
     // Always inlined, as the send queue's `post`: a call costs more than the rest of it.
@@ -299,8 +370,25 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 impl<T: Send + 'static, R: RecvRequest> Drop for RecvQueue<T, R> {
     fn drop(&mut self) {
         let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
-        bury(self.claim.owner.graveyard(), self.ring.take_all(), keep);
+        let all = if R::CHAIN { take_chains(&mut self.ring, self.into) } else { self.ring.take_all() };
+        bury(self.claim.owner.graveyard(), all, keep);
     }
+}
+
+/// Every chain still posted, for the graveyard: the oldest starts `into` slots behind the
+/// tail, each next one where the one before it ends.
+fn take_chains<R: RecvRequest>(ring: &mut Ring<R>, into: u64) -> Vec<R> {
+    let (mut seq, head) = (ring.tail - into, ring.head);
+    let mut all = Vec::new();
+    while seq < head {
+        // SAFETY: a chain starts at `seq` (the oldest `into` behind the tail, each next
+        // one past the last's width), posted and not yet read out; read out once here.
+        let r = unsafe { ring.slot(seq).assume_init_read() };
+        seq += r.width() as u64;
+        all.push(r);
+    }
+    ring.tail = head;
+    all
 }
 
 impl<T: Send + 'static, R: RecvRequest> fmt::Debug for RecvQueue<T, R> {

@@ -493,3 +493,51 @@ fn prepared_receives_and_a_prepared_chain_post_and_complete_without_allocating_i
     });
     assert_eq!(cq_.outstanding() + prq.outstanding(), 0);
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn a_prepared_receive_chain_posts_and_completes_without_allocating_in_steady_state() {
+    let _leaks = LeakCheck::new();
+    let (pd, a, b) = rc_pair::<Chunk>(QpAccess::empty());
+    let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp } = a;
+    let Side { cq: mut b_cq, sq: _b_sq, rq, qp: b_qp } = b;
+    drop((sq, rq));
+    let mut cq_ = a_qp.chain_queue::<Chunk>().unwrap();
+    let mut rcq = b_qp.recv_chain_queue::<Chunk>().unwrap();
+    let mut bufs = chunks(&pd, 4, LEN, AccessFlags::LOCAL_WRITE);
+    // Built once, before the measured loop (that is where they allocate): two SENDs as
+    // one chain, into two receives as one chain.
+    let sends = [SendWr::send(bufs.pop().unwrap(), 0..LEN).id(0), SendWr::send(bufs.pop().unwrap(), 0..LEN / 2).id(1)];
+    let mut chain = Some(cq_.prepare_chain(sends).unwrap());
+    let mut recvs = Some(rcq.prepare_chain(bufs.into_iter().enumerate().map(|(i, b)| (b, 0..LEN, i as u64))).unwrap());
+    let mut wcs = [WorkCompletion::EMPTY; 4];
+    assert_steady_state_allocates_nothing("a prepared chain into a prepared receive chain", |r, ops| {
+        let c = chain.as_mut().unwrap();
+        for which in 0..2 {
+            c.get_mut(which).unwrap().bytes_mut().fill(fill_byte(r, which));
+        }
+        rcq.post(recvs.take().unwrap()).unwrap();
+        cq_.post(chain.take().unwrap()).unwrap();
+        ops.posts += 2;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while chain.is_none() || recvs.is_none() {
+            for wc in a_cq.poll(&mut wcs).unwrap().iter_mut() {
+                ops.completions +=
+                    cq_.complete(wc, |d| assert!(chain.replace(d.result().unwrap().buf).is_none())).unwrap() as u64;
+            }
+            // The receive chain's completions, each poll's in one call.
+            let polled = b_cq.poll(&mut wcs).unwrap();
+            ops.completions +=
+                rcq.complete_all(polled, |d| assert!(recvs.replace(d.result().unwrap().buf).is_none())).unwrap() as u64;
+            ops.polls += 2;
+            assert!(Instant::now() < deadline, "no completion within 10 s");
+        }
+        let got = recvs.as_ref().unwrap();
+        for (which, m) in got.iter().enumerate() {
+            let want = fill_byte(r, which);
+            assert_eq!(m.byte_len() as usize, if which == 0 { LEN } else { LEN / 2 });
+            assert!(m.buf()[..m.byte_len() as usize].iter().all(|&x| x == want), "round {r}: receive {which}");
+        }
+    });
+    assert_eq!(cq_.outstanding() + rcq.outstanding(), 0);
+}

@@ -13,6 +13,7 @@
 //! | `doc/awaited.rs` | `AsyncSendQueue` |
 //! | `doc/async_cm.rs` | `AsyncCmId` |
 //! | `doc/prepared.rs` | `ChainQueue`, `PreparedRecvQueue` |
+//! | `doc/recv_chain.rs` | `RecvChainQueue` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -129,6 +130,17 @@ mod prepared {
     #[test]
     #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
     fn the_prepared_example_sends_a_chain_into_prepared_receives_and_posts_both_again_each_round() {
+        let _leaks = super::LeakCheck::new();
+        super::run(main);
+    }
+}
+
+mod recv_chain {
+    include!("doc/recv_chain.rs");
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_recv_chain_example_fills_a_receive_chain_with_a_send_chain_and_posts_both_again_each_round() {
         let _leaks = super::LeakCheck::new();
         super::run(main);
     }

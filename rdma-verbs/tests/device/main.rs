@@ -38,6 +38,7 @@ mod mr;
 mod prepared;
 mod prepared_recv;
 mod qp;
+mod recv_chain;
 mod tools;
 
 // The test bed, shared with rdma-doctor's device tests (rdma-test-support).

@@ -1,0 +1,659 @@
+//! Prepared receive chains: [`PreparedRecvChain`], posted whole through a
+//! [`RecvChainQueue`] (documented there).
+
+use std::fmt;
+use std::ops::Range;
+
+use super::recv::{fill_recv, recv_wr_id, ChainState, RecvQueue, RecvRequest, EMPTY_RECV};
+use super::request::sealed::Sealed;
+use super::request::Token;
+use super::tag::LOW_MASK;
+use super::{not_ours, queue_full, stopped_at, Sges, MAX_BATCH, NO_SGES};
+use crate::buf::{ExclusiveBuf, PdId};
+use crate::conv;
+use crate::error::{Error, Refused, Result, Verb};
+use crate::ffi;
+use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
+use crate::wr::Done;
+
+/// Receives linked into one chain, posted whole with one provider call and handed back
+/// whole, once, after the completion of its last receive: built by
+/// [`RecvChainQueue::prepare_chain`](RecvQueue::prepare_chain), posted through a
+/// [`RecvChainQueue`] (see there).
+pub struct PreparedRecvChain<T: ExclusiveBuf> {
+    inner: Box<ChainInner<T>>,
+}
+
+struct ChainInner<T> {
+    /// 1 up to MAX_BATCH C receives side by side, linked in order (the last `next` NULL),
+    /// each `sg_list` naming its SGEs in `sges`. Both vectors keep their heap blocks while
+    /// the chain holds them (never grown after the chain is built), so the links stay
+    /// valid from one post to the next; `raws` is written through `as_mut_ptr` alone,
+    /// which materializes no reference to its elements.
+    raws: Vec<ffi::ibv_recv_wr>,
+    sges: Vec<Sges>,
+    /// The receives' buffers, ranges and ids, in posting order.
+    members: Vec<Member<T>>,
+    /// What each member's last completion said (all zero before the first).
+    arrived: Vec<Arrived>,
+    /// The protection domain and the receive SGE limit every member was checked against.
+    pd: PdId,
+    max_sge: u32,
+}
+
+struct Member<T> {
+    buf: T,
+    range: Range<usize>,
+    id: u64,
+}
+
+/// A member's completion: the words of its `ibv_wc` from `status` to `wc_flags`, copied
+/// as they are (two 16-byte moves) and decoded when read.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Arrived {
+    status: u32,
+    opcode: u32,
+    vendor_err: u32,
+    byte_len: u32,
+    imm: u32,
+    qp_num: u32,
+    src_qp: u32,
+    flags: u32,
+}
+
+// `Arrived` mirrors `ibv_wc` from `status` on, word for word.
+const _: () = {
+    use std::mem::offset_of;
+    let at = offset_of!(ffi::ibv_wc, status);
+    assert!(offset_of!(ffi::ibv_wc, opcode) - at == offset_of!(Arrived, opcode));
+    assert!(offset_of!(ffi::ibv_wc, vendor_err) - at == offset_of!(Arrived, vendor_err));
+    assert!(offset_of!(ffi::ibv_wc, byte_len) - at == offset_of!(Arrived, byte_len));
+    assert!(offset_of!(ffi::ibv_wc, __bindgen_anon_1) - at == offset_of!(Arrived, imm));
+    assert!(offset_of!(ffi::ibv_wc, qp_num) - at == offset_of!(Arrived, qp_num));
+    assert!(offset_of!(ffi::ibv_wc, src_qp) - at == offset_of!(Arrived, src_qp));
+    assert!(offset_of!(ffi::ibv_wc, wc_flags) - at == offset_of!(Arrived, flags));
+    assert!(std::mem::size_of::<ffi::ibv_wc__bindgen_ty_1>() == 4);
+    assert!(std::mem::size_of::<Arrived>() == 32);
+};
+
+impl Arrived {
+    /// Where `wc`'s words from `status` on are, as an `Arrived` to copy.
+    #[inline(always)]
+    fn in_wc(wc: &WorkCompletion) -> *const Arrived {
+        let raw: *const ffi::ibv_wc = wc.as_raw();
+        // In bounds: `Arrived` is the words of `ibv_wc` from `status` to `wc_flags`
+        // (checked above at compile time), plain u32s at a 4-aligned offset of an
+        // 8-aligned struct, reached from the whole struct's pointer.
+        raw.wrapping_byte_add(std::mem::offset_of!(ffi::ibv_wc, status)).cast()
+    }
+
+    #[inline(always)]
+    fn of(wc: &WorkCompletion) -> Self {
+        // SAFETY: `in_wc` points at the initialized words of `ibv_wc` it names, aligned.
+        unsafe { Arrived::in_wc(wc).read() }
+    }
+}
+
+// SAFETY: the raw pointers in the C receives point into the chain's own heap blocks (its
+// SGEs, its next C receive); the buffers are T: Send. Nothing is shared with another
+// thread.
+unsafe impl<T: ExclusiveBuf> Send for PreparedRecvChain<T> {}
+
+impl<T: ExclusiveBuf> PreparedRecvChain<T> {
+    /// How many receives it posts (at least 1).
+    pub fn len(&self) -> usize {
+        self.inner.members.len()
+    }
+
+    /// Never: a chain holds at least one receive.
+    pub fn is_empty(&self) -> bool {
+        self.inner.members.is_empty()
+    }
+
+    /// Receive `i`, in posting order, with what its last completion said.
+    pub fn get(&self, i: usize) -> Option<RecvChainMember<'_, T>> {
+        let inner = &*self.inner;
+        Some(RecvChainMember { member: inner.members.get(i)?, arrived: inner.arrived[i] })
+    }
+
+    /// Every receive, in posting order.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = RecvChainMember<'_, T>> {
+        let inner = &*self.inner;
+        inner.members.iter().zip(&inner.arrived).map(|(member, &arrived)| RecvChainMember { member, arrived })
+    }
+
+    /// The receives apart: each buffer, range and id, in posting order.
+    pub fn into_parts(self) -> Vec<(T, Range<usize>, u64)> {
+        self.inner.members.into_iter().map(|m| (m.buf, m.range, m.id)).collect()
+    }
+
+    /// A chain of `members` (1 up to MAX_BATCH) with their SGEs and C receives, checked
+    /// against `pd` and `max_sge`: linked here.
+    fn of(members: Vec<Member<T>>, sges: Vec<Sges>, raws: Vec<ffi::ibv_recv_wr>, pd: PdId, max_sge: u32) -> Self {
+        let arrived = vec![Arrived::default(); members.len()];
+        let mut inner = ChainInner { raws, sges, members, arrived, pd, max_sge };
+        inner.relink();
+        PreparedRecvChain { inner: Box::new(inner) }
+    }
+
+    /// Splits the chain after its first `k` receives (0 < k < len): `self` keeps those,
+    /// the rest comes back (the failure path: the provider stopped inside the chain).
+    #[cold]
+    fn split(&mut self, k: usize) -> Self {
+        let inner = &mut *self.inner;
+        let (members, sges, raws) = (inner.members.split_off(k), inner.sges.split_off(k), inner.raws.split_off(k));
+        inner.arrived.truncate(k);
+        inner.relink();
+        PreparedRecvChain::of(members, sges, raws, inner.pd, inner.max_sge)
+    }
+}
+
+impl<T> ChainInner<T> {
+    /// Points each C receive at its SGEs and links them in order.
+    #[cold]
+    fn relink(&mut self) {
+        let n = self.raws.len();
+        let (raws, sges) = (self.raws.as_mut_ptr(), self.sges.as_mut_ptr());
+        for i in 0..n {
+            let next = if i + 1 < n { raws.wrapping_add(i + 1) } else { std::ptr::null_mut() };
+            // SAFETY: i is below the length of `raws` and of `sges` (built side by side);
+            // the element is written through the pointer alone.
+            unsafe {
+                let wr = raws.add(i);
+                (*wr).sg_list = sges.add(i).cast();
+                (*wr).next = next;
+            }
+        }
+    }
+}
+
+impl<T: ExclusiveBuf> fmt::Debug for PreparedRecvChain<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// One receive of a [`PreparedRecvChain`], read while the chain is yours (not posted):
+/// its buffer, range and id, and what its last completion said.
+pub struct RecvChainMember<'a, T> {
+    member: &'a Member<T>,
+    arrived: Arrived,
+}
+
+impl<'a, T> RecvChainMember<'a, T> {
+    /// The buffer, read-only: what the last receive brought. (It cannot be replaced or
+    /// written: its SGEs are built in.)
+    pub fn buf(&self) -> &'a T {
+        &self.member.buf
+    }
+
+    /// The caller's identifier.
+    pub fn id(&self) -> u64 {
+        self.member.id
+    }
+
+    /// The range of the buffer the receive lands in.
+    pub fn range(&self) -> Range<usize> {
+        self.member.range.clone()
+    }
+
+    /// Bytes its last completion received (0 before the chain's first completion).
+    pub fn byte_len(&self) -> u32 {
+        self.arrived.byte_len
+    }
+
+    /// How its last receive ended ([`WcStatus::Success`] before the first).
+    pub fn status(&self) -> WcStatus {
+        WcStatus::from_raw(self.arrived.status)
+    }
+
+    /// The immediate data its last message carried, in host byte order, if any.
+    pub fn imm_data(&self) -> Option<u32> {
+        let with_imm = self.arrived.flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+        with_imm.then(|| u32::from_be(self.arrived.imm))
+    }
+}
+
+impl<T> fmt::Debug for RecvChainMember<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RecvChainMember")
+            .field("id", &self.member.id)
+            .field("range", &self.member.range)
+            .field("byte_len", &self.arrived.byte_len)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl<T: ExclusiveBuf> Sealed for PreparedRecvChain<T> {}
+
+impl<T: ExclusiveBuf> RecvRequest for PreparedRecvChain<T> {
+    type Back = PreparedRecvChain<T>;
+
+    const CHAIN: bool = true;
+
+    #[inline(always)]
+    fn width(&self) -> usize {
+        self.inner.members.len()
+    }
+
+    /// The chain, ended by `wc` (the queue's `complete` records each member instead).
+    fn finish(self, wc: &WorkCompletion, _: Token) -> Done<PreparedRecvChain<T>> {
+        Done::received(self.inner.members[0].id, self, wc)
+    }
+}
+
+/// Prepared receive chains: receives checked and built once, linked once, then posted
+/// whole again and again with nothing redone but their `wr_id`s.
+///
+/// A program that reposts the same window of receive buffers each round (a bandwidth
+/// tool, an RPC layer's request slots) costs least this way: the shape of a C program
+/// reposting a prebuilt list of `ibv_recv_wr`s, with the checks and the ownership kept.
+/// [`prepare_chain`](RecvQueue::prepare_chain) checks each buffer and range against the
+/// QP (its protection domain, `max_recv_sge`) and builds the C receives and their SGEs
+/// side by side in the chain's own heap blocks, linked once;
+/// [`post`](RecvQueue::post) compares the chain's protection domain and SGE limit with
+/// the queue's, stamps the `wr_id`s in one loop and calls the provider once. The chain
+/// takes one ring entry per receive (so [`outstanding`](RecvQueue::outstanding) and the
+/// CQ share count every receive), sits in the slot of its first, and comes back whole,
+/// once, with the completion of its last receive: [`complete`](RecvQueue::complete) and
+/// [`complete_all`](RecvQueue::complete_all) record each member's completion (bytes
+/// received, status, immediate data) in the chain, allocating nothing, and hand the chain
+/// back in a [`Done`] that names its first receive's id and carries the first failed
+/// member's completion (status, length, vendor error), else its last member's. Each
+/// member is read through [`PreparedRecvChain::get`] or [`iter`](PreparedRecvChain::iter).
+///
+/// Soundness is the receive queue's (see [`SendQueue`](crate::SendQueue)): the chain
+/// owns its buffers ([`ExclusiveBuf`]), is posted by value, stays in the queue's ring until
+/// its last completion, and exposes no `&mut` to a buffer, so none can be swapped or
+/// written; its C receives point into its own heap blocks, which do not move when the
+/// chain does. A chain the provider stops inside (it refuses a receive after taking
+/// some) is split: the part it took stays with the queue until its last completion, the
+/// rest comes back in the error, as a chain.
+///
+/// It is a [`RecvQueue`] (one machine, whatever it keeps): it claims the receive side (a
+/// QP has one at a time) with the same CQ share.
+///
+/// A chain of receives filled by a chain of SENDs, posted again each round:
+///
+#[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/recv_chain.rs")), "```")]
+pub type RecvChainQueue<T> = RecvQueue<T, PreparedRecvChain<T>>;
+
+impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
+    /// Checks each receive `(buffer, range, id)` against this QP (protection domain,
+    /// `max_recv_sge`) and builds them as one chain (1 up to [`MAX_BATCH`] receives, and
+    /// no more than this queue's depth; the allocations are here, not at post time). On
+    /// refusal every buffer comes back, in order.
+    #[allow(clippy::type_complexity)] // the refused receives come back as they were given
+    pub fn prepare_chain<I>(&self, recvs: I) -> Result<PreparedRecvChain<T>, Refused<Vec<(T, Range<usize>, u64)>>>
+    where
+        I: IntoIterator<Item = (T, Range<usize>, u64)>,
+    {
+        let most = (self.depth() as usize).min(MAX_BATCH);
+        let mut recvs = recvs.into_iter();
+        let (mut members, mut sges, mut raws) = (Vec::new(), Vec::new(), Vec::new());
+        while let Some((buf, range, id)) = recvs.next() {
+            let refused = if members.len() == most {
+                Error::invalid(
+                    Verb::PostRecv,
+                    format!("a chain holds at most {most} receives (MAX_BATCH, and this queue's depth)"),
+                )
+            } else {
+                let (mut s, mut raw) = (NO_SGES, EMPTY_RECV);
+                match fill_recv(&buf, range.clone(), 0, (self.max_sge, self.pd), &mut s, &mut raw) {
+                    Ok(_) => {
+                        members.push(Member { buf, range, id });
+                        sges.push(s);
+                        raws.push(raw);
+                        continue;
+                    }
+                    Err(e) => e,
+                }
+            };
+            let back = members.into_iter().map(|m| (m.buf, m.range, m.id)).chain([(buf, range, id)]).chain(recvs);
+            return Err(Refused::new(refused, back.collect()));
+        }
+        if members.is_empty() {
+            return Err(Refused::new(Error::invalid(Verb::PostRecv, "a chain needs at least one receive"), Vec::new()));
+        }
+        Ok(PreparedRecvChain::of(members, sges, raws, self.pd, self.max_sge))
+    }
+
+    /// Posts a prepared chain whole (one provider call, no allocation, no syscall). On
+    /// refusal it comes back in the error; if the provider stops inside it, the part it
+    /// took stays posted and the rest comes back, as a chain.
+    #[inline(always)]
+    #[allow(clippy::result_large_err)] // the refused chain comes back by value
+    pub fn post(&mut self, chain: PreparedRecvChain<T>) -> Result<(), Refused<PreparedRecvChain<T>>> {
+        let (raw, max_sge, pd, head) = (self.raw, self.max_sge, self.pd, self.ring_head());
+        let inner = &*chain.inner;
+        if inner.pd != pd || inner.max_sge != max_sge {
+            if let Err(e) = takes(inner, max_sge, pd) {
+                return Err(Refused::new(e, chain));
+            }
+        }
+        let (ring, tag) = self.ring_and_tag();
+        let w = chain.inner.raws.len();
+        if w > ring.free() {
+            let cap = ring.cap;
+            return Err(Refused::new(queue_full(Verb::PostRecv, cap), chain));
+        }
+        let mut chain = chain;
+        let first = chain.inner.raws.as_mut_ptr();
+        if (head & LOW_MASK) + w as u64 <= LOW_MASK {
+            // No carry into the tag bits: the wr_ids are the first's plus i.
+            let base = recv_wr_id(tag, head);
+            for i in 0..w {
+                // SAFETY: i is below the length of `raws`; the element is written through
+                // the pointer alone, so the links into it stay valid.
+                unsafe { (*first.add(i)).wr_id = base + i as u64 };
+            }
+        } else {
+            // SAFETY: `first` heads the chain's `w` C receives.
+            unsafe { stamp_wrapping(first, w, tag, head) };
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the QP is alive (the queue's claim); the chain's C receives are linked
+        // (the last `next` NULL), in its heap blocks with their SGEs, naming bytes of its
+        // buffers, which the ring owns until the last completion and nobody else can
+        // reach (ExclusiveBuf).
+        let rc = unsafe { ffi::ibv_post_recv(raw, first, &mut bad) };
+        if let Err(e) = conv::errno(Verb::PostRecv, rc) {
+            return self.post_failed(chain, e, first, bad);
+        }
+        let (ring, _) = self.ring_and_tag();
+        ring.stage(0, chain);
+        ring.commit(w);
+        Ok(())
+    }
+
+    /// The provider refused the chain at `bad`: what it took before stays posted, the
+    /// rest comes back with the error.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::result_large_err)] // the refused chain comes back by value
+    fn post_failed(
+        &mut self,
+        mut chain: PreparedRecvChain<T>,
+        e: Error,
+        first: *mut ffi::ibv_recv_wr,
+        bad: *mut ffi::ibv_recv_wr,
+    ) -> Result<(), Refused<PreparedRecvChain<T>>> {
+        // SAFETY: `first` heads the chain's linked C receives, the last `next` NULL.
+        let k = unsafe { stopped_at(first, bad) };
+        if k == 0 {
+            return Err(Refused::new(e, chain));
+        }
+        let rest = chain.split(k);
+        let (ring, _) = self.ring_and_tag();
+        ring.stage(0, chain);
+        ring.commit(k);
+        Err(Refused::new(e, rest))
+    }
+
+    /// Takes a completion of this receive queue: records it in the chain of its receive
+    /// and, when it is the chain's last, hands the chain back to `done`. Returns how many
+    /// completions it took (1). Receives complete in posting order; anything else is
+    /// refused.
+    #[inline]
+    pub fn complete(
+        &mut self,
+        wc: &mut WorkCompletion,
+        mut done: impl FnMut(Done<PreparedRecvChain<T>>),
+    ) -> Result<usize> {
+        let ChainState { ring, tag, qp_num, into, member_fail } = self.chain_state();
+        let tail = ring.tail;
+        if !((wc.wr_id() == tag | (tail & LOW_MASK)) & (wc.qp_num() == qp_num) & (tail != ring.head)) {
+            return Err(not_ours("receive", wc));
+        }
+        wc.consume();
+        ring.tail = tail + 1;
+        let slot = ring.slot(tail - *into);
+        // SAFETY: the oldest outstanding chain sits `into` slots behind the tail (the
+        // ring's layout for chains), initialized until read out below.
+        let inner = unsafe { &mut *slot.assume_init_mut().inner };
+        let at = *into as usize;
+        inner.arrived[at] = Arrived::of(wc);
+        if !wc.is_success() {
+            member_failed(member_fail, at, wc);
+        }
+        if at + 1 < inner.arrived.len() {
+            *into += 1;
+            return Ok(1);
+        }
+        *into = 0;
+        // SAFETY: as above; its last member completed, so it is read out, once.
+        let chain = unsafe { slot.assume_init_read() };
+        done(done_of(chain, wc, member_fail.take()));
+        Ok(1)
+    }
+
+    /// Takes a poll's completions in order, each as [`complete`](Self::complete) does,
+    /// and hands every chain whose last receive completed to `done`; returns how many
+    /// completions it took. Stops at the first completion that is not this queue's, with
+    /// its error: the ones before it are taken, it and the rest are left as they were.
+    /// The completions of a chain's members are checked and recorded in one loop with the
+    /// chain at hand: the cheaper way to take a batch of them.
+    // Out of line: one call per poll, with a loop that keeps its state in registers.
+    #[inline(never)]
+    pub fn complete_all(
+        &mut self,
+        wcs: &mut [WorkCompletion],
+        mut done: impl FnMut(Done<PreparedRecvChain<T>>),
+    ) -> Result<usize> {
+        let mut at = 0;
+        while at < wcs.len() {
+            // One run: the oldest chain's next members, up to its last or the poll's end.
+            // (The queue's state is read afresh each run: nothing kept across `done`.)
+            let ChainState { ring, tag, qp_num, into, member_fail } = self.chain_state();
+            let tail = ring.tail;
+            if tail == ring.head {
+                break;
+            }
+            let (base, mask) = ring.slot_base();
+            // SAFETY: a masked index is in bounds (`slot_base`); the oldest outstanding
+            // chain sits `into` slots behind the tail, initialized until read out below;
+            // the ring is not borrowed whole meanwhile (only its tail is written).
+            let slot = unsafe { &mut *base.add(((tail - *into) & mask) as usize) };
+            // SAFETY: as above.
+            let inner = unsafe { &mut *slot.assume_init_mut().inner };
+            let (from, width) = (*into as usize, inner.arrived.len());
+            let arrived = inner.arrived.as_mut_ptr();
+            let rest = &mut wcs[at..];
+            let len = (width - from).min(rest.len());
+            let run = &mut rest[..len];
+            // The chain's members are all posted: only the wr_id and the QP to compare,
+            // the wr_ids counted up from the first (out of line when the sequence numbers
+            // wrap inside the run).
+            let first = tail & LOW_MASK;
+            let (took, failed) = if first + len as u64 <= LOW_MASK {
+                // SAFETY: `arrived` has room for the run past `from` (from + len <= width).
+                unsafe { take_run(run, tag | first, qp_num, arrived.wrapping_add(from)) }
+            } else {
+                // SAFETY: as above.
+                unsafe { take_wrapping_run(run, tag, tail, qp_num, arrived.wrapping_add(from)) }
+            };
+            if failed != 0 {
+                // SAFETY: the run's members were just written.
+                unsafe { first_failure(member_fail, arrived, from, from + took) };
+            }
+            ring.tail = tail + took as u64;
+            at += took;
+            if from + took < width {
+                *into = (from + took) as u64;
+                if took < len {
+                    break;
+                }
+                continue;
+            }
+            *into = 0;
+            // SAFETY: its last member completed (the ring's tail is past it), so it is
+            // read out, once.
+            let chain = unsafe { slot.assume_init_read() };
+            let failed = member_fail.take();
+            done(done_of(chain, &wcs[at - 1], failed));
+        }
+        match wcs.get(at) {
+            Some(stranger) => Err(not_ours("receive", stranger)),
+            None => Ok(at),
+        }
+    }
+}
+
+/// Takes the completions of a run of one chain's members (whose `wr_id`s are `first`,
+/// `first + 1`, ..., on QP `qp_num`), recording each in `arrived`, up to the first that
+/// is not the next: returns how many, and the statuses OR-ed (0: every one a success).
+///
+/// # Safety
+/// `arrived` has room for `wcs.len()` records.
+#[inline(always)]
+unsafe fn take_run(wcs: &mut [WorkCompletion], first: u64, qp_num: u32, arrived: *mut Arrived) -> (usize, u32) {
+    let mut failed = 0;
+    // Takes `wc` as member `k` of the run when it is the next; returns whether it was.
+    let mut take = |wc: &mut WorkCompletion, k: usize| {
+        if wc.wr_id() != first + k as u64 || wc.qp_num() != qp_num {
+            return false;
+        }
+        wc.consume();
+        failed |= wc.as_raw().status.0;
+        // SAFETY: k is below wcs.len(), for which the caller's `arrived` has room; the
+        // source is the initialized words of `ibv_wc` that `in_wc` names.
+        unsafe { std::ptr::copy_nonoverlapping(Arrived::in_wc(wc), arrived.add(k), 1) };
+        true
+    };
+    // Two at a time: half the loop's own instructions, in a loop run for every completion.
+    let mut pairs = wcs.chunks_exact_mut(2);
+    let mut k = 0;
+    for pair in &mut pairs {
+        if let [a, b] = pair {
+            if !take(a, k) {
+                return (k, failed);
+            }
+            if !take(b, k + 1) {
+                return (k + 1, failed);
+            }
+        }
+        k += 2;
+    }
+    if let [a] = pairs.into_remainder() {
+        k += usize::from(take(a, k));
+    }
+    (k, failed)
+}
+
+/// [`take_run`] for a run inside which the sequence numbers wrap (once in 2^40): the
+/// `wr_id`s are those of sequence numbers `seq..` of the queue whose tag bits are `tag`.
+///
+/// # Safety
+/// As for [`take_run`].
+#[cold]
+#[inline(never)]
+unsafe fn take_wrapping_run(
+    wcs: &mut [WorkCompletion],
+    tag: u64,
+    seq: u64,
+    qp_num: u32,
+    arrived: *mut Arrived,
+) -> (usize, u32) {
+    let (mut k, mut failed) = (0, 0);
+    for wc in wcs {
+        if wc.wr_id() != recv_wr_id(tag, seq + k as u64) || wc.qp_num() != qp_num {
+            break;
+        }
+        wc.consume();
+        failed |= wc.as_raw().status.0;
+        // SAFETY: as in `take_run`.
+        unsafe { arrived.add(k).write(Arrived::of(wc)) };
+        k += 1;
+    }
+    (k, failed)
+}
+
+/// Keeps the first failed member among `from..to` of the oldest chain, recorded in
+/// `arrived` (the failure path only).
+///
+/// # Safety
+/// `arrived[from..to]` were written.
+#[cold]
+#[inline(never)]
+unsafe fn first_failure(first: &mut Option<(usize, u32)>, arrived: *const Arrived, from: usize, to: usize) {
+    for i in from..to {
+        // SAFETY: the caller's contract.
+        let a = unsafe { arrived.add(i).read() };
+        if a.status != 0 {
+            first.get_or_insert((i, a.vendor_err));
+            return;
+        }
+    }
+}
+
+/// Stamps the `w` C receives at `first` as sequence numbers `head..`, which wrap inside
+/// them (once in 2^40).
+///
+/// # Safety
+/// `first` heads `w` C receives side by side.
+#[cold]
+#[inline(never)]
+unsafe fn stamp_wrapping(first: *mut ffi::ibv_recv_wr, w: usize, tag: u64, head: u64) {
+    for i in 0..w {
+        // SAFETY: the caller's contract; written through the pointer alone.
+        unsafe { (*first.add(i)).wr_id = recv_wr_id(tag, head + i as u64) };
+    }
+}
+
+/// Keeps the first failed member of the oldest chain (the failure path only).
+#[cold]
+#[inline(never)]
+fn member_failed(first: &mut Option<(usize, u32)>, at: usize, wc: &WorkCompletion) {
+    first.get_or_insert((at, wc.vendor_err()));
+}
+
+/// The finished chain, ended by its last member's completion `last`, or reported by its
+/// first failed member's (`failed`).
+#[inline(always)]
+fn done_of<T: ExclusiveBuf>(
+    chain: PreparedRecvChain<T>,
+    last: &WorkCompletion,
+    failed: Option<(usize, u32)>,
+) -> Done<PreparedRecvChain<T>> {
+    let id = chain.inner.members[0].id;
+    match failed {
+        None => Done::received(id, chain, last),
+        Some((at, vendor_err)) => failed_done(id, chain, last.qp_num(), at, vendor_err),
+    }
+}
+
+#[cold]
+fn failed_done<T: ExclusiveBuf>(
+    id: u64,
+    chain: PreparedRecvChain<T>,
+    qp_num: u32,
+    at: usize,
+    vendor_err: u32,
+) -> Done<PreparedRecvChain<T>> {
+    let a = chain.inner.arrived[at];
+    let status = WcStatus::from_raw(a.status);
+    Done { id, buf: chain, status, byte_len: a.byte_len, op: WcOpcode::Recv, qp_num, vendor_err }
+}
+
+/// Whether a queue with `max_sge` and `pd` takes a chain prepared for another.
+#[cold]
+fn takes<T>(c: &ChainInner<T>, max_sge: u32, pd: PdId) -> Result<()> {
+    if c.pd != pd {
+        return Err(Error::invalid(
+            Verb::PostRecv,
+            "a receive chain prepared for a QP of another protection domain: its buffers are not registered in this one",
+        ));
+    }
+    let n = c.raws.iter().map(|r| r.num_sge as u32).max().unwrap_or(0);
+    if n > max_sge {
+        return Err(Error::invalid(
+            Verb::PostRecv,
+            format!(
+                "a receive chain prepared with {n} SGEs in a receive, but this queue takes {max_sge} (max_recv_sge)"
+            ),
+        ));
+    }
+    Ok(())
+}

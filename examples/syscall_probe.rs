@@ -316,6 +316,9 @@ fn wr(op: Op, buf: Chunk, target: RemoteMr) -> SendWr<Chunk> {
 
 /// SendQueue: every round builds its requests anew (`post`, or `post_batch` for K > 1),
 /// and `complete` hands each source back.
+// Each way is compiled on its own (out of line): inlined into one `run`, a way's count
+// moved by a few instructions whenever another way changed.
+#[inline(never)]
 fn sends_safe(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
     let mut sq = lo.a.send_queue::<Chunk>()?;
     let mut bufs: Vec<Chunk> = lo.srcs.drain(..k).collect();
@@ -344,6 +347,7 @@ fn sends_safe(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
 
 /// PreparedQueue: K requests prepared once (before the rounds), posted again every round
 /// (`post`, or `post_batch` for K > 1); `complete` hands each back.
+#[inline(never)]
 fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
     let mut pq = lo.a.prepared_queue::<Chunk>()?;
     let mut ps = Vec::with_capacity(k);
@@ -373,6 +377,7 @@ fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()>
 }
 
 /// ChainQueue: the K requests prepared as one chain, posted whole each round.
+#[inline(never)]
 fn sends_chain(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
     let mut pq = lo.a.chain_queue::<Chunk>()?;
     let target = lo.target;
@@ -440,6 +445,7 @@ impl RawSends {
 
 /// The raw API: C requests built once, only the `wr_id`s stamped per post; completions
 /// polled and counted.
+#[inline(never)]
 fn sends_raw(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
     let mut chain = RawSends::new(op, &lo.srcs[..k], lo.target);
     for _ in 0..rounds {
@@ -450,6 +456,7 @@ fn sends_raw(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
 
 /// RecvQueue: K receives posted every round (`post`, or `post_batch` for K > 1); the
 /// raw way's SENDs fill them, and `complete` hands each buffer back.
+#[inline(never)]
 fn recvs_safe(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
     let mut rq = lo.b.recv_queue::<Chunk>()?;
     let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
@@ -480,6 +487,7 @@ fn recvs_safe(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
 /// PreparedRecvQueue: K receives prepared once (before the rounds), posted again every
 /// round (`post`, or `post_batch` for K > 1); the raw way's SENDs fill them, and
 /// `complete` hands each back.
+#[inline(never)]
 fn recvs_prepared(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
     let mut rq = lo.b.prepared_recv_queue::<Chunk>()?;
     let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
@@ -514,6 +522,7 @@ fn recvs_prepared(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
 /// (`post`); the raw way's SENDs fill them, each poll's completions are taken with one
 /// `complete_all`, and the chain comes back once, its Done carrying the first failure
 /// among its receives (checked, as the raw way checks each).
+#[inline(never)]
 fn recvs_chain(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
     let mut rq = lo.b.recv_chain_queue::<Chunk>()?;
     let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
@@ -535,6 +544,7 @@ fn recvs_chain(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
 
 /// The raw API: a chain of K C receive requests built once, only the `wr_id`s stamped
 /// per post (`post_recv_raw`); the same SENDs fill them; completions polled and counted.
+#[inline(never)]
 fn recvs_raw(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
     let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
     let mut sges: Box<[ffi::ibv_sge]> =

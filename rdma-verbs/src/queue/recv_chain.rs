@@ -522,22 +522,23 @@ unsafe fn take_run(wcs: &mut [WorkCompletion], first: u64, qp_num: u32, arrived:
         unsafe { std::ptr::copy_nonoverlapping(Arrived::in_wc(wc), arrived.add(k), 1) };
         true
     };
-    // Two at a time: half the loop's own instructions, in a loop run for every completion.
-    let mut pairs = wcs.chunks_exact_mut(2);
+    // Four at a time: a quarter of the loop's own instructions, in a loop run for every
+    // completion.
+    let mut quads = wcs.chunks_exact_mut(4);
     let mut k = 0;
-    for pair in &mut pairs {
-        if let [a, b] = pair {
-            if !take(a, k) {
-                return (k, failed);
-            }
-            if !take(b, k + 1) {
-                return (k + 1, failed);
+    for quad in &mut quads {
+        for (j, wc) in quad.iter_mut().enumerate() {
+            if !take(wc, k + j) {
+                return (k + j, failed);
             }
         }
-        k += 2;
+        k += 4;
     }
-    if let [a] = pairs.into_remainder() {
-        k += usize::from(take(a, k));
+    for wc in quads.into_remainder() {
+        if !take(wc, k) {
+            break;
+        }
+        k += 1;
     }
     (k, failed)
 }

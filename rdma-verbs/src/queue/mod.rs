@@ -155,6 +155,17 @@ fn queue_full(verb: Verb, depth: u64) -> Error {
     Error::invalid(verb, format!("the queue is full ({depth} outstanding): poll completions first"))
 }
 
+/// A chain of `width` C requests posted on a queue only `depth` deep (it was prepared for
+/// a deeper one): it would never fit, however many completions are taken.
+#[cold]
+#[inline(never)]
+fn wider_than_queue(verb: Verb, width: usize, depth: u64) -> Error {
+    Error::invalid(
+        verb,
+        format!("a chain of {width} requests never fits this queue, {depth} deep: split it, or claim a deeper queue"),
+    )
+}
+
 #[cold]
 #[inline(never)]
 fn not_ours(side: &str, wc: &WorkCompletion) -> Error {

@@ -8,7 +8,7 @@ use super::recv::{fill_recv, recv_wr_id, ChainState, RecvQueue, RecvRequest, EMP
 use super::request::sealed::Sealed;
 use super::request::Token;
 use super::tag::LOW_MASK;
-use super::{not_ours, queue_full, stopped_at, Sges, MAX_BATCH, NO_SGES};
+use super::{not_ours, queue_full, stopped_at, wider_than_queue, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{ExclusiveBuf, PdId};
 use crate::conv;
 use crate::error::{Error, Refused, Result, Verb};
@@ -327,18 +327,21 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
     #[allow(clippy::result_large_err)] // the refused chain comes back by value
     pub fn post(&mut self, chain: PreparedRecvChain<T>) -> Result<(), Refused<PreparedRecvChain<T>>> {
         let (raw, max_sge, pd, head) = (self.raw, self.max_sge, self.pd, self.ring_head());
+        let w = chain.inner.raws.len();
+        let (ring, _) = self.ring_and_tag();
+        if w > ring.free() {
+            let cap = ring.cap;
+            let e =
+                if w as u64 > cap { wider_than_queue(Verb::PostRecv, w, cap) } else { queue_full(Verb::PostRecv, cap) };
+            return Err(Refused::new(e, chain));
+        }
         let inner = &*chain.inner;
         if inner.pd != pd || inner.max_sge != max_sge {
             if let Err(e) = takes(inner, max_sge, pd) {
                 return Err(Refused::new(e, chain));
             }
         }
-        let (ring, tag) = self.ring_and_tag();
-        let w = chain.inner.raws.len();
-        if w > ring.free() {
-            let cap = ring.cap;
-            return Err(Refused::new(queue_full(Verb::PostRecv, cap), chain));
-        }
+        let (_, tag) = self.ring_and_tag();
         let mut chain = chain;
         let first = chain.inner.raws.as_mut_ptr();
         if (head & LOW_MASK) + w as u64 <= LOW_MASK {

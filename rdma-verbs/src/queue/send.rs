@@ -8,7 +8,7 @@ use super::claim::{bury, Claim, ClaimOwner};
 use super::request::{zeroed_wr, End, Ext, SendLimits, SendRequest, TOKEN};
 use super::ring::{failure_of, Batch, Ring};
 use super::tag::{send_wr_id, Tag, LOW_MASK};
-use super::{batch_too_long, depth, queue_full, Chain, Sges, MAX_BATCH, NO_SGES};
+use super::{batch_too_long, depth, queue_full, wider_than_queue, Chain, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{PdId, SendBuf};
 use crate::conv;
 use crate::cq::CqReservation;
@@ -354,7 +354,13 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let SendQueue { ring, scratch, limits, key, ext, tag_bits, .. } = self;
         let w = wr.width();
         if n + w > room {
-            let e = if n + w > most { batch_too_long() } else { queue_full(Verb::PostSend, ring.cap) };
+            let e = if n + w > most {
+                batch_too_long()
+            } else if w as u64 > ring.cap {
+                wider_than_queue(Verb::PostSend, w, ring.cap)
+            } else {
+                queue_full(Verb::PostSend, ring.cap)
+            };
             return Err(refusal(e, wr));
         }
         let SendScratch { sges, raws, counts } = &mut **scratch;

@@ -197,6 +197,11 @@ fn a_chain_is_refused_whole_before_c_when_empty_too_long_bad_full_or_for_another
     let Refused { error: e, value: foreign } = a.cq_.post(foreign).unwrap_err();
     assert!(e.to_string().contains("another protection domain"), "{e}");
     assert_eq!((foreign.len(), a.cq_.outstanding()), (3, 4));
+    // Prepared for a deeper queue, wider than this one: named so, not "full".
+    let wide = c.cq_.prepare_chain(writes(&pd2, &t2, 9)).unwrap();
+    let Refused { error: e, value: wide } = a.cq_.post(wide).unwrap_err();
+    assert!(e.to_string().contains("a chain of 9 requests never fits this queue, 8 deep"), "{e}");
+    assert_eq!((wide.len(), a.cq_.outstanding()), (9, 4));
     let mut two = a.cq_.prepare_chain(writes(&pd, &t, 2)).unwrap();
     let stranger = d.pq.prepare(writes(&pd2, &t2, 1).pop().unwrap()).unwrap();
     let mine = std::mem::replace(two.get_mut(1).unwrap(), stranger);
@@ -209,7 +214,7 @@ fn a_chain_is_refused_whole_before_c_when_empty_too_long_bad_full_or_for_another
     assert_eq!(a.cq_.outstanding(), 6);
     // Dropped with six C requests outstanding: kept until the QP is gone (the leak check).
     drop(a.cq_);
-    drop((c, d, foreign, six));
+    drop((c, d, foreign, six, wide));
 }
 
 #[test]

@@ -201,6 +201,14 @@ fn a_receive_chain_is_refused_before_c_when_empty_too_long_bad_full_or_for_anoth
     let (e, chain) = d.rq.post(chain).unwrap_err().into_parts();
     assert!(e.to_string().contains("another protection domain"), "{e}");
     assert_eq!((d.rq.outstanding(), chain.len()), (0, 3));
+    // Prepared for a deeper queue, wider than b's: named so, not "full".
+    let (pd3, _e, f) = rc_pair::<Chunk>(QpAccess::empty());
+    let f = receiving(f, 8);
+    let wide = f.rq.prepare_chain(recvs(&pd3, 5, LEN, 0)).unwrap();
+    let (e, wide) = b.rq.post(wide).unwrap_err().into_parts();
+    assert!(e.to_string().contains("a chain of 5 requests never fits this queue, 4 deep"), "{e}");
+    assert_eq!((b.rq.outstanding(), wide.len()), (0, 5));
+    drop((wide, f));
     // A queue of depth 4 takes the 3; a chain of 2 more does not fit and comes back.
     posted(b.rq.post(chain));
     let two = b.rq.prepare_chain(recvs(&pd, 2, LEN, 3)).unwrap();

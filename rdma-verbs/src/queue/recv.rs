@@ -83,6 +83,7 @@ impl QueuePair {
             tag_bits: RECV_TAG | tag.bits(),
             into: 0,
             member_fail: None,
+            run: Run::NONE,
             tag,
             claim,
             _buf: PhantomData,
@@ -208,6 +209,8 @@ pub struct RecvQueue<T: Send + 'static, R: RecvRequest = (T, u64)> {
     /// The first failed member of the oldest chain, and its vendor error (chains only;
     /// the failure path).
     member_fail: Option<(usize, u32)>,
+    /// Where the next run of the oldest chain's completions goes (chains only).
+    run: Run,
     claim: Claim<crate::qp::QpInner>,
     _buf: PhantomData<fn() -> T>,
 }
@@ -262,6 +265,7 @@ impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
             qp_num: self.qp_num,
             into: &mut self.into,
             member_fail: &mut self.member_fail,
+            run: &mut self.run,
         }
     }
 
@@ -291,6 +295,26 @@ pub(super) struct ChainState<'q, R> {
     pub(super) into: &'q mut u64,
     /// Its first failed member and that one's vendor error.
     pub(super) member_fail: &'q mut Option<(usize, u32)>,
+    pub(super) run: &'q mut Run,
+}
+
+/// A receive chain queue's cursor into its oldest chain, kept between polls so that a
+/// poll's run of that chain's completions starts without looking the chain up: `left`
+/// completions may be taken from `next_id` on, their records written from `at` on.
+/// Set from the ring when a run starts with `left` 0; `left` never passes the chain's
+/// last member nor the sequence numbers' wrap, so it is 0 again when the oldest chain
+/// changes (its last member taken). `complete` sets it to 0.
+pub(super) struct Run {
+    /// The record of the oldest chain's next member (in its `arrived`, a heap block that
+    /// does not move while the chain is posted); meaningful only while `left` > 0.
+    pub(super) at: *mut u8,
+    pub(super) left: u64,
+    /// The `wr_id` of the next completion.
+    pub(super) next_id: u64,
+}
+
+impl Run {
+    pub(super) const NONE: Run = Run { at: std::ptr::null_mut(), left: 0, next_id: 0 };
 }
 
 impl<T: ExclusiveBuf> RecvQueue<T> {

@@ -4,9 +4,10 @@
 use std::fmt;
 use std::ops::Range;
 
-use super::recv::{fill_recv, recv_wr_id, ChainState, RecvQueue, RecvRequest, EMPTY_RECV};
+use super::recv::{fill_recv, recv_wr_id, ChainState, RecvQueue, RecvRequest, Run, EMPTY_RECV};
 use super::request::sealed::Sealed;
 use super::request::Token;
+use super::ring::Ring;
 use super::tag::LOW_MASK;
 use super::{not_ours, queue_full, stopped_at, wider_than_queue, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{ExclusiveBuf, PdId};
@@ -346,11 +347,18 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         let first = chain.inner.raws.as_mut_ptr();
         if (head & LOW_MASK) + w as u64 <= LOW_MASK {
             // No carry into the tag bits: the wr_ids are the first's plus i.
-            let base = recv_wr_id(tag, head);
-            for i in 0..w {
-                // SAFETY: i is below the length of `raws`; the element is written through
-                // the pointer alone, so the links into it stay valid.
-                unsafe { (*first.add(i)).wr_id = base + i as u64 };
+            let mut id = recv_wr_id(tag, head);
+            let mut at = first;
+            // SAFETY: `raws` has w elements from `first` (one past its last is `end`).
+            let end = unsafe { first.add(w) };
+            while at != end {
+                // SAFETY: `at` is below `end`; the element is written through the pointer
+                // alone, so the links into it stay valid.
+                unsafe {
+                    (*at).wr_id = id;
+                    at = at.add(1);
+                }
+                id += 1;
             }
         } else {
             // SAFETY: `first` heads the chain's `w` C receives.
@@ -405,11 +413,13 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         wc: &mut WorkCompletion,
         mut done: impl FnMut(Done<PreparedRecvChain<T>>),
     ) -> Result<usize> {
-        let ChainState { ring, tag, qp_num, into, member_fail } = self.chain_state();
+        let ChainState { ring, tag, qp_num, into, member_fail, run } = self.chain_state();
         let tail = ring.tail;
         if !((wc.wr_id() == tag | (tail & LOW_MASK)) & (wc.qp_num() == qp_num) & (tail != ring.head)) {
             return Err(not_ours("receive", wc));
         }
+        // The next `complete_all` looks the chain up afresh (this writes its record by index).
+        run.left = 0;
         wc.consume();
         ring.tail = tail + 1;
         let slot = ring.slot(tail - *into);
@@ -438,8 +448,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
     /// its error: the ones before it are taken, it and the rest are left as they were.
     /// The completions of a chain's members are checked and recorded in one loop with the
     /// chain at hand: the cheaper way to take a batch of them.
-    // Out of line: one call per poll, with a loop that keeps its state in registers.
-    #[inline(never)]
+    #[inline]
     pub fn complete_all(
         &mut self,
         wcs: &mut [WorkCompletion],
@@ -447,52 +456,46 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
     ) -> Result<usize> {
         let mut at = 0;
         while at < wcs.len() {
-            // One run: the oldest chain's next members, up to its last or the poll's end.
-            // (The queue's state is read afresh each run: nothing kept across `done`.)
-            let ChainState { ring, tag, qp_num, into, member_fail } = self.chain_state();
-            let tail = ring.tail;
-            if tail == ring.head {
+            // One run: the oldest chain's next members, up to its last, the sequence
+            // numbers' wrap or the poll's end. (The queue's state is read afresh each
+            // run: nothing kept across `done`.)
+            let ChainState { ring, tag, qp_num, into, member_fail, run } = self.chain_state();
+            if run.left == 0 && !start_run(ring, tag, *into, run) {
                 break;
             }
-            let (base, mask) = ring.slot_base();
-            // SAFETY: a masked index is in bounds (`slot_base`); the oldest outstanding
-            // chain sits `into` slots behind the tail, initialized until read out below;
-            // the ring is not borrowed whole meanwhile (only its tail is written).
-            let slot = unsafe { &mut *base.add(((tail - *into) & mask) as usize) };
-            // SAFETY: as above.
-            let inner = unsafe { &mut *slot.assume_init_mut().inner };
-            let (from, width) = (*into as usize, inner.arrived.len());
-            let arrived = inner.arrived.as_mut_ptr();
             let rest = &mut wcs[at..];
-            let len = (width - from).min(rest.len());
-            let run = &mut rest[..len];
-            // The chain's members are all posted: only the wr_id and the QP to compare,
-            // the wr_ids counted up from the first (out of line when the sequence numbers
-            // wrap inside the run).
-            let first = tail & LOW_MASK;
-            let (took, failed) = if first + len as u64 <= LOW_MASK {
-                // SAFETY: `arrived` has room for the run past `from` (from + len <= width).
-                unsafe { take_run(run, tag | first, qp_num, arrived.wrapping_add(from)) }
-            } else {
-                // SAFETY: as above.
-                unsafe { take_wrapping_run(run, tag, tail, qp_num, arrived.wrapping_add(from)) }
-            };
+            let len = (run.left as usize).min(rest.len());
+            let arrived = run.at.cast::<Arrived>();
+            // SAFETY: `run` points at the record of the oldest chain's next member, with
+            // `left` more records after it (`start_run`), and len <= left. The wr_ids
+            // counted up from `next_id` over them do not wrap (`left` stops short).
+            let (took, failed) = unsafe { take_run(&mut rest[..len], run.next_id, qp_num, arrived) };
             if failed != 0 {
-                // SAFETY: the run's members were just written.
-                unsafe { first_failure(member_fail, arrived, from, from + took) };
+                // SAFETY: the run's `took` records were just written.
+                unsafe { first_failure(member_fail, arrived, *into as usize, took) };
             }
-            ring.tail = tail + took as u64;
+            ring.tail += took as u64;
+            *into += took as u64;
+            run.left -= took as u64;
+            run.next_id += took as u64;
+            run.at = arrived.wrapping_add(took).cast();
             at += took;
-            if from + took < width {
-                *into = (from + took) as u64;
-                if took < len {
-                    break;
-                }
+            if took < len {
+                break; // a stranger
+            }
+            if run.left != 0 {
+                continue; // the poll's end
+            }
+            // The chain's last member or the wrap (then the next run starts afresh).
+            let slot = ring.slot(ring.tail - *into);
+            // SAFETY: the oldest outstanding chain sits `into` slots behind the tail,
+            // initialized until read out below.
+            if (*into as usize) < unsafe { slot.assume_init_ref() }.inner.arrived.len() {
                 continue;
             }
             *into = 0;
             // SAFETY: its last member completed (the ring's tail is past it), so it is
-            // read out, once.
+            // read out, once; `run.left` is 0, so nothing points into it any more.
             let chain = unsafe { slot.assume_init_read() };
             let failed = member_fail.take();
             done(done_of(chain, &wcs[at - 1], failed));
@@ -504,6 +507,25 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
     }
 }
 
+/// Sets `run` at the oldest outstanding chain's next member (`into` of it completed):
+/// as many completions as it has left, stopping short of the sequence numbers' wrap.
+/// False when no receive is outstanding.
+#[inline]
+fn start_run<T: ExclusiveBuf>(ring: &mut Ring<PreparedRecvChain<T>>, tag: u64, into: u64, run: &mut Run) -> bool {
+    let tail = ring.tail;
+    if tail == ring.head {
+        return false;
+    }
+    // SAFETY: the oldest outstanding chain sits `into` slots behind the tail, initialized;
+    // `into` is below its width (it would have been read out at its last member).
+    let inner = unsafe { &mut *ring.slot(tail - into).assume_init_mut().inner };
+    let seq = tail & LOW_MASK;
+    run.left = ((inner.arrived.len() as u64) - into).min(LOW_MASK + 1 - seq);
+    run.at = inner.arrived.as_mut_ptr().wrapping_add(into as usize).cast();
+    run.next_id = tag | seq;
+    true
+}
+
 /// Takes the completions of a run of one chain's members (whose `wr_id`s are `first`,
 /// `first + 1`, ..., on QP `qp_num`), recording each in `arrived`, up to the first that
 /// is not the next: returns how many, and the statuses OR-ed (0: every one a success).
@@ -513,9 +535,10 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
 #[inline(always)]
 unsafe fn take_run(wcs: &mut [WorkCompletion], first: u64, qp_num: u32, arrived: *mut Arrived) -> (usize, u32) {
     let mut failed = 0;
-    // Takes `wc` as member `k` of the run when it is the next; returns whether it was.
-    let mut take = |wc: &mut WorkCompletion, k: usize| {
-        if wc.wr_id() != first + k as u64 || wc.qp_num() != qp_num {
+    // Takes `wc` as member `k` of the run, whose wr_id is `id`, when it is the next;
+    // returns whether it was.
+    let mut take = |wc: &mut WorkCompletion, k: usize, id: u64| {
+        if wc.wr_id() != id || wc.qp_num() != qp_num {
             return false;
         }
         wc.consume();
@@ -525,20 +548,21 @@ unsafe fn take_run(wcs: &mut [WorkCompletion], first: u64, qp_num: u32, arrived:
         unsafe { std::ptr::copy_nonoverlapping(Arrived::in_wc(wc), arrived.add(k), 1) };
         true
     };
-    // Four at a time: a quarter of the loop's own instructions, in a loop run for every
-    // completion.
-    let mut quads = wcs.chunks_exact_mut(4);
+    // Eight at a time, each compared with the group's first wr_id plus its place: an
+    // eighth of the loop's own instructions, in a loop run for every completion.
+    let mut groups = wcs.chunks_exact_mut(8);
     let mut k = 0;
-    for quad in &mut quads {
-        for (j, wc) in quad.iter_mut().enumerate() {
-            if !take(wc, k + j) {
+    for group in &mut groups {
+        let id = first + k as u64;
+        for (j, wc) in group.iter_mut().enumerate() {
+            if !take(wc, k + j, id + j as u64) {
                 return (k + j, failed);
             }
         }
-        k += 4;
+        k += 8;
     }
-    for wc in quads.into_remainder() {
-        if !take(wc, k) {
+    for wc in groups.into_remainder() {
+        if !take(wc, k, first + k as u64) {
             break;
         }
         k += 1;
@@ -546,47 +570,19 @@ unsafe fn take_run(wcs: &mut [WorkCompletion], first: u64, qp_num: u32, arrived:
     (k, failed)
 }
 
-/// [`take_run`] for a run inside which the sequence numbers wrap (once in 2^40): the
-/// `wr_id`s are those of sequence numbers `seq..` of the queue whose tag bits are `tag`.
+/// Keeps the first failed member among the `took` records from `arrived` on, which are
+/// those of the oldest chain's members `from..` (the failure path only).
 ///
 /// # Safety
-/// As for [`take_run`].
+/// The `took` records from `arrived` on were written.
 #[cold]
 #[inline(never)]
-unsafe fn take_wrapping_run(
-    wcs: &mut [WorkCompletion],
-    tag: u64,
-    seq: u64,
-    qp_num: u32,
-    arrived: *mut Arrived,
-) -> (usize, u32) {
-    let (mut k, mut failed) = (0, 0);
-    for wc in wcs {
-        if wc.wr_id() != recv_wr_id(tag, seq + k as u64) || wc.qp_num() != qp_num {
-            break;
-        }
-        wc.consume();
-        failed |= wc.as_raw().status.0;
-        // SAFETY: as in `take_run`.
-        unsafe { arrived.add(k).write(Arrived::of(wc)) };
-        k += 1;
-    }
-    (k, failed)
-}
-
-/// Keeps the first failed member among `from..to` of the oldest chain, recorded in
-/// `arrived` (the failure path only).
-///
-/// # Safety
-/// `arrived[from..to]` were written.
-#[cold]
-#[inline(never)]
-unsafe fn first_failure(first: &mut Option<(usize, u32)>, arrived: *const Arrived, from: usize, to: usize) {
-    for i in from..to {
+unsafe fn first_failure(first: &mut Option<(usize, u32)>, arrived: *const Arrived, from: usize, took: usize) {
+    for i in 0..took {
         // SAFETY: the caller's contract.
         let a = unsafe { arrived.add(i).read() };
         if a.status != 0 {
-            first.get_or_insert((i, a.vendor_err));
+            first.get_or_insert((from + i, a.vendor_err));
             return;
         }
     }

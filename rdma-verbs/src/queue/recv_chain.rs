@@ -347,18 +347,26 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         let first = chain.inner.raws.as_mut_ptr();
         if (head & LOW_MASK) + w as u64 <= LOW_MASK {
             // No carry into the tag bits: the wr_ids are the first's plus i.
-            let mut id = recv_wr_id(tag, head);
-            let mut at = first;
-            // SAFETY: `raws` has w elements from `first` (one past its last is `end`).
-            let end = unsafe { first.add(w) };
-            while at != end {
-                // SAFETY: `at` is below `end`; the element is written through the pointer
-                // alone, so the links into it stay valid.
+            let (mut id, mut at, mut left) = (recv_wr_id(tag, head), first, w);
+            // Eight at a time, then the rest one by one.
+            while left >= 8 {
+                for j in 0..8 {
+                    // SAFETY: `at` has `left` >= 8 C receives of the chain from it; the
+                    // element is written through the pointer alone, so the links into it
+                    // stay valid.
+                    unsafe { (*at.add(j)).wr_id = id + j as u64 };
+                }
+                // SAFETY: as above, 8 <= left.
+                at = unsafe { at.add(8) };
+                (id, left) = (id + 8, left - 8);
+            }
+            while left > 0 {
+                // SAFETY: as above, with `left` >= 1.
                 unsafe {
                     (*at).wr_id = id;
                     at = at.add(1);
                 }
-                id += 1;
+                (id, left) = (id + 1, left - 1);
             }
         } else {
             // SAFETY: `first` heads the chain's `w` C receives.
@@ -619,7 +627,16 @@ fn done_of<T: ExclusiveBuf>(
 ) -> Done<PreparedRecvChain<T>> {
     let id = chain.inner.members[0].id;
     match failed {
-        None => Done::received(id, chain, last),
+        // No member failed, so neither did the last.
+        None => Done {
+            id,
+            buf: chain,
+            status: WcStatus::Success,
+            byte_len: last.byte_len(),
+            op: WcOpcode::Recv,
+            qp_num: last.qp_num(),
+            vendor_err: last.vendor_err(),
+        },
         Some((at, vendor_err)) => failed_done(id, chain, last.qp_num(), at, vendor_err),
     }
 }

@@ -81,7 +81,7 @@ impl QueuePair {
             max_sge: self.inner.caps.max_recv_sge,
             pd: PdId::of(self.pd()),
             tag_bits: RECV_TAG | tag.bits(),
-            into: 0,
+            oldest: 0,
             member_fail: None,
             run: Run::NONE,
             tag,
@@ -203,9 +203,9 @@ pub struct RecvQueue<T: Send + 'static, R: RecvRequest = (T, u64)> {
     tag: Tag,
     /// `RECV_TAG | tag.bits()`, the high bits of every `wr_id` this queue posts.
     tag_bits: u64,
-    /// How many members of the oldest outstanding chain have completed (chains only:
-    /// the chain sits `into` slots behind the tail).
-    into: u64,
+    /// The sequence number of the oldest outstanding chain's first receive, the slot it
+    /// sits in (chains only: `tail - oldest` of its members have completed).
+    oldest: u64,
     /// The first failed member of the oldest chain, and its vendor error (chains only;
     /// the failure path).
     member_fail: Option<(usize, u32)>,
@@ -263,7 +263,7 @@ impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
             ring: &mut self.ring,
             tag: self.tag_bits,
             qp_num: self.qp_num,
-            into: &mut self.into,
+            oldest: &mut self.oldest,
             member_fail: &mut self.member_fail,
             run: &mut self.run,
         }
@@ -291,30 +291,32 @@ pub(super) struct ChainState<'q, R> {
     /// The `wr_id` tag bits.
     pub(super) tag: u64,
     pub(super) qp_num: u32,
-    /// How many members of the oldest chain have completed.
-    pub(super) into: &'q mut u64,
+    /// The sequence number of the oldest chain's first receive.
+    pub(super) oldest: &'q mut u64,
     /// Its first failed member and that one's vendor error.
     pub(super) member_fail: &'q mut Option<(usize, u32)>,
     pub(super) run: &'q mut Run,
 }
 
-/// A receive chain queue's cursor into its oldest chain, kept between polls so that a
-/// poll's run of that chain's completions starts without looking the chain up: `left`
-/// completions may be taken from `next_id` on, their records written from `at` on.
-/// Set from the ring when a run starts with `left` 0; `left` never passes the chain's
-/// last member nor the sequence numbers' wrap, so it is 0 again when the oldest chain
-/// changes (its last member taken). `complete` sets it to 0.
+/// A receive chain queue's run: what a poll's completions of its oldest chain are
+/// checked against and recorded with, set when the chain's first completion (or the
+/// first after a wrap of the sequence numbers, or after `complete`) is taken, and kept
+/// until the chain's last. A run is on while the ring's tail is below `end`; only the
+/// tail moves as completions are taken.
 pub(super) struct Run {
-    /// The record of the oldest chain's next member (in its `arrived`, a heap block that
-    /// does not move while the chain is posted); meaningful only while `left` > 0.
-    pub(super) at: *mut u8,
-    pub(super) left: u64,
-    /// The `wr_id` of the next completion.
-    pub(super) next_id: u64,
+    /// The sequence number the run stops at: the chain's end, or the wrap (0: no run).
+    pub(super) end: u64,
+    /// The sequence number just past the chain's last receive.
+    pub(super) last: u64,
+    /// What a sequence number adds up to its receive's `wr_id` within the run.
+    pub(super) to_id: u64,
+    /// The record of the chain's first member (in its `arrived`, a heap block that does
+    /// not move while the chain is posted): member `seq - oldest`'s is that many after.
+    pub(super) records: *mut u8,
 }
 
 impl Run {
-    pub(super) const NONE: Run = Run { at: std::ptr::null_mut(), left: 0, next_id: 0 };
+    pub(super) const NONE: Run = Run { end: 0, last: 0, to_id: 0, records: std::ptr::null_mut() };
 }
 
 impl<T: ExclusiveBuf> RecvQueue<T> {
@@ -394,19 +396,19 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 impl<T: Send + 'static, R: RecvRequest> Drop for RecvQueue<T, R> {
     fn drop(&mut self) {
         let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
-        let all = if R::CHAIN { take_chains(&mut self.ring, self.into) } else { self.ring.take_all() };
+        let all = if R::CHAIN { take_chains(&mut self.ring, self.oldest) } else { self.ring.take_all() };
         bury(self.claim.owner.graveyard(), all, keep);
     }
 }
 
-/// Every chain still posted, for the graveyard: the oldest starts `into` slots behind the
-/// tail, each next one where the one before it ends.
-fn take_chains<R: RecvRequest>(ring: &mut Ring<R>, into: u64) -> Vec<R> {
-    let (mut seq, head) = (ring.tail - into, ring.head);
+/// Every chain still posted, for the graveyard: the oldest starts at `oldest`, each next
+/// one where the one before it ends.
+fn take_chains<R: RecvRequest>(ring: &mut Ring<R>, oldest: u64) -> Vec<R> {
+    let (mut seq, head) = (oldest, ring.head);
     let mut all = Vec::new();
     while seq < head {
-        // SAFETY: a chain starts at `seq` (the oldest `into` behind the tail, each next
-        // one past the last's width), posted and not yet read out; read out once here.
+        // SAFETY: a chain starts at `seq` (the oldest at `oldest`, each next one past the
+        // last's width), posted and not yet read out; read out once here.
         let r = unsafe { ring.slot(seq).assume_init_read() };
         seq += r.width() as u64;
         all.push(r);

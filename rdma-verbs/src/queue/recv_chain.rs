@@ -421,29 +421,28 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         wc: &mut WorkCompletion,
         mut done: impl FnMut(Done<PreparedRecvChain<T>>),
     ) -> Result<usize> {
-        let ChainState { ring, tag, qp_num, into, member_fail, run } = self.chain_state();
+        let ChainState { ring, tag, qp_num, oldest, member_fail, run } = self.chain_state();
         let tail = ring.tail;
         if !((wc.wr_id() == tag | (tail & LOW_MASK)) & (wc.qp_num() == qp_num) & (tail != ring.head)) {
             return Err(not_ours("receive", wc));
         }
-        // The next `complete_all` looks the chain up afresh (this writes its record by index).
-        run.left = 0;
+        // The next `complete_all` sets its run afresh (this writes a record by index).
+        run.end = 0;
         wc.consume();
         ring.tail = tail + 1;
-        let slot = ring.slot(tail - *into);
-        // SAFETY: the oldest outstanding chain sits `into` slots behind the tail (the
+        let slot = ring.slot(*oldest);
+        // SAFETY: the oldest outstanding chain sits in the slot of its first receive (the
         // ring's layout for chains), initialized until read out below.
         let inner = unsafe { &mut *slot.assume_init_mut().inner };
-        let at = *into as usize;
+        let at = (tail - *oldest) as usize;
         inner.arrived[at] = Arrived::of(wc);
         if !wc.is_success() {
             member_failed(member_fail, at, wc);
         }
         if at + 1 < inner.arrived.len() {
-            *into += 1;
             return Ok(1);
         }
-        *into = 0;
+        *oldest = tail + 1;
         // SAFETY: as above; its last member completed, so it is read out, once.
         let chain = unsafe { slot.assume_init_read() };
         done(done_of(chain, wc, member_fail.take()));
@@ -464,46 +463,42 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
     ) -> Result<usize> {
         let mut at = 0;
         while at < wcs.len() {
-            // One run: the oldest chain's next members, up to its last, the sequence
-            // numbers' wrap or the poll's end. (The queue's state is read afresh each
-            // run: nothing kept across `done`.)
-            let ChainState { ring, tag, qp_num, into, member_fail, run } = self.chain_state();
-            if run.left == 0 && !start_run(ring, tag, *into, run) {
+            // The completions of one run of the oldest chain's members, up to its last,
+            // the sequence numbers' wrap or the poll's end. (The queue's state is read
+            // afresh each time: nothing kept across `done`.)
+            let ChainState { ring, tag, qp_num, oldest, member_fail, run } = self.chain_state();
+            let tail = ring.tail;
+            if tail >= run.end && !start_run(ring, tag, *oldest, run) {
                 break;
             }
             let rest = &mut wcs[at..];
-            let len = (run.left as usize).min(rest.len());
-            let arrived = run.at.cast::<Arrived>();
-            // SAFETY: `run` points at the record of the oldest chain's next member, with
-            // `left` more records after it (`start_run`), and len <= left. The wr_ids
-            // counted up from `next_id` over them do not wrap (`left` stops short).
-            let (took, failed) = unsafe { take_run(&mut rest[..len], run.next_id, qp_num, arrived) };
+            let len = ((run.end - tail) as usize).min(rest.len());
+            let from = (tail - *oldest) as usize;
+            let records = run.records.cast::<Arrived>().wrapping_add(from);
+            // SAFETY: the run's records are the oldest chain's from member `from` on, up
+            // to `run.end` (its last, or before), and len <= end - tail. The wr_ids
+            // (tail + to_id ...) do not wrap before `end`.
+            let (took, failed) = unsafe { take_run(&mut rest[..len], tail.wrapping_add(run.to_id), qp_num, records) };
             if failed != 0 {
                 // SAFETY: the run's `took` records were just written.
-                unsafe { first_failure(member_fail, arrived, *into as usize, took) };
+                unsafe { first_failure(member_fail, records, from, took) };
             }
-            ring.tail += took as u64;
-            *into += took as u64;
-            run.left -= took as u64;
-            run.next_id += took as u64;
-            run.at = arrived.wrapping_add(took).cast();
+            let tail = tail + took as u64;
+            ring.tail = tail;
             at += took;
             if took < len {
                 break; // a stranger
             }
-            if run.left != 0 {
-                continue; // the poll's end
+            if tail != run.last {
+                continue; // the poll's end, or the wrap (the next run is set afresh)
             }
-            // The chain's last member or the wrap (then the next run starts afresh).
-            let slot = ring.slot(ring.tail - *into);
-            // SAFETY: the oldest outstanding chain sits `into` slots behind the tail,
-            // initialized until read out below.
-            if (*into as usize) < unsafe { slot.assume_init_ref() }.inner.arrived.len() {
-                continue;
-            }
-            *into = 0;
-            // SAFETY: its last member completed (the ring's tail is past it), so it is
-            // read out, once; `run.left` is 0, so nothing points into it any more.
+            // The chain's last member.
+            run.end = 0;
+            let slot = ring.slot(*oldest);
+            *oldest = tail;
+            // SAFETY: the oldest outstanding chain sits in the slot of its first receive;
+            // its last member completed (the tail is past it), so it is read out, once.
+            // The run is off, so nothing points into it any more.
             let chain = unsafe { slot.assume_init_read() };
             let failed = member_fail.take();
             done(done_of(chain, &wcs[at - 1], failed));
@@ -515,22 +510,23 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
     }
 }
 
-/// Sets `run` at the oldest outstanding chain's next member (`into` of it completed):
-/// as many completions as it has left, stopping short of the sequence numbers' wrap.
-/// False when no receive is outstanding.
+/// Sets `run` on the oldest outstanding chain (whose first receive's sequence number is
+/// `oldest`) from the ring's tail: up to its last member, stopping short of the sequence
+/// numbers' wrap. False when no receive is outstanding.
 #[inline]
-fn start_run<T: ExclusiveBuf>(ring: &mut Ring<PreparedRecvChain<T>>, tag: u64, into: u64, run: &mut Run) -> bool {
+fn start_run<T: ExclusiveBuf>(ring: &mut Ring<PreparedRecvChain<T>>, tag: u64, oldest: u64, run: &mut Run) -> bool {
     let tail = ring.tail;
     if tail == ring.head {
         return false;
     }
-    // SAFETY: the oldest outstanding chain sits `into` slots behind the tail, initialized;
-    // `into` is below its width (it would have been read out at its last member).
-    let inner = unsafe { &mut *ring.slot(tail - into).assume_init_mut().inner };
+    // SAFETY: the oldest outstanding chain sits in the slot of its first receive,
+    // initialized; `tail` is inside it (it would have been read out at its last member).
+    let inner = unsafe { &mut *ring.slot(oldest).assume_init_mut().inner };
     let seq = tail & LOW_MASK;
-    run.left = ((inner.arrived.len() as u64) - into).min(LOW_MASK + 1 - seq);
-    run.at = inner.arrived.as_mut_ptr().wrapping_add(into as usize).cast();
-    run.next_id = tag | seq;
+    run.last = oldest + inner.arrived.len() as u64;
+    run.end = run.last.min(tail + (LOW_MASK + 1 - seq));
+    run.to_id = (tag | seq).wrapping_sub(tail);
+    run.records = inner.arrived.as_mut_ptr().cast();
     true
 }
 

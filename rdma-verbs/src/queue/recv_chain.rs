@@ -539,39 +539,56 @@ fn start_run<T: ExclusiveBuf>(ring: &mut Ring<PreparedRecvChain<T>>, tag: u64, o
 #[inline(always)]
 unsafe fn take_run(wcs: &mut [WorkCompletion], first: u64, qp_num: u32, arrived: *mut Arrived) -> (usize, u32) {
     let mut failed = 0;
-    // Takes `wc` as member `k` of the run, whose wr_id is `id`, when it is the next;
-    // returns whether it was.
-    let mut take = |wc: &mut WorkCompletion, k: usize, id: u64| {
+    let n = wcs.len();
+    let base = wcs.as_mut_ptr();
+    // Eight at a time (an eighth of the loop's own instructions), each compared with the
+    // group's first wr_id plus its place. The completions, the wr_id and the records
+    // each move on by themselves (pointers, not an index), and the count is worked out
+    // at the end: the compiler then keeps the wr_id in a register of its own, one
+    // instruction a completion fewer.
+    let (mut at, mut id, mut rec) = (base, first, arrived);
+    // SAFETY: `wcs` has n elements from `base`; n - n % 8 <= n.
+    let (end, end8) = unsafe { (base.add(n), base.add(n - n % 8)) };
+    while at != end8 {
+        for j in 0..8 {
+            // SAFETY: `at` has 8 elements of `wcs` from it (it is below end8).
+            let wc = unsafe { &mut *at.add(j) };
+            if wc.wr_id() != id + j as u64 || wc.qp_num() != qp_num {
+                // SAFETY: both point into `wcs`.
+                return (unsafe { at.add(j).offset_from(base) } as usize, failed);
+            }
+            wc.consume();
+            failed |= wc.as_raw().status.0;
+            // SAFETY: `rec` has room for the group's records (the caller's `arrived` for
+            // all of `wcs`); the source is the initialized words of `ibv_wc` that `in_wc`
+            // names.
+            unsafe { std::ptr::copy_nonoverlapping(Arrived::in_wc(wc), rec.add(j), 1) };
+        }
+        // SAFETY: as above: the next group, or end8.
+        unsafe {
+            at = at.add(8);
+            rec = rec.add(8);
+        }
+        id += 8;
+    }
+    while at != end {
+        // SAFETY: `at` is below `end`.
+        let wc = unsafe { &mut *at };
         if wc.wr_id() != id || wc.qp_num() != qp_num {
-            return false;
+            break;
         }
         wc.consume();
         failed |= wc.as_raw().status.0;
-        // SAFETY: k is below wcs.len(), for which the caller's `arrived` has room; the
-        // source is the initialized words of `ibv_wc` that `in_wc` names.
-        unsafe { std::ptr::copy_nonoverlapping(Arrived::in_wc(wc), arrived.add(k), 1) };
-        true
-    };
-    // Eight at a time, each compared with the group's first wr_id plus its place: an
-    // eighth of the loop's own instructions, in a loop run for every completion.
-    let mut groups = wcs.chunks_exact_mut(8);
-    let mut k = 0;
-    for group in &mut groups {
-        let id = first + k as u64;
-        for (j, wc) in group.iter_mut().enumerate() {
-            if !take(wc, k + j, id + j as u64) {
-                return (k + j, failed);
-            }
+        // SAFETY: as above.
+        unsafe {
+            std::ptr::copy_nonoverlapping(Arrived::in_wc(wc), rec, 1);
+            at = at.add(1);
+            rec = rec.add(1);
         }
-        k += 8;
+        id += 1;
     }
-    for wc in groups.into_remainder() {
-        if !take(wc, k, first + k as u64) {
-            break;
-        }
-        k += 1;
-    }
-    (k, failed)
+    // SAFETY: both point into `wcs`.
+    (unsafe { at.offset_from(base) } as usize, failed)
 }
 
 /// Keeps the first failed member among the `took` records from `arrived` on, which are

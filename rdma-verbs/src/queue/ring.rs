@@ -28,6 +28,13 @@ impl<E> Ring<E> {
         Ring { slots: (0..len).map(|_| MaybeUninit::uninit()).collect(), mask: len - 1, cap, head: 0, tail: 0 }
     }
 
+    /// Moves an empty ring's sequence numbers on to `seq` (a test hook's: see
+    /// `restart_sequence_at`).
+    pub(super) fn restart_at(&mut self, seq: u64) {
+        debug_assert_eq!(self.head, self.tail, "only an empty ring restarts");
+        (self.head, self.tail) = (seq, seq);
+    }
+
     #[inline]
     pub(super) fn free(&self) -> usize {
         (self.cap - (self.head - self.tail)) as usize

@@ -260,6 +260,19 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         self.ring.outstanding() as usize
     }
 
+    /// Moves an empty queue's sequence numbers on to `seq`, so that a test sees them wrap
+    /// (every 2^40 requests, where the low bits of the `wr_id`s start again from 0) within
+    /// a few posts. Refused while anything is posted. A test hook, not part of the API.
+    #[doc(hidden)]
+    pub fn restart_sequence_at(&mut self, seq: u64) -> Result<()> {
+        if self.ring.outstanding() != 0 {
+            return Err(Error::invalid(Verb::PostSend, "only an empty queue restarts its sequence numbers"));
+        }
+        self.ring.restart_at(seq);
+        (self.into, self.member_fail) = (0, None);
+        Ok(())
+    }
+
     /// The QP number, to route completions of a shared CQ.
     pub fn qp_num(&self) -> u32 {
         self.qp_num

@@ -286,3 +286,53 @@ fn a_chains_completions_split_across_polls_and_calls_bring_it_back_once_and_a_dr
     // freed once it is destroyed (the leak check counts every chunk back).
     drop(a);
 }
+
+/// Where the sequence numbers wrap: the low 40 bits of a `wr_id` start again from 0.
+const WRAP: u64 = 1 << 40;
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn chains_whose_sequence_numbers_wrap_inside_them_land_every_byte_and_come_back_whole_once() {
+    let _leaks = LeakCheck::new();
+    let (pd, a, _b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    let mut a = chained(a, 64);
+    let mut t = target(&pd, 16 * LEN);
+    // Two chains of 8 in one post, the wrap after the first one's third request: the
+    // first chain's wr_ids are stamped one by one, the second's counted up from its first.
+    let mut wrs = writes(&pd, &t, 16);
+    let mut second = Some(a.cq_.prepare_chain(wrs.split_off(8)).unwrap());
+    let mut first = Some(a.cq_.prepare_chain(wrs).unwrap());
+    // Round 0: both chains' completions in one `complete_all`; round 1 (the wrap now after
+    // the first chain's last request, inside the poll): one `complete` each.
+    for (r, start) in [(0u64, WRAP - 3), (1, 2 * WRAP - 8)] {
+        t.write_at(0, &[0u8; 16 * LEN]).unwrap();
+        a.cq_.restart_sequence_at(start).unwrap();
+        assert_eq!(a.cq_.post_batch([first.take().unwrap(), second.take().unwrap()]).unwrap(), 2);
+        let mut wcs: Vec<WorkCompletion> = (0..16).map(|_| poll_one(&mut a.cq)).collect();
+        let low: Vec<u64> = wcs.iter().map(|wc| wc.wr_id() % WRAP).collect();
+        let want: Vec<u64> = (start..start + 16).map(|s| s % WRAP).collect();
+        assert_eq!(low, want, "round {r}: the wr_ids' sequence numbers wrap");
+        let mut came = Vec::new();
+        if r == 0 {
+            assert_eq!(a.cq_.complete_all(&mut wcs, |d| came.push(d)).unwrap(), 16);
+        } else {
+            for wc in wcs.iter_mut() {
+                assert_eq!(a.cq_.complete(wc, |d| came.push(d)).unwrap(), 1);
+            }
+        }
+        assert_eq!(
+            came.iter().map(|d| (d.id, d.buf.len(), d.status)).collect::<Vec<_>>(),
+            [(0, 8, WcStatus::Success), (8, 8, WcStatus::Success)]
+        );
+        assert_eq!(a.cq_.outstanding(), 0);
+        for k in 0..16 {
+            assert_eq!(read_back(&t, k * LEN, LEN), bytes(0, k as u64, LEN), "round {r}: request {k}'s bytes");
+        }
+        let mut it = came.into_iter().map(|d| d.result().unwrap().buf);
+        (first, second) = (it.next(), it.next());
+    }
+    // Only an empty queue restarts.
+    posted(a.cq_.post(first.take().unwrap()));
+    assert!(a.cq_.restart_sequence_at(0).is_err());
+    back(&mut a, 1);
+}

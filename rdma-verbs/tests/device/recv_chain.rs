@@ -284,3 +284,53 @@ fn dropping_a_receive_chain_queue_with_chains_posted_and_one_half_complete_is_so
     assert_eq!(again.outstanding(), 0);
     drop((again, qp, _sq, cq, a));
 }
+
+/// Where the sequence numbers wrap: the low 40 bits of a `wr_id` start again from 0.
+const WRAP: u64 = 1 << 40;
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn a_receive_chain_whose_sequence_numbers_wrap_inside_it_comes_back_whole_with_every_receives_bytes() {
+    let _leaks = LeakCheck::new();
+    let (pd, mut a, b) = rc_pair::<Chunk>(QpAccess::empty());
+    let mut b = receiving(b, 64);
+    let mut srcs = chunks(&pd, 32, LEN, AccessFlags::LOCAL_WRITE);
+    let mut chain = Some(b.rq.prepare_chain(recvs(&pd, 32, LEN, 100)).unwrap());
+    // Each round starts where the wrap falls inside the chain: after its 5th receive,
+    // taken in polls of 4 (the wrap inside the second); after its 31st, taken one by one;
+    // after its 17th, all 32 taken in one call.
+    for (r, start) in [(0u64, WRAP - 5), (1, 2 * WRAP - 31), (2, 3 * WRAP - 17)] {
+        b.rq.restart_sequence_at(start).unwrap();
+        posted(b.rq.post(chain.take().unwrap()));
+        let lens: Vec<usize> = (0..32).map(|k| len_of(r, k)).collect();
+        assert!(send_round(&mut a, &mut srcs, r, &lens).iter().all(|s| *s == WcStatus::Success));
+        let mut wcs = poll_n(&mut b, 32);
+        let low: Vec<u64> = wcs.iter().map(|wc| wc.wr_id() % WRAP).collect();
+        let want: Vec<u64> = (start..start + 32).map(|s| s % WRAP).collect();
+        assert_eq!(low, want, "round {r}: the wr_ids' sequence numbers wrap");
+        let mut came: Vec<Done<PreparedRecvChain<Chunk>>> = Vec::new();
+        match r {
+            0 => {
+                for run in wcs.chunks_mut(4) {
+                    assert_eq!(b.rq.complete_all(run, |d| came.push(d)).unwrap(), 4);
+                }
+            }
+            1 => {
+                for wc in wcs.iter_mut() {
+                    assert_eq!(b.rq.complete(wc, |d| came.push(d)).unwrap(), 1);
+                }
+            }
+            _ => assert_eq!(b.rq.complete_all(&mut wcs, |d| came.push(d)).unwrap(), 32),
+        }
+        assert!(wcs.iter().all(|wc| wc.wr_id() == 0), "round {r}: every completion is taken");
+        assert_eq!(came.len(), 1, "round {r}: the chain comes back once");
+        let d = came.pop().unwrap();
+        assert_eq!((d.id, d.status, d.byte_len as usize), (100, WcStatus::Success, len_of(r, 31)));
+        let c = d.result().unwrap().buf;
+        check_arrived(&c, r, 100);
+        chain = Some(c);
+    }
+    // Only an empty queue restarts.
+    posted(b.rq.post(chain.take().unwrap()));
+    assert!(b.rq.restart_sequence_at(0).is_err());
+}

@@ -120,6 +120,7 @@ impl<T: ExclusiveBuf> Sealed for PreparedRecv<T> {}
 
 impl<T: ExclusiveBuf> RecvRequest for PreparedRecv<T> {
     type Back = PreparedRecv<T>;
+    type Scratch = ();
 
     #[inline(always)]
     fn finish(self, wc: &WorkCompletion, _: Token) -> Done<PreparedRecv<T>> {

@@ -75,7 +75,7 @@ impl QueuePair {
         Ok(RecvQueue {
             room: Some(room),
             ring: Ring::new(depth),
-            scratch: Box::new(RecvScratch { sges: [NO_SGES; MAX_BATCH], raws: [EMPTY_RECV; MAX_BATCH] }),
+            scratch: R::Scratch::default(),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
             max_sge: self.inner.caps.max_recv_sge,
@@ -131,11 +131,19 @@ pub(super) fn recv_wr_id(tag: u64, seq: u64) -> u64 {
 pub(super) const EMPTY_RECV: ffi::ibv_recv_wr =
     ffi::ibv_recv_wr { wr_id: 0, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
 
-/// Scratch space of a receive queue's batches, kept with it (16 KiB would cost every
-/// post stack probes and cold pages); nothing in it outlives a post.
-struct RecvScratch {
+/// Scratch space where a receive queue builds the C receives of a post, kept with the
+/// queue (on the stack it would cost every post stack probes and cold pages); nothing in
+/// it outlives a post. Only the queues of receives built at each post have one: prepared
+/// receives bring their C form. (Public in name only: this module is private.)
+pub struct RecvScratch {
     sges: [Sges; MAX_BATCH],
     raws: [ffi::ibv_recv_wr; MAX_BATCH],
+}
+
+impl Default for Box<RecvScratch> {
+    fn default() -> Self {
+        Box::new(RecvScratch { sges: [NO_SGES; MAX_BATCH], raws: [EMPTY_RECV; MAX_BATCH] })
+    }
 }
 
 /// What a [`RecvQueue`] keeps of each posted receive, and hands back with its
@@ -148,6 +156,11 @@ pub trait RecvRequest: Sealed + Sized + Send + 'static {
     /// What a completion hands back in [`Done::buf`]: the buffer, or the whole prepared
     /// receive (to post again).
     type Back;
+
+    /// Where its queue builds C receives at post time: [`RecvScratch`] for receives built
+    /// at each post, nothing (`()`) for the kinds that bring their C form.
+    #[doc(hidden)]
+    type Scratch: Default;
 
     /// Whether a request of this kind may be a chain of several C receives
     /// ([`width`](Self::width)). A chain sits in the ring slot of its first C receive,
@@ -172,6 +185,7 @@ impl<T: ExclusiveBuf> Sealed for (T, u64) {}
 
 impl<T: ExclusiveBuf> RecvRequest for (T, u64) {
     type Back = T;
+    type Scratch = Box<RecvScratch>;
 
     #[inline(always)]
     fn finish(self, wc: &WorkCompletion, _: Token) -> Done<T> {
@@ -192,8 +206,8 @@ impl<T: ExclusiveBuf> RecvRequest for (T, u64) {
 /// completion hands it back.
 pub struct RecvQueue<T: Send + 'static, R: RecvRequest = (T, u64)> {
     ring: Ring<R>,
-    /// Where a batch's C requests and SGEs are built (as the send queue's).
-    scratch: Box<RecvScratch>,
+    /// Where a post's C receives and SGEs are built, for the kinds built at post time.
+    scratch: R::Scratch,
     /// This queue's share of the receive CQ (buried with what is still posted).
     room: Option<CqReservation>,
     pub(super) raw: *mut ffi::ibv_qp,

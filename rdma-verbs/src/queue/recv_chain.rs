@@ -231,6 +231,7 @@ impl<T: ExclusiveBuf> Sealed for PreparedRecvChain<T> {}
 
 impl<T: ExclusiveBuf> RecvRequest for PreparedRecvChain<T> {
     type Back = PreparedRecvChain<T>;
+    type Scratch = ();
 
     const CHAIN: bool = true;
 

@@ -423,25 +423,9 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 impl<T: Send + 'static, R: RecvRequest> Drop for RecvQueue<T, R> {
     fn drop(&mut self) {
         let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
-        let all = if R::CHAIN { take_chains(&mut self.ring, self.oldest) } else { self.ring.take_all() };
+        let all = if R::CHAIN { self.ring.take_spans(self.oldest, R::width) } else { self.ring.take_all() };
         bury(self.claim.owner.graveyard(), all, keep);
     }
-}
-
-/// Every chain still posted, for the graveyard: the oldest starts at `oldest`, each next
-/// one where the one before it ends.
-fn take_chains<R: RecvRequest>(ring: &mut Ring<R>, oldest: u64) -> Vec<R> {
-    let (mut seq, head) = (oldest, ring.head);
-    let mut all = Vec::new();
-    while seq < head {
-        // SAFETY: a chain starts at `seq` (the oldest at `oldest`, each next one past the
-        // last's width), posted and not yet read out; read out once here.
-        let r = unsafe { ring.slot(seq).assume_init_read() };
-        seq += r.width() as u64;
-        all.push(r);
-    }
-    ring.tail = head;
-    all
 }
 
 impl<T: Send + 'static, R: RecvRequest> fmt::Debug for RecvQueue<T, R> {

@@ -190,6 +190,24 @@ impl<E> Ring<E> {
         }
         all
     }
+
+    /// Everything still posted, for the graveyard, where an entry may span several slots
+    /// (a chain, in the slot of its first): the oldest starts at `first`, each next one
+    /// `width` of the one before further on. Empties the ring.
+    pub(super) fn take_spans(&mut self, first: u64, width: impl Fn(&E) -> usize) -> Vec<E> {
+        let mut all = Vec::with_capacity(self.outstanding() as usize);
+        let mut seq = first;
+        while seq < self.head {
+            // SAFETY: an entry starts at `seq` (the oldest at `first`, each next one past
+            // the last's width), posted and not yet read out; read out once here, and the
+            // ring emptied below.
+            let e = unsafe { self.slot(seq).assume_init_read() };
+            seq += width(&e) as u64;
+            all.push(e);
+        }
+        self.tail = self.head;
+        all
+    }
 }
 
 /// How a post of staged entries went: `staged` were staged, the provider took the first

@@ -705,18 +705,10 @@ fn post_extended<R: SendRequest>(
 impl<T: SendBuf, R: SendRequest> Drop for SendQueue<T, R> {
     fn drop(&mut self) {
         let keep = (std::mem::replace(&mut self.tag, Tag(0)), self.room.take());
-        let mut all = Vec::with_capacity(self.ring.outstanding() as usize);
         // Each outstanding request, from the slot of its first C request (the oldest
         // chain's is `into` behind the tail).
-        let mut at = self.ring.tail - self.into;
-        while at < self.ring.head {
-            // SAFETY: `at` is the first C request of an outstanding request, whose slot
-            // holds it; read out once (the ring is emptied below).
-            let r = unsafe { self.ring.slot(at).assume_init_read() };
-            at += r.width() as u64;
-            all.push(r);
-        }
-        (self.ring.tail, self.into) = (self.ring.head, 0);
+        let all = self.ring.take_spans(self.ring.tail - self.into, R::width);
+        self.into = 0;
         bury(self.claim.owner.graveyard(), all, keep);
     }
 }

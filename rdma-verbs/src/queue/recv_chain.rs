@@ -9,6 +9,9 @@ use super::request::sealed::Sealed;
 use super::request::Token;
 use super::ring::Ring;
 use super::tag::LOW_MASK;
+
+/// The completion flag that says a message carried immediate data.
+const WITH_IMM: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
 use super::{not_ours, queue_full, stopped_at, wider_than_queue, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{ExclusiveBuf, PdId};
 use crate::conv;
@@ -35,8 +38,17 @@ struct ChainInner<T> {
     sges: Vec<Sges>,
     /// The receives' buffers, ranges and ids, in posting order.
     members: Vec<Member<T>>,
-    /// What each member's last completion said (all zero before the first).
+    /// The first receive's id: the chain's, in its [`Done`].
+    id: u64,
+    /// What each member's last completion said (all zero before the first). A poll's
+    /// run copies only the words up to `byte_len`: the rest (the immediate data and its
+    /// flag) is copied for a run with a message that carried immediate data, and then
+    /// `extras` says so.
     arrived: Vec<Arrived>,
+    /// Some member's record holds words past `byte_len` written since the chain was
+    /// last posted: the next post clears them first, so a record never shows a previous
+    /// post's immediate data.
+    extras: bool,
     /// The protection domain and the receive SGE limit every member was checked against.
     pd: PdId,
     max_sge: u32,
@@ -89,6 +101,12 @@ impl Arrived {
         raw.wrapping_byte_add(std::mem::offset_of!(ffi::ibv_wc, status)).cast()
     }
 
+    /// Where `wc`'s words from `status` to `byte_len` are: what a run copies.
+    #[inline(always)]
+    fn head_in_wc(wc: &WorkCompletion) -> *const [u32; 4] {
+        Arrived::in_wc(wc).cast()
+    }
+
     #[inline(always)]
     fn of(wc: &WorkCompletion) -> Self {
         // SAFETY: `in_wc` points at the initialized words of `ibv_wc` it names, aligned.
@@ -133,7 +151,8 @@ impl<T: ExclusiveBuf> PreparedRecvChain<T> {
     /// against `pd` and `max_sge`: linked here.
     fn of(members: Vec<Member<T>>, sges: Vec<Sges>, raws: Vec<ffi::ibv_recv_wr>, pd: PdId, max_sge: u32) -> Self {
         let arrived = vec![Arrived::default(); members.len()];
-        let mut inner = ChainInner { raws, sges, members, arrived, pd, max_sge };
+        let id = members[0].id;
+        let mut inner = ChainInner { raws, sges, members, id, arrived, extras: false, pd, max_sge };
         inner.relink();
         PreparedRecvChain { inner: Box::new(inner) }
     }
@@ -151,6 +170,16 @@ impl<T: ExclusiveBuf> PreparedRecvChain<T> {
 }
 
 impl<T> ChainInner<T> {
+    /// Clears every record's words past `byte_len` (before a post, when a run or a
+    /// `complete` wrote some since the last).
+    #[cold]
+    fn clear_extras(&mut self) {
+        for a in &mut self.arrived {
+            *a = Arrived { imm: 0, qp_num: 0, src_qp: 0, flags: 0, ..*a };
+        }
+        self.extras = false;
+    }
+
     /// Points each C receive at its SGEs and links them in order.
     #[cold]
     fn relink(&mut self) {
@@ -242,7 +271,7 @@ impl<T: ExclusiveBuf> RecvRequest for PreparedRecvChain<T> {
 
     /// The chain, ended by `wc` (the queue's `complete` records each member instead).
     fn finish(self, wc: &WorkCompletion, _: Token) -> Done<PreparedRecvChain<T>> {
-        Done::received(self.inner.members[0].id, self, wc)
+        Done::received(self.inner.id, self, wc)
     }
 }
 
@@ -345,6 +374,9 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         }
         let (_, tag) = self.ring_and_tag();
         let mut chain = chain;
+        if chain.inner.extras {
+            chain.inner.clear_extras();
+        }
         let first = chain.inner.raws.as_mut_ptr();
         if (head & LOW_MASK) + w as u64 <= LOW_MASK {
             // No carry into the tag bits: the wr_ids are the first's plus i.
@@ -437,6 +469,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         let inner = unsafe { &mut *slot.assume_init_mut().inner };
         let at = (tail - *oldest) as usize;
         inner.arrived[at] = Arrived::of(wc);
+        inner.extras |= wc.as_raw().wc_flags & WITH_IMM != 0;
         if !wc.is_success() {
             member_failed(member_fail, at, wc);
         }
@@ -479,10 +512,12 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
             // SAFETY: the run's records are the oldest chain's from member `from` on, up
             // to `run.end` (its last, or before), and len <= end - tail. The wr_ids
             // (tail + to_id ...) do not wrap before `end`.
-            let (took, failed) = unsafe { take_run(&mut rest[..len], tail.wrapping_add(run.to_id), qp_num, records) };
-            if failed != 0 {
-                // SAFETY: the run's `took` records were just written.
-                unsafe { first_failure(member_fail, records, from, took) };
+            let (took, marks) = unsafe { take_run(&mut rest[..len], tail.wrapping_add(run.to_id), qp_num, records) };
+            if marks != 0 {
+                // SAFETY: the oldest outstanding chain sits in the slot of its first
+                // receive, initialized (the run is its); nothing else points into it here.
+                let inner = unsafe { &mut *ring.slot(*oldest).assume_init_mut().inner };
+                run_marked(inner, member_fail, from, &rest[..took]);
             }
             let tail = tail + took as u64;
             ring.tail = tail;
@@ -532,38 +567,40 @@ fn start_run<T: ExclusiveBuf>(ring: &mut Ring<PreparedRecvChain<T>>, tag: u64, o
 }
 
 /// Takes the completions of a run of one chain's members (whose `wr_id`s are `first`,
-/// `first + 1`, ..., on QP `qp_num`), recording each in `arrived`, up to the first that
-/// is not the next: returns how many, and the statuses OR-ed (0: every one a success).
+/// `first + 1`, ..., on QP `qp_num`), copying each one's words up to `byte_len` to
+/// `arrived`, up to the first that is not the next: returns how many, and whether one
+/// failed or carried immediate data (0: none did; those need [`run_marked`]).
 ///
 /// # Safety
 /// `arrived` has room for `wcs.len()` records.
 #[inline(always)]
 unsafe fn take_run(wcs: &mut [WorkCompletion], first: u64, qp_num: u32, arrived: *mut Arrived) -> (usize, u32) {
-    let mut failed = 0;
+    let (mut failed, mut flags) = (0, 0);
     let n = wcs.len();
     let base = wcs.as_mut_ptr();
     // Eight at a time (an eighth of the loop's own instructions), each compared with the
     // group's first wr_id plus its place. The completions, the wr_id and the records
     // each move on by themselves (pointers, not an index), and the count is worked out
-    // at the end: the compiler then keeps the wr_id in a register of its own, one
-    // instruction a completion fewer.
+    // at the end from the wr_id: the compiler then keeps the wr_id in a register of its
+    // own, one instruction a completion fewer. A stranger ends it where it stands.
     let (mut at, mut id, mut rec) = (base, first, arrived);
     // SAFETY: `wcs` has n elements from `base`; n - n % 8 <= n.
-    let (end, end8) = unsafe { (base.add(n), base.add(n - n % 8)) };
+    let end8 = unsafe { base.add(n - n % 8) };
     while at != end8 {
         for j in 0..8 {
             // SAFETY: `at` has 8 elements of `wcs` from it (it is below end8).
             let wc = unsafe { &mut *at.add(j) };
             if wc.wr_id() != id + j as u64 || wc.qp_num() != qp_num {
                 // SAFETY: both point into `wcs`.
-                return (unsafe { at.add(j).offset_from(base) } as usize, failed);
+                return (unsafe { at.add(j).offset_from(base) } as usize, failed | flags & WITH_IMM);
             }
             wc.consume();
-            failed |= wc.as_raw().status.0;
+            let raw = wc.as_raw();
+            (failed, flags) = (failed | raw.status.0, flags | raw.wc_flags);
             // SAFETY: `rec` has room for the group's records (the caller's `arrived` for
-            // all of `wcs`); the source is the initialized words of `ibv_wc` that `in_wc`
-            // names.
-            unsafe { std::ptr::copy_nonoverlapping(Arrived::in_wc(wc), rec.add(j), 1) };
+            // all of `wcs`); the source is the initialized words of `ibv_wc` that
+            // `head_in_wc` names; the record's first words are that shape.
+            unsafe { std::ptr::copy_nonoverlapping(Arrived::head_in_wc(wc), rec.add(j).cast(), 1) };
         }
         // SAFETY: as above: the next group, or end8.
         unsafe {
@@ -572,42 +609,34 @@ unsafe fn take_run(wcs: &mut [WorkCompletion], first: u64, qp_num: u32, arrived:
         }
         id += 8;
     }
-    while at != end {
-        // SAFETY: `at` is below `end`.
-        let wc = unsafe { &mut *at };
-        if wc.wr_id() != id || wc.qp_num() != qp_num {
-            break;
+    for j in 0..n % 8 {
+        // SAFETY: `at` (end8) has n % 8 elements of `wcs` from it.
+        let wc = unsafe { &mut *at.add(j) };
+        if wc.wr_id() != id + j as u64 || wc.qp_num() != qp_num {
+            return (n - n % 8 + j, failed | flags & WITH_IMM);
         }
         wc.consume();
-        failed |= wc.as_raw().status.0;
+        let raw = wc.as_raw();
+        (failed, flags) = (failed | raw.status.0, flags | raw.wc_flags);
         // SAFETY: as above.
-        unsafe {
-            std::ptr::copy_nonoverlapping(Arrived::in_wc(wc), rec, 1);
-            at = at.add(1);
-            rec = rec.add(1);
-        }
-        id += 1;
+        unsafe { std::ptr::copy_nonoverlapping(Arrived::head_in_wc(wc), rec.add(j).cast(), 1) };
     }
-    // SAFETY: both point into `wcs`.
-    (unsafe { at.offset_from(base) } as usize, failed)
+    (n, failed | flags & WITH_IMM)
 }
 
-/// Keeps the first failed member among the `took` records from `arrived` on, which are
-/// those of the oldest chain's members `from..` (the failure path only).
-///
-/// # Safety
-/// The `took` records from `arrived` on were written.
+/// A run of the oldest chain's members `from..` (their completions `wcs`) in which one
+/// failed or carried immediate data: keeps the first failed member, and copies the
+/// whole of each completion to its record (the failure and immediate data path only).
 #[cold]
 #[inline(never)]
-unsafe fn first_failure(first: &mut Option<(usize, u32)>, arrived: *const Arrived, from: usize, took: usize) {
-    for i in 0..took {
-        // SAFETY: the caller's contract.
-        let a = unsafe { arrived.add(i).read() };
-        if a.status != 0 {
-            first.get_or_insert((from + i, a.vendor_err));
-            return;
+fn run_marked<T>(inner: &mut ChainInner<T>, first: &mut Option<(usize, u32)>, from: usize, wcs: &[WorkCompletion]) {
+    for (i, wc) in wcs.iter().enumerate() {
+        if !wc.is_success() {
+            first.get_or_insert((from + i, wc.vendor_err()));
         }
+        inner.arrived[from + i] = Arrived::of(wc);
     }
+    inner.extras = true;
 }
 
 /// Stamps the `w` C receives at `first` as sequence numbers `head..`, which wrap inside
@@ -639,7 +668,7 @@ fn done_of<T: ExclusiveBuf>(
     last: &WorkCompletion,
     failed: Option<(usize, u32)>,
 ) -> Done<PreparedRecvChain<T>> {
-    let id = chain.inner.members[0].id;
+    let id = chain.inner.id;
     match failed {
         // No member failed, so neither did the last.
         None => Done {

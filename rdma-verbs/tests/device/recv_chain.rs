@@ -230,6 +230,56 @@ fn a_receive_chain_is_refused_before_c_when_empty_too_long_bad_full_or_for_anoth
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn immediate_data_shows_on_each_receive_whose_message_carried_it_and_never_from_an_earlier_post() {
+    let _leaks = LeakCheck::new();
+    let (pd, mut a, b) = rc_pair::<Chunk>(QpAccess::empty());
+    let mut b = receiving(b, 64);
+    let mut srcs = chunks(&pd, 12, LEN, AccessFlags::LOCAL_WRITE);
+    let mut chain = Some(b.rq.prepare_chain(recvs(&pd, 12, LEN, 0)).unwrap());
+    // Which receives' messages carry immediate data, round by round: some, then none
+    // (what the earlier round left must not show), and so on. The first and last rounds
+    // take the completions one by one, the others in runs of 5 (`complete_all`).
+    let plans: [fn(usize) -> bool; 6] =
+        [|k| k % 3 == 0, |_| false, |k| k == 11 || k == 4, |_| false, |k| k == 9, |_| false];
+    for (r, carries) in plans.iter().enumerate() {
+        posted(b.rq.post(chain.take().unwrap()));
+        let imms: Vec<Option<u32>> =
+            (0..12).map(|k| carries(k).then_some(0xa000_0000 | (r as u32) << 8 | k as u32)).collect();
+        let left = srcs.len();
+        for (k, mut c) in srcs.drain(..12).enumerate() {
+            c[..LEN].copy_from_slice(&bytes(r as u64, k as u64, LEN));
+            let wr = SendWr::send(c, 0..LEN).id(k as u64);
+            posted(a.sq.post(match imms[k] {
+                Some(imm) => wr.imm(imm),
+                None => wr,
+            }));
+        }
+        while srcs.len() < left {
+            let mut wc = poll_one(&mut a.cq);
+            a.sq.complete(&mut wc, |d| srcs.push(d.result().unwrap().buf)).unwrap();
+        }
+        let mut wcs = poll_n(&mut b, 12);
+        let mut came = Vec::new();
+        if r != 0 && r != 5 {
+            for run in wcs.chunks_mut(5) {
+                assert_eq!(b.rq.complete_all(run, |d| came.push(d)).unwrap(), run.len());
+            }
+        } else {
+            for wc in &mut wcs {
+                b.rq.complete(wc, |d| came.push(d)).unwrap();
+            }
+        }
+        let c = came.pop().unwrap().result().unwrap().buf;
+        for (k, m) in c.iter().enumerate() {
+            assert_eq!(m.imm_data(), imms[k], "round {r}: receive {k}");
+            assert_eq!(m.buf()[..], bytes(r as u64, k as u64, LEN)[..], "round {r}: receive {k}'s bytes");
+        }
+        chain = Some(c);
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
 fn a_send_longer_than_its_receive_fails_the_chain_which_reports_that_first_failure_once() {
     let _leaks = LeakCheck::new();
     let (pd, mut a, b) = rc_pair::<Chunk>(QpAccess::empty());

@@ -527,17 +527,16 @@ fn recvs_chain(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
     let mut rq = lo.b.recv_chain_queue::<Chunk>()?;
     let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
     let recvs = lo.dsts.drain(..k).enumerate().map(|(i, b)| (b, 0..LEN, i as u64));
-    let mut chain = Some(rq.prepare_chain(recvs).map_err(rdma_verbs::Error::from)?);
+    let mut chain = rq.prepare_chain(recvs).map_err(rdma_verbs::Error::from)?;
     for _ in 0..rounds {
-        rq.post(chain.take().ok_or("the chain did not come back")?).map_err(rdma_verbs::Error::from)?;
+        rq.post(chain).map_err(rdma_verbs::Error::from)?;
         feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
         let mut back = None;
         drain_all(&mut lo.cq_b, &mut lo.wcs, k, |done| {
             rq.complete_all(done, |d| back = Some(d))?;
             Ok(())
         })?;
-        let d = back.ok_or("the chain did not come back")?;
-        chain = Some(d.result().map_err(rdma_verbs::Error::from)?.buf);
+        chain = back.ok_or("the chain did not come back")?.result().map_err(rdma_verbs::Error::from)?.buf;
     }
     Ok(())
 }

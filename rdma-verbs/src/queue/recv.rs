@@ -337,8 +337,9 @@ pub(super) struct Run {
     pub(super) last: u64,
     /// What a sequence number adds up to its receive's `wr_id` within the run.
     pub(super) to_id: u64,
-    /// The record of the chain's first member (in its `arrived`, a heap block that does
-    /// not move while the chain is posted): member `seq - oldest`'s is that many after.
+    /// Where the record of the chain's member with sequence number 0 would be: that of
+    /// the member with sequence number `seq` is `seq` records on (wrapping arithmetic),
+    /// in its `arrived`, a heap block that does not move while the chain is posted.
     pub(super) records: *mut u8,
 }
 

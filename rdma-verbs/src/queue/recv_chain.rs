@@ -380,26 +380,24 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         let first = chain.inner.raws.as_mut_ptr();
         if (head & LOW_MASK) + w as u64 <= LOW_MASK {
             // No carry into the tag bits: the wr_ids are the first's plus i.
-            let (mut id, mut at, mut left) = (recv_wr_id(tag, head), first, w);
+            let (mut id, mut at) = (recv_wr_id(tag, head), first);
             // Eight at a time, then the rest one by one.
-            while left >= 8 {
+            // SAFETY: the chain has w C receives from `first`; w - w % 8 <= w.
+            let end8 = unsafe { first.add(w - w % 8) };
+            while at != end8 {
                 for j in 0..8 {
-                    // SAFETY: `at` has `left` >= 8 C receives of the chain from it; the
-                    // element is written through the pointer alone, so the links into it
-                    // stay valid.
+                    // SAFETY: `at` has 8 C receives of the chain from it (it is below
+                    // end8); the element is written through the pointer alone, so the
+                    // links into it stay valid.
                     unsafe { (*at.add(j)).wr_id = id + j as u64 };
                 }
-                // SAFETY: as above, 8 <= left.
+                // SAFETY: as above: the next group, or end8.
                 at = unsafe { at.add(8) };
-                (id, left) = (id + 8, left - 8);
+                id += 8;
             }
-            while left > 0 {
-                // SAFETY: as above, with `left` >= 1.
-                unsafe {
-                    (*at).wr_id = id;
-                    at = at.add(1);
-                }
-                (id, left) = (id + 1, left - 1);
+            for j in 0..w % 8 {
+                // SAFETY: `at` (end8) has w % 8 C receives of the chain from it.
+                unsafe { (*at.add(j)).wr_id = id + j as u64 };
             }
         } else {
             // SAFETY: `first` heads the chain's `w` C receives.
@@ -479,7 +477,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         *oldest = tail + 1;
         // SAFETY: as above; its last member completed, so it is read out, once.
         let chain = unsafe { slot.assume_init_read() };
-        done(done_of(chain, wc, member_fail.take()));
+        done(done_of(chain, wc.byte_len(), qp_num, member_fail));
         Ok(1)
     }
 
@@ -507,17 +505,16 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
             }
             let rest = &mut wcs[at..];
             let len = ((run.end - tail) as usize).min(rest.len());
-            let from = (tail - *oldest) as usize;
-            let records = run.records.cast::<Arrived>().wrapping_add(from);
-            // SAFETY: the run's records are the oldest chain's from member `from` on, up
-            // to `run.end` (its last, or before), and len <= end - tail. The wr_ids
-            // (tail + to_id ...) do not wrap before `end`.
+            let records = run.records.cast::<Arrived>().wrapping_add(tail as usize);
+            // SAFETY: `records` is the record of the oldest chain's member at the tail, and
+            // the chain has records up to `run.end` (its last, or before); len <= end -
+            // tail. The wr_ids (tail + to_id ...) do not wrap before `end`.
             let (took, marks) = unsafe { take_run(&mut rest[..len], tail.wrapping_add(run.to_id), qp_num, records) };
             if marks != 0 {
                 // SAFETY: the oldest outstanding chain sits in the slot of its first
                 // receive, initialized (the run is its); nothing else points into it here.
                 let inner = unsafe { &mut *ring.slot(*oldest).assume_init_mut().inner };
-                run_marked(inner, member_fail, from, &rest[..took]);
+                run_marked(inner, member_fail, (tail - *oldest) as usize, &rest[..took]);
             }
             let tail = tail + took as u64;
             ring.tail = tail;
@@ -536,8 +533,10 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
             // its last member completed (the tail is past it), so it is read out, once.
             // The run is off, so nothing points into it any more.
             let chain = unsafe { slot.assume_init_read() };
-            let failed = member_fail.take();
-            done(done_of(chain, &wcs[at - 1], failed));
+            // SAFETY: the run took its last member's completion (`took` >= 1: the tail
+            // moved on to `run.last`), whose record is the last written.
+            let byte_len = unsafe { (*records.add(took - 1)).byte_len };
+            done(done_of(chain, byte_len, qp_num, member_fail));
         }
         match wcs.get(at) {
             Some(stranger) => Err(not_ours("receive", stranger)),
@@ -558,11 +557,16 @@ fn start_run<T: ExclusiveBuf>(ring: &mut Ring<PreparedRecvChain<T>>, tag: u64, o
     // SAFETY: the oldest outstanding chain sits in the slot of its first receive,
     // initialized; `tail` is inside it (it would have been read out at its last member).
     let inner = unsafe { &mut *ring.slot(oldest).assume_init_mut().inner };
-    let seq = tail & LOW_MASK;
+    // The sequence numbers from `tail` up to the wrap share their high bits (`epoch`):
+    // their wr_ids are the tag bits plus their low bits, so `to_id` is the tag bits less
+    // the epoch.
+    let epoch = tail & !LOW_MASK;
     run.last = oldest + inner.arrived.len() as u64;
-    run.end = run.last.min(tail + (LOW_MASK + 1 - seq));
-    run.to_id = (tag | seq).wrapping_sub(tail);
-    run.records = inner.arrived.as_mut_ptr().cast();
+    run.end = run.last.min(epoch + LOW_MASK + 1);
+    run.to_id = tag.wrapping_sub(epoch);
+    // Offset back by the chain's first sequence number: the record of the member at
+    // sequence number `seq` is `records + seq` (wrapping, so no arithmetic overflows).
+    run.records = inner.arrived.as_mut_ptr().wrapping_sub(oldest as usize).cast();
     true
 }
 
@@ -660,28 +664,21 @@ fn member_failed(first: &mut Option<(usize, u32)>, at: usize, wc: &WorkCompletio
     first.get_or_insert((at, wc.vendor_err()));
 }
 
-/// The finished chain, ended by its last member's completion `last`, or reported by its
-/// first failed member's (`failed`).
+/// The finished chain of QP `qp_num`, ended by its last member's completion (of
+/// `byte_len` bytes), or reported by its first failed member's (`failed`, taken).
 #[inline(always)]
 fn done_of<T: ExclusiveBuf>(
     chain: PreparedRecvChain<T>,
-    last: &WorkCompletion,
-    failed: Option<(usize, u32)>,
+    byte_len: u32,
+    qp_num: u32,
+    failed: &mut Option<(usize, u32)>,
 ) -> Done<PreparedRecvChain<T>> {
     let id = chain.inner.id;
-    match failed {
-        // No member failed, so neither did the last.
-        None => Done {
-            id,
-            buf: chain,
-            status: WcStatus::Success,
-            byte_len: last.byte_len(),
-            op: WcOpcode::Recv,
-            qp_num: last.qp_num(),
-            vendor_err: last.vendor_err(),
-        },
-        Some((at, vendor_err)) => failed_done(id, chain, last.qp_num(), at, vendor_err),
+    if failed.is_some() {
+        return failed_done(id, chain, qp_num, failed);
     }
+    // No member failed, so neither did the last (and a success has no vendor error).
+    Done { id, buf: chain, status: WcStatus::Success, byte_len, op: WcOpcode::Recv, qp_num, vendor_err: 0 }
 }
 
 #[cold]
@@ -689,9 +686,9 @@ fn failed_done<T: ExclusiveBuf>(
     id: u64,
     chain: PreparedRecvChain<T>,
     qp_num: u32,
-    at: usize,
-    vendor_err: u32,
+    failed: &mut Option<(usize, u32)>,
 ) -> Done<PreparedRecvChain<T>> {
+    let (at, vendor_err) = failed.take().unwrap_or_default();
     let a = chain.inner.arrived[at];
     let status = WcStatus::from_raw(a.status);
     Done { id, buf: chain, status, byte_len: a.byte_len, op: WcOpcode::Recv, qp_num, vendor_err }

@@ -84,6 +84,7 @@ impl QueuePair {
             oldest: 0,
             member_fail: None,
             run: Run::NONE,
+            next_ids: Numbering::NONE,
             tag,
             claim,
             _buf: PhantomData,
@@ -225,6 +226,8 @@ pub struct RecvQueue<T: Send + 'static, R: RecvRequest = (T, u64)> {
     member_fail: Option<(usize, u32)>,
     /// Where the next run of the oldest chain's completions goes (chains only).
     run: Run,
+    /// The `wr_id`s of the next posts (chains only).
+    next_ids: Numbering,
     claim: Claim<crate::qp::QpInner>,
     _buf: PhantomData<fn() -> T>,
 }
@@ -257,7 +260,7 @@ impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
             return Err(Error::invalid(Verb::PostRecv, "only an empty queue restarts its sequence numbers"));
         }
         self.ring.restart_at(seq);
-        (self.oldest, self.run, self.member_fail) = (seq, Run::NONE, None);
+        (self.oldest, self.run, self.member_fail, self.next_ids) = (seq, Run::NONE, None, Numbering::NONE);
         Ok(())
     }
 
@@ -294,6 +297,12 @@ impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
             member_fail: &mut self.member_fail,
             run: &mut self.run,
         }
+    }
+
+    /// The `wr_id`s of the next posts, with the ring's head and the tag bits (chains).
+    #[inline(always)]
+    pub(super) fn next_ids(&mut self) -> (&mut Numbering, u64, u64) {
+        (&mut self.next_ids, self.ring.head, self.tag_bits)
     }
 
     /// Takes a completion of the oldest outstanding receive (a kind of one C receive
@@ -345,6 +354,28 @@ pub(super) struct Run {
 
 impl Run {
     pub(super) const NONE: Run = Run { end: 0, last: 0, to_id: 0, records: std::ptr::null_mut() };
+}
+
+/// How a receive chain queue numbers its `wr_id`s between two wraps of their low bits:
+/// the sequence numbers below `end` that share the high bits of the one it was set at
+/// have `wr_id`s `seq + to_id` (the tag bits and the low bits of `seq`).
+#[derive(Clone, Copy)]
+pub(super) struct Numbering {
+    pub(super) to_id: u64,
+    /// The first sequence number past the wrap (0: not set).
+    pub(super) end: u64,
+}
+
+impl Numbering {
+    pub(super) const NONE: Numbering = Numbering { to_id: 0, end: 0 };
+
+    /// The numbering of the queue whose tag bits are `tag` from sequence number `seq` up
+    /// to the wrap.
+    #[inline(always)]
+    pub(super) fn at(tag: u64, seq: u64) -> Numbering {
+        let epoch = seq & !LOW_MASK;
+        Numbering { to_id: tag.wrapping_sub(epoch), end: epoch.saturating_add(LOW_MASK + 1) }
+    }
 }
 
 impl<T: ExclusiveBuf> RecvQueue<T> {

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use super::recv::{fill_recv, recv_wr_id, ChainState, RecvQueue, RecvRequest, Run, EMPTY_RECV};
+use super::recv::{fill_recv, recv_wr_id, ChainState, Numbering, RecvQueue, RecvRequest, Run, EMPTY_RECV};
 use super::request::sealed::Sealed;
 use super::request::Token;
 use super::ring::Ring;
@@ -29,11 +29,13 @@ pub struct PreparedRecvChain<T: ExclusiveBuf> {
 }
 
 struct ChainInner<T> {
-    /// 1 up to MAX_BATCH C receives side by side, linked in order (the last `next` NULL),
-    /// each `sg_list` naming its SGEs in `sges`. Both vectors keep their heap blocks while
-    /// the chain holds them (never grown after the chain is built), so the links stay
-    /// valid from one post to the next; `raws` is written through `as_mut_ptr` alone,
-    /// which materializes no reference to its elements.
+    /// 1 up to MAX_BATCH C receives side by side, one per member, linked in order (the
+    /// last `next` NULL), each `sg_list` naming its SGEs in `sges`; then unlinked empty
+    /// ones up to a multiple of 8, never posted, so that a post stamps the `wr_id`s eight
+    /// at a time with no remainder. Both vectors keep their heap blocks while the chain
+    /// holds them (never grown after the chain is built), so the links stay valid from
+    /// one post to the next; `raws` is written through `as_mut_ptr` alone, which
+    /// materializes no reference to its elements.
     raws: Vec<ffi::ibv_recv_wr>,
     sges: Vec<Sges>,
     /// The receives' buffers, ranges and ids, in posting order.
@@ -43,16 +45,20 @@ struct ChainInner<T> {
     /// What each member's last completion said (all zero before the first). A poll's
     /// run copies only the words up to `byte_len`: the rest (the immediate data and its
     /// flag) is copied for a run with a message that carried immediate data, and then
-    /// `extras` says so.
+    /// `fit` says so.
     arrived: Vec<Arrived>,
-    /// Some member's record holds words past `byte_len` written since the chain was
-    /// last posted: the next post clears them first, so a record never shows a previous
-    /// post's immediate data.
-    extras: bool,
-    /// The protection domain and the receive SGE limit every member was checked against.
+    /// The protection domain every member was checked against.
     pd: PdId,
-    max_sge: u32,
+    /// The receive SGE limit every member was checked against (the low 32 bits) and
+    /// [`EXTRAS`]: a post compares it with its queue's limit in one instruction, and
+    /// anything else takes the slow path.
+    fit: u64,
 }
+
+/// In a chain's `fit`: some member's record holds words past `byte_len` written since the
+/// chain was last posted. The next post clears them first, so a record never shows a
+/// previous post's immediate data.
+const EXTRAS: u64 = 1 << 32;
 
 struct Member<T> {
     buf: T,
@@ -152,7 +158,7 @@ impl<T: ExclusiveBuf> PreparedRecvChain<T> {
     fn of(members: Vec<Member<T>>, sges: Vec<Sges>, raws: Vec<ffi::ibv_recv_wr>, pd: PdId, max_sge: u32) -> Self {
         let arrived = vec![Arrived::default(); members.len()];
         let id = members[0].id;
-        let mut inner = ChainInner { raws, sges, members, id, arrived, extras: false, pd, max_sge };
+        let mut inner = ChainInner { raws, sges, members, id, arrived, pd, fit: u64::from(max_sge) };
         inner.relink();
         PreparedRecvChain { inner: Box::new(inner) }
     }
@@ -165,7 +171,7 @@ impl<T: ExclusiveBuf> PreparedRecvChain<T> {
         let (members, sges, raws) = (inner.members.split_off(k), inner.sges.split_off(k), inner.raws.split_off(k));
         inner.arrived.truncate(k);
         inner.relink();
-        PreparedRecvChain::of(members, sges, raws, inner.pd, inner.max_sge)
+        PreparedRecvChain::of(members, sges, raws, inner.pd, inner.fit as u32)
     }
 }
 
@@ -177,18 +183,21 @@ impl<T> ChainInner<T> {
         for a in &mut self.arrived {
             *a = Arrived { imm: 0, qp_num: 0, src_qp: 0, flags: 0, ..*a };
         }
-        self.extras = false;
+        self.fit &= !EXTRAS;
     }
 
-    /// Points each C receive at its SGEs and links them in order.
+    /// Points each member's C receive at its SGEs and links them in order; pads `raws`
+    /// with empty ones to a multiple of 8.
     #[cold]
     fn relink(&mut self) {
-        let n = self.raws.len();
+        let n = self.members.len();
+        self.raws.truncate(n);
+        self.raws.resize(n.next_multiple_of(8), EMPTY_RECV);
         let (raws, sges) = (self.raws.as_mut_ptr(), self.sges.as_mut_ptr());
         for i in 0..n {
             let next = if i + 1 < n { raws.wrapping_add(i + 1) } else { std::ptr::null_mut() };
-            // SAFETY: i is below the length of `raws` and of `sges` (built side by side);
-            // the element is written through the pointer alone.
+            // SAFETY: i is below the length of `raws` and of `sges` (built side by side,
+            // one per member); the element is written through the pointer alone.
             unsafe {
                 let wr = raws.add(i);
                 (*wr).sg_list = sges.add(i).cast();
@@ -358,7 +367,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
     #[allow(clippy::result_large_err)] // the refused chain comes back by value
     pub fn post(&mut self, chain: PreparedRecvChain<T>) -> Result<(), Refused<PreparedRecvChain<T>>> {
         let (raw, max_sge, pd, head) = (self.raw, self.max_sge, self.pd, self.ring_head());
-        let w = chain.inner.raws.len();
+        let w = chain.inner.members.len();
         let (ring, _) = self.ring_and_tag();
         if w > ring.free() {
             let cap = ring.cap;
@@ -366,42 +375,35 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
                 if w as u64 > cap { wider_than_queue(Verb::PostRecv, w, cap) } else { queue_full(Verb::PostRecv, cap) };
             return Err(Refused::new(e, chain));
         }
-        let inner = &*chain.inner;
-        if inner.pd != pd || inner.max_sge != max_sge {
-            if let Err(e) = takes(inner, max_sge, pd) {
+        let mut chain = chain;
+        let inner = &mut *chain.inner;
+        if inner.pd != pd || inner.fit != u64::from(max_sge) {
+            if let Err(e) = inner.make_ready(max_sge, pd) {
                 return Err(Refused::new(e, chain));
             }
         }
-        let (_, tag) = self.ring_and_tag();
-        let mut chain = chain;
-        if chain.inner.extras {
-            chain.inner.clear_extras();
-        }
         let first = chain.inner.raws.as_mut_ptr();
-        if (head & LOW_MASK) + w as u64 <= LOW_MASK {
-            // No carry into the tag bits: the wr_ids are the first's plus i.
-            let (mut id, mut at) = (recv_wr_id(tag, head), first);
-            // Eight at a time, then the rest one by one.
-            // SAFETY: the chain has w C receives from `first`; w - w % 8 <= w.
-            let end8 = unsafe { first.add(w - w % 8) };
-            while at != end8 {
+        let (ids, _, tag) = self.next_ids();
+        if head + w as u64 >= ids.end {
+            // SAFETY: `first` heads the chain's `w` C receives.
+            unsafe { stamp_slow(ids, tag, first, w, head) };
+        } else {
+            // No wrap inside: the wr_ids are the first's plus i. Eight at a time, the
+            // padding too (never posted).
+            let (mut id, mut at) = (head.wrapping_add(ids.to_id), first);
+            // SAFETY: `raws` has its length of C receives from `first`.
+            let end = unsafe { first.add(chain.inner.raws.len()) };
+            while at != end {
                 for j in 0..8 {
-                    // SAFETY: `at` has 8 C receives of the chain from it (it is below
-                    // end8); the element is written through the pointer alone, so the
-                    // links into it stay valid.
+                    // SAFETY: `at` has a multiple of 8 C receives of the chain from it
+                    // (it is below `end`); the element is written through the pointer
+                    // alone, so the links into it stay valid.
                     unsafe { (*at.add(j)).wr_id = id + j as u64 };
                 }
-                // SAFETY: as above: the next group, or end8.
+                // SAFETY: as above: the next group, or the end.
                 at = unsafe { at.add(8) };
                 id += 8;
             }
-            for j in 0..w % 8 {
-                // SAFETY: `at` (end8) has w % 8 C receives of the chain from it.
-                unsafe { (*at.add(j)).wr_id = id + j as u64 };
-            }
-        } else {
-            // SAFETY: `first` heads the chain's `w` C receives.
-            unsafe { stamp_wrapping(first, w, tag, head) };
         }
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is alive (the queue's claim); the chain's C receives are linked
@@ -467,7 +469,9 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         let inner = unsafe { &mut *slot.assume_init_mut().inner };
         let at = (tail - *oldest) as usize;
         inner.arrived[at] = Arrived::of(wc);
-        inner.extras |= wc.as_raw().wc_flags & WITH_IMM != 0;
+        if wc.as_raw().wc_flags & WITH_IMM != 0 {
+            inner.fit |= EXTRAS;
+        }
         if !wc.is_success() {
             member_failed(member_fail, at, wc);
         }
@@ -557,13 +561,10 @@ fn start_run<T: ExclusiveBuf>(ring: &mut Ring<PreparedRecvChain<T>>, tag: u64, o
     // SAFETY: the oldest outstanding chain sits in the slot of its first receive,
     // initialized; `tail` is inside it (it would have been read out at its last member).
     let inner = unsafe { &mut *ring.slot(oldest).assume_init_mut().inner };
-    // The sequence numbers from `tail` up to the wrap share their high bits (`epoch`):
-    // their wr_ids are the tag bits plus their low bits, so `to_id` is the tag bits less
-    // the epoch.
-    let epoch = tail & !LOW_MASK;
+    let ids = Numbering::at(tag, tail);
     run.last = oldest + inner.arrived.len() as u64;
-    run.end = run.last.min(epoch + LOW_MASK + 1);
-    run.to_id = tag.wrapping_sub(epoch);
+    run.end = run.last.min(ids.end);
+    run.to_id = ids.to_id;
     // Offset back by the chain's first sequence number: the record of the member at
     // sequence number `seq` is `records + seq` (wrapping, so no arithmetic overflows).
     run.records = inner.arrived.as_mut_ptr().wrapping_sub(oldest as usize).cast();
@@ -640,17 +641,19 @@ fn run_marked<T>(inner: &mut ChainInner<T>, first: &mut Option<(usize, u32)>, fr
         }
         inner.arrived[from + i] = Arrived::of(wc);
     }
-    inner.extras = true;
+    inner.fit |= EXTRAS;
 }
 
-/// Stamps the `w` C receives at `first` as sequence numbers `head..`, which wrap inside
-/// them (once in 2^40).
+/// Stamps the `w` C receives at `first` as sequence numbers `head..` of the queue whose
+/// tag bits are `tag`, at or past the end of its numbering `ids`: numbered afresh from
+/// `head`, and one by one if they wrap inside (once in 2^40).
 ///
 /// # Safety
 /// `first` heads `w` C receives side by side.
 #[cold]
 #[inline(never)]
-unsafe fn stamp_wrapping(first: *mut ffi::ibv_recv_wr, w: usize, tag: u64, head: u64) {
+unsafe fn stamp_slow(ids: &mut Numbering, tag: u64, first: *mut ffi::ibv_recv_wr, w: usize, head: u64) {
+    *ids = Numbering::at(tag, head);
     for i in 0..w {
         // SAFETY: the caller's contract; written through the pointer alone.
         unsafe { (*first.add(i)).wr_id = recv_wr_id(tag, head + i as u64) };
@@ -694,8 +697,22 @@ fn failed_done<T: ExclusiveBuf>(
     Done { id, buf: chain, status, byte_len: a.byte_len, op: WcOpcode::Recv, qp_num, vendor_err }
 }
 
+impl<T> ChainInner<T> {
+    /// Makes the chain ready for a post on a queue with `max_sge` and `pd`, or says why
+    /// that queue cannot take it (the slow path of a post: a chain prepared for another
+    /// queue, or with records to clear).
+    #[cold]
+    fn make_ready(&mut self, max_sge: u32, pd: PdId) -> Result<()> {
+        takes(self, max_sge, pd)?;
+        if self.fit & EXTRAS != 0 {
+            self.clear_extras();
+        }
+        self.fit = u64::from(max_sge);
+        Ok(())
+    }
+}
+
 /// Whether a queue with `max_sge` and `pd` takes a chain prepared for another.
-#[cold]
 fn takes<T>(c: &ChainInner<T>, max_sge: u32, pd: PdId) -> Result<()> {
     if c.pd != pd {
         return Err(Error::invalid(

@@ -6,8 +6,7 @@ use std::mem::MaybeUninit;
 
 use super::prepared::Prepared;
 use super::request::{End, SendLimits, SendRequest, Token, TOKEN};
-use super::tag::{send_wr_id, LOW_MASK};
-use super::{SendQueue, Sges, MAX_BATCH};
+use super::{stamp, SendQueue, Sges, MAX_BATCH};
 use crate::buf::{PdId, SendBuf};
 use crate::error::{Error, Refused, Result, Verb};
 use crate::ffi;
@@ -212,20 +211,8 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
             inner.relink();
         }
         let (n, base) = (inner.raws.len(), inner.raws.as_mut_ptr());
-        if (seq & LOW_MASK) + n as u64 <= LOW_MASK {
-            // No sequence number wraps inside the chain: its wr_ids are consecutive.
-            let first = send_wr_id(tag, seq);
-            for i in 0..n {
-                // SAFETY: i is below the length of `raws`; the element is written through
-                // the pointer alone, so the links into it stay valid.
-                unsafe { (*base.add(i)).wr_id = first + i as u64 };
-            }
-        } else {
-            for i in 0..n {
-                // SAFETY: as above.
-                unsafe { (*base.add(i)).wr_id = send_wr_id(tag, seq + i as u64) };
-            }
-        }
+        // SAFETY: `raws` has n C requests from `base`.
+        unsafe { stamp(base, n, tag, seq) };
         // SAFETY: a chain holds at least one request, so n - 1 is in bounds.
         (base, unsafe { base.add(n - 1) })
     }

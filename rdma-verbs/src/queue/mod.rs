@@ -42,10 +42,16 @@ pub const MAX_BATCH: usize = 64;
 type Sges = [MaybeUninit<ffi::ibv_sge>; MAX_SGE];
 const NO_SGES: Sges = [const { MaybeUninit::uninit() }; MAX_SGE];
 
-/// A C work request with a `next` link.
+/// A C work request with a `next` link and a `wr_id`.
 trait Linked {
     fn next(&self) -> *mut Self;
     fn set_next(&mut self, next: *mut Self);
+    /// Writes the `wr_id` of the request at `wr` through the pointer alone (no reference
+    /// to it is made, so links into it stay valid).
+    ///
+    /// # Safety
+    /// `wr` points at a live request.
+    unsafe fn set_wr_id(wr: *mut Self, id: u64);
 }
 
 impl Linked for ffi::ibv_send_wr {
@@ -55,6 +61,11 @@ impl Linked for ffi::ibv_send_wr {
     fn set_next(&mut self, next: *mut Self) {
         self.next = next;
     }
+    #[inline(always)]
+    unsafe fn set_wr_id(wr: *mut Self, id: u64) {
+        // SAFETY: the caller's contract.
+        unsafe { (*wr).wr_id = id };
+    }
 }
 
 impl Linked for ffi::ibv_recv_wr {
@@ -63,6 +74,33 @@ impl Linked for ffi::ibv_recv_wr {
     }
     fn set_next(&mut self, next: *mut Self) {
         self.next = next;
+    }
+    #[inline(always)]
+    unsafe fn set_wr_id(wr: *mut Self, id: u64) {
+        // SAFETY: the caller's contract.
+        unsafe { (*wr).wr_id = id };
+    }
+}
+
+/// Stamps the `n` C requests side by side from `first` with the `wr_id`s of sequence
+/// numbers `seq..` of the queue whose tag bits are `tag`: the first's plus i, or each on
+/// its own when the low bits wrap inside them (once in 2^40).
+///
+/// # Safety
+/// `first` heads `n` live C requests side by side.
+#[inline(always)]
+unsafe fn stamp<W: Linked>(first: *mut W, n: usize, tag: u64, seq: u64) {
+    if (seq & tag::LOW_MASK) + n as u64 <= tag::LOW_MASK {
+        let id = tag::wr_id(tag, seq);
+        for i in 0..n {
+            // SAFETY: i < n: the caller's contract.
+            unsafe { W::set_wr_id(first.add(i), id + i as u64) };
+        }
+    } else {
+        for i in 0..n {
+            // SAFETY: as above.
+            unsafe { W::set_wr_id(first.add(i), tag::wr_id(tag, seq + i as u64)) };
+        }
     }
 }
 

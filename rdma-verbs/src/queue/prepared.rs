@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 use std::ops::{DerefMut, Range};
 
 use super::request::{check_send, classic, zeroed_wr, End, SendLimits as Limits, SendRequest, Token};
-use super::tag::send_wr_id;
+use super::tag::wr_id;
 use super::{SendQueue, Sges, NO_SGES};
 use crate::buf::SendBuf;
 use crate::error::{Error, Refused, Result, Verb};
@@ -242,7 +242,7 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
         _out: &mut ffi::ibv_send_wr,
         _: Token,
     ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr) {
-        let wr = self.stamp(send_wr_id(tag, seq));
+        let wr = self.stamp(wr_id(tag, seq));
         (wr, wr)
     }
 

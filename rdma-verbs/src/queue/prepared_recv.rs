@@ -4,10 +4,11 @@
 use std::fmt;
 use std::ops::Range;
 
-use super::recv::{fill_recv, recv_wr_id, RecvQueue, RecvRequest, EMPTY_RECV};
+use super::recv::{fill_recv, RecvQueue, RecvRequest, EMPTY_RECV};
 use super::request::sealed::Sealed;
 use super::request::Token;
 use super::ring::{refuse, Batch};
+use super::tag::wr_id;
 use super::{queue_full, Chain, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{ExclusiveBuf, PdId};
 use crate::conv;
@@ -192,7 +193,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecv<T>> {
             let cap = ring.cap;
             return Err(Refused::new(queue_full(Verb::PostRecv, cap), p));
         }
-        let wr = p.stamp(recv_wr_id(tag, seq));
+        let wr = p.stamp(wr_id(tag, seq));
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is alive (the queue's claim); the C request and its SGEs are in
         // the receive's heap block, naming bytes of its buffer, which the ring owns until
@@ -227,7 +228,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecv<T>> {
                 break;
             }
             let p = ring.stage(n, p);
-            chain.link(p.stamp(recv_wr_id(tag, head + n as u64)));
+            chain.link(p.stamp(wr_id(tag, head + n as u64)));
             n += 1;
         }
         // SAFETY: the QP is alive; a valid chain of C requests in the heap blocks of

@@ -9,7 +9,7 @@ use super::claim::{bury, Claim, ClaimOwner};
 use super::request::sealed::Sealed;
 use super::request::{Token, TOKEN};
 use super::ring::{refuse, Batch, Ring};
-use super::tag::{ours, Tag, LOW_MASK, RECV_TAG, SLOT_BITS, TAG_SHIFT};
+use super::tag::{ours, wr_id, Tag, LOW_MASK, RECV_TAG, SLOT_BITS, TAG_SHIFT};
 use super::{depth, not_ours, queue_full, Chain, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{ExclusiveBuf, PdId};
 use crate::conv;
@@ -121,13 +121,6 @@ fn too_many_recv_sges(n: usize, max_sge: u32) -> Error {
 }
 
 // ---- receive side ---------------------------------------------------------------
-
-/// The `wr_id` of the receive with sequence number `seq` of the queue whose receive tag
-/// bits (`RECV_TAG | tag.bits()`) are `tag`.
-#[inline(always)]
-pub(super) fn recv_wr_id(tag: u64, seq: u64) -> u64 {
-    tag | (seq & LOW_MASK)
-}
 
 pub(super) const EMPTY_RECV: ffi::ibv_recv_wr =
     ffi::ibv_recv_wr { wr_id: 0, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
@@ -271,7 +264,7 @@ impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
 
     #[inline(always)]
     fn wr_id(&self, seq: u64) -> u64 {
-        recv_wr_id(self.tag_bits, seq)
+        wr_id(self.tag_bits, seq)
     }
 
     /// The ring, for a kind's post, with the `wr_id` tag bits.
@@ -429,7 +422,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
                 refused = refuse(queue_full(Verb::PostRecv, self.ring.cap), (buf, id));
                 break;
             }
-            let wr_id = recv_wr_id(self.tag_bits, self.ring.head + n as u64);
+            let wr_id = wr_id(self.tag_bits, self.ring.head + n as u64);
             match fill_recv(&buf, range, wr_id, (self.max_sge, self.pd), &mut sges[n], &mut raws[n]) {
                 Ok(wr) => {
                     chain.link(wr);

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::ops::Range;
 
-use super::recv::{fill_recv, recv_wr_id, ChainState, Numbering, RecvQueue, RecvRequest, Run, EMPTY_RECV};
+use super::recv::{fill_recv, ChainState, Numbering, RecvQueue, RecvRequest, Run, EMPTY_RECV};
 use super::request::sealed::Sealed;
 use super::request::Token;
 use super::ring::Ring;
@@ -12,7 +12,7 @@ use super::tag::LOW_MASK;
 
 /// The completion flag that says a message carried immediate data.
 const WITH_IMM: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
-use super::{not_ours, queue_full, stopped_at, wider_than_queue, Sges, MAX_BATCH, NO_SGES};
+use super::{not_ours, queue_full, stamp, stopped_at, wider_than_queue, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{ExclusiveBuf, PdId};
 use crate::conv;
 use crate::error::{Error, Refused, Result, Verb};
@@ -478,10 +478,8 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         if at + 1 < inner.arrived.len() {
             return Ok(1);
         }
-        *oldest = tail + 1;
-        // SAFETY: as above; its last member completed, so it is read out, once.
-        let chain = unsafe { slot.assume_init_read() };
-        done(done_of(chain, wc.byte_len(), qp_num, member_fail));
+        // SAFETY: the tail just passed the oldest chain's last member.
+        done(unsafe { finish_oldest(ring, oldest, run, member_fail, qp_num, wc.byte_len()) });
         Ok(1)
     }
 
@@ -530,17 +528,11 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
                 continue; // the poll's end, or the wrap (the next run is set afresh)
             }
             // The chain's last member.
-            run.end = 0;
-            let slot = ring.slot(*oldest);
-            *oldest = tail;
-            // SAFETY: the oldest outstanding chain sits in the slot of its first receive;
-            // its last member completed (the tail is past it), so it is read out, once.
-            // The run is off, so nothing points into it any more.
-            let chain = unsafe { slot.assume_init_read() };
             // SAFETY: the run took its last member's completion (`took` >= 1: the tail
             // moved on to `run.last`), whose record is the last written.
             let byte_len = unsafe { (*records.add(took - 1)).byte_len };
-            done(done_of(chain, byte_len, qp_num, member_fail));
+            // SAFETY: the tail just passed the oldest chain's last member.
+            done(unsafe { finish_oldest(ring, oldest, run, member_fail, qp_num, byte_len) });
         }
         match wcs.get(at) {
             Some(stranger) => Err(not_ours("receive", stranger)),
@@ -654,10 +646,8 @@ fn run_marked<T>(inner: &mut ChainInner<T>, first: &mut Option<(usize, u32)>, fr
 #[inline(never)]
 unsafe fn stamp_slow(ids: &mut Numbering, tag: u64, first: *mut ffi::ibv_recv_wr, w: usize, head: u64) {
     *ids = Numbering::at(tag, head);
-    for i in 0..w {
-        // SAFETY: the caller's contract; written through the pointer alone.
-        unsafe { (*first.add(i)).wr_id = recv_wr_id(tag, head + i as u64) };
-    }
+    // SAFETY: the caller's contract.
+    unsafe { stamp(first, w, tag, head) };
 }
 
 /// Keeps the first failed member of the oldest chain (the failure path only).
@@ -665,6 +655,32 @@ unsafe fn stamp_slow(ids: &mut Numbering, tag: u64, first: *mut ffi::ibv_recv_wr
 #[inline(never)]
 fn member_failed(first: &mut Option<(usize, u32)>, at: usize, wc: &WorkCompletion) {
     first.get_or_insert((at, wc.vendor_err()));
+}
+
+/// Hands back the oldest chain of the queue whose QP is `qp_num` (its first receive's
+/// sequence number `oldest`), ended by its last member's completion of `byte_len` bytes:
+/// read out of its slot, the run off, the next chain the oldest.
+///
+/// # Safety
+/// The ring's tail has just passed the oldest chain's last member (and the chain is still
+/// in its slot, as it is until then).
+#[inline(always)]
+unsafe fn finish_oldest<T: ExclusiveBuf>(
+    ring: &mut Ring<PreparedRecvChain<T>>,
+    oldest: &mut u64,
+    run: &mut Run,
+    failed: &mut Option<(usize, u32)>,
+    qp_num: u32,
+    byte_len: u32,
+) -> Done<PreparedRecvChain<T>> {
+    run.end = 0;
+    let first = std::mem::replace(oldest, ring.tail);
+    let slot = ring.slot(first);
+    // SAFETY: the oldest outstanding chain sits in the slot of its first receive; the tail
+    // passed its last member (the caller's contract), so it is read out, once: the slot
+    // is behind the tail now. The run is off, so nothing points into it any more.
+    let chain = unsafe { slot.assume_init_read() };
+    done_of(chain, byte_len, qp_num, failed)
 }
 
 /// The finished chain of QP `qp_num`, ended by its last member's completion (of

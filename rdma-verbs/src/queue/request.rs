@@ -87,7 +87,7 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
     #[doc(hidden)]
     fn check(&self, limits: &SendLimits, key: u64, sges: &mut Sges, _: Token) -> Result<usize>;
 
-    /// The C request(s) to post, the first as `send_wr_id(tag, seq)` and each next one
+    /// The C request(s) to post, the first as `wr_id(tag, seq)` and each next one
     /// with the next sequence number, linked, the last `next` NULL: built into `out`
     /// (with the `n` SGEs `check` wrote into `sges`, which must not move before the post),
     /// or the request's own. Returns the first and the last.
@@ -182,7 +182,7 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
         out: &mut ffi::ibv_send_wr,
         _: Token,
     ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr) {
-        let wr: *mut ffi::ibv_send_wr = classic(self, super::tag::send_wr_id(tag, seq), sges, n, out);
+        let wr: *mut ffi::ibv_send_wr = classic(self, super::tag::wr_id(tag, seq), sges, n, out);
         (wr, wr)
     }
 

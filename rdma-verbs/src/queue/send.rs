@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use super::claim::{bury, Claim, ClaimOwner};
 use super::request::{zeroed_wr, End, Ext, SendLimits, SendRequest, TOKEN};
 use super::ring::{failure_of, Batch, Ring};
-use super::tag::{send_wr_id, Tag, LOW_MASK};
+use super::tag::{wr_id, Tag, LOW_MASK};
 use super::{batch_too_long, depth, queue_full, wider_than_queue, Chain, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{PdId, SendBuf};
 use crate::conv;
@@ -690,7 +690,7 @@ fn post_extended<R: SendRequest>(
     let rc = unsafe {
         ffi::ibv_wr_start(qpx);
         for i in 0..n {
-            let seq = send_wr_id(tag, head + i as u64);
+            let seq = wr_id(tag, head + i as u64);
             ring.staged(i).extended(qpx, seq, &sges[i], usize::from(counts[i]), TOKEN());
         }
         ffi::ibv_wr_complete(qpx)

@@ -44,12 +44,27 @@ fn len_of(r: u64, k: usize) -> usize {
 /// Posts SENDs from `a`'s sources (request `k` sends `lens[k]` bytes of round `r`'s
 /// bytes for `k`) and takes their completions, whatever their status.
 fn send_round(a: &mut Side<Chunk>, srcs: &mut Vec<Chunk>, r: u64, lens: &[usize]) -> Vec<WcStatus> {
+    send_imm_round(a, srcs, r, lens, &vec![None; lens.len()])
+}
+
+/// As `send_round`, with request `k` carrying the immediate data `imms[k]`, if any.
+fn send_imm_round(
+    a: &mut Side<Chunk>,
+    srcs: &mut Vec<Chunk>,
+    r: u64,
+    lens: &[usize],
+    imms: &[Option<u32>],
+) -> Vec<WcStatus> {
     let left = srcs.len();
     let sending: Vec<Chunk> = srcs.drain(..lens.len()).collect();
     for (k, mut c) in sending.into_iter().enumerate() {
         let n = lens[k];
         c[..n].copy_from_slice(&bytes(r, k as u64, n));
-        posted(a.sq.post(SendWr::send(c, 0..n).id(k as u64)));
+        let wr = SendWr::send(c, 0..n).id(k as u64);
+        posted(a.sq.post(match imms[k] {
+            Some(imm) => wr.imm(imm),
+            None => wr,
+        }));
     }
     let mut statuses = Vec::new();
     while srcs.len() < left {
@@ -245,19 +260,8 @@ fn immediate_data_shows_on_each_receive_whose_message_carried_it_and_never_from_
         posted(b.rq.post(chain.take().unwrap()));
         let imms: Vec<Option<u32>> =
             (0..12).map(|k| carries(k).then_some(0xa000_0000 | (r as u32) << 8 | k as u32)).collect();
-        let left = srcs.len();
-        for (k, mut c) in srcs.drain(..12).enumerate() {
-            c[..LEN].copy_from_slice(&bytes(r as u64, k as u64, LEN));
-            let wr = SendWr::send(c, 0..LEN).id(k as u64);
-            posted(a.sq.post(match imms[k] {
-                Some(imm) => wr.imm(imm),
-                None => wr,
-            }));
-        }
-        while srcs.len() < left {
-            let mut wc = poll_one(&mut a.cq);
-            a.sq.complete(&mut wc, |d| srcs.push(d.result().unwrap().buf)).unwrap();
-        }
+        let sent = send_imm_round(&mut a, &mut srcs, r as u64, &[LEN; 12], &imms);
+        assert!(sent.iter().all(|s| *s == WcStatus::Success));
         let mut wcs = poll_n(&mut b, 12);
         let mut came = Vec::new();
         if r != 0 && r != 5 {

@@ -301,7 +301,8 @@ impl<T: ExclusiveBuf> RecvRequest for PreparedRecvChain<T> {
 /// [`complete_all`](RecvQueue::complete_all) record each member's completion (bytes
 /// received, status, immediate data) in the chain, allocating nothing, and hand the chain
 /// back in a [`Done`] that names its first receive's id and carries the first failed
-/// member's completion (status, length, vendor error), else its last member's. Each
+/// member's completion (status, length, vendor error), else its last member's length
+/// (with no vendor error: a success has none). Each
 /// member is read through [`PreparedRecvChain::get`] or [`iter`](PreparedRecvChain::iter).
 ///
 /// Soundness is the receive queue's (see [`SendQueue`](crate::SendQueue)): the chain

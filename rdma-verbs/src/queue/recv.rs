@@ -292,10 +292,10 @@ impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
         }
     }
 
-    /// The `wr_id`s of the next posts, with the ring's head and the tag bits (chains).
+    /// The `wr_id`s of the next posts, with the tag bits (chains).
     #[inline(always)]
-    pub(super) fn next_ids(&mut self) -> (&mut Numbering, u64, u64) {
-        (&mut self.next_ids, self.ring.head, self.tag_bits)
+    pub(super) fn next_ids(&mut self) -> (&mut Numbering, u64) {
+        (&mut self.next_ids, self.tag_bits)
     }
 
     /// Takes a completion of the oldest outstanding receive (a kind of one C receive

@@ -9,9 +9,6 @@ use super::request::sealed::Sealed;
 use super::request::Token;
 use super::ring::Ring;
 use super::tag::LOW_MASK;
-
-/// The completion flag that says a message carried immediate data.
-const WITH_IMM: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
 use super::{not_ours, queue_full, stamp, stopped_at, wider_than_queue, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{ExclusiveBuf, PdId};
 use crate::conv;
@@ -19,6 +16,9 @@ use crate::error::{Error, Refused, Result, Verb};
 use crate::ffi;
 use crate::wc::{WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::Done;
+
+/// The completion flag that says a message carried immediate data.
+const WITH_IMM: u32 = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
 
 /// Receives linked into one chain, posted whole with one provider call and handed back
 /// whole, once, after the completion of its last receive: built by
@@ -384,7 +384,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
             }
         }
         let first = chain.inner.raws.as_mut_ptr();
-        let (ids, _, tag) = self.next_ids();
+        let (ids, tag) = self.next_ids();
         if head + w as u64 >= ids.end {
             // SAFETY: `first` heads the chain's `w` C receives.
             unsafe { stamp_slow(ids, tag, first, w, head) };
@@ -578,9 +578,9 @@ unsafe fn take_run(wcs: &mut [WorkCompletion], first: u64, qp_num: u32, arrived:
     let base = wcs.as_mut_ptr();
     // Eight at a time (an eighth of the loop's own instructions), each compared with the
     // group's first wr_id plus its place. The completions, the wr_id and the records
-    // each move on by themselves (pointers, not an index), and the count is worked out
-    // at the end from the wr_id: the compiler then keeps the wr_id in a register of its
-    // own, one instruction a completion fewer. A stranger ends it where it stands.
+    // each move on by themselves (pointers, not an index): the compiler then keeps the
+    // wr_id in a register of its own, one instruction a completion fewer. A stranger
+    // ends it where it stands (its place worked out from the pointers).
     let (mut at, mut id, mut rec) = (base, first, arrived);
     // SAFETY: `wcs` has n elements from `base`; n - n % 8 <= n.
     let end8 = unsafe { base.add(n - n % 8) };

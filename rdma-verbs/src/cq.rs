@@ -262,16 +262,19 @@ impl CqBuilder<'_> {
         const VERB: Verb = Verb::CreateCq;
         let ctx = self.ctx;
         if self.cqe == 0 {
-            return Err(Error::invalid(VERB, "cqe 0: a CQ needs at least one entry"));
+            return Err(Error::invalid(Verb::CqBuilderBuild, "cqe 0: a CQ needs at least one entry"));
         }
         let max_cqe = ctx.query_device()?.max_cqe;
         if self.cqe > max_cqe {
-            return Err(Error::invalid(VERB, format!("cqe {} exceeds the device's max_cqe {max_cqe}", self.cqe)));
+            return Err(Error::invalid(
+                Verb::CqBuilderBuild,
+                format!("cqe {} exceeds the device's max_cqe {max_cqe}", self.cqe),
+            ));
         }
         let vectors = num_comp_vectors(ctx);
         if self.comp_vector >= vectors {
             return Err(Error::invalid(
-                VERB,
+                Verb::CqBuilderBuild,
                 format!(
                     "comp_vector {} is out of range: the device has {vectors} completion vectors (0..{vectors})",
                     self.comp_vector

@@ -328,10 +328,11 @@ pub(super) fn check_send<T: SendBuf>(
 #[inline]
 fn ext_takes<T: SendBuf>(ext: Ext, wr: &SendWr<T>, n: usize) -> bool {
     let Some((_, ops)) = ext else { return false };
-    let q = compat::quirks();
+    // The quirks only matter for lists: a single SGE never reads them (the queue's claim
+    // has looked them up already, so no post pays for that).
     n >= 1
         && ops.contains(wr.op.codes().ops)
-        && (n == 1 || if wr.is_inline() { q.wr_inline_list } else { q.wr_sge_list })
+        && (n == 1 || if wr.is_inline() { compat::quirks().wr_inline_list } else { compat::quirks().wr_sge_list })
 }
 
 /// Why the safe send path refused a work request before calling the provider.

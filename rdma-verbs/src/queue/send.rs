@@ -211,6 +211,11 @@ impl QueuePair {
         let room = CqReservation::take(&self.inner.send_cq, depth.into(), Verb::Claim, "this send queue")?;
         let limits = self.send_limits();
         let tag = Tag::reserve()?;
+        if self.inner.qp_ex.is_some() {
+            // Which rdma-core is loaded (its quirks decide what the extended API takes) is
+            // read from the file system once: here, in the control plane, not at a post.
+            crate::compat::quirks();
+        }
         Ok(SendQueue {
             ring: Ring::new(depth),
             scratch: SendScratch::new(),

@@ -234,6 +234,7 @@ impl AddressHandle {
 
     /// Destroys the handle now and reports the result (`ibv_destroy_ah`). Fails with
     /// EBUSY, destroying nothing yet, while clones are alive.
+    #[doc(alias = "ibv_destroy_ah")]
     pub fn destroy(self) -> Result<()> {
         destroy_shared(self.inner, Verb::DestroyAh, |inner| inner.raw.destroy())
     }

@@ -248,6 +248,7 @@ impl CqBuilder<'_> {
 
     /// Gives the CQ its own completion channel, so that it can [`arm`](CompletionQueue::arm)
     /// and [`wait`](CompletionQueue::wait) and has a file descriptor for event loops.
+    #[doc(alias = "ibv_create_comp_channel")]
     pub fn with_channel(mut self) -> Self {
         self.channel = true;
         self
@@ -510,6 +511,7 @@ impl CompletionQueue {
 
     /// Destroys the CQ now, then its channel, and reports the result (`ibv_destroy_cq`).
     /// Fails with EBUSY, freeing nothing yet, while QPs or SRQs that use the CQ are alive.
+    #[doc(alias = "ibv_destroy_cq", alias = "ibv_destroy_comp_channel")]
     pub fn destroy(self) -> Result<()> {
         destroy_shared(self.inner, Verb::DestroyCq, CqInner::destroy)
     }

@@ -137,6 +137,7 @@ impl SharedReceiveQueue {
 
     /// Destroys the SRQ now and reports the result (`ibv_destroy_srq`). Fails with EBUSY,
     /// destroying nothing yet, while a QP uses it.
+    #[doc(alias = "ibv_destroy_srq")]
     pub fn destroy(self) -> Result<()> {
         destroy_shared(self.inner, Verb::DestroySrq, |inner| inner.raw.destroy())
     }

@@ -263,6 +263,7 @@ impl QueuePair {
 
     /// RESET (or INIT) -> INIT: binds the QP to a port (`ibv_modify_qp`). RC and UC QPs get
     /// `attr.access`, UD QPs `attr.qkey`. Receives may be posted from INIT on.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn to_init(&self, attr: &InitAttr) -> Result<()> {
         let from = self.begin(QpState::Init)?;
         if self.qp_type() == QpType::Ud && !attr.access.is_empty() {
@@ -295,6 +296,7 @@ impl QueuePair {
     /// INIT -> RTR of a connected (RC, UC) QP: names the remote QP and the path to it
     /// (`ibv_modify_qp`). The path MTU is clamped to the port's active MTU and
     /// `max_dest_rd_atomic` to the device's limit; the address is checked against the port.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn to_rtr(&self, attr: &RtrAttr) -> Result<()> {
         if self.qp_type() == QpType::Ud {
             return Err(Error::invalid(
@@ -340,6 +342,7 @@ impl QueuePair {
     }
 
     /// INIT -> RTR of a UD QP (`ibv_modify_qp` with the state alone).
+    #[doc(alias = "ibv_modify_qp")]
     pub fn to_rtr_ud(&self) -> Result<()> {
         if self.qp_type() != QpType::Ud {
             return Err(Error::invalid(
@@ -353,6 +356,7 @@ impl QueuePair {
 
     /// RTR -> RTS: the QP may send (`ibv_modify_qp`). RC QPs take the timeouts and retry
     /// counts (see [`RtsAttr`]); UC and UD QPs only `sq_psn`.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn to_rts(&self, attr: &RtsAttr) -> Result<()> {
         let from = self.begin(QpState::Rts)?;
         fits(attr.sq_psn, MAX_PSN, "sq_psn")?;
@@ -372,6 +376,7 @@ impl QueuePair {
 
     /// Any state -> RESET: forgets the connection and drops every outstanding work
     /// request without a completion. From RESET the QP can be brought up again.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn reset(&self) -> Result<()> {
         let from = self.state()?;
         self.modify(from, QpState::Reset, ffi::ibv_qp_attr::default(), ffi::ibv_qp_attr_mask::IBV_QP_STATE)
@@ -379,6 +384,7 @@ impl QueuePair {
 
     /// Any state -> ERR: outstanding work requests complete with a flush error. Then
     /// [`reset`](Self::reset) to reuse the QP.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn to_error(&self) -> Result<()> {
         let from = self.state()?;
         self.modify(from, QpState::Err, ffi::ibv_qp_attr::default(), ffi::ibv_qp_attr_mask::IBV_QP_STATE)
@@ -425,6 +431,7 @@ impl QueuePair {
 
     /// Destroys the QP now and reports the result (`ibv_destroy_qp`). Fails with EBUSY,
     /// destroying nothing yet, while another handle of this crate still holds it.
+    #[doc(alias = "ibv_destroy_qp", alias = "rdma_destroy_qp")]
     pub fn destroy(self) -> Result<()> {
         destroy_shared(self.inner, Verb::DestroyQp, |mut inner| {
             // A QP made through a CM id leaves it first.

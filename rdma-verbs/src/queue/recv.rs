@@ -382,6 +382,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 
     /// Posts a receive into `range` of `buf` (one provider call, no allocation, no
     /// syscall). On refusal the buffer comes back in the error.
+    #[doc(alias = "ibv_post_recv")]
     // Always inlined, as the send queue's `post`: a call costs more than the rest of it.
     #[inline(always)]
     #[allow(clippy::result_large_err)] // the refused buffer comes back by value
@@ -417,6 +418,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 
     /// Posts up to [`MAX_BATCH`] receives `(buffer, range, id)` with one provider call.
     /// Returns how many were posted; on refusal, the error and the unposted buffers.
+    #[doc(alias = "ibv_post_recv")]
     pub fn post_batch<I>(&mut self, recvs: I) -> Result<usize, Refused<Vec<T>>>
     where
         I: IntoIterator<Item = (T, Range<usize>, u64)>,
@@ -528,6 +530,7 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
     }
 
     /// Posts a receive into `range` of `buf`. On refusal the buffer comes back.
+    #[doc(alias = "ibv_post_srq_recv")]
     #[inline]
     pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), Refused<T>> {
         if self.nfree == 0 {

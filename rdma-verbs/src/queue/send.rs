@@ -294,6 +294,13 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// (by our checks or by the provider) the request comes back in the error. (A
     /// prepared chain the provider stopped inside: its unposted part comes back, and the
     /// posted part with the completion of its last request.)
+    #[doc(
+        alias = "ibv_post_send",
+        alias = "ibv_wr_start",
+        alias = "ibv_wr_complete",
+        alias = "ibv_wr_set_sge",
+        alias = "ibv_wr_set_sge_list"
+    )]
     // Always inlined: a tool's posting loop is large enough that the hint alone left this
     // an out-of-line call, ~10 instructions a post (scripts/per-message).
     #[inline(always)]
@@ -324,6 +331,13 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// were posted. When one is refused (by our checks or by the provider), the ones
     /// before it are posted, and the error comes back with the requests that were not
     /// posted, in order (that path allocates, the fast path does not).
+    #[doc(
+        alias = "ibv_post_send",
+        alias = "ibv_wr_start",
+        alias = "ibv_wr_complete",
+        alias = "ibv_wr_set_sge",
+        alias = "ibv_wr_set_sge_list"
+    )]
     #[inline]
     pub fn post_batch<I>(&mut self, wrs: I) -> Result<usize, Refused<Vec<R>>>
     where

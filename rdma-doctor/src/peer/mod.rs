@@ -26,7 +26,13 @@
 //! timeout; every line the peer sends is read with a size limit and parsed strictly.
 //!
 //! The server ([`serve`]) answers up to [`MAX_PROBES`] probes at once, each with its own
-//! QP, and keeps no client longer than its whole-exchange deadline (see [`door`]).
+//! QP. A connection holds nothing of the device until its hello line is complete, and must
+//! complete it within the server's timeout; at most [`MAX_WAITING`] connections wait for
+//! their hello, a new one beyond that closing the oldest waiting one (an honest prober
+//! speaks within its first round trip), so silent or dripping clients cannot keep a prober
+//! out. Past [`MAX_PROBES`] a client gets one `BUSY` line and is closed at once, never
+//! queued; and every read and write of a probe is bounded by the exchange's deadline,
+//! [`EXCHANGE_TIMEOUTS`] timeouts after accept.
 
 mod bed;
 mod door;

@@ -9,7 +9,7 @@ use super::{parse_hello, pattern, read_line, send_hello, send_line, sized_patter
 use crate::loopback::{same, ADD, ATOMIC_AT, FIRST_VALUE, LEN, SWAP};
 
 /// Serves probes on `port` (every address), up to [`super::MAX_PROBES`] at once, each
-/// with its own QP and bounded by the limits of [`door`]; returns after the first probe
+/// with its own QP and bounded by the limits the module describes; returns after the first probe
 /// that completes its hello and ends when `once` (0 when this side's checks passed).
 /// What happens to each connection is logged on `log`.
 pub fn serve(port: u16, once: bool, opts: &PeerOptions, log: &mut dyn Write) -> Result<i32, String> {

@@ -10,9 +10,9 @@
 //!
 //! A complete hello starts the probe in a thread of its own, with its own QP: up to
 //! [`MAX_PROBES`] at once; past that the client gets one `BUSY ...` line and is closed at
-//! once, never queued. Every read and write of a probe is bounded by the per-operation
-//! timeout and by the exchange's deadline, [`EXCHANGE_TIMEOUTS`] timeouts after the
-//! connection was accepted, so no client holds a probe slot longer than that.
+//! once, never queued. Every read and write of a probe is bounded by the exchange's
+//! deadline, [`EXCHANGE_TIMEOUTS`] timeouts after the connection was accepted, so no
+//! client holds a probe slot longer than that.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -42,22 +42,16 @@ pub(crate) struct Limits {
     pub waiting: usize,
     /// From accept to a complete hello.
     pub hello: Duration,
-    /// From accept to the end of the exchange.
+    /// From accept to the end of the exchange: it bounds every read and write of a probe.
+    /// Not the per-operation timeout: between two requests the prober may wait its own
+    /// timeout for a completion, and rebuild its QPs.
     pub exchange: Duration,
-    /// Longest wait for one read or write.
-    pub per_op: Duration,
 }
 
 impl Limits {
     /// The limits of a server whose `--timeout` is `timeout`.
     pub(crate) fn for_timeout(timeout: Duration) -> Limits {
-        Limits {
-            probes: MAX_PROBES,
-            waiting: MAX_WAITING,
-            hello: timeout,
-            exchange: timeout * EXCHANGE_TIMEOUTS,
-            per_op: timeout,
-        }
+        Limits { probes: MAX_PROBES, waiting: MAX_WAITING, hello: timeout, exchange: timeout * EXCHANGE_TIMEOUTS }
     }
 }
 
@@ -283,7 +277,7 @@ fn start<A>(
     }
     let slot = Slot(Arc::clone(running));
     let ctl =
-        stream.set_nonblocking(false).map(|()| Control::new(stream, limits.per_op, Some(since + limits.exchange)));
+        stream.set_nonblocking(false).map(|()| Control::new(stream, limits.exchange, Some(since + limits.exchange)));
     let (answer, done) = (Arc::clone(answer), done.clone());
     let spawned = std::thread::Builder::new().name(format!("probe {from}")).spawn(move || {
         let verdict = ctl.map_err(|e| e.to_string()).and_then(|ctl| answer(ctl, hello));
@@ -324,13 +318,7 @@ mod tests {
     }
 
     fn limits(hello_ms: u64) -> Limits {
-        Limits {
-            probes: 2,
-            waiting: 8,
-            hello: Duration::from_millis(hello_ms),
-            exchange: Duration::from_secs(20),
-            per_op: Duration::from_secs(5),
-        }
+        Limits { probes: 2, waiting: 8, hello: Duration::from_millis(hello_ms), exchange: Duration::from_secs(20) }
     }
 
     /// Connects, says `hello`, and reads the first line back (within 10 s).

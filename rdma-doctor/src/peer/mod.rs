@@ -665,7 +665,12 @@ pub(crate) fn sized_pattern(n: usize) -> Vec<u8> {
 
 /// What a size that fails after smaller ones passed says about the path.
 fn black_hole(largest_ok: usize, failed: usize, mtu: usize) -> String {
-    if failed <= mtu {
+    if failed <= largest_ok {
+        format!(
+            "messages of {failed} bytes failed twice although messages of {largest_ok} bytes passed: \
+             packets are lost between the nodes now and then"
+        )
+    } else if failed <= mtu {
         format!(
             "messages of {largest_ok} bytes pass, messages of {failed} bytes (one packet at path MTU {mtu}) fail: \
              a hop drops large packets (a path-MTU black hole: RoCE's MTU is above what the path carries)"
@@ -899,6 +904,7 @@ mod tests {
         assert!(black_hole_fix(1024, 4096).contains("ibv_rc_pingpong -m 4096"));
         let d = black_hole(4096, 16384, 4096);
         assert!(d.contains("4 packets of MTU 4096") && d.contains("trains of full-size packets"), "{d}");
+        assert!(black_hole(1024, 1024, 1024).contains("lost between the nodes now and then"));
         assert_eq!(Op::Sized(4096).layer(4096), "1 MTU message");
         assert_eq!(Op::Sized(16384).layer(4096), "4 MTU message");
         assert_eq!(Op::Sized(BIG).layer(4096), "64 KiB message");

@@ -333,11 +333,12 @@ mod tests {
 
     #[test]
     fn an_honest_prober_gets_in_at_once_past_130_silent_connections_and_a_slow_dripper() {
-        let (addr, server) = door(limits(3_000), Duration::ZERO);
+        // A hello time far above the bound checked: a door that queued would fail it.
+        let (addr, server) = door(limits(20_000), Duration::ZERO);
         let silent: Vec<TcpStream> = (0..130).map(|_| TcpStream::connect(addr).unwrap()).collect();
         let mut drip = TcpStream::connect(addr).unwrap();
         let dripper = std::thread::spawn(move || {
-            // One byte every 2 s: closed at its hello time (3 s) or when the door ends.
+            // One byte every 2 s, until the door ends.
             for _ in 0..5 {
                 if drip.write_all(b"{").is_err() {
                     return true;
@@ -350,7 +351,7 @@ mod tests {
         let start = Instant::now();
         let (s, line) = probe(addr, "hello");
         assert_eq!(line, "echo hello\n");
-        assert!(start.elapsed() < Duration::from_secs(2), "answered in {:?}", start.elapsed());
+        assert!(start.elapsed() < Duration::from_secs(5), "answered in {:?}", start.elapsed());
         drop(s);
         let (code, log) = server.join().unwrap();
         assert_eq!(code, 0, "{log}");

@@ -211,7 +211,10 @@ impl PeerReport {
             c.fix.iter().for_each(|f| s += &format!("      fix (advice, not run): {f}\n"));
         }
         if let Some(first) = self.checks.iter().find(|c| !c.ok) {
-            if is_data_layer(&first.layer) {
+            if first.layer.ends_with(" message") {
+                s += "the control plane and messages up to the size that passed work between these two \
+                      nodes; larger messages do not\n";
+            } else if is_data_layer(&first.layer) {
                 s += "the control plane works (TCP, both doctors, the QPs at RTS) and the data plane \
                       between these two nodes does not\n";
             }
@@ -689,7 +692,7 @@ fn black_hole_fix(largest_ok: usize, mtu: usize) -> String {
         format!(
             "find the hop whose MTU is below the RoCE packets of MTU {mtu} (switch ports, tunnels, `tc` filters) \
              and raise it, or lower both netdevs' MTU so that RoCE uses a smaller one; \
-             `ibv_rc_pingpong -m {mtu}` hangs on this path, `-m {}` works",
+             expect `ibv_rc_pingpong -m {mtu}` to hang on this path and `-m {}` to work",
             largest_ok.next_power_of_two().min(mtu / 2).max(256)
         )
     } else {
@@ -909,6 +912,12 @@ mod tests {
         assert_eq!(Op::Sized(16384).layer(4096), "4 MTU message");
         assert_eq!(Op::Sized(BIG).layer(4096), "64 KiB message");
         assert!(is_data_layer("4 MTU message") && is_data_layer("SEND") && !is_data_layer("rdma_cm"));
+        let mut r = PeerReport::default();
+        r.pass("RDMA_WRITE", "1024 bytes verified");
+        let _ = r.fail::<()>("1 MTU message", black_hole(1024, 4096, 4096), Some(black_hole_fix(1024, 4096)));
+        let text = r.to_text();
+        assert!(text.contains("FAIL  1 MTU message      messages of 1024 bytes pass"), "{text}");
+        assert!(text.contains("larger messages do not") && !text.contains("the data plane between"), "{text}");
     }
 
     #[test]

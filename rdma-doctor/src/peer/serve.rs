@@ -5,7 +5,8 @@ use std::net::{IpAddr, Ipv4Addr, TcpListener};
 
 use super::bed::{Bed, BIG, BIG_WRITE_AT};
 use super::door::{self, Limits};
-use super::{parse_hello, pattern, read_line, send_hello, send_line, sized_pattern, Control, End, PeerOptions};
+use super::probe::sized_pattern;
+use super::{parse_hello, pattern, read_line, send_hello, send_line, Control, End, PeerOptions};
 use crate::loopback::{same, ADD, ATOMIC_AT, FIRST_VALUE, LEN, SWAP};
 
 /// Serves probes on `port` (every address), up to [`super::MAX_PROBES`] at once, each

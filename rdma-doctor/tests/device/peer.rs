@@ -9,11 +9,13 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rdma_test_support::{device_name, rdma_ip};
+use rdma_test_support::{device_name, rdma_ip, LeakCheck};
 
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn an_honest_peer_probe_passes_end_to_end_past_130_silent_connections_and_a_slow_client() {
+    // Both doctors are processes of their own and have ended when this checks.
+    let _leaks = LeakCheck::new();
     let doctor = env!("CARGO_BIN_EXE_rdma-doctor");
     let dev = device_name();
     // The RDMA address: both ends pick the GID that carries it.
@@ -54,6 +56,7 @@ fn an_honest_peer_probe_passes_end_to_end_past_130_silent_connections_and_a_slow
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn rdma_cm_goes_to_the_servers_rdma_address_when_the_control_connection_uses_another() {
+    let _leaks = LeakCheck::new();
     let doctor = env!("CARGO_BIN_EXE_rdma-doctor");
     let dev = device_name();
     let (mut server, addr) = start_server("127.0.0.1");

@@ -313,8 +313,8 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
     let mut out = Vec::new();
     if !b.modules.contains_key("rdma_ucm") && !b.dev_nodes.contains_key("/dev/infiniband/rdma_cm") {
         out.push(note(
-            "rdma_ucm is not loaded: programs that use librdmacm (rdma_cm) cannot connect".into(),
-            Some("modprobe rdma_ucm"),
+            "rdma_ucm was not loaded when the doctor started: librdmacm has the kernel load it on a program's first connection (not a fault)".into(),
+            None,
         ));
     }
     if !b.memlock.cap_ipc_lock && b.memlock.soft_bytes.is_some_and(|l| l < 64 << 20) {

@@ -206,7 +206,8 @@ pub(crate) fn at_a_glance(r: &Report) -> String {
                 Outcome::Pass => Rank::Pass,
                 Outcome::Skipped => Rank::Skip,
             };
-            let fix = l.command.as_deref().map(|c| format!("  fix: {c}")).unwrap_or_default();
+            let label = if l.command_is_check { "check" } else { "fix" };
+            let fix = l.command.as_deref().map(|c| format!("  {label}: {c}")).unwrap_or_default();
             (rank, l.scope.as_str(), l.layer.name(), format!("{}{fix}", l.summary))
         })
         .collect();
@@ -221,7 +222,8 @@ pub(crate) fn at_a_glance(r: &Report) -> String {
     }
     lines.sort_by_key(|(rank, ..)| *rank);
     let scope_width = lines.iter().map(|(_, scope, ..)| scope.len()).max().unwrap_or(0);
-    let mut s = String::from("\nAt a glance (worst first; each fix is a command to paste, not run by the doctor)\n");
+    let mut s =
+        String::from("\nAt a glance (worst first; each fix or check is a command to paste, not run by the doctor)\n");
     for (rank, scope, layer, text) in lines {
         let mark = match rank {
             Rank::Fail => "FAIL",
@@ -249,6 +251,7 @@ mod tests {
             evidence: vec!["seen".into()],
             fix: vec!["prose about the fix: ip link set dummy1 up".into()],
             command: command.map(Into::into),
+            command_is_check: false,
         }
     }
 

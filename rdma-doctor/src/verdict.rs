@@ -3,8 +3,10 @@
 //! the port, the link, the GID, the memlock limit, then the control plane (creating and
 //! connecting objects: kernel path), the data plane (posting and completions: provider
 //! and hardware) and rdma_cm (a connection through librdmacm: `cm_layer`). The first
-//! layer that fails is a device's diagnosis; the ones below it are not checked. Every
-//! device is checked.
+//! layer that fails is a device's diagnosis; the ones below it are not checked, except
+//! after the link layer: a link that is slow or degraded still carries traffic, and
+//! whether the port works at all is worth knowing beside its rate, so the layers below a
+//! failed link are checked too. Every device is checked.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -112,6 +114,11 @@ pub struct LayerReport {
     /// that did not fail. Absent from reports of format version 1.
     #[serde(default)]
     pub command: Option<String>,
+    /// `command` only shows the problem (`ethtool NETDEV`, `dmesg | grep ...`, `lspci`, a
+    /// reproduction with a reference tool): a check to run, not a fix. Absent from reports
+    /// of format versions 1 and 2 (read as false).
+    #[serde(default)]
+    pub command_is_check: bool,
 }
 
 impl LayerReport {
@@ -124,6 +131,7 @@ impl LayerReport {
             evidence,
             fix: vec![],
             command: None,
+            command_is_check: false,
         }
     }
 
@@ -135,7 +143,16 @@ impl LayerReport {
         fix: Vec<String>,
     ) -> Self {
         let summary = summary.into();
-        LayerReport { scope: scope.into(), layer, outcome: Outcome::Fail, summary, evidence, fix, command: None }
+        LayerReport {
+            scope: scope.into(),
+            layer,
+            outcome: Outcome::Fail,
+            summary,
+            evidence,
+            fix,
+            command: None,
+            command_is_check: false,
+        }
     }
 
     pub(crate) fn skipped(scope: &str, layer: Layer, why: impl Into<String>) -> Self {
@@ -147,12 +164,22 @@ impl LayerReport {
             evidence: vec![],
             fix: vec![],
             command: None,
+            command_is_check: false,
         }
     }
 
-    /// Sets the one command to paste ([`LayerReport::command`]).
+    /// Sets the one command to paste ([`LayerReport::command`]): a fix.
     pub(crate) fn with_command(mut self, command: impl Into<String>) -> Self {
         self.command = Some(command.into());
+        self.command_is_check = false;
+        self
+    }
+
+    /// Sets the one command to paste when it only shows the problem
+    /// ([`LayerReport::command_is_check`]).
+    pub(crate) fn with_check(mut self, command: impl Into<String>) -> Self {
+        self.command = Some(command.into());
+        self.command_is_check = true;
         self
     }
 }
@@ -193,11 +220,21 @@ pub struct Expectations {
     pub known_parents: BTreeMap<String, String>,
     /// What was found about the provider of each device libibverbs could not open.
     pub providers: BTreeMap<String, ProviderProbe>,
-    /// Whether the running kernel has RDMA at all (ib_core loaded, built in or among its
-    /// modules); `None` when unknown.
-    pub kernel_rdma: Option<bool>,
+    /// Whether the running kernel has RDMA at all, and what says so.
+    pub kernel_rdma: KernelRdma,
     /// `/dev/infiniband/rdma_cm` as found (for the rdma_cm layer).
     pub rdma_cm_node: CmNode,
+}
+
+/// Whether the running kernel has RDMA at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelRdma {
+    /// ib_core loaded, built in, built as a module or among the installed modules;
+    /// `None` when unknown.
+    pub has: Option<bool>,
+    /// When the kernel was built without RDMA: the configuration line that says so and
+    /// its file (`/proc/config.gz: # CONFIG_INFINIBAND is not set`).
+    pub config: Option<String>,
 }
 
 /// The checks that use the device: the loopback test of the control and data planes on a
@@ -228,7 +265,7 @@ pub fn evaluate(
     want: &Expectations,
     probes: &mut Probes<'_>,
 ) -> (Vec<LayerReport>, BTreeMap<String, LoopbackReport>) {
-    let mut out = vec![crate::modules_layer::check(facts, seen, want.kernel_rdma)];
+    let mut out = vec![crate::modules_layer::check(facts, seen, &want.kernel_rdma)];
     let mut runs = BTreeMap::new();
     let host_ok = out[0].outcome == Outcome::Pass;
     let devices: Vec<String> = if want.devices.is_empty() { vec![NO_DEVICE.to_owned()] } else { want.devices.clone() };
@@ -243,7 +280,8 @@ pub fn evaluate(
                 None => device_missing(name, seen, facts, want),
                 Some(d) => check(layer, name, d, facts, want, &mut runs, probes),
             };
-            if r.outcome == Outcome::Fail {
+            // A failed link (slow, degraded) does not stop the checks below it.
+            if r.outcome == Outcome::Fail && layer != Layer::Link {
                 failed = Some(layer);
             }
             out.push(r);
@@ -680,7 +718,14 @@ mod tests {
         let (layers, _) = evaluate(&facts, &seen, &want, &mut Probes::none());
         assert_eq!(layers.len(), 1 + Layer::DEVICE_LAYERS.len());
         let first = layers.iter().position(|l| l.outcome == Outcome::Fail)?;
-        assert!(layers[first + 1..].iter().all(|l| l.outcome == Outcome::Skipped), "{layers:#?}");
+        if layers[first].layer == Layer::Link {
+            // The layers below a failed link are still checked (the loopback is off here).
+            let below: Vec<Outcome> = layers[first + 1..].iter().map(|l| l.outcome).collect();
+            assert_eq!(below, [Outcome::Pass, Outcome::Pass, Outcome::Skipped, Outcome::Skipped, Outcome::Skipped]);
+            assert!(layers[first + 3..].iter().all(|l| l.summary.contains("loopback test turned off")), "{layers:#?}");
+        } else {
+            assert!(layers[first + 1..].iter().all(|l| l.outcome == Outcome::Skipped), "{layers:#?}");
+        }
         assert!(layers[first].command.as_deref().is_some_and(bare_command), "{:#?}", layers[first]);
         Some(layers[first].clone())
     }
@@ -758,6 +803,46 @@ mod tests {
     }
 
     #[test]
+    fn a_degraded_link_still_runs_the_control_plane_data_plane_and_rdma_cm_checks() {
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let mut facts = report.baseline;
+        port(&mut facts).rate_gbps = 100.0;
+        let mut want = Expectations {
+            devices: vec!["mlx5_0".into()],
+            memlock_need: 1 << 20,
+            loopback: true,
+            rdma_cm_node: CmNode {
+                kernel_dev: Some("10:58".into()),
+                exists: true,
+                node_dev: Some("10:58".into()),
+                mounted_over: false,
+            },
+            ..Expectations::default()
+        };
+        want.expected_rate.insert(("mlx5_0".into(), "1".into()), RateRef { gbps: 200.0, from: "--expect-rate".into() });
+        let seen = Observations { sysfs_devices: vec!["mlx5_0".into()], ..Observations::default() };
+        let (mut looped, mut connected) = (0, 0);
+        let mut lb = |_: &str, _: u8| {
+            looped += 1;
+            let op =
+                crate::loopback::OpResult { op: "RDMA_WRITE".into(), ok: true, detail: "1024 bytes verified".into() };
+            LoopbackReport { ops: vec![op], ..LoopbackReport::default() }
+        };
+        let mut cm = |_: Ipv4Addr| {
+            connected += 1;
+            CmReport { verified: Some("a 32-byte message received".into()), ..CmReport::default() }
+        };
+        let (layers, _) = evaluate(&facts, &seen, &want, &mut Probes { loopback: &mut lb, rdma_cm: &mut cm });
+        let of = |l: Layer| layers.iter().find(|r| r.layer == l).unwrap().outcome;
+        assert_eq!(of(Layer::Link), Outcome::Fail, "{layers:#?}");
+        for l in [Layer::Gid, Layer::Memlock, Layer::ControlPlane, Layer::DataPlane, Layer::RdmaCm] {
+            assert_eq!(of(l), Outcome::Pass, "{l:?} is checked below a slow link: {layers:#?}");
+        }
+        assert_eq!((looped, connected), (1, 1));
+        assert_eq!(crate::Status::of(&layers, 0, &[]), crate::Status::LayerFailed, "the slow link still fails the run");
+    }
+
+    #[test]
     fn a_second_device_that_is_down_fails_its_port_layer_and_the_exit_status() {
         let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
         let mut facts = report.baseline;
@@ -796,7 +881,11 @@ mod tests {
         assert!(links(&r).is_empty(), "mlx5_1 is no rxe link: {r:#?}");
         let r = device_missing("rxe1", &seen, &facts, &want);
         assert_eq!(links(&r), ["rdma link add rxe1 type rxe netdev <netdev>   # soft devices are links on a netdev"]);
-        let r = crate::modules_layer::check(&Baseline { devices: BTreeMap::new(), ..facts.clone() }, &seen, Some(true));
+        let r = crate::modules_layer::check(
+            &Baseline { devices: BTreeMap::new(), ..facts.clone() },
+            &seen,
+            &KernelRdma { has: Some(true), config: None },
+        );
         assert!(r.fix.iter().all(|f| !f.contains("IFACE")), "{r:#?}");
     }
 

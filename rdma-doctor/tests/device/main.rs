@@ -345,6 +345,79 @@ impl Drop for SecondRxe {
 }
 
 #[test]
+#[ignore = "needs an rxe device (run as root, bonding and veth in the kernel): run scripts/test"]
+fn rxe_on_a_bond_that_lost_one_of_two_legs_fails_its_link_against_the_sum_of_the_legs() {
+    isolated(this_test!(), || {
+        // balance-rr over two veths (10 Gb/s each): the bond says 20, rxe runs 4X DDR 20.
+        let bed = Undo(vec![
+            "rdma link delete rxebond".into(),
+            "ip link delete rdbond0".into(),
+            "ip link delete rdleg0".into(),
+            "ip link delete rdleg1".into(),
+        ]);
+        ip(&["link", "add", "rdbond0", "type", "bond", "mode", "balance-rr"]);
+        for i in 0..2 {
+            let (leg, peer) = (format!("rdleg{i}"), format!("rdpeer{i}"));
+            ip(&["link", "add", &leg, "type", "veth", "peer", "name", &peer]);
+            ip(&["link", "set", &leg, "master", "rdbond0"]);
+            ip(&["link", "set", &peer, "up"]);
+        }
+        ip(&["link", "set", "rdbond0", "up"]);
+        let out = Command::new("rdma").args(["link", "add", "rxebond", "type", "rxe", "netdev", "rdbond0"]).output();
+        let out = out.expect("run `rdma` (iproute2)");
+        assert!(out.status.success(), "rdma link add rxebond: {}", String::from_utf8_lossy(&out.stderr));
+        let rate = || std::fs::read_to_string("/sys/class/infiniband/rxebond/ports/1/rate").unwrap_or_default();
+        wait_until("rxebond runs at 20 Gb/s", || rate().starts_with("20 "));
+        let opts = Options { device: Some("rxebond".into()), loopback: false, ..Options::default() };
+        let link = |r: &Report| r.layers.iter().find(|l| l.layer == Layer::Link).cloned().unwrap();
+
+        let l = link(&run(&opts));
+        assert_eq!(l.outcome, Outcome::Pass, "both legs up: {l:#?}");
+        assert!(l.summary.contains("bond rdbond0: the sum of its legs'"), "{l:#?}");
+
+        // One leg loses its link: the bond says 10, and so does rxe (1X FDR10).
+        ip(&["link", "set", "rdpeer1", "down"]);
+        wait_until("rxebond drops to 10 Gb/s", || rate().starts_with("10 "));
+        let l = link(&run(&opts));
+        assert_eq!(l.outcome, Outcome::Fail, "a lost leg: {l:#?}");
+        assert!(l.summary.contains("runs at 10 Gb/s, below the expected 20 Gb/s"), "{l:#?}");
+        assert!(l.summary.contains("rxe's rule") && l.summary.contains("gives 4X DDR 20 Gb/s"), "{l:#?}");
+
+        bed.run().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!Path::new("/sys/class/infiniband/rxebond").exists());
+    });
+}
+
+/// Commands that undo a test's set-up, run in order (each bounded: a context left open
+/// would hold an rxe link's deletion forever) whatever happens in the test.
+struct Undo(Vec<String>);
+
+impl Undo {
+    fn run(&self) -> Result<(), String> {
+        let mut errors = Vec::new();
+        for step in &self.0 {
+            let words: Vec<&str> = step.split_whitespace().collect();
+            let out = Command::new("timeout").arg("60").args(&words).output().map_err(|e| e.to_string())?;
+            let gone = String::from_utf8_lossy(&out.stderr).contains("Cannot find");
+            if !out.status.success() && !gone {
+                errors.push(format!("{step}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        let _ = self.run();
+    }
+}
+
+#[test]
 #[ignore = "needs an RDMA device (run as root): run scripts/test"]
 fn rdma_cm_node_hidden_by_a_bind_mount_fails_the_rdma_cm_layer_with_umount_as_the_fix() {
     let _leaks = LeakCheck::new();

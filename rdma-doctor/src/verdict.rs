@@ -27,7 +27,8 @@ pub enum Layer {
     KernelModules,
     /// The kernel enumerated the device (`/sys/class/infiniband`).
     Device,
-    /// `/dev/infiniband/uverbsN` exists and this user can open it.
+    /// `/dev/infiniband/uverbsN` exists, this user can open it, and the kernel lets this
+    /// process open a context on the device (the rdma cgroup, the open-file limit).
     DeviceNodes,
     /// libibverbs lists the device and its provider opens it.
     Provider,
@@ -168,10 +169,12 @@ impl LayerReport {
         }
     }
 
-    /// Sets the one command to paste ([`LayerReport::command`]): a fix.
+    /// Sets the one command to paste ([`LayerReport::command`]), marked a check when it
+    /// only shows the problem ([`only_shows`]).
     pub(crate) fn with_command(mut self, command: impl Into<String>) -> Self {
-        self.command = Some(command.into());
-        self.command_is_check = false;
+        let command = command.into();
+        self.command_is_check = only_shows(&command);
+        self.command = Some(command);
         self
     }
 
@@ -181,6 +184,20 @@ impl LayerReport {
         self.command = Some(command.into());
         self.command_is_check = true;
         self
+    }
+}
+
+/// Whether `command` only shows the problem and changes nothing: the kernel log, the PCI
+/// functions, a port's or a netdev's settings (`ethtool NETDEV`, not `ethtool -s`), a
+/// route, a file, a library's dependencies, or a reproduction with a reference tool.
+pub(crate) fn only_shows(command: &str) -> bool {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    match words.as_slice() {
+        ["dmesg" | "lspci" | "ibv_devinfo" | "ibstat" | "ldd" | "cat" | "grep" | "zgrep", ..] => true,
+        ["ibv_rc_pingpong" | "rping" | "ib_write_bw" | "mlxlink" | "ibportstate", ..] => true,
+        ["ethtool", netdev] => !netdev.starts_with('-'),
+        ["rdma", _, "show", ..] | ["ip", "route", "get", ..] | ["ip", _, "show", ..] => true,
+        _ => false,
     }
 }
 
@@ -307,7 +324,15 @@ fn check(
             let fw = if d.fw_ver.is_empty() { String::new() } else { format!(", firmware {}", d.fw_ver) };
             LayerReport::pass(name, layer, format!("enumerated by the kernel ({driver}{fw})"), vec![])
         }
-        Layer::DeviceNodes => device_nodes(name, d, facts),
+        Layer::DeviceNodes => {
+            let nodes = device_nodes(name, d, facts);
+            match nodes.outcome {
+                Outcome::Pass => {
+                    crate::provider::kernel_refusal(name, d, facts, want.providers.get(name)).unwrap_or(nodes)
+                }
+                _ => nodes,
+            }
+        }
         Layer::Provider => crate::provider::check(name, d, facts, want.providers.get(name)),
         Layer::Port => port_state(name, &ports),
         Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).cloned()),
@@ -733,6 +758,36 @@ mod tests {
     /// A command to paste: no prose before a colon, no comment.
     pub(crate) fn bare_command(c: &str) -> bool {
         !c.is_empty() && !c.contains(": ") && !c.contains('#')
+    }
+
+    #[test]
+    fn commands_that_only_diagnose_are_checks_and_the_rest_fixes() {
+        let checks = [
+            "ethtool dummy0",
+            "dmesg | grep -iE 'mlx5'",
+            "lspci -nnk | grep -iA3 -E 'mellanox|infiniband|ethernet'",
+            "ibv_rc_pingpong -d rxe0 -i 1 -g 1 & sleep 1; ibv_rc_pingpong -d rxe0 -i 1 -g 1 127.0.0.1",
+            "ibstat mlx5_0 1",
+            "rdma link show rxe0/1",
+            "ip route get 10.0.0.1",
+            "ldd /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so",
+            CGROUP_RDMA,
+        ];
+        for c in checks {
+            let r = LayerReport::fail("x", Layer::Link, "s", vec![], vec![]).with_command(c);
+            assert!(r.command_is_check, "{c}");
+        }
+        let fixes = [
+            "ip link set dummy0 up",
+            "modprobe rdma_ucm",
+            "ethtool -s ens1f0np0 speed 100000",
+            "rdma link add rxe0 type rxe netdev dummy0",
+            "ulimit -l unlimited",
+            "umount /dev/infiniband/rdma_cm",
+        ];
+        for c in fixes {
+            assert!(!only_shows(c), "{c}");
+        }
     }
 
     fn port(b: &mut Baseline) -> &mut PortFacts {

@@ -295,6 +295,12 @@ fn expectations(opts: &Options, selected: &[String], now: &Baseline, saved: Opti
             if let Some(p) = &d.parent_netdev {
                 want.known_parents.insert(name.clone(), p.clone());
             }
+            for (port, p) in &d.ports {
+                let v4 = p.gids.values().find(|g| g.gid_type == "RoCE v2" && g.gid.starts_with("::ffff:"));
+                if let Some(a) = v4.and_then(|g| g.gid.strip_prefix("::ffff:")) {
+                    want.known_addresses.insert((name.clone(), port.clone()), a.to_owned());
+                }
+            }
         }
     }
     want

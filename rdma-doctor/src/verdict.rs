@@ -235,6 +235,9 @@ pub struct Expectations {
     /// The netdev each soft device sat on in a saved baseline (for the exact re-create
     /// command when it is gone).
     pub known_parents: BTreeMap<String, String>,
+    /// The IPv4 address of each port's RoCE v2 GID in a saved baseline (for the exact
+    /// `ip addr add` when it is gone).
+    pub known_addresses: BTreeMap<(String, String), String>,
     /// What was found about the provider of each device libibverbs could not open.
     pub providers: BTreeMap<String, ProviderProbe>,
     /// Whether the running kernel has RDMA at all, and what says so.
@@ -336,7 +339,7 @@ fn check(
         Layer::Provider => crate::provider::check(name, d, facts, want.providers.get(name)),
         Layer::Port => port_state(name, &ports),
         Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).cloned()),
-        Layer::Gid => gid(name, &ports),
+        Layer::Gid => gid(name, &ports, &|port| want.known_addresses.get(&(name.to_owned(), port.to_owned())).cloned()),
         Layer::Memlock => check_memlock(name, &facts.memlock, want.memlock_need),
         _ if !want.loopback => LayerReport::skipped(name, layer, "not run (loopback test turned off)"),
         Layer::ControlPlane | Layer::DataPlane => {
@@ -520,15 +523,17 @@ pub(crate) fn link(
                 Layer::Link,
                 format!("port {n} is {} but its physical state is {}, not LinkUp", p.state, p.phys_state),
                 evidence,
-                vec!["check the cable, the transceiver and the switch port (mlxlink -d <PCI address>, ethtool NETDEV)"
-                    .into()],
+                vec![format!(
+                    "check the cable, the transceiver and the switch port; the negotiated link: {}",
+                    link_command(name, n, p)
+                )],
             )
             .with_command(link_command(name, n, p));
         }
         let Some(want) = expected(n) else { continue };
         evidence.push(format!("expected {} Gb/s: {}", want.gbps, want.from));
         if p.rate_gbps + 0.01 < want.gbps {
-            return degraded(name, n, p.rate_gbps, &want, evidence).with_command(link_command(name, n, p));
+            return degraded(name, n, p, &want, evidence).with_command(link_command(name, n, p));
         }
         compared.push(format!("port {n}: {}", want.from));
     }
@@ -549,7 +554,8 @@ fn link_command(name: &str, port: &str, p: &PortFacts) -> String {
     }
 }
 
-fn degraded(name: &str, port: &str, rate: f64, want: &RateRef, evidence: Vec<String>) -> LayerReport {
+fn degraded(name: &str, port: &str, p: &PortFacts, want: &RateRef, evidence: Vec<String>) -> LayerReport {
+    let rate = p.rate_gbps;
     LayerReport::fail(
         name,
         Layer::Link,
@@ -560,12 +566,14 @@ fn degraded(name: &str, port: &str, rate: f64, want: &RateRef, evidence: Vec<Str
         evidence,
         vec![
             "reseat or replace the cable or transceiver; check the switch port's speed and errors".into(),
-            "mlxlink -d <PCI address> (NVIDIA) or ethtool NETDEV shows the negotiated and supported speeds".into(),
+            format!("the negotiated and supported speeds: {}", link_command(name, port, p)),
         ],
     )
 }
 
-fn gid(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
+/// The gid layer of `ports`; `known(port)` is the IPv4 address a saved baseline had on a
+/// port, to fill the fix with.
+fn gid(name: &str, ports: &[(&String, &PortFacts)], known: &dyn Fn(&str) -> Option<String>) -> LayerReport {
     let mut evidence = Vec::new();
     for (n, p) in ports {
         if p.link_layer != "Ethernet" {
@@ -584,14 +592,22 @@ fn gid(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
                 let netdev = p.netdev.as_ref().map_or("the netdev", |nd| nd.name.as_str());
                 let dev = p.netdev.as_ref().map_or("<netdev>", |nd| nd.name.as_str());
                 evidence.extend(p.gids.iter().map(|(i, g)| format!("port {n}: GID {i} {} {}", g.gid, g.gid_type)));
+                let address = known(n);
+                if let Some(a) = &address {
+                    evidence.push(format!("the saved baseline had {a} on port {n}"));
+                }
+                let (prose, command) = match &address {
+                    Some(a) => (format!("{a}/PREFIX"), format!("{a}/<prefix>")),
+                    None => ("ADDRESS/PREFIX".to_owned(), "<address>/<prefix>".to_owned()),
+                };
                 return LayerReport::fail(
                     name,
                     Layer::Gid,
                     format!("port {n}: no RoCE v2 GID with an IPv4 address ({netdev} has no IPv4 address)"),
                     evidence,
-                    vec![format!("ip addr add ADDRESS/PREFIX dev {netdev}   # the GID appears with the address")],
+                    vec![format!("ip addr add {prose} dev {netdev}   # the GID appears with the address")],
                 )
-                .with_command(format!("ip addr add <address>/<prefix> dev {dev}"));
+                .with_command(format!("ip addr add {command} dev {dev}"));
             }
         }
     }
@@ -647,7 +663,7 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport, ping: &str) 
             Some(e) => {
                 let mut fix = vec![
                     "the kernel driver refused: dmesg | grep -iE 'rdma|infiniband|mlx5|rxe'".to_owned(),
-                    format!("a second opinion: ibv_rc_pingpong -d {name} -g GID_INDEX (server) and the same with 127.0.0.1 (client)"),
+                    format!("a second opinion (server, then client): {ping}"),
                 ];
                 let mut command = "dmesg | grep -iE 'rdma|infiniband|mlx5|rxe'".to_owned();
                 if crate::provider::os_error(e) == Some(libc::EAGAIN) {
@@ -679,7 +695,7 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport, ping: &str) 
         evidence,
         vec![
             "posting and completions run in the provider and the device: check that the provider (rdma-core) and the kernel driver are of one generation, and the firmware against the known-bad list".into(),
-            format!("reproduce with a reference tool: ibv_rc_pingpong -d {name} -g GID_INDEX, ib_write_bw -d {name}"),
+            format!("reproduce with a reference tool (server, then client): {ping}"),
         ],
     )
     .with_command(ping)
@@ -849,6 +865,14 @@ mod tests {
         assert!(f.summary.contains("ens1f0np0 has no IPv4 address"), "{f:?}");
         assert!(f.fix[0].starts_with("ip addr add ADDRESS/PREFIX dev ens1f0np0"), "{f:?}");
         assert_eq!(f.command.as_deref(), Some("ip addr add <address>/<prefix> dev ens1f0np0"));
+        // A saved baseline knows the address: the fix names it.
+        let f = first_failure(|b, w| {
+            port(b).gids.retain(|_, g| !g.gid.starts_with("::ffff:"));
+            w.known_addresses.insert(("mlx5_0".into(), "1".into()), "192.168.7.21".into());
+        })
+        .unwrap();
+        assert_eq!(f.command.as_deref(), Some("ip addr add 192.168.7.21/<prefix> dev ens1f0np0"));
+        assert!(f.evidence.iter().any(|e| e == "the saved baseline had 192.168.7.21 on port 1"), "{f:#?}");
 
         let f = first_failure(|b, _| {
             b.memlock = Memlock { soft_bytes: Some(64 << 10), hard_bytes: Some(64 << 10), cap_ipc_lock: false }
@@ -957,6 +981,37 @@ mod tests {
         assert_eq!(f.layer, Layer::Port);
         assert!(f.fix.iter().all(|x| !x.contains("ip link set")), "{f:#?}");
         assert!(f.fix[0].contains("administratively up but has no link") && f.fix[0].contains("cable"), "{f:#?}");
+    }
+
+    #[test]
+    fn fixes_name_the_netdev_and_the_gid_index_the_report_knows() {
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let p = &report.baseline.devices["mlx5_0"].ports["1"];
+        let ping = pingpong("mlx5_0", 1, Some(p));
+        assert!(ping.starts_with("ibv_rc_pingpong -d mlx5_0 -i 1 -g ") && !ping.contains("GID_INDEX"), "{ping}");
+        let broken = LoopbackReport {
+            ops: vec![crate::loopback::OpResult { op: "RDMA_WRITE".into(), ok: false, detail: "timeout".into() }],
+            ..LoopbackReport::default()
+        };
+        for (layer, run) in [
+            (Layer::DataPlane, &broken),
+            (
+                Layer::ControlPlane,
+                &LoopbackReport { setup_error: Some("ibv_create_qp failed".into()), ..LoopbackReport::default() },
+            ),
+        ] {
+            let r = planes(layer, "mlx5_0", 1, run, &ping);
+            assert!(r.fix.iter().all(|f| !f.contains("GID_INDEX")), "{r:#?}");
+            assert!(r.fix.iter().any(|f| f.contains(&ping)), "{r:#?}");
+            assert!(r.command_is_check, "a reproduction or the log is a check: {r:#?}");
+        }
+        let mut slow = p.clone();
+        slow.phys_state = "Polling".into();
+        let one = "1".to_owned();
+        let r = link("mlx5_0", &[(&one, &slow)], &|_| None);
+        assert!(r.fix.iter().all(|f| !f.contains("NETDEV") && !f.contains("<PCI address>")), "{r:#?}");
+        assert!(r.fix[0].ends_with("ethtool ens1f0np0"), "{r:#?}");
+        assert!(r.command_is_check, "{r:#?}");
     }
 
     #[test]

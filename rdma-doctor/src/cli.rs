@@ -14,7 +14,8 @@
 //! exit 0 when every check passed, 1 when one failed.
 //!
 //! Exit status (docs/doctor-json.md): 0 every layer passed and nothing drifted; 1 a
-//! layer failed; 2 usage error or unreadable input; 3 drift from the baseline (or nodes
+//! layer failed; 2 usage error (a flag the chosen mode would ignore, a rate that is not a
+//! finite number above 0, port 0) or unreadable input (a file read within 10 s); 3 drift from the baseline (or nodes
 //! that differ); 4 warnings only (a known-bad firmware/driver combination).
 //!
 //! It changes nothing on the system; the fixes it prints are advice.
@@ -32,8 +33,10 @@ use crate::input::load_report;
 use crate::saved::{check_nodes, NodesReport};
 use crate::{diagnose, known_bad, render, Options, Status, EXIT_USAGE};
 
-const AFTER_HELP: &str = "exit status: 0 healthy, 1 a layer failed, 2 usage error or unreadable input, \
-3 drift, 4 warnings only. Files read are limited to 4 MiB each.";
+const AFTER_HELP: &str = "exit status: 0 healthy, 1 a layer failed, 2 usage error (a flag the mode \
+ignores included) or unreadable input, 3 drift, 4 warnings only. Files read are limited to 4 MiB and \
+10 s each. Each port's rate is judged by the rule for its kind (rxe: the kernel's mapping of its \
+netdev's speed; a bond: the sum of its legs; hardware: its supported modes), named in the verdict.";
 
 /// The command line.
 #[derive(Debug, Parser)]

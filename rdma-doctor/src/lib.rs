@@ -11,14 +11,22 @@
 //! the RDMA lines of the kernel log where it is readable.
 //!
 //! Then it checks the stack top down ([`verdict::Layer`]) and stops at the first layer
-//! that fails, naming the evidence and the usual fix, down to a loopback RC test of the
-//! data plane ([`loopback`]) and an rdma_cm connection passing a message ([`rdma_cm`]).
-//! Known-bad firmware and driver combinations ([`known_bad`]) become warnings that cite
-//! their source; a saved report
+//! that fails, naming the evidence and the usual fix (or, where the doctor cannot know the
+//! fix, the command that shows the problem: a check), down to a loopback RC test of the
+//! data plane ([`loopback`]) and an rdma_cm connection passing a message ([`rdma_cm`]). A
+//! failed link does not stop it: a slow or degraded port still says whether it works.
+//! Each port's rate is judged by one rule per kind of device, named in the verdict
+//! ([`rates`]: rxe by the kernel's mapping of its netdev's speed, a bond by the sum of its
+//! legs, hardware by the modes it supports). A kernel built without `CONFIG_INFINIBAND` is
+//! told from one whose modules are missing; rdma_ucm not loaded yet is no fault (librdmacm
+//! loads it on first use). Known-bad firmware and driver combinations ([`known_bad`])
+//! become warnings that cite their source; a saved report
 //! ([`Options::compare`]) turns into a list of drifted fields ([`compare`]).
 //!
-//! It never changes the system: no module is loaded, no link touched, no firmware
-//! written. Fixes are printed as advice. The JSON form is documented and versioned in
+//! It never changes the system: no module is loaded by the doctor, no link touched, no
+//! firmware written (its rdma_cm check is a librdmacm program like any other: on a node
+//! where rdma_ucm is not loaded yet, the kernel loads it for that first use). Fixes are
+//! printed as advice. The JSON form is documented and versioned in
 //! `docs/doctor-json.md`; every file the doctor reads is read with a size limit and
 //! parsed strictly ([`input`]), and the known-bad list and the link checks run over
 //! every report it reads ([`saved`]). The `rdma-doctor` command is [`cli`]

@@ -346,7 +346,7 @@ impl Drop for SecondRxe {
 
 #[test]
 #[ignore = "needs an rxe device (run as root, bonding and veth in the kernel): run scripts/test"]
-fn rxe_on_a_bond_that_lost_one_of_two_legs_fails_its_link_against_the_sum_of_the_legs() {
+fn rxe_on_a_bond_that_lost_one_of_two_legs_fails_its_link_against_the_sum_of_the_legs_and_the_checks_below_still_run() {
     isolated(this_test!(), || {
         // balance-rr over two veths (10 Gb/s each): the bond says 20, rxe runs 4X DDR 20.
         let bed = Undo(vec![
@@ -363,6 +363,7 @@ fn rxe_on_a_bond_that_lost_one_of_two_legs_fails_its_link_against_the_sum_of_the
             ip(&["link", "set", &peer, "up"]);
         }
         ip(&["link", "set", "rdbond0", "up"]);
+        ip(&["addr", "add", "10.97.0.1/24", "dev", "rdbond0"]);
         let out = Command::new("rdma").args(["link", "add", "rxebond", "type", "rxe", "netdev", "rdbond0"]).output();
         let out = out.expect("run `rdma` (iproute2)");
         assert!(out.status.success(), "rdma link add rxebond: {}", String::from_utf8_lossy(&out.stderr));
@@ -382,6 +383,27 @@ fn rxe_on_a_bond_that_lost_one_of_two_legs_fails_its_link_against_the_sum_of_the
         assert_eq!(l.outcome, Outcome::Fail, "a lost leg: {l:#?}");
         assert!(l.summary.contains("runs at 10 Gb/s, below the expected 20 Gb/s"), "{l:#?}");
         assert!(l.summary.contains("rxe's rule") && l.summary.contains("gives 4X DDR 20 Gb/s"), "{l:#?}");
+
+        // The slow link does not hide whether the port works: the loopback and rdma_cm
+        // still run (the command, in a process of its own: librdmacm's context of rxebond
+        // leaves with it, and the link can be deleted after).
+        wait_until("rxebond has its IPv4 GID", || {
+            let gids = Path::new("/sys/class/infiniband/rxebond/ports/1/gids");
+            (0..8)
+                .any(|i| std::fs::read_to_string(gids.join(i.to_string())).is_ok_and(|g| g.contains("ffff:0a61:0001")))
+        });
+        let out = Command::new(env!("CARGO_BIN_EXE_rdma-doctor"))
+            .args(["-d", "rxebond", "--json"])
+            .output()
+            .expect("run rdma-doctor");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let r = input::parse_report(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(out.status.code(), Some(1), "the slow link fails the run");
+        let outcome = |l: Layer| r.layers.iter().find(|x| x.layer == l).map(|x| (x.outcome, x.summary.clone()));
+        assert_eq!(outcome(Layer::Link).map(|o| o.0), Some(Outcome::Fail), "{:#?}", r.layers);
+        for l in [Layer::ControlPlane, Layer::DataPlane, Layer::RdmaCm] {
+            assert_eq!(outcome(l).map(|o| o.0), Some(Outcome::Pass), "{l:?} below the slow link: {:#?}", r.layers);
+        }
 
         bed.run().unwrap_or_else(|e| panic!("{e}"));
         assert!(!Path::new("/sys/class/infiniband/rxebond").exists());

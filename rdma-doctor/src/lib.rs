@@ -325,7 +325,10 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
         layer: None,
     };
     let mut out = Vec::new();
-    if !b.modules.contains_key("rdma_ucm") && !b.dev_nodes.contains_key("/dev/infiniband/rdma_cm") {
+    // Only where the RDMA stack is there at all: on a kernel without it there is nothing
+    // to load on demand.
+    let stack = b.modules.contains_key("ib_core");
+    if stack && !b.modules.contains_key("rdma_ucm") && !b.dev_nodes.contains_key("/dev/infiniband/rdma_cm") {
         out.push(note(
             "rdma_ucm was not loaded when the doctor started: librdmacm has the kernel load it on a program's first connection (not a fault)".into(),
             None,
@@ -377,6 +380,21 @@ mod tests {
         let gone = Options { device: Some("mlx5_9".into()), ..Options::default() };
         assert_eq!(select(&gone, &sysfs, &verbs), ["mlx5_9"], "a named device the kernel lost is still checked");
         assert!(select(&default, &[], &[]).is_empty());
+    }
+
+    #[test]
+    fn rdma_ucm_not_loaded_is_a_note_that_says_it_is_no_fault_and_only_where_rdma_is() {
+        let live = report::ModuleInfo { state: "Live".into(), version: None };
+        let mut b = Baseline::default();
+        assert!(notes(&b, &Observations::default()).iter().all(|f| !f.what.contains("rdma_ucm")), "no RDMA at all");
+        b.modules.insert("ib_core".into(), live.clone());
+        let found = notes(&b, &Observations::default());
+        let ucm: Vec<&Finding> = found.iter().filter(|f| f.what.contains("rdma_ucm")).collect();
+        assert_eq!(ucm.len(), 1, "{found:#?}");
+        assert_eq!(ucm[0].severity, Severity::Note);
+        assert!(ucm[0].what.contains("not a fault") && !ucm[0].what.contains("cannot connect"), "{ucm:#?}");
+        b.modules.insert("rdma_ucm".into(), live);
+        assert!(notes(&b, &Observations::default()).iter().all(|f| !f.what.contains("rdma_ucm")));
     }
 
     #[test]

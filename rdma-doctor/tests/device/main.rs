@@ -346,7 +346,8 @@ impl Drop for SecondRxe {
 
 #[test]
 #[ignore = "needs an rxe device (run as root, bonding and veth in the kernel): run scripts/test"]
-fn rxe_on_a_bond_that_lost_one_of_two_legs_fails_its_link_against_the_sum_of_the_legs_and_the_checks_below_still_run() {
+fn rxe_on_a_bond_that_lost_one_of_two_legs_fails_its_link_against_the_sum_of_the_legs_the_checks_below_still_run_and_no_rxe_is_anothers_sibling(
+) {
     isolated(this_test!(), || {
         // balance-rr over two veths (10 Gb/s each): the bond says 20, rxe runs 4X DDR 20.
         let bed = Undo(vec![
@@ -375,6 +376,12 @@ fn rxe_on_a_bond_that_lost_one_of_two_legs_fails_its_link_against_the_sum_of_the
         let l = link(&run(&opts));
         assert_eq!(l.outcome, Outcome::Pass, "both legs up: {l:#?}");
         assert!(l.summary.contains("bond rdbond0: the sum of its legs'"), "{l:#?}");
+        // The device under test (rxe0 on a dummy: 2.5 Gb/s) beside rxebond at 20: every
+        // rxe reports vendor part 0, which makes them no siblings; each has its own rule.
+        let all = run(&Options { loopback: false, ..Options::default() });
+        let ours = all.layers.iter().find(|l| l.scope == device_name() && l.layer == Layer::Link).unwrap();
+        assert_eq!(ours.outcome, Outcome::Pass, "{ours:#?}");
+        assert!(ours.summary.contains("rxe's rule") && !ours.summary.contains("sibling"), "{ours:#?}");
 
         // One leg loses its link: the bond says 10, and so does rxe (1X FDR10).
         ip(&["link", "set", "rdpeer1", "down"]);

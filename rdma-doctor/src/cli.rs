@@ -15,7 +15,8 @@
 //! on its retry), 1 when one failed.
 //!
 //! Exit status (docs/doctor-json.md): 0 every layer passed and nothing drifted; 1 a
-//! layer failed; 2 usage error or unreadable input; 3 drift from the baseline (or nodes
+//! layer failed; 2 usage error (a flag the chosen mode would ignore, a rate that is not a
+//! finite number above 0, port 0) or unreadable input (a file read within 10 s); 3 drift from the baseline (or nodes
 //! that differ); 4 warnings only (a known-bad firmware/driver combination).
 //!
 //! It changes nothing on the system; the fixes it prints are advice.
@@ -33,30 +34,35 @@ use crate::input::load_report;
 use crate::saved::{check_nodes, NodesReport};
 use crate::{diagnose, known_bad, render, Options, Status, EXIT_USAGE};
 
-const AFTER_HELP: &str = "exit status: 0 healthy, 1 a layer failed, 2 usage error or unreadable input, \
-3 drift, 4 warnings only. Files read are limited to 4 MiB each.";
+const AFTER_HELP: &str = "exit status: 0 healthy, 1 a layer failed, 2 usage error (a flag the mode \
+ignores included) or unreadable input, 3 drift, 4 warnings only. Files read are limited to 4 MiB and \
+10 s each. Each port's rate is judged by the rule for its kind (rxe: the kernel's mapping of its \
+netdev's speed; a bond: the sum of its legs; hardware: its supported modes), named in the verdict.";
 
 /// The command line.
 #[derive(Debug, Parser)]
 #[command(name = "rdma-doctor", version, about = "A layered diagnosis of this node's RDMA stack", after_help = AFTER_HELP)]
+// A flag that the chosen mode would ignore is refused (a usage error), not dropped.
+#[command(group(clap::ArgGroup::new("remote").args(["peer", "serve"]).multiple(false)))]
 pub struct Args {
     /// Examine only device NAME (default: every device)
-    #[arg(short = 'd', long = "ib-dev", value_name = "NAME")]
+    #[arg(short = 'd', long = "ib-dev", value_name = "NAME", conflicts_with = "compare_nodes")]
     pub device: Option<String>,
     /// Examine every device (the default; kept for scripts that say so)
-    #[arg(short = 'a', long)]
+    #[arg(short = 'a', long, conflicts_with_all = ["compare_nodes", "peer", "serve"])]
     pub all: bool,
     /// Check only port N (default: every port)
-    #[arg(short = 'p', long, value_name = "N")]
+    #[arg(short = 'p', long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..), conflicts_with = "compare_nodes")]
     pub port: Option<u8>,
     /// Print the report as JSON (docs/doctor-json.md) instead of text
-    #[arg(long)]
+    #[arg(long, conflicts_with = "serve")]
     pub json: bool,
     /// Also write the JSON report to FILE (a baseline for --compare)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "compare_nodes")]
     pub save: Option<PathBuf>,
-    /// Report every field that drifted from a saved report
-    #[arg(long, value_name = "FILE")]
+    /// Report every field that drifted from a saved report (read within 10 s: a pipe that
+    /// never ends is refused)
+    #[arg(long, value_name = "FILE", conflicts_with = "compare_nodes")]
     pub compare: Option<PathBuf>,
     /// Compare saved reports of several nodes: the fields where a node differs from the
     /// others, each node's links and known-bad combinations (no local diagnosis)
@@ -64,19 +70,20 @@ pub struct Args {
     pub compare_nodes: Option<Vec<PathBuf>>,
     /// Do not compare fields matching PATTERN (`devices.*.fw_ver`, `**.source`; `*` is one
     /// path segment, `**` any number)
-    #[arg(long, value_name = "PATTERN")]
+    #[arg(long, value_name = "PATTERN", conflicts_with_all = ["peer", "serve"])]
     pub ignore: Vec<String>,
     /// Add a known-bad list (also: RDMA_DOCTOR_KNOWN_BAD, files separated by colons)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["peer", "serve"])]
     pub known_bad: Vec<PathBuf>,
-    /// The rate every port should run at (default: the saved baseline's, if any)
-    #[arg(long, value_name = "GBPS")]
+    /// The rate every port should run at (default: the saved baseline's, if any, else the
+    /// rule for the device's kind: see the link layer in docs/doctor-json.md)
+    #[arg(long, value_name = "GBPS", value_parser = rate, conflicts_with_all = ["compare_nodes", "peer", "serve"])]
     pub expect_rate: Option<f64>,
     /// Longest wait for one loopback completion, seconds
-    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = timeout)]
+    #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = timeout, conflicts_with = "compare_nodes")]
     pub timeout: Duration,
     /// Skip the loopback tests of the control and data planes and of rdma_cm
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["compare_nodes", "peer", "serve"])]
     pub no_loopback: bool,
     /// Probe the RDMA path to the node HOST (TCP port PORT, default 18516), where
     /// `rdma-doctor --serve` runs: GIDs, path MTU, RDMA WRITE/READ/SEND/atomics both ways
@@ -88,14 +95,14 @@ pub struct Args {
     #[arg(long, conflicts_with_all = ["compare_nodes", "compare", "save"])]
     pub serve: bool,
     /// The TCP port `--serve` listens on, and `--peer` connects to when HOST names none
-    #[arg(long, value_name = "PORT", default_value_t = crate::peer::DEFAULT_PORT)]
+    #[arg(long, value_name = "PORT", default_value_t = crate::peer::DEFAULT_PORT, requires = "remote")]
     pub peer_port: u16,
     /// With --serve: exit after the first probe that completed its hello (status 0 when
     /// this side's checks passed)
     #[arg(long, requires = "serve")]
     pub once: bool,
     /// Locked memory programs must register (K, M, G)
-    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = size)]
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = size, conflicts_with_all = ["compare_nodes", "peer", "serve"])]
     pub memlock_need: u64,
 }
 
@@ -105,6 +112,15 @@ fn timeout(v: &str) -> Result<Duration, String> {
         return Err(format!("{secs}: give 0 < seconds < 3600"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// A rate in Gb/s: a finite number above 0.
+fn rate(v: &str) -> Result<f64, String> {
+    let gbps: f64 = v.parse().map_err(|_| format!("'{v}' is not a valid number"))?;
+    if !(gbps.is_finite() && gbps > 0.0) {
+        return Err(format!("{v}: give a rate in Gb/s above 0"));
+    }
+    Ok(gbps)
 }
 
 /// `64K`, `8M`, `1G`, or bytes.
@@ -226,19 +242,22 @@ fn nodes(args: &Args, files: &[PathBuf], out: &mut dyn Write) -> Result<i32, Str
     Ok(report.exit_code)
 }
 
-/// The comparison for a person: the differing fields, failed links, findings, result.
+/// The comparison for a person, worst first: failed links, warnings, then the differing
+/// fields, and the result.
 fn nodes_text(r: &NodesReport) -> String {
-    let mut s = crate::compare::nodes_text(&r.differences, r.nodes.len());
+    let mut s = String::new();
     for l in r.layers.iter().filter(|l| l.outcome == crate::Outcome::Fail) {
         s += &format!("FAIL  {} {}: {}\n", l.scope, l.layer.name(), l.summary);
         l.evidence.iter().for_each(|e| s += &format!("        evidence: {e}\n"));
-        l.fix.iter().for_each(|f| s += &format!("        fix (advice, not run): {f}\n"));
+        let label = if l.command_is_check { "check" } else { "fix" };
+        l.fix.iter().for_each(|f| s += &format!("        {label} (advice, not run): {f}\n"));
     }
     for f in &r.findings {
         s += &format!("warning [{}] {}\n", f.scope, f.what);
         f.advice.iter().for_each(|a| s += &format!("        advice (not run): {a}\n"));
         f.source.iter().for_each(|src| s += &format!("        source: {src}\n"));
     }
+    s += &crate::compare::nodes_text(&r.differences, r.nodes.len());
     let failed = r.layers.iter().filter(|l| l.outcome == crate::Outcome::Fail).count();
     let why = match r.status {
         Status::LayerFailed => format!("the link failed on {failed} device(s)"),

@@ -2,8 +2,10 @@
 //! is the connection manager's own path (rdma_ucm, its device node, address and route
 //! resolution, the CM handshake), which verbs programs never touch and most
 //! applications (MPI, NCCL, NVMe-oF, SMB Direct, anything over librdmacm) connect by.
-//! The node is checked first, so that a missing module or a hidden node is named with
-//! its fix instead of librdmacm's errno.
+//! The node is checked first, so that a hidden or closed node is named with its fix
+//! instead of librdmacm's errno. rdma_ucm not loaded is no fault: librdmacm has the kernel
+//! load it on first use (a freshly booted node has it only once a program connected), so
+//! the check runs, and fails only when that first use does not bring it.
 
 use std::net::Ipv4Addr;
 
@@ -25,6 +27,8 @@ pub(crate) fn check(
     if let Some(broken) = node_problem(name, facts, node) {
         return broken;
     }
+    // Not loaded yet: the exchange below is librdmacm's first use, which loads it.
+    let on_demand = node.kernel_dev.is_none();
     let Some((port, ip)) = ports.iter().find_map(|(n, p)| ipv4(p).map(|ip| (n.as_str(), ip))) else {
         return LayerReport::skipped(
             name,
@@ -34,13 +38,34 @@ pub(crate) fn check(
     };
     let r = run(ip);
     let mut evidence = vec![format!("port {port}: IPv4 {ip} (its RoCE v2 GID)")];
+    if on_demand {
+        evidence.push(UNLOADED.to_owned());
+    }
     evidence.extend(r.address.iter().map(|a| format!("listened on {a}")));
     evidence.push(format!("took {} ms", r.elapsed_ms));
     match (&r.error, &r.verified) {
         (None, Some(v)) => LayerReport::pass(name, LAYER, format!("listened on {ip}, connected and {v}"), evidence),
+        (e, _) if on_demand => {
+            let error = e.as_deref().unwrap_or("nothing verified");
+            LayerReport::fail(
+                name,
+                LAYER,
+                format!("rdma_ucm is not loaded and librdmacm's first use did not load it: {error}"),
+                evidence,
+                vec![
+                    "modprobe rdma_ucm".into(),
+                    "if modprobe cannot find it: the kernel lacks CONFIG_INFINIBAND_USER_ACCESS or its modules are not installed".into(),
+                ],
+            )
+            .with_command("modprobe rdma_ucm")
+        }
         (e, _) => failed_run(name, ip, e.as_deref().unwrap_or("nothing verified"), evidence),
     }
 }
+
+/// The evidence line of a check that started with rdma_ucm not loaded.
+const UNLOADED: &str =
+    "rdma_ucm was not loaded before this check: librdmacm has the kernel load it on first use (not a fault)";
 
 /// The IPv4 address of a port's RoCE v2 GID (`::ffff:10.0.0.1`).
 fn ipv4(p: &PortFacts) -> Option<Ipv4Addr> {
@@ -50,7 +75,8 @@ fn ipv4(p: &PortFacts) -> Option<Ipv4Addr> {
         .find_map(|g| g.gid.strip_prefix("::ffff:").and_then(|a| a.parse().ok()))
 }
 
-/// rdma_ucm not loaded, the node missing, hidden or closed to this user.
+/// The node missing, hidden or closed to this user while rdma_ucm is loaded (not loaded
+/// is no problem: see the module docs).
 fn node_problem(name: &str, facts: &Baseline, node: &CmNode) -> Option<LayerReport> {
     let evidence = vec![
         format!("rdma_ucm: {}", facts.modules.get("rdma_ucm").map_or("not loaded", |m| m.state.as_str())),
@@ -70,13 +96,7 @@ fn node_problem(name: &str, facts: &Baseline, node: &CmNode) -> Option<LayerRepo
         fix.extend(more.iter().map(|s| s.to_string()));
         Some(LayerReport::fail(name, LAYER, summary, evidence.clone(), fix).with_command(command))
     };
-    let Some(dev) = &node.kernel_dev else {
-        return fail(
-            format!("rdma_ucm is not loaded: {NODE} is missing, librdmacm cannot connect"),
-            "modprobe rdma_ucm".into(),
-            &[],
-        );
-    };
+    let dev = node.kernel_dev.as_ref()?;
     let (major, minor) = dev.split_once(':').unwrap_or((dev, "0"));
     let mknod = format!("mknod -m 0666 {NODE} c {major} {minor}");
     if !node.exists {
@@ -152,13 +172,26 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_module_or_a_hidden_node_fails_with_the_command_that_fixes_it() {
+    fn rdma_ucm_not_loaded_yet_is_no_fault_when_the_first_use_connects() {
+        // A freshly booted node: rdma_ucm not loaded, no node; librdmacm loads it.
         let gone = CmNode { kernel_dev: None, exists: false, node_dev: None, mounted_over: false };
-        let r = layer(&gone, &mut not_run);
-        assert_eq!((r.layer, r.outcome), (Layer::RdmaCm, Outcome::Fail));
-        assert!(r.summary.starts_with("rdma_ucm is not loaded"), "{r:#?}");
+        let mut ok = |_| CmReport { verified: Some("a 32-byte message received".into()), ..CmReport::default() };
+        let r = layer(&gone, &mut ok);
+        assert_eq!((r.layer, r.outcome), (Layer::RdmaCm, Outcome::Pass), "{r:#?}");
+        assert!(r.evidence.iter().any(|e| e.starts_with("rdma_ucm was not loaded before this check")), "{r:#?}");
+        // The first use did not bring it: then modprobe is the fix.
+        let mut refused = |_| CmReport {
+            error: Some("opening /dev/infiniband/rdma_cm (rdma_create_event_channel): No such device".into()),
+            ..CmReport::default()
+        };
+        let r = layer(&gone, &mut refused);
+        assert_eq!(r.outcome, Outcome::Fail, "{r:#?}");
+        assert!(r.summary.starts_with("rdma_ucm is not loaded and librdmacm's first use did not load it"), "{r:#?}");
         assert_eq!(r.command.as_deref(), Some("modprobe rdma_ucm"));
+    }
 
+    #[test]
+    fn a_hidden_or_missing_node_fails_with_the_command_that_fixes_it() {
         let hidden = CmNode { node_dev: Some("1:3".into()), mounted_over: true, ..healthy() };
         let r = layer(&hidden, &mut not_run);
         assert!(r.summary.contains("is not rdma_ucm's device (10:58): it is device 1:3"), "{r:#?}");

@@ -7,6 +7,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 
 use crate::report::{DevNode, HostInfo, KernelInfo, Memlock, ModuleInfo};
+use crate::verdict::KernelRdma;
 
 /// The modules the RDMA stack is made of: the core, the user-space interfaces, the
 /// connection managers, and the device drivers (RDMA part and, for NICs, the Ethernet
@@ -101,15 +102,62 @@ pub(crate) fn modules() -> BTreeMap<String, ModuleInfo> {
     out
 }
 
-/// Whether the running kernel (`release`) has RDMA at all: ib_core loaded, built in, or
-/// among its modules. `None` when `/lib/modules/RELEASE` cannot be read (a container).
-pub(crate) fn kernel_has_rdma(release: &str) -> Option<bool> {
+/// Whether the running kernel (`release`) has RDMA at all: ib_core loaded or built in;
+/// else what its build configuration says (`/boot/config-RELEASE`, else
+/// `/proc/config.gz`): a kernel built without `CONFIG_INFINIBAND` has none, whatever is
+/// installed; else whether ib_core is among its modules (`/lib/modules/RELEASE`).
+/// Unknown when none of these can be read (a container).
+pub(crate) fn kernel_has_rdma(release: &str) -> KernelRdma {
     if Path::new("/sys/module/ib_core").is_dir() {
-        return Some(true);
+        return KernelRdma { has: Some(true), config: None };
+    }
+    let boot = Path::new("/boot").join(format!("config-{release}"));
+    let config = match crate::input::read_limited(&boot) {
+        Ok(text) => Some((boot.display().to_string(), text)),
+        Err(_) => proc_config().map(|text| ("/proc/config.gz".to_owned(), text)),
+    };
+    if let Some((file, text)) = &config {
+        if let Some((false, line)) = infiniband_config(text) {
+            return KernelRdma { has: Some(false), config: Some(format!("{file}: {line}")) };
+        }
     }
     let dir = Path::new("/lib/modules").join(release);
     let read = |f: &str| crate::input::read_limited(&dir.join(f)).ok();
-    rdma_in_kernel(read("modules.dep").as_deref(), read("modules.builtin").as_deref())
+    let has = rdma_in_kernel(read("modules.dep").as_deref(), read("modules.builtin").as_deref());
+    // Built with RDMA but its modules are not readable here: it has RDMA.
+    let built = config.as_ref().and_then(|(_, text)| infiniband_config(text)).is_some_and(|(b, _)| b);
+    KernelRdma { has: has.or(built.then_some(true)), config: None }
+}
+
+/// `/proc/config.gz`, decompressed by `gzip -dc` (the doctor links no inflater); `None`
+/// when absent or unreadable. Its output is read up to the doctor's file limit.
+fn proc_config() -> Option<String> {
+    use std::io::Read;
+    if !Path::new("/proc/config.gz").exists() {
+        return None;
+    }
+    let mut child = std::process::Command::new("gzip")
+        .args(["-dc", "/proc/config.gz"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut text = String::new();
+    let read = child.stdout.take()?.take(crate::input::MAX_FILE_BYTES).read_to_string(&mut text);
+    let _ = child.kill();
+    let _ = child.wait();
+    read.ok().map(|_| text)
+}
+
+/// What a kernel build configuration says about `CONFIG_INFINIBAND`: built (`=y` or `=m`)
+/// or not (`# CONFIG_INFINIBAND is not set`), with the line; `None` when it says nothing.
+pub(crate) fn infiniband_config(text: &str) -> Option<(bool, &str)> {
+    text.lines().find_map(|l| match l.trim() {
+        "CONFIG_INFINIBAND=y" | "CONFIG_INFINIBAND=m" => Some((true, l.trim())),
+        "# CONFIG_INFINIBAND is not set" => Some((false, l.trim())),
+        _ => None,
+    })
 }
 
 /// Whether `modules.dep` or `modules.builtin` lists ib_core (`.../ib_core.ko`, compressed
@@ -215,6 +263,17 @@ mod tests {
         assert_eq!(rdma_in_kernel(Some(dep), Some("kernel/drivers/infiniband/core/ib_core.ko\n")), Some(true));
         assert_eq!(rdma_in_kernel(None, None), None);
         assert_eq!(rdma_in_kernel(Some("not_ib_core.ko:\n"), None), Some(false));
+    }
+
+    #[test]
+    fn a_kernel_built_without_config_infiniband_is_told_from_one_built_with_it() {
+        let host = "CONFIG_NET=y\n# CONFIG_INFINIBAND is not set\nCONFIG_DUMMY=m\n";
+        assert_eq!(infiniband_config(host), Some((false, "# CONFIG_INFINIBAND is not set")));
+        let debian = "CONFIG_INFINIBAND=m\nCONFIG_INFINIBAND_USER_ACCESS=m\n";
+        assert_eq!(infiniband_config(debian), Some((true, "CONFIG_INFINIBAND=m")));
+        // Another option's line is not this one's.
+        assert_eq!(infiniband_config("CONFIG_INFINIBAND_USER_ACCESS=m\n"), None);
+        assert_eq!(infiniband_config(""), None);
     }
 
     #[test]

@@ -2,12 +2,15 @@
 //! (the `ETHTOOL_GLINKSETTINGS` ioctl): the modes the NIC supports, those it advertises,
 //! and those its link partner advertises.
 //!
-//! Of these, one gives a sound reference for a degraded link: the fastest mode that both
-//! ends advertise. Autonegotiation should have picked it; a link that runs slower lost
-//! lanes or fell back (a bad cable, a dirty transceiver). The modes the NIC supports alone
-//! are not a reference: a 100 Gb/s NIC in a 25 Gb/s switch port, or on a breakout cable,
-//! is slower by design, and only the partner's modes say so. So without autonegotiation or
-//! without the partner's modes (many drivers report none) there is no reference from here.
+//! Two references for a degraded link come from them ([`crate::rates`] uses them in this
+//! order): the fastest mode both ends advertise ([`LinkModes::common_top`]), which
+//! autonegotiation should have picked, so a link that runs slower lost lanes or fell back
+//! (a bad cable, a dirty transceiver), and which also knows that a 100 Gb/s NIC in a
+//! 25 Gb/s switch port or on a breakout cable is slower by design; and, where the partner's
+//! modes are not known (many drivers report none, or the speed is forced), the fastest
+//! mode the NIC supports ([`LinkModes::supported_top`]): a NIC forced from 100G to 25G runs
+//! below what it can, and the verdict says so and names the rule (`--expect-rate` states
+//! the rate a port is meant to have where that is less).
 //! InfiniBand ports have no equivalent in the kernel's interfaces: the supported widths
 //! and speeds of a port are in its PortInfo, which only a management datagram reads.
 
@@ -126,6 +129,18 @@ impl LinkModes {
     }
 }
 
+impl LinkModes {
+    /// The fastest speed mode the NIC supports, as (name, Mb/s), whatever autonegotiation
+    /// and the partner say; `None` when it lists no speed mode (a virtual netdev).
+    pub fn supported_top(&self) -> Option<(&'static str, u32)> {
+        SPEEDS
+            .iter()
+            .filter(|(bit, _, _)| has(&self.supported, *bit))
+            .max_by_key(|(_, mbps, _)| *mbps)
+            .map(|(_, mbps, name)| (*name, *mbps))
+    }
+}
+
 /// Reads an `ETHTOOL_GLINKSETTINGS` reply: the fixed part, then three masks of
 /// `link_mode_masks_nwords` words each (native byte order, as the kernel wrote them).
 pub fn parse(reply: &[u8]) -> Result<LinkModes, String> {
@@ -231,7 +246,15 @@ mod tests {
     }
 
     #[test]
-    fn supported_modes_alone_give_no_reference() {
+    fn the_fastest_supported_mode_is_read_whatever_the_partner_says() {
+        // Forced to 25G (no autonegotiation) on a 100G NIC: it supports 100G.
+        let m = parse(&reply(false, [CX5, &[31], &[]])).unwrap();
+        assert_eq!(m.supported_top(), Some(("100000baseCR4/Full", 100_000)));
+        assert_eq!(parse(&reply(true, [&[6, 13], &[6], &[]])).unwrap().supported_top(), None);
+    }
+
+    #[test]
+    fn supported_modes_alone_give_no_common_mode() {
         // The partner's modes not reported (many drivers): the NIC's own are no reference.
         assert_eq!(parse(&reply(true, [CX5, CX5, &[]])).unwrap().common_top(), None);
         // Forced speed, no autonegotiation.

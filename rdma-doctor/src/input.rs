@@ -15,12 +15,53 @@ use crate::report::Report;
 /// after this many bytes instead of filling the memory.
 pub const MAX_FILE_BYTES: u64 = 4 << 20;
 
-/// The text of `path`, at most [`MAX_FILE_BYTES`] long. The error names the file.
+/// The longest the doctor waits for a file to end: a pipe (`--compare <(cmd)`) whose
+/// writer neither writes nor closes is refused after this long instead of hanging.
+pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The text of `path`, at most [`MAX_FILE_BYTES`] long, read within [`READ_TIMEOUT`]. The
+/// error names the file.
 pub fn read_limited(path: &Path) -> Result<String, String> {
+    read_within(path, READ_TIMEOUT)
+}
+
+/// [`read_limited`] with the wait bounded by `timeout`.
+pub(crate) fn read_within(path: &Path, timeout: std::time::Duration) -> Result<String, String> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
     let name = path.display();
-    let file = std::fs::File::open(path).map_err(|e| format!("{name}: {e}"))?;
+    // Non-blocking: a pipe or FIFO is waited on with poll(2) and a deadline (a regular
+    // file ignores the flag).
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("{name}: {e}"))?;
+    let deadline = std::time::Instant::now() + timeout;
     let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("{name}: {e}"))?;
+    let mut reader = (&file).take(MAX_FILE_BYTES + 1);
+    let mut chunk = [0u8; 64 << 10];
+    loop {
+        match reader.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                let mut pfd = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                let ms = libc::c_int::try_from(left.as_millis()).unwrap_or(libc::c_int::MAX);
+                // SAFETY: one valid pollfd, for the duration of the call.
+                let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
+                if ready == 0 {
+                    return Err(format!(
+                        "{name}: nothing more to read after {} s (a pipe whose writer neither writes nor ends?)",
+                        timeout.as_secs()
+                    ));
+                }
+            }
+            Err(e) => return Err(format!("{name}: {e}")),
+        }
+    }
     if bytes.len() as u64 > MAX_FILE_BYTES {
         return Err(format!(
             "{name}: larger than {} MiB, the limit for a file the doctor reads (a report is some tens of KiB)",

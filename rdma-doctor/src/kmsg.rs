@@ -123,7 +123,9 @@ pub(crate) fn filter<'a>(records: impl Iterator<Item = &'a str>, keep: usize, wi
             continue;
         }
         let line = format!("[{:>5}.{:06}] {text}", usec / 1_000_000, usec % 1_000_000);
-        if let Some(errno) = reported_errno(&lower) {
+        // A registration that failed (a program's memlock or memory, the doctor's own
+        // earlier run included) is no driver error: a note, never a driver's errno.
+        if let Some(errno) = reported_errno(&lower).filter(|_| registration(&lower).is_none()) {
             errors.push(LogError { line: line.clone(), errno, meaning: errno_meaning(errno) });
         }
         lines.push(line);
@@ -146,10 +148,24 @@ const TROUBLE: &[(&str, &str)] = &[
     ("tx timeout", "a transmit queue timed out: the NIC stopped sending"),
 ];
 
-/// What a kernel log line means when it is known trouble without an errno.
+/// Lines of a memory registration that failed (mlx5's `umem get failed`, rxe's `Unable to
+/// pin memory region`), matched lowercase.
+const REGISTRATION: &[&str] = &["umem get failed", "unable to pin memory", "ib_umem_get", "reg_user_mr"];
+
+/// What a registration failure means: a program's, not the driver's.
+const REGISTRATION_MEANING: &str = "a memory registration failed: a program's memlock limit or memory ran out (an earlier program's or test's, not a driver error)";
+
+/// Whether a (lowercase) line reports a failed memory registration.
+fn registration(lower: &str) -> Option<&'static str> {
+    REGISTRATION.iter().any(|p| lower.contains(p)).then_some(REGISTRATION_MEANING)
+}
+
+/// What a kernel log line means when it is known trouble without a driver's errno (a
+/// failed registration is one: see [`REGISTRATION`]).
 pub(crate) fn trouble(line: &str) -> Option<&'static str> {
     let lower = line.to_ascii_lowercase();
-    TROUBLE.iter().find(|(pattern, _)| lower.contains(pattern)).map(|(_, meaning)| *meaning)
+    registration(&lower)
+        .or_else(|| TROUBLE.iter().find(|(pattern, _)| lower.contains(pattern)).map(|(_, meaning)| *meaning))
 }
 
 /// The errno in a failure line: `failed with error -16`, `err -110`, `ret = -12`, `(-5)`.
@@ -224,6 +240,33 @@ mod tests {
         assert_eq!(errnos, [16, 110], "{:#?}", log.errors);
         assert!(log.errors[0].meaning.starts_with("EBUSY (16)"), "{}", log.errors[0].meaning);
         assert_eq!(filter(records.iter().copied(), 2, Window::all()).lines.len(), 2);
+    }
+
+    #[test]
+    fn a_registration_that_failed_is_a_note_not_a_driver_error() {
+        // An earlier test's ibv_reg_mr beyond the memlock limit, a minute before the run.
+        let now = 20_000_000_000;
+        let records = [
+            "4,1,19940000000,-;rdma_rxe: rxe_mr_init_user: Unable to pin memory region err = -12",
+            "3,2,19950000000,-;mlx5_ib: mr_umem_get: umem get failed (-12)",
+            "3,3,19960000000,-;mlx5_core 0000:03:00.0: mlx5_cmd_out_err:838: CREATE_MKEY(0x200) op_mod(0x0) failed, status bad parameter(0x3), syndrome (0x3b2f6f), err(-22)",
+        ];
+        let log = filter(records.iter().copied(), 10, Window::at(now));
+        assert_eq!(log.lines.len(), 3, "{:#?}", log.lines);
+        assert_eq!(log.errors.iter().map(|e| e.errno).collect::<Vec<_>>(), [22], "{:#?}", log.errors);
+        for line in &log.lines[..2] {
+            assert!(trouble(line).is_some_and(|m| m.starts_with("a memory registration failed")), "{line}");
+        }
+        // With no device, rxe is not blamed for its registration line.
+        let mut facts = crate::report::Baseline::default();
+        for m in ["ib_core", "ib_uverbs", "rdma_rxe"] {
+            facts.modules.insert(m.into(), crate::report::ModuleInfo { state: "Live".into(), ..Default::default() });
+        }
+        let seen = crate::report::Observations { kernel_log: log, ..Default::default() };
+        let yes = crate::verdict::KernelRdma { has: Some(true), config: None };
+        let r = crate::modules_layer::check(&facts, &seen, &yes);
+        assert!(r.evidence.iter().all(|e| !e.contains("Unable to pin")), "{r:#?}");
+        assert!(!r.summary.contains("driver errors"), "{r:#?}");
     }
 
     #[test]

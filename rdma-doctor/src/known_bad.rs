@@ -60,7 +60,9 @@ pub struct KnownBad {
     pub source: String,
 }
 
-/// Parses a known-bad file.
+/// Parses a known-bad file. An entry whose `fw_below` is not a version of dotted numbers
+/// (a typo such as `abc.def` would compare as text and match every firmware), or whose
+/// id is empty or given twice, refuses the whole file.
 pub fn parse(text: &str) -> Result<KnownBadList, String> {
     let list: KnownBadList = crate::input::parse_strict(text)?;
     if list.format != "rdma-doctor-known-bad" || list.format_version != 1 {
@@ -69,18 +71,47 @@ pub fn parse(text: &str) -> Result<KnownBadList, String> {
             list.format, list.format_version
         ));
     }
+    for (i, e) in list.entries.iter().enumerate() {
+        if e.id.trim().is_empty() {
+            return Err(format!("entry {i} has an empty id"));
+        }
+        if let Some(v) = e.fw_below.as_deref().filter(|v| !is_numeric_version(v)) {
+            return Err(format!("entry {}: fw_below {v:?} is not a version of dotted numbers (22.27.0090)", e.id));
+        }
+        if list.entries[..i].iter().any(|o| o.id == e.id) {
+            return Err(format!("entry id {:?} is given twice", e.id));
+        }
+    }
     Ok(list)
 }
 
-/// The built-in list followed by the entries of `extra` files.
+/// `22.27.0090`, `5.4-1.0.3`: numbers separated by `.`, `-` or `_`.
+fn is_numeric_version(v: &str) -> bool {
+    v.trim().split(['.', '-', '_']).all(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The built-in list followed by the entries of `extra` files; an id already taken by an
+/// earlier list (the built-in one included) is refused, naming both.
 pub fn load(extra: &[impl AsRef<Path>]) -> Result<Vec<KnownBad>, String> {
-    let mut entries = parse(BUILTIN).map_err(|e| format!("the built-in known-bad list: {e}"))?.entries;
+    let builtin = "the built-in known-bad list";
+    let mut entries: Vec<(String, KnownBad)> = parse(BUILTIN)
+        .map_err(|e| format!("{builtin}: {e}"))?
+        .entries
+        .into_iter()
+        .map(|e| (builtin.to_owned(), e))
+        .collect();
     for path in extra {
         let path = path.as_ref();
         let text = crate::input::read_limited(path)?;
-        entries.extend(parse(&text).map_err(|e| format!("{}: {e}", path.display()))?.entries);
+        let name = path.display().to_string();
+        for e in parse(&text).map_err(|e| format!("{name}: {e}"))?.entries {
+            if let Some((first, _)) = entries.iter().find(|(_, o)| o.id == e.id) {
+                return Err(format!("{name}: entry id {:?} is taken already by {first}", e.id));
+            }
+            entries.push((name.clone(), e));
+        }
     }
-    Ok(entries)
+    Ok(entries.into_iter().map(|(_, e)| e).collect())
 }
 
 impl KnownBad {
@@ -234,5 +265,37 @@ mod tests {
         let err = load(&[&bad]).unwrap_err();
         assert!(err.contains("bad.json"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn list(entries: &str) -> String {
+        format!(r#"{{"format":"rdma-doctor-known-bad","format_version":1,"entries":[{entries}]}}"#)
+    }
+
+    fn entry(id: &str, fw_below: &str) -> String {
+        format!(
+            r#"{{"id":"{id}","device":"ConnectX-6 Dx","vendor_part_ids":[4125],"fw_below":"{fw_below}","problem":"p","advice":"a","source":"s"}}"#
+        )
+    }
+
+    #[test]
+    fn a_fw_below_that_is_no_version_is_refused_instead_of_matching_every_firmware() {
+        let err = parse(&list(&entry("typo", "abc.def"))).unwrap_err();
+        assert!(err.contains("typo") && err.contains("\"abc.def\" is not a version"), "{err}");
+        for bad in ["", "22..1", "22.27.x"] {
+            assert!(parse(&list(&entry("typo", bad))).is_err(), "{bad:?}");
+        }
+        assert!(parse(&list(&entry("fine", "22.27.0090"))).is_ok());
+    }
+
+    #[test]
+    fn duplicate_entry_ids_are_refused_within_a_file_and_against_the_built_in_list() {
+        let twice = list(&format!("{},{}", entry("same", "1.2"), entry("same", "1.3")));
+        assert!(parse(&twice).unwrap_err().contains("\"same\" is given twice"));
+        let builtin_id = parse(BUILTIN).unwrap().entries[0].id.clone();
+        let path = std::env::temp_dir().join(format!("rdma-doctor-kb-dup-{}.json", std::process::id()));
+        std::fs::write(&path, list(&entry(&builtin_id, "1.2"))).unwrap();
+        let err = load(&[&path]).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert!(err.contains(&builtin_id) && err.contains("taken already by the built-in known-bad list"), "{err}");
     }
 }

@@ -11,14 +11,22 @@
 //! the RDMA lines of the kernel log where it is readable.
 //!
 //! Then it checks the stack top down ([`verdict::Layer`]) and stops at the first layer
-//! that fails, naming the evidence and the usual fix, down to a loopback RC test of the
-//! data plane ([`loopback`]) and an rdma_cm connection passing a message ([`rdma_cm`]).
-//! Known-bad firmware and driver combinations ([`known_bad`]) become warnings that cite
-//! their source; a saved report
+//! that fails, naming the evidence and the usual fix (or, where the doctor cannot know the
+//! fix, the command that shows the problem: a check), down to a loopback RC test of the
+//! data plane ([`loopback`]) and an rdma_cm connection passing a message ([`rdma_cm`]). A
+//! failed link does not stop it: a slow or degraded port still says whether it works.
+//! Each port's rate is judged by one rule per kind of device, named in the verdict
+//! ([`rates`]: rxe by the kernel's mapping of its netdev's speed, a bond by the sum of its
+//! legs, hardware by the modes it supports). A kernel built without `CONFIG_INFINIBAND` is
+//! told from one whose modules are missing; rdma_ucm not loaded yet is no fault (librdmacm
+//! loads it on first use). Known-bad firmware and driver combinations ([`known_bad`])
+//! become warnings that cite their source; a saved report
 //! ([`Options::compare`]) turns into a list of drifted fields ([`compare`]).
 //!
-//! It never changes the system: no module is loaded, no link touched, no firmware
-//! written. Fixes are printed as advice. The JSON form is documented and versioned in
+//! It never changes the system: no module is loaded by the doctor, no link touched, no
+//! firmware written (its rdma_cm check is a librdmacm program like any other: on a node
+//! where rdma_ucm is not loaded yet, the kernel loads it for that first use). Fixes are
+//! printed as advice. The JSON form is documented and versioned in
 //! `docs/doctor-json.md`; every file the doctor reads is read with a size limit and
 //! parsed strictly ([`input`]), and the known-bad list and the link checks run over
 //! every report it reads ([`saved`]). The `rdma-doctor` command is [`cli`]
@@ -295,6 +303,12 @@ fn expectations(opts: &Options, selected: &[String], now: &Baseline, saved: Opti
             if let Some(p) = &d.parent_netdev {
                 want.known_parents.insert(name.clone(), p.clone());
             }
+            for (port, p) in &d.ports {
+                let v4 = p.gids.values().find(|g| g.gid_type == "RoCE v2" && g.gid.starts_with("::ffff:"));
+                if let Some(a) = v4.and_then(|g| g.gid.strip_prefix("::ffff:")) {
+                    want.known_addresses.insert((name.clone(), port.clone()), a.to_owned());
+                }
+            }
         }
     }
     want
@@ -311,10 +325,13 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
         layer: None,
     };
     let mut out = Vec::new();
-    if !b.modules.contains_key("rdma_ucm") && !b.dev_nodes.contains_key("/dev/infiniband/rdma_cm") {
+    // Only where the RDMA stack is there at all: on a kernel without it there is nothing
+    // to load on demand.
+    let stack = b.modules.contains_key("ib_core");
+    if stack && !b.modules.contains_key("rdma_ucm") && !b.dev_nodes.contains_key("/dev/infiniband/rdma_cm") {
         out.push(note(
-            "rdma_ucm is not loaded: programs that use librdmacm (rdma_cm) cannot connect".into(),
-            Some("modprobe rdma_ucm"),
+            "rdma_ucm was not loaded when the doctor started: librdmacm has the kernel load it on a program's first connection (not a fault)".into(),
+            None,
         ));
     }
     if !b.memlock.cap_ipc_lock && b.memlock.soft_bytes.is_some_and(|l| l < 64 << 20) {
@@ -363,6 +380,21 @@ mod tests {
         let gone = Options { device: Some("mlx5_9".into()), ..Options::default() };
         assert_eq!(select(&gone, &sysfs, &verbs), ["mlx5_9"], "a named device the kernel lost is still checked");
         assert!(select(&default, &[], &[]).is_empty());
+    }
+
+    #[test]
+    fn rdma_ucm_not_loaded_is_a_note_that_says_it_is_no_fault_and_only_where_rdma_is() {
+        let live = report::ModuleInfo { state: "Live".into(), version: None };
+        let mut b = Baseline::default();
+        assert!(notes(&b, &Observations::default()).iter().all(|f| !f.what.contains("rdma_ucm")), "no RDMA at all");
+        b.modules.insert("ib_core".into(), live.clone());
+        let found = notes(&b, &Observations::default());
+        let ucm: Vec<&Finding> = found.iter().filter(|f| f.what.contains("rdma_ucm")).collect();
+        assert_eq!(ucm.len(), 1, "{found:#?}");
+        assert_eq!(ucm[0].severity, Severity::Note);
+        assert!(ucm[0].what.contains("not a fault") && !ucm[0].what.contains("cannot connect"), "{ucm:#?}");
+        b.modules.insert("rdma_ucm".into(), live);
+        assert!(notes(&b, &Observations::default()).iter().all(|f| !f.what.contains("rdma_ucm")));
     }
 
     #[test]

@@ -4,17 +4,33 @@
 
 use crate::collect::DEVICE_DRIVERS;
 use crate::report::{Baseline, LogError, Observations};
-use crate::verdict::{list_or, Layer, LayerReport};
+use crate::verdict::{list_or, KernelRdma, Layer, LayerReport};
 
 /// The kernel_modules layer: ib_core and ib_uverbs loaded (on a kernel that has them at
 /// all: `kernel_rdma`), nothing stuck, and a device driver that probed.
-pub(crate) fn check(facts: &Baseline, seen: &Observations, kernel_rdma: Option<bool>) -> LayerReport {
+pub(crate) fn check(facts: &Baseline, seen: &Observations, kernel_rdma: &KernelRdma) -> LayerReport {
     const SCOPE: &str = "host";
     let m = &facts.modules;
     let mut evidence: Vec<String> = m.iter().map(|(n, i)| format!("{n}: {}", i.state)).collect();
     let missing: Vec<&str> = ["ib_core", "ib_uverbs"].into_iter().filter(|n| !m.contains_key(*n)).collect();
-    if !missing.is_empty() && kernel_rdma == Some(false) {
+    if !missing.is_empty() && kernel_rdma.has == Some(false) {
         let release = &facts.kernel.release;
+        if let Some(line) = &kernel_rdma.config {
+            // Built without it: no module to load or install, whatever the distribution.
+            evidence.push(line.clone());
+            let file = line.split_once(": ").map_or("/proc/config.gz", |(f, _)| f);
+            let grep = if file.ends_with(".gz") { "zgrep" } else { "grep" };
+            return LayerReport::fail(
+                SCOPE,
+                Layer::KernelModules,
+                format!("this kernel ({release}) is built without RDMA (CONFIG_INFINIBAND is not set): no module can add it"),
+                evidence,
+                vec![
+                    "boot a kernel built with CONFIG_INFINIBAND and CONFIG_INFINIBAND_USER_ACCESS (a distribution kernel has them as modules); modprobe cannot help".into(),
+                ],
+            )
+            .with_check(format!("{grep} -E 'CONFIG_INFINIBAND(_USER_ACCESS)?[= ]' {file}"));
+        }
         return LayerReport::fail(
             SCOPE,
             Layer::KernelModules,
@@ -184,7 +200,7 @@ mod tests {
             kernel_log: crate::kmsg::filter(records.iter().copied(), 30, crate::kmsg::Window::at(now)),
             ..Observations::default()
         };
-        let r = check(&facts, &seen, Some(true));
+        let r = check(&facts, &seen, &YES);
         assert_eq!((r.layer, r.outcome), (Layer::KernelModules, Outcome::Fail));
         assert!(
             r.summary
@@ -199,7 +215,7 @@ mod tests {
 
         // No probe error in the window: the RDMA part is simply not loaded.
         seen.kernel_log.errors.clear();
-        let r = check(&facts, &seen, Some(true));
+        let r = check(&facts, &seen, &YES);
         assert!(r.summary.starts_with("mlx5_core is loaded but its RDMA driver mlx5_ib is not"), "{r:#?}");
         assert_eq!(r.fix, ["modprobe mlx5_ib"]);
         assert_eq!(r.command.as_deref(), Some("modprobe mlx5_ib"));
@@ -219,24 +235,47 @@ mod tests {
             kernel_log: crate::kmsg::filter(records.iter().copied(), 30, crate::kmsg::Window::at(30_000_000)),
             ..Observations::default()
         };
-        let r = check(&facts, &seen, Some(true));
+        let r = check(&facts, &seen, &YES);
         assert_eq!(r.outcome, Outcome::Fail, "{r:#?}");
         assert!(r.evidence.iter().any(|e| e.contains("failed to add rxe0 (-22)")), "{r:#?}");
         assert!(!r.evidence.iter().any(|e| e.contains("mlx5_init_one")), "mlx5's line is not rxe's: {r:#?}");
         // Only another family's error: nothing to blame rdma_rxe for.
         seen.kernel_log.errors.retain(|e| e.line.contains("mlx5"));
-        assert_eq!(check(&facts, &seen, Some(true)).outcome, Outcome::Pass);
+        assert_eq!(check(&facts, &seen, &YES).outcome, Outcome::Pass);
         assert_eq!((family("rdma_rxe"), family("mlx5_ib"), family("irdma")), ("rxe", "mlx5", "irdma"));
     }
+
+    const YES: KernelRdma = KernelRdma { has: Some(true), config: None };
 
     #[test]
     fn a_kernel_without_rdma_is_said_so_instead_of_modprobe() {
         let mut facts = Baseline::default();
         facts.kernel.release = "6.18.44-fc".into();
-        let r = check(&facts, &Observations::default(), Some(false));
+        let no = KernelRdma { has: Some(false), config: None };
+        let r = check(&facts, &Observations::default(), &no);
         assert!(r.summary.starts_with("this kernel (6.18.44-fc) has no RDMA support"), "{r:#?}");
         assert!(r.fix.iter().all(|f| !f.starts_with("modprobe")), "{r:#?}");
         // Unknown (no /lib/modules to look in): the modprobe advice stays.
-        assert!(check(&facts, &Observations::default(), None).fix[0].starts_with("modprobe ib_uverbs"));
+        assert!(
+            check(&facts, &Observations::default(), &KernelRdma::default()).fix[0].starts_with("modprobe ib_uverbs")
+        );
+    }
+
+    #[test]
+    fn a_kernel_built_without_config_infiniband_gets_no_modprobe_and_no_package_advice() {
+        // This project's host: /proc/config.gz says so, /lib/modules is absent, dpkg is there.
+        let mut facts = Baseline::default();
+        facts.kernel.release = "6.18.44-fc-v1252".into();
+        facts.packages.manager = Some("dpkg".into());
+        let built_without =
+            KernelRdma { has: Some(false), config: Some("/proc/config.gz: # CONFIG_INFINIBAND is not set".into()) };
+        let r = check(&facts, &Observations::default(), &built_without);
+        assert_eq!(r.outcome, Outcome::Fail);
+        assert!(r.summary.contains("built without RDMA (CONFIG_INFINIBAND is not set)"), "{r:#?}");
+        assert!(r.evidence.iter().any(|e| e == "/proc/config.gz: # CONFIG_INFINIBAND is not set"), "{r:#?}");
+        assert!(r.fix.iter().all(|f| !f.starts_with("modprobe") && !f.contains("modules-extra")), "{r:#?}");
+        assert!(r.fix[0].starts_with("boot a kernel built with CONFIG_INFINIBAND"), "{r:#?}");
+        assert_eq!(r.command.as_deref(), Some("zgrep -E 'CONFIG_INFINIBAND(_USER_ACCESS)?[= ]' /proc/config.gz"));
+        assert!(r.command_is_check, "showing the config fixes nothing: {r:#?}");
     }
 }

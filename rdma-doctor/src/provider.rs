@@ -199,6 +199,28 @@ fn cause(d: &DeviceFacts, probe: &ProviderProbe) -> Cause {
     }
 }
 
+/// The kernel refusing this process a context on device `name` (libibverbs lists it, and
+/// `ibv_open_device` fails with an errno: the rdma cgroup's hca_handle limit, the
+/// open-file limit, the driver): a failure of the device_nodes layer, the kernel's side of
+/// the device, not of the user-space provider; `None` otherwise.
+pub(crate) fn kernel_refusal(
+    name: &str,
+    d: &DeviceFacts,
+    facts: &Baseline,
+    probe: Option<&ProviderProbe>,
+) -> Option<LayerReport> {
+    let error = d.open_error.as_ref()?;
+    let fallback = ProviderProbe { listed: !error.starts_with("no RDMA device named"), ..ProviderProbe::default() };
+    let probe = probe.unwrap_or(&fallback);
+    let cause = cause(d, probe);
+    let Cause::KernelRefused(errno) = cause else { return None };
+    let mut evidence = vec![error.clone()];
+    evidence.extend(probe_evidence(probe));
+    let (summary, fix) = kernel_refused(name, errno);
+    let command = command(name, &cause, facts.packages.manager.as_deref(), true, probe);
+    Some(LayerReport::fail(name, Layer::DeviceNodes, summary, evidence, fix).with_command(command))
+}
+
 /// The provider layer of device `name`. `probe` is `None` for a report read back from a
 /// file: then only the open error is known.
 pub fn check(name: &str, d: &DeviceFacts, facts: &Baseline, probe: Option<&ProviderProbe>) -> LayerReport {
@@ -424,6 +446,11 @@ mod tests {
     fn eagain_from_ibv_open_device_is_the_kernel_and_the_rdma_cgroup_not_user_space() {
         let (b, d) = node("ibv_open_device failed (control plane: libibverbs -> kernel driver): Resource temporarily unavailable (os error 11)");
         let p = ProviderProbe { listed: true, ..probe(&["/etc/libibverbs.d/mlx5.driver"], &[LIB], "") };
+        // Filed under the kernel's side of the device, not the provider.
+        let k = kernel_refusal("mlx5_0", &d, &b, Some(&p)).expect("the kernel refused");
+        assert_eq!((k.layer, k.outcome), (Layer::DeviceNodes, Outcome::Fail));
+        assert!(k.summary.starts_with("the kernel refused ibv_open_device: EAGAIN"), "{k:#?}");
+        assert!(k.command.as_deref().is_some_and(|c| c.contains("rdma.max")) && k.command_is_check, "{k:#?}");
         let r = check("mlx5_0", &d, &b, Some(&p));
         assert!(r.summary.starts_with("the kernel refused ibv_open_device: EAGAIN"), "{r:#?}");
         assert!(r.summary.contains("kernel layer, not user space") && r.summary.contains("rdma cgroup"), "{r:#?}");
@@ -438,6 +465,7 @@ mod tests {
         // Another verb's EAGAIN after the open is not the open refused.
         let (b, d) = node("ibv_query_device failed (control plane: libibverbs -> kernel driver): Resource temporarily unavailable (os error 11)");
         assert!(!check("mlx5_0", &d, &b, Some(&p)).summary.contains("refused ibv_open_device"));
+        assert_eq!(kernel_refusal("mlx5_0", &d, &b, Some(&p)), None);
     }
 
     #[test]

@@ -1,9 +1,25 @@
 //! The rate a port should run at when nobody said (`--expect-rate`) and no saved baseline
-//! has it: the speed of the netdev under a RoCE port, the fastest mode that netdev and its
-//! link partner both advertise ([`crate::ethtool`] says why that one and not the modes the
-//! NIC supports), or the fastest active sibling port of the same device model among the
-//! devices examined; the highest of them. Each reference says where it came from, so that
-//! a finding can name it.
+//! has it: one rule per kind of device, named in every verdict that uses it.
+//!
+//! - **Soft RoCE and soft iWARP (rxe, siw)**: the kernel gives such a port the rate it
+//!   maps its netdev's speed to (`ib_get_eth_speed` in drivers/infiniband/core/verbs.c):
+//!   up to 1 Gb/s, or unknown (a dummy netdev), 1X SDR 2.5 Gb/s; up to 10, 1X FDR10
+//!   10 Gb/s; up to 20, 4X DDR 20 Gb/s; up to 25, 1X EDR 25 Gb/s; up to 40, 4X FDR10
+//!   40 Gb/s; above 40, 4X EDR 100 Gb/s (kernels from 6.7 map by the netdev's lanes, which
+//!   gives its own speed there: the lower of the two is expected). The speed mapped is
+//!   the netdev's *reference* speed (below), so an rxe on a bond that lost a leg, or on a
+//!   NIC that came up slow, is degraded, while a healthy rxe on a slow netdev is not.
+//!   Every rxe reports vendor part 0: two rxe devices are never one model to compare.
+//! - **A bond** (`/sys/class/net/NAME/bonding/slaves`): the sum of its legs' reference
+//!   speeds (the fastest one in active-backup mode, where one leg carries the traffic), a
+//!   leg with none taken as its fellows': not the bond's current speed, which drops with a
+//!   lost leg.
+//! - **Another netdev**: the fastest mode it and its link partner both advertise; where
+//!   the partner's modes are unknown, the fastest mode it supports ([`crate::ethtool`]);
+//!   for a netdev with no link modes (virtual), its speed.
+//! - **Hardware ports** take the highest of: the reference speed of their netdev (RoCE),
+//!   its current speed, and the fastest active sibling port of the same model (vendor part
+//!   id, not 0) and link layer among the devices examined.
 
 use std::collections::BTreeMap;
 
@@ -15,19 +31,116 @@ use crate::verdict::RateRef;
 pub type PortKey = (String, String);
 
 /// What the kernel says about a netdev: its speed in Gb/s (`None` when it has none: a
-/// dummy, a link that is down) and its link modes.
+/// dummy, a link that is down), its link modes, and its legs when it is a bond.
 pub struct Netdevs<'a> {
     /// `/sys/class/net/NAME/speed` in Gb/s ([`netdev_speed_gbps`]).
     pub speed_gbps: &'a dyn Fn(&str) -> Option<f64>,
     /// The `ETHTOOL_GLINKSETTINGS` link modes ([`crate::ethtool::query`]).
     pub link_modes: &'a dyn Fn(&str) -> Option<LinkModes>,
+    /// The bond a netdev is, when it is one ([`bond`]).
+    pub bond: &'a dyn Fn(&str) -> Option<Bond>,
+}
+
+/// A bonding netdev: its mode and its legs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bond {
+    /// The first word of `/sys/class/net/NAME/bonding/mode` (`balance-rr`, `active-backup`).
+    pub mode: String,
+    /// `/sys/class/net/NAME/bonding/slaves`.
+    pub legs: Vec<String>,
 }
 
 impl Netdevs<'static> {
     /// This host's netdevs.
     pub fn live() -> Self {
-        Netdevs { speed_gbps: &netdev_speed_gbps, link_modes: &crate::ethtool::query }
+        Netdevs { speed_gbps: &netdev_speed_gbps, link_modes: &crate::ethtool::query, bond: &bond }
     }
+}
+
+/// The bond `name` is, from sysfs; `None` when it is not one.
+pub fn bond(name: &str) -> Option<Bond> {
+    let dir = std::path::Path::new("/sys/class/net").join(name).join("bonding");
+    let legs = crate::collect::read_trimmed(&dir.join("slaves")).unwrap_or_default();
+    let mode = crate::collect::read_trimmed(&dir.join("mode"))?;
+    Some(Bond {
+        mode: mode.split_whitespace().next().unwrap_or_default().to_owned(),
+        legs: legs.split_whitespace().map(str::to_owned).collect(),
+    })
+}
+
+/// A netdev's reference speed: Gb/s and how it was found.
+#[derive(Debug, Clone, PartialEq)]
+struct NetRef {
+    gbps: f64,
+    how: String,
+}
+
+/// The reference speed of netdev `name` (see the module docs); `None` when nothing
+/// gives one.
+fn netdev_reference(name: &str, netdevs: &Netdevs<'_>) -> Option<NetRef> {
+    let Some(bond) = (netdevs.bond)(name) else { return leg_reference(name, netdevs) };
+    let refs: Vec<(&String, Option<NetRef>)> = bond.legs.iter().map(|l| (l, leg_reference(l, netdevs))).collect();
+    let known = refs
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().map(|r| r.gbps))
+        .fold(None, |m: Option<f64>, g| Some(m.map_or(g, |m| m.max(g))))?;
+    let parts: Vec<String> = refs
+        .iter()
+        .map(|(leg, r)| match r {
+            Some(r) => format!("{leg} {} Gb/s ({})", r.gbps, r.how),
+            None => format!("{leg} {known} Gb/s (none of its own: its fellow legs')"),
+        })
+        .collect();
+    let each: Vec<f64> = refs.iter().map(|(_, r)| r.as_ref().map_or(known, |r| r.gbps)).collect();
+    if bond.mode == "active-backup" {
+        let best = each.iter().copied().fold(0.0, f64::max);
+        let how = format!("bond {name} in active-backup mode: its fastest leg of {}", parts.join(", "));
+        return Some(NetRef { gbps: best, how });
+    }
+    let sum: f64 = each.iter().sum();
+    Some(NetRef { gbps: sum, how: format!("bond {name}: the sum of its legs' {}", parts.join(" + ")) })
+}
+
+/// The reference speed of a netdev that is not a bond: the fastest mode both ends
+/// advertise, else the fastest it supports, else (no link modes) its speed.
+fn leg_reference(name: &str, netdevs: &Netdevs<'_>) -> Option<NetRef> {
+    let modes = (netdevs.link_modes)(name);
+    if let Some((mode, mbps)) = modes.as_ref().and_then(LinkModes::common_top) {
+        let how = format!("the fastest mode {name} and its link partner both advertise, {mode}");
+        return Some(NetRef { gbps: f64::from(mbps) / 1000.0, how });
+    }
+    if let Some((mode, mbps)) = modes.as_ref().and_then(LinkModes::supported_top) {
+        return Some(NetRef {
+            gbps: f64::from(mbps) / 1000.0,
+            how: format!("the fastest mode {name} supports, {mode}"),
+        });
+    }
+    let gbps = (netdevs.speed_gbps)(name).filter(|g| g.is_finite() && *g > 0.0)?;
+    Some(NetRef { gbps, how: format!("the speed of {name}") })
+}
+
+/// The rate the kernel gives a soft RoCE or iWARP port on a netdev of `gbps` (`None`:
+/// unknown), as (width and speed, Gb/s): `ib_get_eth_speed`'s table, and above 40 Gb/s
+/// the lower of 4X EDR and the speed itself (kernels from 6.7 map by lanes there).
+pub fn soft_port_rate(gbps: Option<f64>) -> (&'static str, f64) {
+    let mbps = gbps.map_or(1000.0, |g| g * 1000.0);
+    match mbps {
+        m if m <= 1000.0 => ("1X SDR", 2.5),
+        m if m <= 10_000.0 => ("1X FDR10", 10.0),
+        m if m <= 20_000.0 => ("4X DDR", 20.0),
+        m if m <= 25_000.0 => ("1X EDR", 25.0),
+        m if m <= 40_000.0 => ("4X FDR10", 40.0),
+        m if m < 100_000.0 => ("at least its own speed (4X EDR before 6.7)", m / 1000.0),
+        _ => ("4X EDR", 100.0),
+    }
+}
+
+/// Whether `d` is a soft device (rxe, siw): its rate is the kernel's mapping of its
+/// netdev's speed, and it has no model to share with a sibling.
+pub fn is_soft(d: &DeviceFacts) -> bool {
+    let driver = d.kernel_driver_name.as_deref();
+    let provider = d.provider.as_ref().map(|p| p.name.as_str());
+    matches!(driver, Some("rdma_rxe" | "siw")) || matches!(provider, Some("rxe" | "siw"))
 }
 
 /// The derived reference of each port of `devices` that has one.
@@ -35,20 +148,11 @@ pub fn derived(devices: &BTreeMap<String, DeviceFacts>, netdevs: &Netdevs<'_>) -
     let mut out = BTreeMap::new();
     for (name, d) in devices {
         for (port, p) in &d.ports {
-            let by_netdev = p.netdev.as_ref().and_then(|nd| {
-                let gbps = (netdevs.speed_gbps)(&nd.name).filter(|g| g.is_finite() && *g > 0.0)?;
-                Some(RateRef { gbps, from: format!("the speed of its netdev {} ({gbps} Gb/s)", nd.name) })
-            });
-            let by_modes = p.netdev.as_ref().and_then(|nd| {
-                let (mode, mbps) = (netdevs.link_modes)(&nd.name)?.common_top()?;
-                let gbps = f64::from(mbps) / 1000.0;
-                let from =
-                    format!("the fastest mode its netdev {} and its link partner both advertise ({mode})", nd.name);
-                Some(RateRef { gbps, from })
-            });
-            let by_sibling = fastest_sibling(devices, name, port, d);
-            let candidates = [by_netdev, by_modes, by_sibling];
-            let best = candidates.into_iter().flatten().max_by(|a, b| a.gbps.total_cmp(&b.gbps));
+            let best = if is_soft(d) {
+                soft_reference(d, p.netdev.as_ref().map(|nd| nd.name.as_str()), netdevs)
+            } else {
+                hardware_reference(devices, name, port, d, netdevs)
+            };
             if let Some(r) = best {
                 out.insert((name.clone(), port.clone()), r);
             }
@@ -57,19 +161,58 @@ pub fn derived(devices: &BTreeMap<String, DeviceFacts>, netdevs: &Netdevs<'_>) -
     out
 }
 
-/// The fastest ACTIVE port of another device of the same model (vendor part id) and link
-/// layer, or another port of the same device.
+/// rxe's and siw's rule: the kernel's mapping of the reference speed of their netdev.
+fn soft_reference(d: &DeviceFacts, netdev: Option<&str>, netdevs: &Netdevs<'_>) -> Option<RateRef> {
+    let kind = if d.kernel_driver_name.as_deref() == Some("siw") { "siw" } else { "rxe" };
+    let netdev = netdev.or(d.parent_netdev.as_deref())?;
+    let reference = netdev_reference(netdev, netdevs);
+    let (mapped, gbps) = soft_port_rate(reference.as_ref().map(|r| r.gbps));
+    let of = match &reference {
+        Some(r) => format!("{netdev} at {} Gb/s ({})", r.gbps, r.how),
+        None => format!("{netdev} has no speed (a dummy or virtual netdev: the kernel takes 1 Gb/s)"),
+    };
+    let from =
+        format!("{kind}'s rule, the kernel's mapping of its netdev's reference speed: {of} gives {mapped} {gbps} Gb/s");
+    Some(RateRef { gbps, from })
+}
+
+/// The hardware rule: the highest of the netdev's reference and current speeds and the
+/// fastest sibling of the same model.
+fn hardware_reference(
+    devices: &BTreeMap<String, DeviceFacts>,
+    name: &str,
+    port: &str,
+    d: &DeviceFacts,
+    netdevs: &Netdevs<'_>,
+) -> Option<RateRef> {
+    let p = d.ports.get(port)?;
+    let by_netdev = p.netdev.as_ref().and_then(|nd| {
+        let gbps = (netdevs.speed_gbps)(&nd.name).filter(|g| g.is_finite() && *g > 0.0)?;
+        Some(RateRef { gbps, from: format!("the hardware rule, the speed of its netdev {} ({gbps} Gb/s)", nd.name) })
+    });
+    let by_reference = p.netdev.as_ref().and_then(|nd| {
+        let r = netdev_reference(&nd.name, netdevs)?;
+        Some(RateRef { gbps: r.gbps, from: format!("the hardware rule, {}", r.how) })
+    });
+    let by_sibling = fastest_sibling(devices, name, port, d);
+    // On a tie the later one is named: the plainest reference.
+    let candidates = [by_reference, by_netdev, by_sibling];
+    candidates.into_iter().flatten().max_by(|a, b| a.gbps.total_cmp(&b.gbps))
+}
+
+/// The fastest ACTIVE port of another hardware device of the same model (vendor part id,
+/// not 0: every rxe reports 0) and link layer, or another port of the same device.
 fn fastest_sibling(
     devices: &BTreeMap<String, DeviceFacts>,
     name: &str,
     port: &str,
     d: &DeviceFacts,
 ) -> Option<RateRef> {
-    let model = d.vendor_part_id?;
+    let model = d.vendor_part_id.filter(|m| *m != 0)?;
     let link_layer = &d.ports.get(port)?.link_layer;
     devices
         .iter()
-        .filter(|(_, o)| o.vendor_part_id == Some(model))
+        .filter(|(_, o)| o.vendor_part_id == Some(model) && !is_soft(o))
         .flat_map(|(o, od)| od.ports.iter().map(move |(op, pp)| (o, op, pp)))
         .filter(|(o, op, pp)| {
             (o.as_str(), op.as_str()) != (name, port) && pp.state == "ACTIVE" && &pp.link_layer == link_layer
@@ -78,7 +221,10 @@ fn fastest_sibling(
         .max_by(|a, b| a.2.rate_gbps.total_cmp(&b.2.rate_gbps))
         .map(|(o, op, pp)| RateRef {
             gbps: pp.rate_gbps,
-            from: format!("its sibling {o} port {op} of the same model (vendor part {model}) at {} Gb/s", pp.rate_gbps),
+            from: format!(
+                "the hardware rule, its sibling {o} port {op} of the same model (vendor part {model}) at {} Gb/s",
+                pp.rate_gbps
+            ),
         })
 }
 
@@ -92,7 +238,7 @@ pub fn netdev_speed_gbps(name: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{Observations, Report};
+    use crate::report::{DeviceFacts, Observations, Report};
     use crate::verdict::{evaluate, Expectations, Layer, Outcome};
 
     fn fixture() -> crate::report::Baseline {
@@ -111,7 +257,7 @@ mod tests {
         netdev: Option<f64>,
         modes: Option<LinkModes>,
     ) -> crate::verdict::LayerReport {
-        let netdevs = Netdevs { speed_gbps: &|_| netdev, link_modes: &|_| modes.clone() };
+        let netdevs = Netdevs { speed_gbps: &|_| netdev, link_modes: &|_| modes.clone(), bond: &|_| None };
         let want = Expectations {
             devices: vec![name.into()],
             expected_rate: derived(&b.devices, &netdevs),
@@ -129,7 +275,9 @@ mod tests {
         let l = link_of(&b, "mlx5_0", Some(200.0));
         assert_eq!(l.outcome, Outcome::Fail, "{l:#?}");
         assert!(
-            l.summary.contains("below the expected 200 Gb/s (the speed of its netdev ens1f0np0 (200 Gb/s))"),
+            l.summary.contains(
+                "below the expected 200 Gb/s (the hardware rule, the speed of its netdev ens1f0np0 (200 Gb/s))"
+            ),
             "{l:#?}"
         );
     }
@@ -143,7 +291,9 @@ mod tests {
         let l = link_of(&b, "mlx5_1", None);
         assert_eq!(l.outcome, Outcome::Fail, "{l:#?}");
         assert!(
-            l.summary.contains("its sibling mlx5_0 port 1 of the same model (vendor part 4125) at 200 Gb/s"),
+            l.summary.contains(
+                "the hardware rule, its sibling mlx5_0 port 1 of the same model (vendor part 4125) at 200 Gb/s"
+            ),
             "{l:#?}"
         );
         // The fast one passes, and says what it was compared with.
@@ -152,9 +302,13 @@ mod tests {
         assert!(l.summary.contains("sibling mlx5_1 port 1"), "{l:#?}");
     }
 
-    /// Link modes as `ETHTOOL_GLINKSETTINGS` reports them (one word a mask: bits < 32).
+    /// Link modes as `ETHTOOL_GLINKSETTINGS` reports them (three words a mask).
     fn modes(autoneg: bool, ours: &[u32], partner: &[u32]) -> LinkModes {
-        let mask = |bits: &[u32]| vec![bits.iter().fold(0u32, |m, b| m | 1 << b)];
+        let mask = |bits: &[u32]| {
+            let mut words = vec![0u32; 3];
+            bits.iter().for_each(|b| words[(b / 32) as usize] |= 1 << (b % 32));
+            words
+        };
         LinkModes { autoneg, supported: mask(ours), advertising: mask(ours), lp_advertising: mask(partner) }
     }
 
@@ -166,19 +320,133 @@ mod tests {
         b.devices.get_mut("mlx5_0").unwrap().ports.get_mut("1").unwrap().rate_gbps = 25.0;
         let l = link_with_modes(&b, "mlx5_0", Some(25.0), Some(modes(true, &[31, 28], &[31, 28])));
         assert_eq!(l.outcome, Outcome::Fail, "{l:#?}");
-        let want = "below the expected 56 Gb/s (the fastest mode its netdev ens1f0np0 and its link partner both \
-                    advertise (56000baseCR4/Full))";
+        let want = "below the expected 56 Gb/s (the hardware rule, the fastest mode ens1f0np0 and its link partner \
+                    both advertise, 56000baseCR4/Full)";
         assert!(l.summary.contains(want), "{l:#?}");
         // The partner advertises 25G only (a breakout): 25 is the rate, and it passes.
         let l = link_with_modes(&b, "mlx5_0", Some(25.0), Some(modes(true, &[31, 28], &[31])));
         assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
-        // The partner's modes not reported, or no autonegotiation: the NIC's own modes
-        // are no reference, and the netdev's speed is what it is compared with.
-        for m in [modes(true, &[31, 28], &[]), modes(false, &[31, 28], &[31, 28])] {
+    }
+
+    #[test]
+    fn a_nic_forced_below_its_supported_speed_fails_with_no_baseline() {
+        // A 100G NIC (25G bit 31, 100G CR4 bit 38) forced to 25G: no autonegotiation, so
+        // no common mode; its netdev says 25, the port runs at 25. It supports 100G.
+        let mut b = fixture();
+        b.devices.get_mut("mlx5_0").unwrap().ports.get_mut("1").unwrap().rate_gbps = 25.0;
+        for m in [modes(false, &[31, 38], &[31, 38]), modes(true, &[31, 38], &[])] {
             let l = link_with_modes(&b, "mlx5_0", Some(25.0), Some(m));
-            assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
-            assert!(l.summary.contains("the speed of its netdev ens1f0np0"), "{l:#?}");
+            assert_eq!(l.outcome, Outcome::Fail, "{l:#?}");
+            let want = "below the expected 100 Gb/s (the hardware rule, the fastest mode ens1f0np0 supports, \
+                        100000baseCR4/Full)";
+            assert!(l.summary.contains(want), "{l:#?}");
         }
+    }
+
+    /// An rxe device on netdev `netdev` whose port runs at `rate` Gb/s (from the fixture).
+    fn rxe(netdev: &str, rate: f64) -> DeviceFacts {
+        let mut d = fixture().devices["mlx5_0"].clone();
+        d.kernel_driver_name = Some("rdma_rxe".into());
+        d.vendor_part_id = Some(0);
+        d.parent_netdev = Some(netdev.into());
+        let p = d.ports.get_mut("1").unwrap();
+        p.rate_gbps = rate;
+        p.netdev.as_mut().unwrap().name = netdev.into();
+        d
+    }
+
+    /// The link layer of `name` among `devices`, with netdev speeds and bonds as given.
+    fn soft_link(
+        devices: &[(&str, DeviceFacts)],
+        name: &str,
+        speeds: &dyn Fn(&str) -> Option<f64>,
+        bonds: &dyn Fn(&str) -> Option<Bond>,
+    ) -> crate::verdict::LayerReport {
+        let mut b = fixture();
+        b.devices = devices.iter().map(|(n, d)| (n.to_string(), d.clone())).collect();
+        let netdevs = Netdevs { speed_gbps: speeds, link_modes: &|_| None, bond: bonds };
+        let want = Expectations {
+            devices: vec![name.into()],
+            expected_rate: derived(&b.devices, &netdevs),
+            ..Default::default()
+        };
+        let seen = Observations { sysfs_devices: b.devices.keys().cloned().collect(), ..Observations::default() };
+        let (layers, _) = evaluate(&b, &seen, &want, &mut crate::verdict::Probes::none());
+        layers.into_iter().find(|l| l.layer == Layer::Link && l.scope == name).unwrap()
+    }
+
+    #[test]
+    fn rxe_is_judged_by_the_kernels_mapping_of_its_netdevs_speed_never_by_another_rxe() {
+        let speeds = |n: &str| match n {
+            "veth0" => Some(10.0),
+            "fast0" => Some(200.0),
+            _ => None, // dummy0: no speed
+        };
+        let devices = [("rxe0", rxe("veth0", 10.0)), ("rxe1", rxe("dummy0", 2.5)), ("rxe2", rxe("fast0", 100.0))];
+        // On a dummy: the kernel takes 1 Gb/s, 1X SDR 2.5 Gb/s; not "degraded" against rxe0.
+        let l = soft_link(&devices, "rxe1", &speeds, &|_| None);
+        assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
+        assert!(l.summary.contains("rxe's rule, the kernel's mapping of its netdev's reference speed"), "{l:#?}");
+        assert!(l.summary.contains("dummy0 has no speed") && l.summary.contains("1X SDR 2.5 Gb/s"), "{l:#?}");
+        assert!(!l.summary.contains("sibling"), "{l:#?}");
+        // On a 200G netdev: at most 4X EDR 100 Gb/s.
+        let l = soft_link(&devices, "rxe2", &speeds, &|_| None);
+        assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
+        assert!(l.summary.contains("gives 4X EDR 100 Gb/s"), "{l:#?}");
+        // On a 10G veth: 1X FDR10 10 Gb/s.
+        let l = soft_link(&devices, "rxe0", &speeds, &|_| None);
+        assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
+        assert!(l.summary.contains("gives 1X FDR10 10 Gb/s"), "{l:#?}");
+    }
+
+    #[test]
+    fn rxe_on_a_bond_that_lost_a_leg_is_degraded_against_the_sum_of_its_legs() {
+        // balance-rr over two 10G veths; one leg lost: the bond says 10, rxe runs 1X FDR10.
+        let speeds = |n: &str| match n {
+            "bond0" | "veth0" | "veth1" => Some(10.0),
+            _ => None,
+        };
+        let bond = |mode: &'static str| {
+            move |n: &str| {
+                (n == "bond0").then(|| Bond { mode: mode.into(), legs: vec!["veth0".into(), "veth1".into()] })
+            }
+        };
+        let devices = [("rxe0", rxe("bond0", 10.0))];
+        let l = soft_link(&devices, "rxe0", &speeds, &bond("balance-rr"));
+        assert_eq!(l.outcome, Outcome::Fail, "{l:#?}");
+        assert!(l.summary.contains("below the expected 20 Gb/s"), "{l:#?}");
+        assert!(l.summary.contains("bond bond0: the sum of its legs' veth0 10 Gb/s"), "{l:#?}");
+        assert!(l.summary.contains("gives 4X DDR 20 Gb/s"), "{l:#?}");
+        // Both legs up: the bond and rxe say 20; it passes.
+        let whole = [("rxe0", rxe("bond0", 20.0))];
+        assert_eq!(soft_link(&whole, "rxe0", &speeds, &bond("balance-rr")).outcome, Outcome::Pass);
+        // active-backup: one leg carries the traffic; 10 is its rate.
+        let l = soft_link(&devices, "rxe0", &speeds, &bond("active-backup"));
+        assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
+        assert!(l.summary.contains("active-backup"), "{l:#?}");
+        // A leg with no speed of its own counts as its fellows'.
+        let down = |n: &str| (n != "veth1" && n != "dummy0").then_some(10.0);
+        let l = soft_link(&devices, "rxe0", &down, &bond("balance-rr"));
+        assert_eq!(l.outcome, Outcome::Fail, "{l:#?}");
+        assert!(l.summary.contains("veth1 10 Gb/s (none of its own"), "{l:#?}");
+    }
+
+    #[test]
+    fn the_soft_port_rate_follows_the_kernels_table() {
+        let table = [
+            (None, ("1X SDR", 2.5)),
+            (Some(1.0), ("1X SDR", 2.5)),
+            (Some(10.0), ("1X FDR10", 10.0)),
+            (Some(20.0), ("4X DDR", 20.0)),
+            (Some(25.0), ("1X EDR", 25.0)),
+            (Some(40.0), ("4X FDR10", 40.0)),
+            (Some(100.0), ("4X EDR", 100.0)),
+            (Some(400.0), ("4X EDR", 100.0)),
+        ];
+        for (speed, want) in table {
+            assert_eq!(soft_port_rate(speed), want, "{speed:?}");
+        }
+        assert_eq!(soft_port_rate(Some(50.0)).1, 50.0, "lanes on kernels from 6.7: the lower");
     }
 
     #[test]

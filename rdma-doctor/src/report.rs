@@ -12,8 +12,9 @@ use crate::verdict::LayerReport;
 /// The value of the `format` field.
 pub const FORMAT: &str = "rdma-doctor";
 /// The version of the JSON format this crate writes; it reads this one and every older
-/// one (version 2 added the `rdma_cm` layer and `layers[].command`).
-pub const FORMAT_VERSION: u32 = 2;
+/// one (version 2 added the `rdma_cm` layer and `layers[].command`; version 3
+/// `layers[].command_is_check`).
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Everything one run found on one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

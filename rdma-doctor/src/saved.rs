@@ -98,6 +98,11 @@ pub fn check_nodes(nodes: &[(String, String, Report)], entries: &[KnownBad], ign
             let scope = format!("{label}/{name}");
             findings.extend(known_bad::check(entries, &scope, d));
             let reference = |port: &str| {
+                // A soft device's rate is its netdev's, not its model's: rxe on a slower
+                // netdev is not degraded against another node's rxe.
+                if crate::rates::is_soft(d) || d.vendor_part_id == Some(0) {
+                    return None;
+                }
                 let gbps = *fastest.get(&model_port(name, d, port))?;
                 Some(RateRef { gbps, from: "the fastest node with this device model and port".into() })
             };
@@ -208,5 +213,18 @@ mod tests {
         assert_eq!(failed[0].scope, "c/mlx5_0");
         assert!(failed[0].summary.contains("2.5 Gb/s, below the expected 200 Gb/s"), "{:?}", failed[0]);
         assert_eq!(r.exit_code, 1);
+    }
+
+    #[test]
+    fn rxe_nodes_on_netdevs_of_different_speeds_are_not_degraded_against_each_other() {
+        let entries = known_bad::load(&[] as &[&str]).unwrap();
+        let rxe = |rate: f64| {
+            move |d: &mut DeviceFacts| {
+                (d.kernel_driver_name, d.vendor_part_id) = (Some("rdma_rxe".into()), Some(0));
+                d.ports.get_mut("1").unwrap().rate_gbps = rate;
+            }
+        };
+        let r = check_nodes(&[node("a", rxe(100.0)), node("b", rxe(2.5))], &entries, &["**.rate_gbps".into()]);
+        assert!(r.layers.iter().all(|l| l.outcome == Outcome::Pass), "{r:#?}");
     }
 }

@@ -183,18 +183,21 @@ pub fn render(r: &Report) -> String {
     s
 }
 
-/// How bad a line of the glance is: failures first, then warnings, passes, skipped.
+/// How bad a line of the glance is: failures first, then warnings, drift, notes, passes,
+/// skipped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Rank {
     Fail,
     Warn,
+    Drift,
+    Note,
     Pass,
     Skip,
 }
 
-/// One line per layer and per warning, worst first (top down within each kind): the
-/// mark, the scope, the layer, the one-line reason, and for a failure the fix as one
-/// command to paste. It opens the report so that the answer is on the first screen, above
+/// One line per layer, per warning, per drifted field and per note, worst first (top down
+/// within each kind): the mark, the scope, the layer, the one-line reason, and for a
+/// failure the fix (or the check) as one command to paste. It opens the report so that the answer is on the first screen, above
 /// the facts it was drawn from.
 pub(crate) fn at_a_glance(r: &Report) -> String {
     let mut lines: Vec<(Rank, &str, &str, String)> = r
@@ -206,26 +209,38 @@ pub(crate) fn at_a_glance(r: &Report) -> String {
                 Outcome::Pass => Rank::Pass,
                 Outcome::Skipped => Rank::Skip,
             };
-            let fix = l.command.as_deref().map(|c| format!("  fix: {c}")).unwrap_or_default();
+            let label = if l.command_is_check { "check" } else { "fix" };
+            let fix = l.command.as_deref().map(|c| format!("  {label}: {c}")).unwrap_or_default();
             (rank, l.scope.as_str(), l.layer.name(), format!("{}{fix}", l.summary))
         })
         .collect();
-    for f in r.findings.iter().filter(|f| f.severity == Severity::Warning) {
+    for f in &r.findings {
         let advice = f.advice.as_deref().map(|a| format!("  advice: {a}")).unwrap_or_default();
+        let (rank, kind) = match f.severity {
+            Severity::Warning => (Rank::Warn, "warning"),
+            Severity::Note => (Rank::Note, "note"),
+        };
+        lines.push((rank, f.scope.as_str(), f.layer.map_or(kind, |l| l.name()), format!("{}{advice}", f.what)));
+    }
+    for d in &r.drift {
+        let show = |v: &Option<serde_json::Value>| v.as_ref().map_or_else(|| "(absent)".to_owned(), |v| v.to_string());
         lines.push((
-            Rank::Warn,
-            f.scope.as_str(),
-            f.layer.map_or("warning", |l| l.name()),
-            format!("{}{advice}", f.what),
+            Rank::Drift,
+            "baseline",
+            "drift",
+            format!("{}: {} -> {}", d.field, show(&d.expected), show(&d.found)),
         ));
     }
     lines.sort_by_key(|(rank, ..)| *rank);
     let scope_width = lines.iter().map(|(_, scope, ..)| scope.len()).max().unwrap_or(0);
-    let mut s = String::from("\nAt a glance (worst first; each fix is a command to paste, not run by the doctor)\n");
+    let mut s =
+        String::from("\nAt a glance (worst first; each fix or check is a command to paste, not run by the doctor)\n");
     for (rank, scope, layer, text) in lines {
         let mark = match rank {
             Rank::Fail => "FAIL",
             Rank::Warn => "WARN",
+            Rank::Drift => "DRFT",
+            Rank::Note => "note",
             Rank::Pass => "PASS",
             Rank::Skip => "skip",
         };
@@ -249,6 +264,7 @@ mod tests {
             evidence: vec!["seen".into()],
             fix: vec!["prose about the fix: ip link set dummy1 up".into()],
             command: command.map(Into::into),
+            command_is_check: false,
         }
     }
 
@@ -285,5 +301,46 @@ mod tests {
         );
         let at = |needle: &str| text.find(needle).unwrap_or_else(|| panic!("{needle} in {text}"));
         assert!(at("At a glance") < at("\nVersions"), "the glance opens the report");
+    }
+
+    #[test]
+    fn drift_and_notes_reach_the_glance_after_warnings_and_checks_are_labelled() {
+        let mut r: Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let mut link =
+            layer("mlx5_0", Layer::Link, Outcome::Fail, "port 1 runs at 100 Gb/s", Some("ethtool ens1f0np0"));
+        link.command_is_check = true;
+        r.layers = vec![layer("host", Layer::KernelModules, Outcome::Pass, "ib_core loaded", None), link];
+        let note = |what: &str| Finding {
+            severity: Severity::Note,
+            scope: "host".into(),
+            what: what.into(),
+            advice: None,
+            source: None,
+            layer: None,
+        };
+        r.findings = vec![
+            note("kernel log: mlx5_core 0000:03:00.0: timeout event on QP 0x1a2b [the device timed out a QP]"),
+            note("kernel log: mlx5_ib: probe failed with error -16 [EBUSY]"),
+        ];
+        r.drift = vec![crate::report::Drift {
+            field: "devices.mlx5_0.fw_ver".into(),
+            expected: Some(serde_json::json!("22.27.0090")),
+            found: Some(serde_json::json!("22.26.1040")),
+        }];
+        let text = render(&r);
+        let glance: Vec<&str> =
+            text.lines().skip_while(|l| !l.starts_with("At a glance")).skip(1).take_while(|l| !l.is_empty()).collect();
+        assert_eq!(glance.len(), 5, "{text}");
+        assert!(
+            glance[0].starts_with("  FAIL  mlx5_0") && glance[0].ends_with("check: ethtool ens1f0np0"),
+            "{glance:#?}"
+        );
+        assert!(
+            glance[1].contains("DRFT") && glance[1].contains("devices.mlx5_0.fw_ver: \"22.27.0090\" -> \"22.26.1040\""),
+            "{glance:#?}"
+        );
+        assert!(glance[2].contains("note") && glance[2].contains("timeout event on QP"), "{glance:#?}");
+        assert!(glance[3].contains("error -16"), "{glance:#?}");
+        assert!(glance[4].starts_with("  PASS  host"), "{glance:#?}");
     }
 }

@@ -3,8 +3,10 @@
 //! the port, the link, the GID, the memlock limit, then the control plane (creating and
 //! connecting objects: kernel path), the data plane (posting and completions: provider
 //! and hardware) and rdma_cm (a connection through librdmacm: `cm_layer`). The first
-//! layer that fails is a device's diagnosis; the ones below it are not checked. Every
-//! device is checked.
+//! layer that fails is a device's diagnosis; the ones below it are not checked, except
+//! after the link layer: a link that is slow or degraded still carries traffic, and
+//! whether the port works at all is worth knowing beside its rate, so the layers below a
+//! failed link are checked too. Every device is checked.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -25,7 +27,8 @@ pub enum Layer {
     KernelModules,
     /// The kernel enumerated the device (`/sys/class/infiniband`).
     Device,
-    /// `/dev/infiniband/uverbsN` exists and this user can open it.
+    /// `/dev/infiniband/uverbsN` exists, this user can open it, and the kernel lets this
+    /// process open a context on the device (the rdma cgroup, the open-file limit).
     DeviceNodes,
     /// libibverbs lists the device and its provider opens it.
     Provider,
@@ -112,6 +115,11 @@ pub struct LayerReport {
     /// that did not fail. Absent from reports of format version 1.
     #[serde(default)]
     pub command: Option<String>,
+    /// `command` only shows the problem (`ethtool NETDEV`, `dmesg | grep ...`, `lspci`, a
+    /// reproduction with a reference tool): a check to run, not a fix. Absent from reports
+    /// of format versions 1 and 2 (read as false).
+    #[serde(default)]
+    pub command_is_check: bool,
 }
 
 impl LayerReport {
@@ -124,6 +132,7 @@ impl LayerReport {
             evidence,
             fix: vec![],
             command: None,
+            command_is_check: false,
         }
     }
 
@@ -135,7 +144,16 @@ impl LayerReport {
         fix: Vec<String>,
     ) -> Self {
         let summary = summary.into();
-        LayerReport { scope: scope.into(), layer, outcome: Outcome::Fail, summary, evidence, fix, command: None }
+        LayerReport {
+            scope: scope.into(),
+            layer,
+            outcome: Outcome::Fail,
+            summary,
+            evidence,
+            fix,
+            command: None,
+            command_is_check: false,
+        }
     }
 
     pub(crate) fn skipped(scope: &str, layer: Layer, why: impl Into<String>) -> Self {
@@ -147,13 +165,39 @@ impl LayerReport {
             evidence: vec![],
             fix: vec![],
             command: None,
+            command_is_check: false,
         }
     }
 
-    /// Sets the one command to paste ([`LayerReport::command`]).
+    /// Sets the one command to paste ([`LayerReport::command`]), marked a check when it
+    /// only shows the problem ([`only_shows`]).
     pub(crate) fn with_command(mut self, command: impl Into<String>) -> Self {
-        self.command = Some(command.into());
+        let command = command.into();
+        self.command_is_check = only_shows(&command);
+        self.command = Some(command);
         self
+    }
+
+    /// Sets the one command to paste when it only shows the problem
+    /// ([`LayerReport::command_is_check`]).
+    pub(crate) fn with_check(mut self, command: impl Into<String>) -> Self {
+        self.command = Some(command.into());
+        self.command_is_check = true;
+        self
+    }
+}
+
+/// Whether `command` only shows the problem and changes nothing: the kernel log, the PCI
+/// functions, a port's or a netdev's settings (`ethtool NETDEV`, not `ethtool -s`), a
+/// route, a file, a library's dependencies, or a reproduction with a reference tool.
+pub(crate) fn only_shows(command: &str) -> bool {
+    let words: Vec<&str> = command.split_whitespace().collect();
+    match words.as_slice() {
+        ["dmesg" | "lspci" | "ibv_devinfo" | "ibstat" | "ldd" | "cat" | "grep" | "zgrep", ..] => true,
+        ["ibv_rc_pingpong" | "rping" | "ib_write_bw" | "mlxlink" | "ibportstate", ..] => true,
+        ["ethtool", netdev] => !netdev.starts_with('-'),
+        ["rdma", _, "show", ..] | ["ip", "route", "get", ..] | ["ip", _, "show", ..] => true,
+        _ => false,
     }
 }
 
@@ -191,13 +235,26 @@ pub struct Expectations {
     /// The netdev each soft device sat on in a saved baseline (for the exact re-create
     /// command when it is gone).
     pub known_parents: BTreeMap<String, String>,
+    /// The IPv4 address of each port's RoCE v2 GID in a saved baseline (for the exact
+    /// `ip addr add` when it is gone).
+    pub known_addresses: BTreeMap<(String, String), String>,
     /// What was found about the provider of each device libibverbs could not open.
     pub providers: BTreeMap<String, ProviderProbe>,
-    /// Whether the running kernel has RDMA at all (ib_core loaded, built in or among its
-    /// modules); `None` when unknown.
-    pub kernel_rdma: Option<bool>,
+    /// Whether the running kernel has RDMA at all, and what says so.
+    pub kernel_rdma: KernelRdma,
     /// `/dev/infiniband/rdma_cm` as found (for the rdma_cm layer).
     pub rdma_cm_node: CmNode,
+}
+
+/// Whether the running kernel has RDMA at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelRdma {
+    /// ib_core loaded, built in, built as a module or among the installed modules;
+    /// `None` when unknown.
+    pub has: Option<bool>,
+    /// When the kernel was built without RDMA: the configuration line that says so and
+    /// its file (`/proc/config.gz: # CONFIG_INFINIBAND is not set`).
+    pub config: Option<String>,
 }
 
 /// The checks that use the device: the loopback test of the control and data planes on a
@@ -228,7 +285,7 @@ pub fn evaluate(
     want: &Expectations,
     probes: &mut Probes<'_>,
 ) -> (Vec<LayerReport>, BTreeMap<String, LoopbackReport>) {
-    let mut out = vec![crate::modules_layer::check(facts, seen, want.kernel_rdma)];
+    let mut out = vec![crate::modules_layer::check(facts, seen, &want.kernel_rdma)];
     let mut runs = BTreeMap::new();
     let host_ok = out[0].outcome == Outcome::Pass;
     let devices: Vec<String> = if want.devices.is_empty() { vec![NO_DEVICE.to_owned()] } else { want.devices.clone() };
@@ -243,7 +300,8 @@ pub fn evaluate(
                 None => device_missing(name, seen, facts, want),
                 Some(d) => check(layer, name, d, facts, want, &mut runs, probes),
             };
-            if r.outcome == Outcome::Fail {
+            // A failed link (slow, degraded) does not stop the checks below it.
+            if r.outcome == Outcome::Fail && layer != Layer::Link {
                 failed = Some(layer);
             }
             out.push(r);
@@ -269,11 +327,19 @@ fn check(
             let fw = if d.fw_ver.is_empty() { String::new() } else { format!(", firmware {}", d.fw_ver) };
             LayerReport::pass(name, layer, format!("enumerated by the kernel ({driver}{fw})"), vec![])
         }
-        Layer::DeviceNodes => device_nodes(name, d, facts),
+        Layer::DeviceNodes => {
+            let nodes = device_nodes(name, d, facts);
+            match nodes.outcome {
+                Outcome::Pass => {
+                    crate::provider::kernel_refusal(name, d, facts, want.providers.get(name)).unwrap_or(nodes)
+                }
+                _ => nodes,
+            }
+        }
         Layer::Provider => crate::provider::check(name, d, facts, want.providers.get(name)),
         Layer::Port => port_state(name, &ports),
         Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).cloned()),
-        Layer::Gid => gid(name, &ports),
+        Layer::Gid => gid(name, &ports, &|port| want.known_addresses.get(&(name.to_owned(), port.to_owned())).cloned()),
         Layer::Memlock => check_memlock(name, &facts.memlock, want.memlock_need),
         _ if !want.loopback => LayerReport::skipped(name, layer, "not run (loopback test turned off)"),
         Layer::ControlPlane | Layer::DataPlane => {
@@ -457,15 +523,17 @@ pub(crate) fn link(
                 Layer::Link,
                 format!("port {n} is {} but its physical state is {}, not LinkUp", p.state, p.phys_state),
                 evidence,
-                vec!["check the cable, the transceiver and the switch port (mlxlink -d <PCI address>, ethtool NETDEV)"
-                    .into()],
+                vec![format!(
+                    "check the cable, the transceiver and the switch port; the negotiated link: {}",
+                    link_command(name, n, p)
+                )],
             )
             .with_command(link_command(name, n, p));
         }
         let Some(want) = expected(n) else { continue };
         evidence.push(format!("expected {} Gb/s: {}", want.gbps, want.from));
         if p.rate_gbps + 0.01 < want.gbps {
-            return degraded(name, n, p.rate_gbps, &want, evidence).with_command(link_command(name, n, p));
+            return degraded(name, n, p, &want, evidence).with_command(link_command(name, n, p));
         }
         compared.push(format!("port {n}: {}", want.from));
     }
@@ -486,7 +554,8 @@ fn link_command(name: &str, port: &str, p: &PortFacts) -> String {
     }
 }
 
-fn degraded(name: &str, port: &str, rate: f64, want: &RateRef, evidence: Vec<String>) -> LayerReport {
+fn degraded(name: &str, port: &str, p: &PortFacts, want: &RateRef, evidence: Vec<String>) -> LayerReport {
+    let rate = p.rate_gbps;
     LayerReport::fail(
         name,
         Layer::Link,
@@ -497,12 +566,14 @@ fn degraded(name: &str, port: &str, rate: f64, want: &RateRef, evidence: Vec<Str
         evidence,
         vec![
             "reseat or replace the cable or transceiver; check the switch port's speed and errors".into(),
-            "mlxlink -d <PCI address> (NVIDIA) or ethtool NETDEV shows the negotiated and supported speeds".into(),
+            format!("the negotiated and supported speeds: {}", link_command(name, port, p)),
         ],
     )
 }
 
-fn gid(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
+/// The gid layer of `ports`; `known(port)` is the IPv4 address a saved baseline had on a
+/// port, to fill the fix with.
+fn gid(name: &str, ports: &[(&String, &PortFacts)], known: &dyn Fn(&str) -> Option<String>) -> LayerReport {
     let mut evidence = Vec::new();
     for (n, p) in ports {
         if p.link_layer != "Ethernet" {
@@ -521,14 +592,22 @@ fn gid(name: &str, ports: &[(&String, &PortFacts)]) -> LayerReport {
                 let netdev = p.netdev.as_ref().map_or("the netdev", |nd| nd.name.as_str());
                 let dev = p.netdev.as_ref().map_or("<netdev>", |nd| nd.name.as_str());
                 evidence.extend(p.gids.iter().map(|(i, g)| format!("port {n}: GID {i} {} {}", g.gid, g.gid_type)));
+                let address = known(n);
+                if let Some(a) = &address {
+                    evidence.push(format!("the saved baseline had {a} on port {n}"));
+                }
+                let (prose, command) = match &address {
+                    Some(a) => (format!("{a}/PREFIX"), format!("{a}/<prefix>")),
+                    None => ("ADDRESS/PREFIX".to_owned(), "<address>/<prefix>".to_owned()),
+                };
                 return LayerReport::fail(
                     name,
                     Layer::Gid,
                     format!("port {n}: no RoCE v2 GID with an IPv4 address ({netdev} has no IPv4 address)"),
                     evidence,
-                    vec![format!("ip addr add ADDRESS/PREFIX dev {netdev}   # the GID appears with the address")],
+                    vec![format!("ip addr add {prose} dev {netdev}   # the GID appears with the address")],
                 )
-                .with_command(format!("ip addr add <address>/<prefix> dev {dev}"));
+                .with_command(format!("ip addr add {command} dev {dev}"));
             }
         }
     }
@@ -584,7 +663,7 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport, ping: &str) 
             Some(e) => {
                 let mut fix = vec![
                     "the kernel driver refused: dmesg | grep -iE 'rdma|infiniband|mlx5|rxe'".to_owned(),
-                    format!("a second opinion: ibv_rc_pingpong -d {name} -g GID_INDEX (server) and the same with 127.0.0.1 (client)"),
+                    format!("a second opinion (server, then client): {ping}"),
                 ];
                 let mut command = "dmesg | grep -iE 'rdma|infiniband|mlx5|rxe'".to_owned();
                 if crate::provider::os_error(e) == Some(libc::EAGAIN) {
@@ -616,7 +695,7 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport, ping: &str) 
         evidence,
         vec![
             "posting and completions run in the provider and the device: check that the provider (rdma-core) and the kernel driver are of one generation, and the firmware against the known-bad list".into(),
-            format!("reproduce with a reference tool: ibv_rc_pingpong -d {name} -g GID_INDEX, ib_write_bw -d {name}"),
+            format!("reproduce with a reference tool (server, then client): {ping}"),
         ],
     )
     .with_command(ping)
@@ -680,7 +759,14 @@ mod tests {
         let (layers, _) = evaluate(&facts, &seen, &want, &mut Probes::none());
         assert_eq!(layers.len(), 1 + Layer::DEVICE_LAYERS.len());
         let first = layers.iter().position(|l| l.outcome == Outcome::Fail)?;
-        assert!(layers[first + 1..].iter().all(|l| l.outcome == Outcome::Skipped), "{layers:#?}");
+        if layers[first].layer == Layer::Link {
+            // The layers below a failed link are still checked (the loopback is off here).
+            let below: Vec<Outcome> = layers[first + 1..].iter().map(|l| l.outcome).collect();
+            assert_eq!(below, [Outcome::Pass, Outcome::Pass, Outcome::Skipped, Outcome::Skipped, Outcome::Skipped]);
+            assert!(layers[first + 3..].iter().all(|l| l.summary.contains("loopback test turned off")), "{layers:#?}");
+        } else {
+            assert!(layers[first + 1..].iter().all(|l| l.outcome == Outcome::Skipped), "{layers:#?}");
+        }
         assert!(layers[first].command.as_deref().is_some_and(bare_command), "{:#?}", layers[first]);
         Some(layers[first].clone())
     }
@@ -688,6 +774,36 @@ mod tests {
     /// A command to paste: no prose before a colon, no comment.
     pub(crate) fn bare_command(c: &str) -> bool {
         !c.is_empty() && !c.contains(": ") && !c.contains('#')
+    }
+
+    #[test]
+    fn commands_that_only_diagnose_are_checks_and_the_rest_fixes() {
+        let checks = [
+            "ethtool dummy0",
+            "dmesg | grep -iE 'mlx5'",
+            "lspci -nnk | grep -iA3 -E 'mellanox|infiniband|ethernet'",
+            "ibv_rc_pingpong -d rxe0 -i 1 -g 1 & sleep 1; ibv_rc_pingpong -d rxe0 -i 1 -g 1 127.0.0.1",
+            "ibstat mlx5_0 1",
+            "rdma link show rxe0/1",
+            "ip route get 10.0.0.1",
+            "ldd /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so",
+            CGROUP_RDMA,
+        ];
+        for c in checks {
+            let r = LayerReport::fail("x", Layer::Link, "s", vec![], vec![]).with_command(c);
+            assert!(r.command_is_check, "{c}");
+        }
+        let fixes = [
+            "ip link set dummy0 up",
+            "modprobe rdma_ucm",
+            "ethtool -s ens1f0np0 speed 100000",
+            "rdma link add rxe0 type rxe netdev dummy0",
+            "ulimit -l unlimited",
+            "umount /dev/infiniband/rdma_cm",
+        ];
+        for c in fixes {
+            assert!(!only_shows(c), "{c}");
+        }
     }
 
     fn port(b: &mut Baseline) -> &mut PortFacts {
@@ -749,12 +865,60 @@ mod tests {
         assert!(f.summary.contains("ens1f0np0 has no IPv4 address"), "{f:?}");
         assert!(f.fix[0].starts_with("ip addr add ADDRESS/PREFIX dev ens1f0np0"), "{f:?}");
         assert_eq!(f.command.as_deref(), Some("ip addr add <address>/<prefix> dev ens1f0np0"));
+        // A saved baseline knows the address: the fix names it.
+        let f = first_failure(|b, w| {
+            port(b).gids.retain(|_, g| !g.gid.starts_with("::ffff:"));
+            w.known_addresses.insert(("mlx5_0".into(), "1".into()), "192.168.7.21".into());
+        })
+        .unwrap();
+        assert_eq!(f.command.as_deref(), Some("ip addr add 192.168.7.21/<prefix> dev ens1f0np0"));
+        assert!(f.evidence.iter().any(|e| e == "the saved baseline had 192.168.7.21 on port 1"), "{f:#?}");
 
         let f = first_failure(|b, _| {
             b.memlock = Memlock { soft_bytes: Some(64 << 10), hard_bytes: Some(64 << 10), cap_ipc_lock: false }
         })
         .unwrap();
         assert_eq!(f.layer, Layer::Memlock);
+    }
+
+    #[test]
+    fn a_degraded_link_still_runs_the_control_plane_data_plane_and_rdma_cm_checks() {
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let mut facts = report.baseline;
+        port(&mut facts).rate_gbps = 100.0;
+        let mut want = Expectations {
+            devices: vec!["mlx5_0".into()],
+            memlock_need: 1 << 20,
+            loopback: true,
+            rdma_cm_node: CmNode {
+                kernel_dev: Some("10:58".into()),
+                exists: true,
+                node_dev: Some("10:58".into()),
+                mounted_over: false,
+            },
+            ..Expectations::default()
+        };
+        want.expected_rate.insert(("mlx5_0".into(), "1".into()), RateRef { gbps: 200.0, from: "--expect-rate".into() });
+        let seen = Observations { sysfs_devices: vec!["mlx5_0".into()], ..Observations::default() };
+        let (mut looped, mut connected) = (0, 0);
+        let mut lb = |_: &str, _: u8| {
+            looped += 1;
+            let op =
+                crate::loopback::OpResult { op: "RDMA_WRITE".into(), ok: true, detail: "1024 bytes verified".into() };
+            LoopbackReport { ops: vec![op], ..LoopbackReport::default() }
+        };
+        let mut cm = |_: Ipv4Addr| {
+            connected += 1;
+            CmReport { verified: Some("a 32-byte message received".into()), ..CmReport::default() }
+        };
+        let (layers, _) = evaluate(&facts, &seen, &want, &mut Probes { loopback: &mut lb, rdma_cm: &mut cm });
+        let of = |l: Layer| layers.iter().find(|r| r.layer == l).unwrap().outcome;
+        assert_eq!(of(Layer::Link), Outcome::Fail, "{layers:#?}");
+        for l in [Layer::Gid, Layer::Memlock, Layer::ControlPlane, Layer::DataPlane, Layer::RdmaCm] {
+            assert_eq!(of(l), Outcome::Pass, "{l:?} is checked below a slow link: {layers:#?}");
+        }
+        assert_eq!((looped, connected), (1, 1));
+        assert_eq!(crate::Status::of(&layers, 0, &[]), crate::Status::LayerFailed, "the slow link still fails the run");
     }
 
     #[test]
@@ -796,7 +960,11 @@ mod tests {
         assert!(links(&r).is_empty(), "mlx5_1 is no rxe link: {r:#?}");
         let r = device_missing("rxe1", &seen, &facts, &want);
         assert_eq!(links(&r), ["rdma link add rxe1 type rxe netdev <netdev>   # soft devices are links on a netdev"]);
-        let r = crate::modules_layer::check(&Baseline { devices: BTreeMap::new(), ..facts.clone() }, &seen, Some(true));
+        let r = crate::modules_layer::check(
+            &Baseline { devices: BTreeMap::new(), ..facts.clone() },
+            &seen,
+            &KernelRdma { has: Some(true), config: None },
+        );
         assert!(r.fix.iter().all(|f| !f.contains("IFACE")), "{r:#?}");
     }
 
@@ -813,6 +981,37 @@ mod tests {
         assert_eq!(f.layer, Layer::Port);
         assert!(f.fix.iter().all(|x| !x.contains("ip link set")), "{f:#?}");
         assert!(f.fix[0].contains("administratively up but has no link") && f.fix[0].contains("cable"), "{f:#?}");
+    }
+
+    #[test]
+    fn fixes_name_the_netdev_and_the_gid_index_the_report_knows() {
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let p = &report.baseline.devices["mlx5_0"].ports["1"];
+        let ping = pingpong("mlx5_0", 1, Some(p));
+        assert!(ping.starts_with("ibv_rc_pingpong -d mlx5_0 -i 1 -g ") && !ping.contains("GID_INDEX"), "{ping}");
+        let broken = LoopbackReport {
+            ops: vec![crate::loopback::OpResult { op: "RDMA_WRITE".into(), ok: false, detail: "timeout".into() }],
+            ..LoopbackReport::default()
+        };
+        for (layer, run) in [
+            (Layer::DataPlane, &broken),
+            (
+                Layer::ControlPlane,
+                &LoopbackReport { setup_error: Some("ibv_create_qp failed".into()), ..LoopbackReport::default() },
+            ),
+        ] {
+            let r = planes(layer, "mlx5_0", 1, run, &ping);
+            assert!(r.fix.iter().all(|f| !f.contains("GID_INDEX")), "{r:#?}");
+            assert!(r.fix.iter().any(|f| f.contains(&ping)), "{r:#?}");
+            assert!(r.command_is_check, "a reproduction or the log is a check: {r:#?}");
+        }
+        let mut slow = p.clone();
+        slow.phys_state = "Polling".into();
+        let one = "1".to_owned();
+        let r = link("mlx5_0", &[(&one, &slow)], &|_| None);
+        assert!(r.fix.iter().all(|f| !f.contains("NETDEV") && !f.contains("<PCI address>")), "{r:#?}");
+        assert!(r.fix[0].ends_with("ethtool ens1f0np0"), "{r:#?}");
+        assert!(r.command_is_check, "{r:#?}");
     }
 
     #[test]

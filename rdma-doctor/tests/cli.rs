@@ -113,7 +113,7 @@ fn compare_nodes_json_prints_the_comparison_as_json() {
     assert_eq!(code, 3, "{out}{err}");
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
     assert_eq!(v["format"], "rdma-doctor-nodes");
-    assert_eq!(v["format_version"], 2);
+    assert_eq!(v["format_version"], 3);
     assert_eq!((v["status"].as_str(), v["exit_code"].as_i64()), (Some("drift"), Some(3)));
     let labels: Vec<&str> = v["nodes"].as_array().unwrap().iter().map(|n| n["label"].as_str().unwrap()).collect();
     assert_eq!(labels, ["node-a", "node-b", "node-c"]);
@@ -277,4 +277,87 @@ fn serve_lets_an_honest_prober_in_past_130_silent_connections_and_a_one_byte_per
     assert!(log.contains("no hello yet, and 64 connections wait for theirs"), "{log}");
     drop(silent);
     dripper.join().unwrap();
+}
+
+#[test]
+fn a_rate_that_is_no_positive_number_and_port_0_are_usage_errors() {
+    for bad in
+        [&["--expect-rate", "NaN"][..], &["--expect-rate", "inf"], &["--expect-rate=-1"], &["--expect-rate", "0"]]
+    {
+        let mut args = vec!["--no-loopback"];
+        args.extend_from_slice(bad);
+        let (code, out, err) = doctor(&args);
+        assert_eq!(code, 2, "{bad:?}: {out}{err}");
+        assert!(err.contains("--expect-rate"), "{bad:?}: {err}");
+        assert!(out.is_empty(), "no report for a usage error: {out}");
+    }
+    let (code, out, err) = doctor(&["--no-loopback", "-p", "0"]);
+    assert_eq!(code, 2, "port 0 is no port: {out}{err}");
+    assert!(err.contains("'0'") && err.contains("--port"), "{err}");
+}
+
+#[test]
+fn flags_the_chosen_mode_would_ignore_are_refused() {
+    let a = fixture("node-a.json");
+    let b = fixture("node-b.json");
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let refused: [&[&str]; 8] = [
+        &["--compare-nodes", a, b, "-d", "mlx5_0"],
+        &["--compare-nodes", a, b, "--expect-rate", "100"],
+        &["--compare-nodes", a, b, "--no-loopback"],
+        &["--compare-nodes", a, b, "--compare", a],
+        &["--peer", "127.0.0.1", "--known-bad", a],
+        &["--serve", "--json"],
+        &["--serve", "--expect-rate", "100"],
+        &["--no-loopback", "--peer-port", "9999"],
+    ];
+    for args in refused {
+        let (code, out, err) = doctor(args);
+        assert_eq!(code, 2, "{args:?}: {out}{err}");
+        assert!(err.contains("cannot be used with") || err.contains("required arguments"), "{args:?}: {err}");
+    }
+    // What the mode uses is still accepted.
+    let (code, _, err) = doctor(&["--compare-nodes", a, b, "--json", "--ignore", "**.source"]);
+    assert_ne!(code, 2, "{err}");
+}
+
+#[test]
+fn a_compare_file_that_never_ends_is_refused_within_the_read_timeout() {
+    // `--compare <(sleep 20)`: a pipe whose writer stays silent and open.
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rdma-doctor"))
+        .args(["--no-loopback", "--compare", "/dev/fd/0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run rdma-doctor");
+    let writer = child.stdin.take();
+    let out = child.wait_with_output().expect("wait for rdma-doctor");
+    drop(writer);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("/dev/fd/0: nothing more to read after 10 s"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "took {:?}", started.elapsed());
+}
+
+#[test]
+fn compare_nodes_prints_failed_links_then_warnings_then_differences() {
+    // node-b with its port at half the rate of the others, and node-c's known-bad firmware.
+    let mut slow: Value = serde_json::from_str(&std::fs::read_to_string(fixture("node-b.json")).unwrap()).unwrap();
+    slow["baseline"]["devices"]["mlx5_0"]["ports"]["1"]["rate_gbps"] = serde_json::json!(100.0);
+    slow["host"]["hostname"] = serde_json::json!("node-slow");
+    let path = std::env::temp_dir().join(format!("rdma-doctor-slow-{}.json", std::process::id()));
+    std::fs::write(&path, slow.to_string()).unwrap();
+    let (a, b, c) = (fixture("node-a.json"), fixture("node-b.json"), fixture("node-c-connectx5-known-bad.json"));
+    let files = [a.to_str().unwrap(), b.to_str().unwrap(), path.to_str().unwrap(), c.to_str().unwrap()];
+    let mut args = vec!["--compare-nodes"];
+    args.extend(files);
+    let (code, out, err) = doctor(&args);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(code, 1, "{out}{err}");
+    let at = |needle: &str| out.find(needle).unwrap_or_else(|| panic!("{needle} in {out}"));
+    assert!(at("FAIL  node-slow/mlx5_0 link") < at("warning [node-c/mlx5_0] known-bad"), "{out}");
+    assert!(at("warning [node-c/mlx5_0] known-bad") < at("devices.mlx5_0.fw_ver: 1 differ(s)"), "{out}");
+    assert!(at("devices.mlx5_0.fw_ver") < at("Result: "), "{out}");
 }

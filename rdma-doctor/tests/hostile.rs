@@ -49,7 +49,7 @@ fn reports_of_another_format_or_version_or_shape_are_refused() {
         with("format", json!("rdma-doctor-known-bad")),
         with("format", json!(1)),
         without("format"),
-        with("format_version", json!(3)),
+        with("format_version", json!(rdma_doctor::FORMAT_VERSION + 1)),
         with("format_version", json!(0)),
         with("format_version", json!("1")),
         with("format_version", json!(1.5)),

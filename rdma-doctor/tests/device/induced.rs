@@ -160,14 +160,18 @@ fn sh(script: &str) {
 
 #[test]
 #[ignore = "needs an RDMA device (run as root, rdma cgroup controller): run scripts/test"]
-fn rdma_cgroup_allowing_no_context_is_the_kernel_refusing_ibv_open_device_with_eagain() {
+fn rdma_cgroup_allowing_no_context_is_the_kernel_refusing_ibv_open_device_with_eagain_under_device_nodes() {
     let _leaks = LeakCheck::new();
     let name = device_name();
     let cgroup = RdmaCgroup::create(&name);
     let join = format!("echo $$ > {}/cgroup.procs", cgroup.dir.display());
     let (code, r) = doctor_command(&[], &join, &["--no-loopback"]);
     assert_eq!(code, Some(1));
-    let f = provider_failed(&r, true);
+    // The kernel's side of the device refused: filed under device_nodes, not the provider.
+    let f = first_failure(&r);
+    assert_eq!((f.layer, f.scope.as_str()), (Layer::DeviceNodes, name.as_str()), "{f:#?}");
+    assert!(f.evidence.iter().any(|e| e == "libibverbs lists the device"), "{f:#?}");
+    rest_skipped(&r, Layer::DeviceNodes);
     assert!(f.summary.starts_with("the kernel refused ibv_open_device: EAGAIN"), "{f:#?}");
     assert!(f.summary.contains("kernel layer, not user space") && f.summary.contains("rdma cgroup"), "{f:#?}");
     assert!(f.fix.iter().any(|x| x.contains(&format!("'{name} hca_handle=max'"))), "{f:#?}");

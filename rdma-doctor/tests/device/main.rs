@@ -347,6 +347,108 @@ impl Drop for SecondRxe {
 }
 
 #[test]
+#[ignore = "needs an rxe device (run as root, bonding and veth in the kernel): run scripts/test"]
+fn rxe_on_a_bond_that_lost_one_of_two_legs_fails_its_link_against_the_sum_of_the_legs_the_checks_below_still_run_and_no_rxe_is_anothers_sibling(
+) {
+    isolated(this_test!(), || {
+        // balance-rr over two veths (10 Gb/s each): the bond says 20, rxe runs 4X DDR 20.
+        let bed = Undo(vec![
+            "rdma link delete rxebond".into(),
+            "ip link delete rdbond0".into(),
+            "ip link delete rdleg0".into(),
+            "ip link delete rdleg1".into(),
+        ]);
+        ip(&["link", "add", "rdbond0", "type", "bond", "mode", "balance-rr"]);
+        for i in 0..2 {
+            let (leg, peer) = (format!("rdleg{i}"), format!("rdpeer{i}"));
+            ip(&["link", "add", &leg, "type", "veth", "peer", "name", &peer]);
+            ip(&["link", "set", &leg, "master", "rdbond0"]);
+            ip(&["link", "set", &peer, "up"]);
+        }
+        ip(&["link", "set", "rdbond0", "up"]);
+        ip(&["addr", "add", "10.97.0.1/24", "dev", "rdbond0"]);
+        let out = Command::new("rdma").args(["link", "add", "rxebond", "type", "rxe", "netdev", "rdbond0"]).output();
+        let out = out.expect("run `rdma` (iproute2)");
+        assert!(out.status.success(), "rdma link add rxebond: {}", String::from_utf8_lossy(&out.stderr));
+        let rate = || std::fs::read_to_string("/sys/class/infiniband/rxebond/ports/1/rate").unwrap_or_default();
+        wait_until("rxebond runs at 20 Gb/s", || rate().starts_with("20 "));
+        let opts = Options { device: Some("rxebond".into()), loopback: false, ..Options::default() };
+        let link = |r: &Report| r.layers.iter().find(|l| l.layer == Layer::Link).cloned().unwrap();
+
+        let l = link(&run(&opts));
+        assert_eq!(l.outcome, Outcome::Pass, "both legs up: {l:#?}");
+        assert!(l.summary.contains("bond rdbond0: the sum of its legs'"), "{l:#?}");
+        // The device under test (rxe0 on a dummy: 2.5 Gb/s) beside rxebond at 20: every
+        // rxe reports vendor part 0, which makes them no siblings; each has its own rule.
+        let all = run(&Options { loopback: false, ..Options::default() });
+        let ours = all.layers.iter().find(|l| l.scope == device_name() && l.layer == Layer::Link).unwrap();
+        assert_eq!(ours.outcome, Outcome::Pass, "{ours:#?}");
+        assert!(ours.summary.contains("rxe's rule") && !ours.summary.contains("sibling"), "{ours:#?}");
+
+        // One leg loses its link: the bond says 10, and so does rxe (1X FDR10).
+        ip(&["link", "set", "rdpeer1", "down"]);
+        wait_until("rxebond drops to 10 Gb/s", || rate().starts_with("10 "));
+        let l = link(&run(&opts));
+        assert_eq!(l.outcome, Outcome::Fail, "a lost leg: {l:#?}");
+        assert!(l.summary.contains("runs at 10 Gb/s, below the expected 20 Gb/s"), "{l:#?}");
+        assert!(l.summary.contains("rxe's rule") && l.summary.contains("gives 4X DDR 20 Gb/s"), "{l:#?}");
+
+        // The slow link does not hide whether the port works: the loopback and rdma_cm
+        // still run (the command, in a process of its own: librdmacm's context of rxebond
+        // leaves with it, and the link can be deleted after).
+        wait_until("rxebond has its IPv4 GID", || {
+            let gids = Path::new("/sys/class/infiniband/rxebond/ports/1/gids");
+            (0..8)
+                .any(|i| std::fs::read_to_string(gids.join(i.to_string())).is_ok_and(|g| g.contains("ffff:0a61:0001")))
+        });
+        let out = Command::new(env!("CARGO_BIN_EXE_rdma-doctor"))
+            .args(["-d", "rxebond", "--json"])
+            .output()
+            .expect("run rdma-doctor");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let r = input::parse_report(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert_eq!(out.status.code(), Some(1), "the slow link fails the run");
+        let outcome = |l: Layer| r.layers.iter().find(|x| x.layer == l).map(|x| (x.outcome, x.summary.clone()));
+        assert_eq!(outcome(Layer::Link).map(|o| o.0), Some(Outcome::Fail), "{:#?}", r.layers);
+        for l in [Layer::ControlPlane, Layer::DataPlane, Layer::RdmaCm] {
+            assert_eq!(outcome(l).map(|o| o.0), Some(Outcome::Pass), "{l:?} below the slow link: {:#?}", r.layers);
+        }
+
+        bed.run().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!Path::new("/sys/class/infiniband/rxebond").exists());
+    });
+}
+
+/// Commands that undo a test's set-up, run in order (each bounded: a context left open
+/// would hold an rxe link's deletion forever) whatever happens in the test.
+struct Undo(Vec<String>);
+
+impl Undo {
+    fn run(&self) -> Result<(), String> {
+        let mut errors = Vec::new();
+        for step in &self.0 {
+            let words: Vec<&str> = step.split_whitespace().collect();
+            let out = Command::new("timeout").arg("60").args(&words).output().map_err(|e| e.to_string())?;
+            let gone = String::from_utf8_lossy(&out.stderr).contains("Cannot find");
+            if !out.status.success() && !gone {
+                errors.push(format!("{step}: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        let _ = self.run();
+    }
+}
+
+#[test]
 #[ignore = "needs an RDMA device (run as root): run scripts/test"]
 fn rdma_cm_node_hidden_by_a_bind_mount_fails_the_rdma_cm_layer_with_umount_as_the_fix() {
     let _leaks = LeakCheck::new();
@@ -366,24 +468,33 @@ fn rdma_cm_node_hidden_by_a_bind_mount_fails_the_rdma_cm_layer_with_umount_as_th
 
 #[test]
 #[ignore = "needs an RDMA device (run as root): run scripts/test"]
-fn rdma_ucm_unloaded_fails_the_rdma_cm_layer_with_modprobe_and_is_reloaded() {
-    isolated(this_test!(), || {
+fn rdma_ucm_not_loaded_is_no_fault_the_doctor_exits_0_and_librdmacm_loads_it_on_demand() {
+    // A freshly booted node: rdma_ucm is loaded only once a program connects through
+    // librdmacm. The doctor runs as a command; this test in a process of its own, so that
+    // no rdma_cm file of this binary holds the module.
+    in_own_process(this_test!(), || {
+        let _leaks = LeakCheck::new();
         let guard = UcmLoaded;
-        let out = Command::new("modprobe").args(["-r", "rdma_ucm"]).output().expect("run `modprobe`");
-        assert!(out.status.success(), "modprobe -r rdma_ucm: {}", String::from_utf8_lossy(&out.stderr));
+        if module_is_loaded("rdma_ucm") {
+            let out = Command::new("modprobe").args(["-r", "rdma_ucm"]).output().expect("run `modprobe`");
+            assert!(out.status.success(), "modprobe -r rdma_ucm: {}", String::from_utf8_lossy(&out.stderr));
+        }
         wait_until("rdma_cm leaves sysfs", || rdma_cm::node().kernel_dev.is_none());
+        assert!(!module_is_loaded("rdma_ucm"));
 
-        let r = run(&options());
-        let f = first_failure(&r);
-        assert_eq!((f.layer, f.scope.as_str()), (Layer::RdmaCm, device_name().as_str()), "{f:#?}");
-        assert!(f.summary.starts_with("rdma_ucm is not loaded"), "{f:?}");
-        assert_eq!(f.command.as_deref(), Some("modprobe rdma_ucm"));
-        assert_eq!(r.exit_code, 1);
-
+        let (code, r) = doctor_command(&[], "", &[]);
+        assert_eq!(code, Some(0), "a healthy node without rdma_ucm loaded yet: {:#?}", r.layers);
+        let cm = r.layers.iter().find(|l| l.layer == Layer::RdmaCm).unwrap();
+        assert_eq!(cm.outcome, Outcome::Pass, "{cm:#?}");
+        assert!(cm.evidence.iter().any(|e| e.starts_with("rdma_ucm was not loaded before this check")), "{cm:#?}");
+        assert!(!r.baseline.modules.contains_key("rdma_ucm"), "the report says how it found the node");
+        assert!(module_is_loaded("rdma_ucm"), "librdmacm's first use loaded it");
         guard.restore().unwrap_or_else(|e| panic!("{e}"));
-        let r = run(&options());
-        assert_eq!(r.exit_code, 0, "healthy again after the reload: {:#?}", r.layers);
     });
+}
+
+fn module_is_loaded(name: &str) -> bool {
+    Path::new("/sys/module").join(name).join("initstate").exists()
 }
 
 /// Loads rdma_ucm again and waits for its node, whatever happens in the test.

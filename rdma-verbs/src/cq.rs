@@ -409,8 +409,10 @@ impl CompletionQueue {
     /// depth when they were claimed, and a size below what they reserved is refused with
     /// [`Error::InvalidArgument`] naming [`Verb::CqResize`] and the reservations, before
     /// any C call; so are 0 and sizes above the device's `max_cqe`. No queue can claim
-    /// entries while the size changes. A provider that cannot shrink below the
-    /// completions the CQ holds now answers `EINVAL` ([`Verb::ResizeCq`]): poll first.
+    /// entries while the size changes. Since the completions the safe queues can have
+    /// pending never exceed what they reserved, a resize this allows never drops one of
+    /// theirs; a provider asked to shrink below the completions the CQ holds (ones of QPs
+    /// driven through `ffi`) answers `EINVAL` ([`Verb::ResizeCq`]): poll first.
     #[doc(alias = "ibv_resize_cq")]
     pub fn resize(&mut self, cqe: u32) -> Result<u32> {
         let inner = &*self.inner;

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use rdma_verbs::ffi;
 use rdma_verbs::{AccessFlags, CompletionQueue, Error, QpAccess, QpType, QueuePair, SendWr, Verb, WcStatus};
 
 use crate::datapath::{chunks, poll_one, rc_pair};
@@ -141,6 +142,17 @@ fn cq_moderation_on_a_device_without_it_is_a_typed_not_supported_naming_cq_mod_c
         }
         Ok(()) => assert!(!is_rxe, "rxe has no CQ moderation, yet set_moderation succeeded"),
         Err(other) => panic!("set_moderation: {other}"),
+    }
+    if is_rxe {
+        // What rxe's C side says when asked anyway: its provider has no modify_cq.
+        let mut attr = ffi::ibv_modify_cq_attr {
+            attr_mask: ffi::ibv_cq_attr_mask::IBV_CQ_ATTR_MODERATE.0,
+            moderate: ffi::ibv_moderate_cq { cq_count: 16, cq_period: 10 },
+        };
+        // SAFETY: the CQ is live and `attr` is valid for the call.
+        let rc = unsafe { ffi::ibv_modify_cq(cq.as_raw(), &mut attr) };
+        eprintln!("rxe: ibv_modify_cq returned {rc}");
+        assert_eq!(rc, libc::EOPNOTSUPP, "rxe's ibv_modify_cq");
     }
     // The CQ is unchanged and usable.
     cq.arm(false).unwrap();

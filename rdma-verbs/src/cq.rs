@@ -448,9 +448,11 @@ impl CompletionQueue {
                 "the CQ holds more completions than the new size, or the provider cannot make a CQ of this size: \
                  poll the completions first",
             ),
-            Some(libc::EOPNOTSUPP | libc::ENOSYS) => {
-                Error::verb_or_not_supported(Verb::ResizeCq, e.errno().unwrap_or(libc::EOPNOTSUPP), "resize_cq")
-            }
+            Some(libc::EOPNOTSUPP | libc::ENOSYS) => Error::verb_or_not_supported(
+                Verb::ResizeCq,
+                e.errno().unwrap_or(libc::EOPNOTSUPP),
+                "CQ resizing: the provider has no resize_cq",
+            ),
             _ => e,
         })?;
         drop(reserved);

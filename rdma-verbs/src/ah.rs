@@ -2,14 +2,20 @@
 //! ([`Remote`], [`AhAttr`]) also describe the path a connected QP takes at RTR.
 
 use std::fmt;
+use std::ptr;
 use std::sync::Arc;
 
 use crate::context::Context;
+use crate::conv;
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
 use crate::pd::ProtectionDomain;
 use crate::port::{Gid, PortAttr};
+use crate::wc::{WcFlags, WorkCompletion};
+
+/// Bytes of the global route header that a UD receive buffer starts with (`struct ibv_grh`).
+pub const GRH_LEN: usize = std::mem::size_of::<ffi::ibv_grh>();
 
 /// The hop limit [`Remote::gid`] sets: the IP TTL of RoCE v2 packets, enough for any
 /// routed data-centre fabric.
@@ -122,6 +128,75 @@ impl AhAttr {
         AhAttr { port: a.port_num, remote, sl: a.sl, static_rate: a.static_rate }
     }
 
+    /// The address that replies to the sender of a received datagram
+    /// (`ibv_init_ah_from_wc`): from the receive completion `wc` of a UD QP on `port`,
+    /// and `grh`, the first [`GRH_LEN`] (40) bytes of its receive buffer, where the device
+    /// put the global route header (on RoCE v2 over IPv4, the IPv4 header in its last 20).
+    /// The source GID index is the one the datagram was sent to; the remote QP number and
+    /// Q_Key are not part of an address: the reply goes to
+    /// [`wc.src_qp()`](WorkCompletion::src_qp).
+    ///
+    /// Refused before any C call, with [`Error::InvalidArgument`] naming
+    /// [`Verb::AhFromCompletion`]: a failed completion, one that is not a receive, a port
+    /// the device does not have, a completion without a GRH on a RoCE port (there every
+    /// datagram has one), and a `grh` shorter than 40 bytes when the completion has one.
+    #[doc(alias = "ibv_init_ah_from_wc")]
+    pub fn from_completion(ctx: &Context, port: u8, wc: &WorkCompletion, grh: &[u8]) -> Result<AhAttr> {
+        const OURS: Verb = Verb::AhFromCompletion;
+        let bad = |what: String| Err(Error::invalid(OURS, what));
+        if !wc.is_success() {
+            return bad(format!(
+                "the completion failed ({}): only a received datagram tells where it came from",
+                wc.status()
+            ));
+        }
+        if !wc.opcode().is_recv() {
+            return bad(format!(
+                "a {} completion is not a receive: only a received datagram tells where it came from",
+                wc.opcode()
+            ));
+        }
+        let ports = ctx.query_device()?.phys_port_cnt;
+        if port == 0 || port > ports {
+            return bad(format!("port {port} does not exist on {} (ports 1..={ports})", ctx.name()));
+        }
+        let has_grh = wc.wc_flags().contains(WcFlags::GRH);
+        if !has_grh && ctx.query_port(port)?.is_ethernet() {
+            return bad(format!(
+                "the completion has no GRH, but port {port} of {} is Ethernet (RoCE), where every datagram \
+                 has one: is this a completion of a UD receive on that port?",
+                ctx.name()
+            ));
+        }
+        if has_grh && grh.len() < GRH_LEN {
+            return bad(format!(
+                "grh has {} bytes: pass the first {GRH_LEN} bytes of the receive buffer, where the device \
+                 put the global route header",
+                grh.len()
+            ));
+        }
+        // SAFETY: a plain C struct of integers and byte arrays: all zeros is valid.
+        let mut raw_grh: ffi::ibv_grh = unsafe { std::mem::zeroed() };
+        if has_grh {
+            // SAFETY: `grh` has at least GRH_LEN bytes (checked), `raw_grh` is GRH_LEN bytes
+            // of plain data, and the two do not overlap (one is a local).
+            unsafe { ptr::copy_nonoverlapping(grh.as_ptr(), ptr::addr_of_mut!(raw_grh).cast::<u8>(), GRH_LEN) };
+        }
+        let mut raw_wc = *wc.as_raw();
+        let mut attr = ffi::ibv_ah_attr::default();
+        // SAFETY: the context is open and `port` exists; the completion, GRH and attribute
+        // are locals the call reads (and writes) only during the call.
+        let rc = unsafe { ffi::ibv_init_ah_from_wc(ctx.as_raw(), port, &mut raw_wc, &mut raw_grh, &mut attr) };
+        conv::rc(Verb::InitAhFromWc, rc).map_err(|e| match e.errno() {
+            Some(libc::ENOENT | libc::EINVAL) => e.with_hint(
+                "the GRH's destination GID is not in the port's GID table: is grh the start of this \
+                 completion's receive buffer, and is the port the one the datagram arrived on?",
+            ),
+            _ => e,
+        })?;
+        Ok(AhAttr::from_ffi(&attr))
+    }
+
     /// Checks the address against the port before any C code sees it: the port exists,
     /// RoCE ports are addressed by GID, the source GID slot is in use, the fields fit.
     pub(crate) fn check(&self, ctx: &Context, verb: Verb) -> Result<PortAttr> {
@@ -214,6 +289,16 @@ impl AddressHandle {
             _ => e,
         })?;
         Ok(AddressHandle { inner: Arc::new(AhInner { raw, attr: *attr, pd: pd.clone() }) })
+    }
+
+    /// An address handle that replies to the sender of a received datagram
+    /// (`ibv_create_ah_from_wc`): [`AhAttr::from_completion`] (whose checks it makes, before
+    /// any C call), then [`AddressHandle::new`]. Send the reply to
+    /// [`wc.src_qp()`](WorkCompletion::src_qp) with the Q_Key both sides agreed on.
+    #[doc(alias = "ibv_create_ah_from_wc")]
+    pub fn from_completion(pd: &ProtectionDomain, port: u8, wc: &WorkCompletion, grh: &[u8]) -> Result<AddressHandle> {
+        let attr = AhAttr::from_completion(pd.context(), port, wc, grh)?;
+        AddressHandle::new(pd, &attr)
     }
 
     /// The address it was created with.

@@ -132,8 +132,9 @@ impl CqInner {
 impl CqInner {
     /// The CQ's entries, as the provider granted them.
     pub(crate) fn entries(&self) -> u64 {
-        // SAFETY: the CQ is live (self); `cqe` changes only in ibv_resize_cq, which is not
-        // offered.
+        // SAFETY: the CQ is live (self). `cqe` changes only in ibv_resize_cq, which
+        // `CompletionQueue::resize` calls holding `reserved`'s lock: every caller of this
+        // but `CompletionQueue::cqe` (which resize's `&mut self` excludes) holds it too.
         let cqe = unsafe { (*self.raw.as_ptr()).cqe };
         u64::try_from(cqe).unwrap_or(0)
     }
@@ -143,8 +144,8 @@ impl CqInner {
     /// claimed, made when a QP is built. `what` says whose completions they are, `smaller`
     /// how to ask for fewer.
     pub(crate) fn check_room(&self, n: u64, verb: Verb, what: &str, smaller: &str) -> Result<()> {
-        let reserved = *self.reserved.lock().unwrap_or_else(|p| p.into_inner());
-        match no_room(self.entries(), reserved, n, self.max_cqe.into(), what, smaller) {
+        let reserved = self.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        match no_room(self.entries(), *reserved, n, self.max_cqe.into(), what, smaller) {
             None => Ok(()),
             Some(why) => Err(Error::invalid(verb, why)),
         }
@@ -309,6 +310,17 @@ impl CqBuilder<'_> {
     }
 }
 
+/// The device's CQ moderation limits (`ibv_query_device_ex`; zero where the provider
+/// answers only `ibv_query_device`).
+fn cq_mod_caps(ctx: &Context) -> Result<ffi::ibv_cq_moderation_caps> {
+    // SAFETY: a plain C struct of integers, for which all zeros is valid.
+    let mut attr: ffi::ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+    // SAFETY: the context is open, no input, and `attr` is writable.
+    let rc = unsafe { ffi::ibv_query_device_ex(ctx.as_raw(), ptr::null(), &mut attr) };
+    conv::errno(Verb::QueryDeviceEx, rc)?;
+    Ok(attr.cq_mod_caps)
+}
+
 fn num_comp_vectors(ctx: &Context) -> u32 {
     // SAFETY: the context is open; libibverbs sets this field when opening the device and
     // never changes it.
@@ -367,8 +379,8 @@ impl CompletionQueue {
 
     /// The number of entries the CQ really has (at least what was asked for).
     pub fn cqe(&self) -> u32 {
-        // SAFETY: the CQ is live; `cqe` changes only in ibv_resize_cq, which needs the
-        // poller's `&mut self` and is not offered.
+        // SAFETY: the CQ is live; `cqe` changes only in ibv_resize_cq, which `resize`
+        // calls with `&mut self`, so not while this `&self` is borrowed.
         let cqe = unsafe { (*self.as_raw()).cqe };
         u32::try_from(cqe).unwrap_or(0)
     }
@@ -386,6 +398,115 @@ impl CompletionQueue {
     /// True when the CQ was built [`with_channel`](CqBuilder::with_channel).
     pub fn has_channel(&self) -> bool {
         self.inner.channel.is_some()
+    }
+
+    /// Resizes the CQ to at least `cqe` entries (`ibv_resize_cq`) and returns the entries
+    /// the provider granted, which may be more (providers round up) and which
+    /// [`cqe`](Self::cqe) reports from then on.
+    ///
+    /// Completions already in the CQ stay there, in order, to be polled after the resize.
+    /// The CQ budget stays true: the safe queues on this CQ reserved entries for their
+    /// depth when they were claimed, and a size below what they reserved is refused with
+    /// [`Error::InvalidArgument`] naming [`Verb::CqResize`] and the reservations, before
+    /// any C call; so are 0 and sizes above the device's `max_cqe`. No queue can claim
+    /// entries while the size changes. Since the completions the safe queues can have
+    /// pending never exceed what they reserved, a resize this allows never drops one of
+    /// theirs; a provider asked to shrink below the completions the CQ holds (ones of QPs
+    /// driven through `ffi`) answers `EINVAL` ([`Verb::ResizeCq`]): poll first.
+    #[doc(alias = "ibv_resize_cq")]
+    pub fn resize(&mut self, cqe: u32) -> Result<u32> {
+        let inner = &*self.inner;
+        if cqe == 0 {
+            return Err(Error::invalid(Verb::CqResize, "cqe 0: a CQ needs at least one entry"));
+        }
+        if cqe > inner.max_cqe {
+            return Err(Error::invalid(
+                Verb::CqResize,
+                format!("cqe {cqe} exceeds the device's max_cqe {}", inner.max_cqe),
+            ));
+        }
+        // Held across the call: a queue claimed meanwhile would count on the old size.
+        let reserved = inner.reserved.lock().unwrap_or_else(|p| p.into_inner());
+        if u64::from(cqe) < *reserved {
+            return Err(Error::invalid(
+                Verb::CqResize,
+                format!(
+                    "cqe {cqe} is below the {} entries reserved on this CQ by the safe queues claimed on it \
+                     (each sets its depth aside; the CQ has {} entries now): a smaller CQ could overrun, \
+                     so drop queues or claim them with smaller depths first",
+                    *reserved,
+                    inner.entries()
+                ),
+            ));
+        }
+        // Fits in c_int: at most max_cqe, which is a c_int in C.
+        // SAFETY: the CQ is live; `&mut self` keeps a poll, arm or wait of it from running
+        // meanwhile, and the lock keeps the queues on it from reading `cqe`.
+        let rc = unsafe { ffi::ibv_resize_cq(self.as_raw(), cqe as c_int) };
+        conv::rc(Verb::ResizeCq, rc).map_err(|e| match e.errno() {
+            Some(libc::EINVAL) => e.with_hint(
+                "the CQ holds more completions than the new size, or the provider cannot make a CQ of this size: \
+                 poll the completions first",
+            ),
+            Some(libc::EOPNOTSUPP | libc::ENOSYS) => Error::verb_or_not_supported(
+                Verb::ResizeCq,
+                e.errno().unwrap_or(libc::EOPNOTSUPP),
+                "CQ resizing: the provider has no resize_cq",
+            ),
+            _ => e,
+        })?;
+        drop(reserved);
+        Ok(self.cqe())
+    }
+
+    /// Sets the CQ's event moderation (`ibv_modify_cq` with `IBV_CQ_ATTR_MODERATE`): an
+    /// armed CQ raises its event once `count` completions arrived or `period_us`
+    /// microseconds passed since the first, whichever comes first. `(1, 0)` is no
+    /// moderation. Polling is unchanged: moderation delays events, not completions.
+    ///
+    /// Both values are checked against the device's `cq_mod_caps` (`ibv_query_device_ex`)
+    /// before any C call: a device that reports no moderation (both limits 0, as rxe does)
+    /// gives [`Error::NotSupported`] naming [`Verb::CqSetModeration`] and those limits; a
+    /// value above its limit gives [`Error::InvalidArgument`]. A provider without the verb
+    /// answers [`Error::NotSupported`] naming [`Verb::ModifyCq`] and `EOPNOTSUPP`.
+    #[doc(alias = "ibv_modify_cq")]
+    pub fn set_moderation(&mut self, count: u16, period_us: u16) -> Result<()> {
+        const OURS: Verb = Verb::CqSetModeration;
+        let caps = cq_mod_caps(self.context())?;
+        let (max_count, max_period) = (caps.max_cq_count, caps.max_cq_period);
+        if max_count == 0 && max_period == 0 {
+            return Err(Error::not_supported(
+                OURS,
+                "CQ moderation: the device reports cq_mod_caps.max_cq_count 0 and \
+                 cq_mod_caps.max_cq_period 0 (ibv_query_device_ex)",
+            ));
+        }
+        if count > max_count {
+            return Err(Error::invalid(
+                OURS,
+                format!("count {count} exceeds the device's cq_mod_caps.max_cq_count {max_count}"),
+            ));
+        }
+        if period_us > max_period {
+            return Err(Error::invalid(
+                OURS,
+                format!("period {period_us} us exceeds the device's cq_mod_caps.max_cq_period {max_period} us"),
+            ));
+        }
+        let mut attr = ffi::ibv_modify_cq_attr {
+            attr_mask: ffi::ibv_cq_attr_mask::IBV_CQ_ATTR_MODERATE.0,
+            moderate: ffi::ibv_moderate_cq { cq_count: count, cq_period: period_us },
+        };
+        // SAFETY: the CQ is live and `attr` is a valid attribute set for the call.
+        let rc = unsafe { ffi::ibv_modify_cq(self.as_raw(), &mut attr) };
+        match rc {
+            0 => Ok(()),
+            rc => Err(Error::verb_or_not_supported(
+                Verb::ModifyCq,
+                rc.abs(),
+                "CQ moderation: the provider has no modify_cq",
+            )),
+        }
     }
 
     /// Moves up to `wc.len()` completions into the front of `wc` and returns that part,

@@ -213,6 +213,25 @@ verbs! {
     SrqArm = "SharedReceiveQueue::arm", Control;
     /// A test hook moving an empty queue's sequence numbers (`restart_sequence_at`).
     RestartSequenceAt = "restart_sequence_at", Data;
+    ResizeCq = "ibv_resize_cq", Control;
+    /// [`CompletionQueue::resize`](crate::CompletionQueue::resize), refusing before
+    /// `ibv_resize_cq`.
+    CqResize = "CompletionQueue::resize", Control;
+    QueryDeviceEx = "ibv_query_device_ex", Control;
+    ModifyCq = "ibv_modify_cq", Control;
+    /// [`CompletionQueue::set_moderation`](crate::CompletionQueue::set_moderation),
+    /// refusing before `ibv_modify_cq`.
+    CqSetModeration = "CompletionQueue::set_moderation", Control;
+    InitAhFromWc = "ibv_init_ah_from_wc", Control;
+    /// [`AhAttr::from_completion`](crate::AhAttr::from_completion) (also under
+    /// [`AddressHandle::from_completion`](crate::AddressHandle::from_completion)), refusing
+    /// before `ibv_init_ah_from_wc`.
+    AhFromCompletion = "AhAttr::from_completion", Control;
+    AttachMcast = "ibv_attach_mcast", Control;
+    DetachMcast = "ibv_detach_mcast", Control;
+    /// [`QueuePair::attach_multicast`](crate::QueuePair::attach_multicast), refusing before
+    /// `ibv_attach_mcast`.
+    QpAttachMulticast = "QueuePair::attach_multicast", Control;
 }
 
 impl fmt::Display for Verb {
@@ -418,6 +437,18 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The device does not implement what was asked: it reports the capability as absent
+    /// (checked before any C call; `errno` is `None`), or the provider or the kernel
+    /// answered `EOPNOTSUPP` / `ENOSYS` (`errno` says which).
+    #[error("{verb}: not supported by this device: {capability}{}", NotSupportedErrno(*.errno))]
+    NotSupported {
+        /// The C call or the method of ours that found out.
+        verb: Verb,
+        /// The capability, as the device reports it (e.g. `cq_mod_caps.max_cq_count 0`).
+        capability: Cow<'static, str>,
+        /// The errno the call returned, when it was C that said so.
+        errno: Option<i32>,
+    },
     /// A peer's message was malformed, described an endpoint this side cannot connect
     /// to, or said that the peer gave up (see [`Handshake`](crate::Handshake)).
     #[error("{what}: {source}")]
@@ -445,6 +476,20 @@ impl fmt::Display for Refusal<'_> {
             Some(c) => write!(f, "{verb}: refused before {c}, nothing posted: {what}"),
             None if verb.is_c_call() => write!(f, "{verb}: invalid argument (refused before the call): {what}"),
             None => write!(f, "{verb}: invalid argument: {what}"),
+        }
+    }
+}
+
+/// " (EOPNOTSUPP from the provider)" when C said so, nothing when our check did.
+struct NotSupportedErrno(Option<i32>);
+
+impl fmt::Display for NotSupportedErrno {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(libc::EOPNOTSUPP) => f.write_str(" (the call returned EOPNOTSUPP)"),
+            Some(libc::ENOSYS) => f.write_str(" (the call returned ENOSYS)"),
+            Some(e) => write!(f, " (the call returned errno {e})"),
+            None => f.write_str(" (refused before the call)"),
         }
     }
 }
@@ -504,10 +549,27 @@ impl Error {
         Error::InvalidArgument { verb, what: what.into() }
     }
 
+    /// The device lacks `capability`: found by a check of ours before any C call.
+    pub(crate) fn not_supported(verb: Verb, capability: impl Into<Cow<'static, str>>) -> Self {
+        Error::NotSupported { verb, capability: capability.into(), errno: None }
+    }
+
+    /// What `verb` returning `errno` means: [`Error::NotSupported`] naming `capability` for
+    /// `EOPNOTSUPP` and `ENOSYS`, [`Error::Verb`] for anything else.
+    pub(crate) fn verb_or_not_supported(verb: Verb, errno: i32, capability: &'static str) -> Self {
+        match errno {
+            libc::EOPNOTSUPP | libc::ENOSYS => {
+                Error::NotSupported { verb, capability: capability.into(), errno: Some(errno) }
+            }
+            _ => Error::verb(verb, errno),
+        }
+    }
+
     /// The errno, for errors that came from C.
     pub fn errno(&self) -> Option<i32> {
         match self {
             Error::Verb { source, .. } => source.raw_os_error(),
+            Error::NotSupported { errno, .. } => *errno,
             _ => None,
         }
     }
@@ -527,7 +589,8 @@ impl Error {
             Error::Verb { verb, .. }
             | Error::InvalidArgument { verb, .. }
             | Error::Timeout { verb, .. }
-            | Error::Rejected { verb, .. } => Some(*verb),
+            | Error::Rejected { verb, .. }
+            | Error::NotSupported { verb, .. } => Some(*verb),
             Error::WorkCompletion { .. } => Some(Verb::PollCq),
             _ => None,
         }
@@ -804,6 +867,32 @@ mod tests {
             assert!(!verb.is_c_call(), "{verb}");
         }
         for verb in [Verb::PostSend, Verb::CreateCq, Verb::Connect, Verb::GetFl, Verb::Poll, Verb::TimerfdRead] {
+            assert!(verb.is_c_call(), "{verb}");
+        }
+    }
+
+    #[test]
+    fn not_supported_names_who_found_out_and_the_capability_or_the_errno() {
+        let ours = Error::not_supported(Verb::CqSetModeration, "cq_mod_caps.max_cq_count 0");
+        assert_eq!(
+            ours.to_string(),
+            "CompletionQueue::set_moderation: not supported by this device: cq_mod_caps.max_cq_count 0 \
+             (refused before the call)"
+        );
+        assert_eq!((ours.errno(), ours.verb_of()), (None, Some(Verb::CqSetModeration)));
+        let c = Error::verb_or_not_supported(Verb::ModifyCq, libc::EOPNOTSUPP, "no modify_cq");
+        assert_eq!(
+            c.to_string(),
+            "ibv_modify_cq: not supported by this device: no modify_cq (the call returned EOPNOTSUPP)"
+        );
+        assert_eq!(c.errno(), Some(libc::EOPNOTSUPP));
+        let other = Error::verb_or_not_supported(Verb::ModifyCq, libc::EINVAL, "no modify_cq");
+        assert!(matches!(other, Error::Verb { verb: Verb::ModifyCq, .. }), "{other:?}");
+        for verb in [Verb::CqResize, Verb::CqSetModeration, Verb::AhFromCompletion, Verb::QpAttachMulticast] {
+            assert!(!verb.is_c_call(), "{verb}");
+            assert!(Error::invalid(verb, "x").to_string().ends_with(": invalid argument: x"), "{verb}");
+        }
+        for verb in [Verb::ResizeCq, Verb::ModifyCq, Verb::InitAhFromWc, Verb::AttachMcast, Verb::DetachMcast] {
             assert!(verb.is_c_call(), "{verb}");
         }
     }

@@ -91,7 +91,7 @@ mod wc;
 pub mod wire;
 mod wr;
 
-pub use ah::{AddressHandle, AhAttr, Remote, DEFAULT_HOP_LIMIT};
+pub use ah::{AddressHandle, AhAttr, Remote, DEFAULT_HOP_LIMIT, GRH_LEN};
 #[cfg(feature = "async-io")]
 pub use aio::AsyncIoFd;
 #[cfg(feature = "tokio")]
@@ -118,6 +118,7 @@ pub use qp::{
     random_psn, InitAttr, QpAccess, QpAttrs, QpCaps, QpState, QueuePair, QueuePairBuilder, RemoteQpInfo, RtrAttr,
     RtsAttr, SendOps, DEFAULT_MAX_WR, DEFAULT_QKEY, MAX_PSN,
 };
+pub use qp::{MulticastMembership, MULTICAST_QPN};
 pub use queue::{AsyncRecvQueue, AsyncSendQueue, Ticket, Tickets};
 pub use queue::{
     ChainQueue, Prepared, PreparedChain, PreparedQueue, PreparedRecv, PreparedRecvChain, PreparedRecvQueue,

@@ -32,12 +32,14 @@ use std::sync::{Arc, Mutex};
 
 mod attr;
 mod builder;
+mod multicast;
 
 pub use attr::*;
 pub(crate) use attr::{check_transition, fits, mask_names, required_mask, Mask};
 use builder::CapRequest;
 pub(crate) use builder::Creator;
 pub use builder::QueuePairBuilder;
+pub use multicast::{MulticastMembership, MULTICAST_QPN};
 
 /// A queue pair. Verbs on it are thread-safe, so it is `Send + Sync`; it keeps its
 /// protection domain, both completion queues and its SRQ alive, and is destroyed first.

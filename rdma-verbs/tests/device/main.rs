@@ -26,6 +26,7 @@ mod chain;
 mod cm;
 mod cq;
 mod cq_budget;
+mod cq_resize;
 mod datapath;
 mod datapath2;
 mod datapath_ext;
@@ -40,6 +41,7 @@ mod prepared_recv;
 mod qp;
 mod recv_chain;
 mod tools;
+mod ud_more;
 
 // The test bed, shared with rdma-doctor's device tests (rdma-test-support).
 pub use rdma_test_support::{device_name, example, gid_index, open, LeakCheck, ResourceCounts};

@@ -27,17 +27,18 @@ fn main() -> rdma_verbs::Result<()> {
     sq.post(SendWr::send(src, 0..5))?;
 
     let mut wcs = [WorkCompletion::EMPTY; 4];
-    let (mut got, mut sent) = (None, false);
-    while got.is_none() || !sent {
+    let (mut got, mut sent) = (None, None);
+    while got.is_none() || sent.is_none() {
         for wc in cq.poll(&mut wcs)?.iter_mut() {
             if wc.opcode().is_recv() {
                 got = Some(rq.complete(wc)?.result()?); // `dst` comes back, with what arrived
             } else {
-                sq.complete(wc, |done| drop(done.buf))?; // `src` comes back
-                sent = true;
+                sq.complete(wc, |done| sent = Some(done.result()))?; // `src` comes back
             }
         }
     }
-    assert_eq!(&got.unwrap().buf[..5], b"hello");
+    // A failure names the operation, your id and the QP (`Done::result`).
+    let (got, _src) = (got.unwrap(), sent.unwrap()?.buf);
+    assert_eq!(&got.buf[..5], b"hello");
     Ok(())
 }

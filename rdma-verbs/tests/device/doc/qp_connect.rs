@@ -39,9 +39,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             break wc;
         }
     };
+    // `src` comes back; a failure is an error naming the operation (RDMA WRITE), your id
+    // and the QP.
     let mut written = None;
-    sq.complete(&mut wc, |done| written = Some(done.result()))?; // `src` comes back
-    // A failure is an error naming the operation (RDMA WRITE), your id and the QP.
+    sq.complete(&mut wc, |done| written = Some(done.result()))?;
     let _src = written.ok_or("the WRITE's completion")??.buf;
 
     // An RC write completes once the peer acknowledged it: the bytes are in `b`'s memory.

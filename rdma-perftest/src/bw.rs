@@ -730,7 +730,8 @@ impl Bw {
         let qps = self.client_qps((&pd, &cq), (size, self.f.common.rts()), || Ok(((), None)), stream, peer)?;
         let mut lanes = Vec::with_capacity(qps.len());
         for (qp, (), remote) in qps {
-            let wrs = (0..self.f.tx_depth).map(|_| SendWr::write(Arc::clone(&src), 0..size, remote));
+            // Each request's id is its place in the window: a failure names it.
+            let wrs = (0..self.f.tx_depth).map(|i| SendWr::write(Arc::clone(&src), 0..size, remote).id(u64::from(i)));
             lanes.push(Lane::new(qp, wrs, |free| WriteSrc { free })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, self.f.tx_depth)?;
@@ -808,7 +809,7 @@ impl Bw {
                     *b = p;
                 }
             }
-            let wrs = bufs.into_iter().map(|b| SendWr::send(b, 0..size));
+            let wrs = bufs.into_iter().enumerate().map(|(i, b)| SendWr::send(b, 0..size).id(i as u64));
             lanes.push(Lane::new(qp, wrs, |free| SendSrc { free, credit })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, pool)?;

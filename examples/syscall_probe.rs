@@ -20,8 +20,11 @@
 //!        chain   ChainQueue (RecvChainQueue for recv): the K requests prepared as one
 //!                chain (`prepare_chain`), posted whole with `post` every round, each
 //!                poll's completions taken with one `complete_all`
-//!        raw     post_send_raw (post_recv_raw for recv): C requests built once, only
-//!                the wr_id stamped per post; completions polled and counted
+//!        raw     what a C programmer writes: C requests built once, only the wr_id
+//!                stamped per post, ibv_post_send (ibv_post_recv for recv) and
+//!                ibv_poll_cq called directly, each completion's status checked
+//!        rawbuilt  the same loop with the C requests (and SGEs) built at every post,
+//!                the work a request built at each post does in C
 //! syscall_probe send-batch N K           send-safe    (names scripts/syscalls uses)
 //! syscall_probe prepared-send-batch N K  send-prepared
 //! ```
@@ -49,7 +52,8 @@ use rdma_verbs::{
 };
 
 /// The phase's names, for the usage errors.
-const PHASES: &str = "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, chain, raw) | \
+const PHASES: &str =
+    "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, chain, raw, rawbuilt) | \
                       send-batch N K | prepared-send-batch N K";
 /// Receives pre-posted for the SEND phases, B's receive queue depth, and the most
 /// receives the `recv` phase posts.
@@ -63,6 +67,8 @@ const WARMUP: usize = 2;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 type Wcs = [WorkCompletion; 16];
+/// The raw ways' completions: C's own array.
+type RawWcs = [ffi::ibv_wc; 16];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Op {
@@ -76,6 +82,7 @@ enum Way {
     Prepared,
     Chain,
     Raw,
+    RawBuilt,
 }
 
 enum Phase {
@@ -129,6 +136,7 @@ fn parse(args: &Args) -> Result<Phase, String> {
         "prepared" => Way::Prepared,
         "chain" => Way::Chain,
         "raw" => Way::Raw,
+        "rawbuilt" => Way::RawBuilt,
         _ => return Err(usage()),
     };
     let k = args.k.ok_or_else(usage)?;
@@ -160,6 +168,8 @@ struct Loopback {
     target: RemoteMr,
     /// Where polls put completions: one array for the whole run, as a program keeps it.
     wcs: Wcs,
+    /// The same for the raw ways.
+    raw_wcs: RawWcs,
     _target_mr: MemoryRegion<AlignedBuf, RemoteWritable>,
 }
 
@@ -191,7 +201,9 @@ fn setup() -> Res<Loopback> {
     let target_mr = pd.register_remote_writable(AlignedBuf::new(LEN)?, AccessFlags::REMOTE_WRITE)?;
     let target = target_mr.remote()?;
     let wcs = [WorkCompletion::EMPTY; 16];
-    Ok(Loopback { cq_a, cq_b, a, b, srcs, dsts, target, wcs, _target_mr: target_mr })
+    // SAFETY: ibv_wc is plain data; all-zero is a valid value.
+    let raw_wcs = unsafe { std::mem::zeroed() };
+    Ok(Loopback { cq_a, cq_b, a, b, srcs, dsts, target, wcs, raw_wcs, _target_mr: target_mr })
 }
 
 /// Pre-posts `RECV_DEPTH` receives on B with the raw API, all into one buffer that
@@ -259,8 +271,6 @@ fn drain(
     while got < want {
         let done = cq.poll(wcs)?;
         for wc in done.iter_mut() {
-            // The raw rows have no queue to say which request a completion ends, so every
-            // row checks the C status here alike, at the same cost in each.
             wc.ok()?;
             each(wc)?;
             got += 1;
@@ -283,6 +293,52 @@ fn still_waiting(deadline: &mut Option<Instant>, got: usize, want: usize) -> Res
         return Err(format!("{got} of {want} completions after 30 s").into());
     }
     Ok(())
+}
+
+/// [`drain`] as a C programmer writes it: `ibv_poll_cq` itself, each completion's status
+/// checked, nothing handed anywhere.
+fn drain_raw(cq: *mut ffi::ibv_cq, wcs: &mut RawWcs, want: usize) -> Res<()> {
+    settle();
+    let (mut got, mut empty, mut deadline) = (0, 0u32, None);
+    while got < want {
+        // SAFETY: the CQ is the probe's, alive for the run; `wcs` has room for 16.
+        let n = unsafe { ffi::ibv_poll_cq(cq, wcs.len() as i32, wcs.as_mut_ptr()) };
+        let Ok(n) = usize::try_from(n) else { return Err(format!("ibv_poll_cq: {n}").into()) };
+        for wc in &wcs[..n] {
+            if wc.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+                return Err(format!("wr_id {} failed with status {}", wc.wr_id, wc.status.0).into());
+            }
+        }
+        got += n;
+        empty = if n == 0 { empty + 1 } else { 0 };
+        if empty == 1 << 20 {
+            empty = 0;
+            still_waiting(&mut deadline, got, want)?;
+        }
+    }
+    Ok(())
+}
+
+/// `ibv_post_send` itself, its error as the probe's.
+fn post_send(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_send_wr) -> Res<()> {
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: the caller's requests are linked, valid C requests naming registered bytes
+    // of the probe that outlive them; the QP is alive for the run.
+    match unsafe { ffi::ibv_post_send(qp, wr, &mut bad) } {
+        0 => Ok(()),
+        rc => Err(format!("ibv_post_send: {}", std::io::Error::from_raw_os_error(rc)).into()),
+    }
+}
+
+/// `ibv_post_recv` itself, its error as the probe's.
+fn post_recv(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_recv_wr) -> Res<()> {
+    let mut bad = std::ptr::null_mut();
+    // SAFETY: as for post_send: linked receives naming bytes of the probe's receive
+    // buffers, which outlive them and which no Rust code reads meanwhile.
+    match unsafe { ffi::ibv_post_recv(qp, wr, &mut bad) } {
+        0 => Ok(()),
+        rc => Err(format!("ibv_post_recv: {}", std::io::Error::from_raw_os_error(rc)).into()),
+    }
 }
 
 /// [`drain`] a poll at a time: each poll's completions are handed to `take` in one call
@@ -329,7 +385,7 @@ fn sends_safe(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
         let mut buf = bufs.pop();
         for _ in 0..rounds {
             let b = buf.take().ok_or("the source did not come back")?;
-            sq.post(wr(op, b, target))?;
+            sq.post(wr(op, b, target)).map_err(rdma_verbs::Error::from)?;
             drain(&mut lo.cq_a, &mut lo.wcs, 1, |wc| {
                 sq.complete(wc, |d| buf = Some(d.buf))?;
                 Ok(())
@@ -337,7 +393,7 @@ fn sends_safe(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
         }
     } else {
         for _ in 0..rounds {
-            sq.post_batch(bufs.drain(..).map(|b| wr(op, b, target)))?;
+            sq.post_batch(bufs.drain(..).map(|b| wr(op, b, target))).map_err(rdma_verbs::Error::from)?;
             drain(&mut lo.cq_a, &mut lo.wcs, k, |wc| {
                 sq.complete(wc, |d| bufs.push(d.buf))?;
                 Ok(())
@@ -354,12 +410,12 @@ fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()>
     let mut pq = lo.a.prepared_queue::<Chunk>()?;
     let mut ps = Vec::with_capacity(k);
     for b in lo.srcs.drain(..k) {
-        ps.push(pq.prepare(wr(op, b, lo.target))?);
+        ps.push(pq.prepare(wr(op, b, lo.target)).map_err(rdma_verbs::Error::from)?);
     }
     if k == 1 {
         let mut p = ps.pop();
         for _ in 0..rounds {
-            pq.post(p.take().ok_or("the request did not come back")?)?;
+            pq.post(p.take().ok_or("the request did not come back")?).map_err(rdma_verbs::Error::from)?;
             drain(&mut lo.cq_a, &mut lo.wcs, 1, |wc| {
                 pq.complete(wc, |d| p = Some(d.buf))?;
                 Ok(())
@@ -367,7 +423,7 @@ fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()>
         }
     } else {
         for _ in 0..rounds {
-            pq.post_batch(ps.drain(..))?;
+            pq.post_batch(ps.drain(..)).map_err(rdma_verbs::Error::from)?;
             drain(&mut lo.cq_a, &mut lo.wcs, k, |wc| {
                 // Completions come in posting order: `ps` keeps its order.
                 pq.complete(wc, |d| ps.push(d.buf))?;
@@ -383,10 +439,10 @@ fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()>
 fn sends_chain(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
     let mut pq = lo.a.chain_queue::<Chunk>()?;
     let target = lo.target;
-    let chain = pq.prepare_chain(lo.srcs.drain(..k).map(|b| wr(op, b, target)))?;
+    let chain = pq.prepare_chain(lo.srcs.drain(..k).map(|b| wr(op, b, target))).map_err(rdma_verbs::Error::from)?;
     let mut chain = Some(chain);
     for _ in 0..rounds {
-        pq.post(chain.take().ok_or("the chain did not come back")?)?;
+        pq.post(chain.take().ok_or("the chain did not come back")?).map_err(rdma_verbs::Error::from)?;
         // Each poll's completions taken in one call; the chain comes back once, its Done
         // carrying the first failure among them (checked, as the raw way checks each).
         let mut back = None;
@@ -395,7 +451,7 @@ fn sends_chain(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
             Ok(())
         })?;
         let d = back.ok_or("the chain did not come back")?;
-        chain = Some(d.result()?.buf);
+        chain = Some(d.result().map_err(rdma_verbs::Error::from)?.buf);
     }
     Ok(())
 }
@@ -432,26 +488,63 @@ impl RawSends {
         RawSends { wrs, _sges: sges, next_id: 0 }
     }
 
-    /// One round: post the chain, take its completions.
-    fn round(&mut self, qp: &QueuePair, cq: &mut CompletionQueue, wcs: &mut Wcs) -> Res<()> {
+    /// One round: post the chain (linked, in boxes that do not move, naming the probe's
+    /// sources), take its completions.
+    fn round(&mut self, qp: &QueuePair, cq: &CompletionQueue, wcs: &mut RawWcs) -> Res<()> {
         for w in self.wrs.iter_mut() {
             w.wr_id = self.next_id;
             self.next_id += 1;
         }
-        // SAFETY: the chain is linked (boxes that do not move) and names the sources of
-        // the probe, which outlive the sends and are not written; each round drains them.
-        unsafe { qp.post_send_raw(&mut self.wrs[0]) }?;
-        drain(cq, wcs, self.wrs.len(), |_| Ok(()))
+        post_send(qp.as_raw(), &mut self.wrs[0])?;
+        drain_raw(cq.as_raw(), wcs, self.wrs.len())
     }
 }
 
 /// The raw API: C requests built once, only the `wr_id`s stamped per post; completions
-/// polled and counted.
+/// polled and checked.
 #[inline(never)]
 fn sends_raw(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
     let mut chain = RawSends::new(op, &lo.srcs[..k], lo.target);
     for _ in 0..rounds {
-        chain.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+        chain.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
+    }
+    Ok(())
+}
+
+/// The raw API with each C request and its SGE built at every post (the rest of the
+/// request zeroed, as C's `struct ibv_send_wr wr = { ... }` does), linked, posted in one
+/// call; completions polled and checked.
+#[inline(never)]
+fn sends_raw_built(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
+    let srcs: Vec<(u64, u32)> = lo.srcs[..k].iter().map(|s| (s.addr(), s.lkey())).collect();
+    let (qp, cq, target) = (lo.a.as_raw(), lo.cq_a.as_raw(), lo.target);
+    let mut sges = [ffi::ibv_sge { addr: 0, length: 0, lkey: 0 }; SEND_DEPTH];
+    // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
+    let mut wrs: [ffi::ibv_send_wr; SEND_DEPTH] = unsafe { std::mem::zeroed() };
+    let (opcode, rdma) = match op {
+        Op::Write => (
+            ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: target.addr, rkey: target.rkey },
+        ),
+        Op::Send => (ffi::ibv_wr_opcode::IBV_WR_SEND, ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1::default()),
+    };
+    let mut next_id = 0;
+    for _ in 0..rounds {
+        let (wp, sp) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
+        for (i, &(addr, lkey)) in srcs.iter().enumerate() {
+            sges[i] = ffi::ibv_sge { addr, length: LEN as u32, lkey };
+            // SAFETY: plain data, all-zero valid; the fields a request needs are set below.
+            let mut w: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+            w.wr_id = next_id;
+            w.next = if i + 1 < k { wp.wrapping_add(i + 1) } else { std::ptr::null_mut() };
+            (w.sg_list, w.num_sge) = (sp.wrapping_add(i), 1);
+            (w.opcode, w.send_flags) = (opcode, ffi::ibv_send_flags::IBV_SEND_SIGNALED.0);
+            w.wr.rdma = rdma;
+            wrs[i] = w;
+            next_id += 1;
+        }
+        post_send(qp, wp)?;
+        drain_raw(cq, &mut lo.raw_wcs, k)?;
     }
     Ok(())
 }
@@ -466,8 +559,8 @@ fn recvs_safe(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
     if k == 1 {
         let mut buf = bufs.pop();
         for _ in 0..rounds {
-            rq.post(buf.take().ok_or("the buffer did not come back")?, 0..LEN, 0)?;
-            feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+            rq.post(buf.take().ok_or("the buffer did not come back")?, 0..LEN, 0).map_err(rdma_verbs::Error::from)?;
+            feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
             drain(&mut lo.cq_b, &mut lo.wcs, 1, |wc| {
                 buf = Some(rq.complete(wc)?.buf);
                 Ok(())
@@ -475,8 +568,8 @@ fn recvs_safe(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
         }
     } else {
         for _ in 0..rounds {
-            rq.post_batch(bufs.drain(..).map(|b| (b, 0..LEN, 0)))?;
-            feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+            rq.post_batch(bufs.drain(..).map(|b| (b, 0..LEN, 0))).map_err(rdma_verbs::Error::from)?;
+            feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
             drain(&mut lo.cq_b, &mut lo.wcs, k, |wc| {
                 bufs.push(rq.complete(wc)?.buf);
                 Ok(())
@@ -495,13 +588,13 @@ fn recvs_prepared(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
     let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
     let mut ps = Vec::with_capacity(k);
     for (i, b) in lo.dsts.drain(..k).enumerate() {
-        ps.push(rq.prepare(b, 0..LEN, i as u64)?);
+        ps.push(rq.prepare(b, 0..LEN, i as u64).map_err(rdma_verbs::Error::from)?);
     }
     if k == 1 {
         let mut p = ps.pop();
         for _ in 0..rounds {
-            rq.post(p.take().ok_or("the receive did not come back")?)?;
-            feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+            rq.post(p.take().ok_or("the receive did not come back")?).map_err(rdma_verbs::Error::from)?;
+            feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
             drain(&mut lo.cq_b, &mut lo.wcs, 1, |wc| {
                 p = Some(rq.complete(wc)?.buf);
                 Ok(())
@@ -509,8 +602,8 @@ fn recvs_prepared(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
         }
     } else {
         for _ in 0..rounds {
-            rq.post_batch(ps.drain(..))?;
-            feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+            rq.post_batch(ps.drain(..)).map_err(rdma_verbs::Error::from)?;
+            feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
             drain(&mut lo.cq_b, &mut lo.wcs, k, |wc| {
                 ps.push(rq.complete(wc)?.buf);
                 Ok(())
@@ -529,16 +622,16 @@ fn recvs_chain(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
     let mut rq = lo.b.recv_chain_queue::<Chunk>()?;
     let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
     let recvs = lo.dsts.drain(..k).enumerate().map(|(i, b)| (b, 0..LEN, i as u64));
-    let mut chain = rq.prepare_chain(recvs)?;
+    let mut chain = rq.prepare_chain(recvs).map_err(rdma_verbs::Error::from)?;
     for _ in 0..rounds {
-        rq.post(chain)?;
-        feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
+        rq.post(chain).map_err(rdma_verbs::Error::from)?;
+        feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
         let mut back = None;
         drain_all(&mut lo.cq_b, &mut lo.wcs, k, |done| {
             rq.complete_all(done, |d| back = Some(d))?;
             Ok(())
         })?;
-        chain = back.ok_or("the chain did not come back")?.result()?.buf;
+        chain = back.ok_or("the chain did not come back")?.result().map_err(rdma_verbs::Error::from)?.buf;
     }
     Ok(())
 }
@@ -563,11 +656,35 @@ fn recvs_raw(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
             w.wr_id = next_id;
             next_id += 1;
         }
-        // SAFETY: the chain is linked (boxes that do not move) and names bytes of the
-        // probe's receive buffers, which outlive the receives and which no Rust code reads.
-        unsafe { lo.b.post_recv_raw(&mut wrs[0]) }?;
-        feed.round(&lo.a, &mut lo.cq_a, &mut lo.wcs)?;
-        drain(&mut lo.cq_b, &mut lo.wcs, k, |_| Ok(()))?;
+        // The chain is linked (boxes that do not move).
+        post_recv(lo.b.as_raw(), &mut wrs[0])?;
+        feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
+        drain_raw(lo.cq_b.as_raw(), &mut lo.raw_wcs, k)?;
+    }
+    Ok(())
+}
+
+/// The raw API with each C receive and its SGE built at every post, linked, posted in
+/// one call; the same SENDs fill them; completions polled and checked.
+#[inline(never)]
+fn recvs_raw_built(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
+    let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
+    let dsts: Vec<(u64, u32)> = lo.dsts[..k].iter().map(|d| (d.addr(), d.lkey())).collect();
+    let mut sges = [ffi::ibv_sge { addr: 0, length: 0, lkey: 0 }; SEND_DEPTH];
+    let empty = ffi::ibv_recv_wr { wr_id: 0, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
+    let mut wrs = [empty; SEND_DEPTH];
+    let mut next_id = 0;
+    for _ in 0..rounds {
+        let (wp, sp) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
+        for (i, &(addr, lkey)) in dsts.iter().enumerate() {
+            sges[i] = ffi::ibv_sge { addr, length: LEN as u32, lkey };
+            let next = if i + 1 < k { wp.wrapping_add(i + 1) } else { std::ptr::null_mut() };
+            wrs[i] = ffi::ibv_recv_wr { wr_id: next_id, next, sg_list: sp.wrapping_add(i), num_sge: 1 };
+            next_id += 1;
+        }
+        post_recv(lo.b.as_raw(), wp)?;
+        feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
+        drain_raw(lo.cq_b.as_raw(), &mut lo.raw_wcs, k)?;
     }
     Ok(())
 }
@@ -586,7 +703,7 @@ fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
         Phase::Recv { n } => {
             let mut rq = lo.b.recv_queue::<Chunk>()?;
             for (i, buf) in lo.dsts.drain(..n).enumerate() {
-                rq.post(buf, 0..LEN, i as u64)?;
+                rq.post(buf, 0..LEN, i as u64).map_err(rdma_verbs::Error::from)?;
             }
             // Kept until the process exits: dropping it would hand the N posted receives
             // to the QP (teardown, which would count here).
@@ -598,11 +715,13 @@ fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
             Way::Prepared => sends_prepared(lo, op, WARMUP + n, k),
             Way::Chain => sends_chain(lo, op, WARMUP + n, k),
             Way::Raw => sends_raw(lo, op, WARMUP + n, k),
+            Way::RawBuilt => sends_raw_built(lo, op, WARMUP + n, k),
         },
         Phase::Recvs { way: Way::Safe, n, k } => recvs_safe(lo, WARMUP + n, k),
         Phase::Recvs { way: Way::Prepared, n, k } => recvs_prepared(lo, WARMUP + n, k),
         Phase::Recvs { way: Way::Chain, n, k } => recvs_chain(lo, WARMUP + n, k),
-        Phase::Recvs { n, k, .. } => recvs_raw(lo, WARMUP + n, k),
+        Phase::Recvs { way: Way::Raw, n, k } => recvs_raw(lo, WARMUP + n, k),
+        Phase::Recvs { way: Way::RawBuilt, n, k } => recvs_raw_built(lo, WARMUP + n, k),
     }
 }
 

@@ -11,7 +11,8 @@
 //! ```
 //!
 //! `--serve` and `--peer` check the path between two nodes end to end ([`crate::peer`]):
-//! exit 0 when every check passed, 1 when one failed.
+//! exit 0 when every check passed, 4 when one warned (an MTU mismatch, a check that passed
+//! on its retry), 1 when one failed.
 //!
 //! Exit status (docs/doctor-json.md): 0 every layer passed and nothing drifted; 1 a
 //! layer failed; 2 usage error or unreadable input; 3 drift from the baseline (or nodes
@@ -82,13 +83,15 @@ pub struct Args {
     /// with the data verified, and rdma_cm
     #[arg(long, value_name = "HOST[:PORT]", conflicts_with_all = ["serve", "compare_nodes", "compare", "save"])]
     pub peer: Option<String>,
-    /// Answer `--peer` probes from other nodes, one at a time, until killed
+    /// Answer `--peer` probes from other nodes until killed: up to 16 at once, each with its
+    /// own QP; a client must say hello within --timeout and end within 24 timeouts
     #[arg(long, conflicts_with_all = ["compare_nodes", "compare", "save"])]
     pub serve: bool,
     /// The TCP port `--serve` listens on, and `--peer` connects to when HOST names none
     #[arg(long, value_name = "PORT", default_value_t = crate::peer::DEFAULT_PORT)]
     pub peer_port: u16,
-    /// With --serve: exit after one probe (status 0 when this side's checks passed)
+    /// With --serve: exit after the first probe that completed its hello (status 0 when
+    /// this side's checks passed)
     #[arg(long, requires = "serve")]
     pub once: bool,
     /// Locked memory programs must register (K, M, G)

@@ -3,7 +3,9 @@
 //! and the field; a file over the size limit, `/dev/zero` included, is refused at once; a
 //! known-bad firmware/driver combination is found in a node's report and in a baseline;
 //! `--compare-nodes --json` prints JSON; `--peer` with nobody serving, or a peer that is
-//! another program or floods a line, fails at the control channel with a bounded read.
+//! another program or floods a line, fails at the control channel with a bounded read;
+//! `--serve` lets an honest prober in past 130 silent connections and a client that sends
+//! a byte every 2 s.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -208,4 +210,71 @@ fn peer_json_is_one_object_and_serve_options_need_serve() {
     assert_eq!(code, 2, "{err}");
     let (code, _, err) = doctor(&["--peer", "a", "--serve"]);
     assert_eq!(code, 2, "{err}");
+}
+
+/// Opens `silent` connections to `addr` that never speak, and one that sends a byte every
+/// 2 s for 30 s: the clients a `--serve` must not let keep a prober out.
+fn hostile_clients(addr: &str, silent: usize) -> (Vec<std::net::TcpStream>, std::thread::JoinHandle<()>) {
+    use std::io::Write;
+    let quiet = (0..silent).map(|_| std::net::TcpStream::connect(addr).expect("connect")).collect();
+    let mut drip = std::net::TcpStream::connect(addr).expect("connect");
+    let dripper = std::thread::spawn(move || {
+        for _ in 0..15 {
+            if drip.write_all(b"{").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    });
+    (quiet, dripper)
+}
+
+/// Starts `rdma-doctor --serve --once` on a free port with `args`; the child and its address.
+fn start_server(args: &[&str]) -> (std::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let server = Command::new(env!("CARGO_BIN_EXE_rdma-doctor"))
+        .args(["--serve", "--once", "--peer-port", &port])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run rdma-doctor --serve");
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(Instant::now() < deadline, "--serve did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (server, addr)
+}
+
+#[test]
+fn serve_lets_an_honest_prober_in_past_130_silent_connections_and_a_one_byte_per_2s_client() {
+    // No device here: the probe gets through the control channel, then fails at addressing.
+    // A hello time (the server's timeout) far above the bound checked: a server that
+    // queued behind the silent clients would fail it.
+    let (mut server, addr) = start_server(&["--timeout", "30"]);
+    let (silent, dripper) = hostile_clients(&addr, 130);
+    std::thread::sleep(Duration::from_millis(500));
+    let start = Instant::now();
+    let (code, out, err) = doctor(&["--peer", &addr, "--timeout", "5"]);
+    assert!(out.contains("PASS  control channel"), "{out}{err}");
+    assert!(out.contains("FAIL  addressing"), "{out}{err}");
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(start.elapsed() < Duration::from_secs(10), "the probe took {:?}", start.elapsed());
+    // --once: the server ends after that one probe, the hostile clients still open.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = server.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "--serve --once did not end after the probe");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut log = String::new();
+    std::io::Read::read_to_string(server.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert_eq!(status.code(), Some(1), "this side could not take part: {log}");
+    assert!(log.contains("no hello yet, and 64 connections wait for theirs"), "{log}");
+    drop(silent);
+    dripper.join().unwrap();
 }

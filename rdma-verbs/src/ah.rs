@@ -234,6 +234,7 @@ impl AddressHandle {
 
     /// Destroys the handle now and reports the result (`ibv_destroy_ah`). Fails with
     /// EBUSY, destroying nothing yet, while clones are alive.
+    #[doc(alias = "ibv_destroy_ah")]
     pub fn destroy(self) -> Result<()> {
         destroy_shared(self.inner, Verb::DestroyAh, |inner| inner.raw.destroy())
     }
@@ -275,6 +276,9 @@ mod tests {
             assert!(e.to_string().contains(&format!("sgid_index {index} does not fit the 8 bits")), "{e}");
         }
         let e = AhAttr::global(1, gid, 300).raw(Verb::CreateAh).err().unwrap();
-        assert!(e.to_string().starts_with("ibv_create_ah: invalid argument: sgid_index 300"), "{e}");
+        assert!(
+            e.to_string().starts_with("ibv_create_ah: invalid argument (refused before the call): sgid_index 300"),
+            "{e}"
+        );
     }
 }

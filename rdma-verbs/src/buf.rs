@@ -130,11 +130,17 @@ impl<A: AccessMode> Chunk<A> {
     /// A scatter/gather entry for `range` of this chunk, bounds checked.
     #[inline]
     pub fn sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
+        self.sge_for(Verb::ChunkSge, range)
+    }
+
+    /// [`Chunk::sge`] for `verb`, the method that asked: a refusal names it.
+    #[inline]
+    fn sge_for(&self, verb: Verb, range: Range<usize>) -> Result<ffi::ibv_sge> {
         if range.start > range.end || range.end > self.len {
-            return Err(out_of_range(&range, self.len));
+            return Err(out_of_range(verb, &range, self.len));
         }
         let Ok(length) = u32::try_from(range.end - range.start) else {
-            return Err(too_long());
+            return Err(too_long(verb));
         };
         Ok(ffi::ibv_sge { addr: self.addr() + range.start as u64, length, lkey: self.lkey })
     }
@@ -199,8 +205,8 @@ pub trait Segment: sealed::Sealed {
     fn seg_len(&self) -> usize;
     /// The protection domain it is registered in.
     fn seg_pd(&self) -> PdId;
-    /// The SGE for `range` of the piece, bounds checked.
-    fn seg_sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge>;
+    /// The SGE for `range` of the piece, bounds checked; a refusal names `verb`.
+    fn seg_sge(&self, verb: Verb, range: Range<usize>) -> Result<ffi::ibv_sge>;
 }
 
 impl<A: AccessMode> Segment for Chunk<A> {
@@ -213,8 +219,8 @@ impl<A: AccessMode> Segment for Chunk<A> {
         PdId(self.pd)
     }
     #[inline]
-    fn seg_sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
-        self.sge(range)
+    fn seg_sge(&self, verb: Verb, range: Range<usize>) -> Result<ffi::ibv_sge> {
+        self.sge_for(verb, range)
     }
 }
 
@@ -228,8 +234,8 @@ impl<A: AccessMode> Segment for Arc<Chunk<A>> {
         PdId(self.pd)
     }
     #[inline]
-    fn seg_sge(&self, range: Range<usize>) -> Result<ffi::ibv_sge> {
-        self.sge(range)
+    fn seg_sge(&self, verb: Verb, range: Range<usize>) -> Result<ffi::ibv_sge> {
+        self.sge_for(verb, range)
     }
 }
 
@@ -241,8 +247,15 @@ pub trait SendBuf: sealed::Sealed + Send + 'static {
     /// Total length in bytes.
     fn total_len(&self) -> usize;
     /// Writes the SGEs for `range` of the buffer into `out` and returns how many (0 for
-    /// an empty range). Every piece must be registered in `pd`, the poster's.
-    fn sges(&self, range: Range<usize>, pd: PdId, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize>;
+    /// an empty range). Every piece must be registered in `pd`, the poster's. A refusal
+    /// names `verb`, the method that asked.
+    fn sges(
+        &self,
+        verb: Verb,
+        range: Range<usize>,
+        pd: PdId,
+        out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE],
+    ) -> Result<usize>;
 }
 
 /// A buffer only the queue that posted it can reach: the device may write it (receive,
@@ -252,21 +265,21 @@ pub trait ExclusiveBuf: SendBuf {}
 // The error paths are cold and out of line, so that the checks inline into the post.
 #[cold]
 #[inline(never)]
-fn out_of_range(range: &Range<usize>, len: usize) -> Error {
-    Error::invalid(Verb::PostSend, format!("range {range:?} is outside a {len}-byte buffer"))
+fn out_of_range(verb: Verb, range: &Range<usize>, len: usize) -> Error {
+    Error::invalid(verb, format!("range {range:?} is outside a {len}-byte buffer"))
 }
 
 #[cold]
 #[inline(never)]
-fn too_long() -> Error {
-    Error::invalid(Verb::PostSend, "an SGE is at most 4 GiB - 1")
+fn too_long(verb: Verb) -> Error {
+    Error::invalid(verb, "an SGE is at most 4 GiB - 1")
 }
 
 #[cold]
 #[inline(never)]
-fn other_pd() -> Error {
+fn other_pd(verb: Verb) -> Error {
     Error::invalid(
-        Verb::PostSend,
+        verb,
         "the buffer is registered in another protection domain than the QP's (the device would fail it \
          with a local protection or QP operation error): register it in the QP's PD",
     )
@@ -274,21 +287,22 @@ fn other_pd() -> Error {
 
 #[inline]
 fn single<S: Segment>(
+    verb: Verb,
     s: &S,
     range: Range<usize>,
     pd: PdId,
     out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE],
 ) -> Result<usize> {
     if range.start > range.end || range.end > s.seg_len() {
-        return Err(out_of_range(&range, s.seg_len()));
+        return Err(out_of_range(verb, &range, s.seg_len()));
     }
     if s.seg_pd() != pd {
-        return Err(other_pd());
+        return Err(other_pd(verb));
     }
     if range.is_empty() {
         return Ok(0);
     }
-    out[0].write(s.seg_sge(range)?);
+    out[0].write(s.seg_sge(verb, range)?);
     Ok(1)
 }
 
@@ -298,8 +312,14 @@ impl<A: AccessMode> SendBuf for Chunk<A> {
         self.len
     }
     #[inline]
-    fn sges(&self, range: Range<usize>, pd: PdId, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
-        single(self, range, pd, out)
+    fn sges(
+        &self,
+        verb: Verb,
+        range: Range<usize>,
+        pd: PdId,
+        out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE],
+    ) -> Result<usize> {
+        single(verb, self, range, pd, out)
     }
 }
 impl<A: AccessMode> ExclusiveBuf for Chunk<A> {}
@@ -310,8 +330,14 @@ impl<A: AccessMode> SendBuf for Arc<Chunk<A>> {
         self.len
     }
     #[inline]
-    fn sges(&self, range: Range<usize>, pd: PdId, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
-        single(self, range, pd, out)
+    fn sges(
+        &self,
+        verb: Verb,
+        range: Range<usize>,
+        pd: PdId,
+        out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE],
+    ) -> Result<usize> {
+        single(verb, self, range, pd, out)
     }
 }
 
@@ -320,10 +346,16 @@ impl<S: Segment + Send + 'static, const N: usize> SendBuf for [S; N] {
         self.iter().map(Segment::seg_len).sum()
     }
 
-    fn sges(&self, range: Range<usize>, pd: PdId, out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE]) -> Result<usize> {
+    fn sges(
+        &self,
+        verb: Verb,
+        range: Range<usize>,
+        pd: PdId,
+        out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE],
+    ) -> Result<usize> {
         let total = self.total_len();
         if range.start > range.end || range.end > total {
-            return Err(out_of_range(&range, total));
+            return Err(out_of_range(verb, &range, total));
         }
         let (mut n, mut base) = (0, 0);
         for seg in self {
@@ -331,12 +363,12 @@ impl<S: Segment + Send + 'static, const N: usize> SendBuf for [S; N] {
             let (lo, hi) = (range.start.max(base), range.end.min(base + len));
             if lo < hi {
                 if seg.seg_pd() != pd {
-                    return Err(other_pd());
+                    return Err(other_pd(verb));
                 }
                 if n == MAX_SGE {
-                    return Err(Error::invalid(Verb::PostSend, format!("more than {MAX_SGE} SGEs in one request")));
+                    return Err(Error::invalid(verb, format!("more than {MAX_SGE} SGEs in one request")));
                 }
-                out[n].write(seg.seg_sge(lo - base..hi - base)?);
+                out[n].write(seg.seg_sge(verb, lo - base..hi - base)?);
                 n += 1;
             }
             base += len;

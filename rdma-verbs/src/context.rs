@@ -94,6 +94,7 @@ impl Context {
     /// EBUSY, freeing nothing yet, while clones or objects created from it are alive.
     /// A context from a CM id ([`CmId::context`](crate::cm::CmId::context)) is librdmacm's:
     /// this releases the handle and leaves the device open.
+    #[doc(alias = "ibv_close_device")]
     pub fn destroy(self) -> Result<()> {
         destroy_shared(self.inner, Verb::CloseDevice, |inner| match inner.raw {
             RawContext::Owned(raw) => raw.destroy(),
@@ -158,6 +159,7 @@ impl Context {
     }
 
     /// One GID table entry. An index past the table is an error, not a zero GID.
+    #[doc(alias = "ibv_query_gid_ex", alias = "ibv_query_gid")]
     pub fn query_gid(&self, port: u8, index: u32) -> Result<GidEntry> {
         let len = self.query_port(port)?.gid_tbl_len;
         if index >= len {

@@ -242,6 +242,7 @@ impl CqBuilder<'_> {
 
     /// Gives the CQ its own completion channel, so that it can [`arm`](CompletionQueue::arm)
     /// and [`wait`](CompletionQueue::wait) and has a file descriptor for event loops.
+    #[doc(alias = "ibv_create_comp_channel")]
     pub fn with_channel(mut self) -> Self {
         self.channel = true;
         self
@@ -256,16 +257,19 @@ impl CqBuilder<'_> {
         const VERB: Verb = Verb::CreateCq;
         let ctx = self.ctx;
         if self.cqe == 0 {
-            return Err(Error::invalid(VERB, "cqe 0: a CQ needs at least one entry"));
+            return Err(Error::invalid(Verb::CqBuilderBuild, "cqe 0: a CQ needs at least one entry"));
         }
         let max_cqe = ctx.query_device()?.max_cqe;
         if self.cqe > max_cqe {
-            return Err(Error::invalid(VERB, format!("cqe {} exceeds the device's max_cqe {max_cqe}", self.cqe)));
+            return Err(Error::invalid(
+                Verb::CqBuilderBuild,
+                format!("cqe {} exceeds the device's max_cqe {max_cqe}", self.cqe),
+            ));
         }
         let vectors = num_comp_vectors(ctx);
         if self.comp_vector >= vectors {
             return Err(Error::invalid(
-                VERB,
+                Verb::CqBuilderBuild,
                 format!(
                     "comp_vector {} is out of range: the device has {vectors} completion vectors (0..{vectors})",
                     self.comp_vector
@@ -501,6 +505,7 @@ impl CompletionQueue {
 
     /// Destroys the CQ now, then its channel, and reports the result (`ibv_destroy_cq`).
     /// Fails with EBUSY, freeing nothing yet, while QPs or SRQs that use the CQ are alive.
+    #[doc(alias = "ibv_destroy_cq", alias = "ibv_destroy_comp_channel")]
     pub fn destroy(self) -> Result<()> {
         destroy_shared(self.inner, Verb::DestroyCq, CqInner::destroy)
     }

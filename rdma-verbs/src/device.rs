@@ -13,6 +13,7 @@ use crate::ffi;
 ///
 /// A [`Device`] borrows the list; a [`Context`] opened from it does not, so the list can
 /// be dropped as soon as the devices of interest are open.
+#[doc(alias = "ibv_free_device_list")]
 #[doc(alias = "ibv_get_device_list")]
 pub struct DeviceList {
     raw: NonNull<*mut ffi::ibv_device>,
@@ -21,6 +22,7 @@ pub struct DeviceList {
 
 /// Lists the RDMA devices of this host. An empty list is not an error; see
 /// [`Context::open`] for a call that fails with a hint when nothing is there.
+#[doc(alias = "ibv_get_device_list")]
 pub fn devices() -> Result<DeviceList> {
     let mut n = 0;
     // SAFETY: `n` is a valid out-pointer; the list is freed by DeviceList's Drop.

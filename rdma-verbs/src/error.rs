@@ -136,6 +136,8 @@ verbs! {
     IntoChunks = "MemoryRegion::into_chunks", Control;
     /// Building a scatter/gather entry of a region.
     MrSge = "MemoryRegion::sge", Data;
+    /// Building a scatter/gather entry of a chunk.
+    ChunkSge = "Chunk::sge", Data;
     /// An atomic view of 8 bytes of a region.
     MrAtomicU64 = "MemoryRegion::atomic_u64", Data;
     /// Copying bytes into a region.
@@ -156,6 +158,61 @@ verbs! {
     CmContext = "CmId::context", Control;
     /// The endpoint exchange over a byte stream ([`crate::Handshake`]).
     Handshake = "endpoint handshake", Control;
+    /// [`SendQueue::post`](crate::SendQueue::post) (of any request kind), refusing a request
+    /// before `ibv_post_send`: it was not posted.
+    SendQueuePost = "SendQueue::post", Data;
+    /// [`SendQueue::post_batch`](crate::SendQueue::post_batch), refusing a request before
+    /// `ibv_post_send`: it and every request after it were not posted.
+    SendQueuePostBatch = "SendQueue::post_batch", Data;
+    /// [`SendQueue::prepare`](crate::SendQueue::prepare), refusing a request to prepare.
+    SendQueuePrepare = "SendQueue::prepare", Data;
+    /// [`SendQueue::prepare_chain`](crate::SendQueue::prepare_chain), refusing a chain.
+    SendQueuePrepareChain = "SendQueue::prepare_chain", Data;
+    /// [`Prepared::set_range`](crate::Prepared::set_range), refusing a new range.
+    PreparedSetRange = "Prepared::set_range", Data;
+    /// [`Prepared::set_remote`](crate::Prepared::set_remote), refusing a new remote side.
+    PreparedSetRemote = "Prepared::set_remote", Data;
+    /// [`RecvQueue::post`](crate::RecvQueue::post) (of any receive kind), refusing a receive
+    /// before `ibv_post_recv`: it was not posted.
+    RecvQueuePost = "RecvQueue::post", Data;
+    /// [`RecvQueue::post_batch`](crate::RecvQueue::post_batch), refusing a receive before
+    /// `ibv_post_recv`: it and every receive after it were not posted.
+    RecvQueuePostBatch = "RecvQueue::post_batch", Data;
+    /// [`RecvQueue::prepare`](crate::RecvQueue::prepare), refusing a receive to prepare.
+    RecvQueuePrepare = "RecvQueue::prepare", Data;
+    /// [`RecvQueue::prepare_chain`](crate::RecvQueue::prepare_chain), refusing a chain.
+    RecvQueuePrepareChain = "RecvQueue::prepare_chain", Data;
+    /// [`SrqQueue::post`](crate::SrqQueue::post), refusing a receive before
+    /// `ibv_post_srq_recv`: it was not posted.
+    SrqQueuePost = "SrqQueue::post", Data;
+    /// [`AsyncSendQueue::post`](crate::AsyncSendQueue::post) and `post_batch`, refusing
+    /// before the queue below is asked: nothing was posted.
+    AsyncSendQueuePost = "AsyncSendQueue::post", Data;
+    /// [`AsyncRecvQueue::post`](crate::AsyncRecvQueue::post), refusing before the queue below
+    /// is asked: nothing was posted.
+    AsyncRecvQueuePost = "AsyncRecvQueue::post", Data;
+    /// `complete` (or `complete_all`) of a [`SendQueue`](crate::SendQueue), refusing a
+    /// completion that is not one of its outstanding requests.
+    SendQueueComplete = "SendQueue::complete", Data;
+    /// `complete` (or `complete_all`) of a [`RecvQueue`](crate::RecvQueue), refusing a
+    /// completion that is not one of its outstanding receives.
+    RecvQueueComplete = "RecvQueue::complete", Data;
+    /// [`SrqQueue::complete`](crate::SrqQueue::complete), refusing a completion that is not
+    /// one of its outstanding receives.
+    SrqQueueComplete = "SrqQueue::complete", Data;
+    /// [`CqBuilder::build`](crate::CqBuilder::build), refusing before `ibv_create_cq`.
+    CqBuilderBuild = "CqBuilder::build", Control;
+    /// [`QueuePairBuilder::build`](crate::QueuePairBuilder::build) (also under
+    /// [`CmId::create_qp`](crate::CmId::create_qp)), refusing before the QP is created.
+    QueuePairBuilderBuild = "QueuePairBuilder::build", Control;
+    /// [`SharedReceiveQueue::new`](crate::SharedReceiveQueue::new), refusing before
+    /// `ibv_create_srq`.
+    SrqNew = "SharedReceiveQueue::new", Control;
+    /// [`SharedReceiveQueue::arm`](crate::SharedReceiveQueue::arm), refusing before
+    /// `ibv_modify_srq`.
+    SrqArm = "SharedReceiveQueue::arm", Control;
+    /// A test hook moving an empty queue's sequence numbers (`restart_sequence_at`).
+    RestartSequenceAt = "restart_sequence_at", Data;
 }
 
 impl fmt::Display for Verb {
@@ -165,6 +222,29 @@ impl fmt::Display for Verb {
 }
 
 impl Verb {
+    /// Whether this is a function of C (libibverbs, librdmacm or libc), not a method of
+    /// this crate.
+    pub fn is_c_call(self) -> bool {
+        let n = self.name();
+        n.starts_with("ibv_")
+            || n.starts_with("rdma_")
+            || n.starts_with("fcntl")
+            || n.starts_with("timerfd_")
+            || n.starts_with("read(")
+            || n == "poll"
+    }
+
+    /// For a post method of this crate, the C function it calls once its checks pass:
+    /// a refusal of such a method means that call was never made.
+    pub fn posts_through(self) -> Option<Verb> {
+        use Verb as V;
+        match self {
+            V::SendQueuePost | V::SendQueuePostBatch | V::AsyncSendQueuePost => Some(V::PostSend),
+            V::RecvQueuePost | V::RecvQueuePostBatch | V::AsyncRecvQueuePost => Some(V::PostRecv),
+            V::SrqQueuePost => Some(V::PostSrqRecv),
+            _ => None,
+        }
+    }
     /// The usual causes of an errno from this verb, as operators meet them.
     fn hint(self, errno: i32) -> Option<&'static str> {
         use Verb as V;
@@ -244,8 +324,10 @@ pub enum Error {
         /// The usual cause, when it is known.
         hint: Option<Cow<'static, str>>,
     },
-    /// An argument was rejected before any C code ran.
-    #[error("{verb}: invalid argument: {what}")]
+    /// An argument was rejected before any C code ran. `verb` is the method of this crate
+    /// that refused it (`RecvQueue::post`, ...), or, for a check made on a C function's
+    /// behalf, that function; the text says which and, for a post, that nothing was posted.
+    #[error("{}", Refusal { verb: *.verb, what })]
     InvalidArgument {
         /// The verb the argument was meant for.
         verb: Verb,
@@ -346,6 +428,25 @@ pub enum Error {
         #[source]
         source: WireError,
     },
+}
+
+/// "RecvQueue::post: refused before ibv_post_recv, nothing posted: ..." for a post
+/// method, "ibv_create_cq: invalid argument (refused before the call): ..." for a check
+/// made on a C function's behalf, "MemoryRegion::sge: invalid argument: ..." otherwise.
+struct Refusal<'a> {
+    verb: Verb,
+    what: &'a str,
+}
+
+impl fmt::Display for Refusal<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Refusal { verb, what } = self;
+        match verb.posts_through() {
+            Some(c) => write!(f, "{verb}: refused before {c}, nothing posted: {what}"),
+            None if verb.is_c_call() => write!(f, "{verb}: invalid argument (refused before the call): {what}"),
+            None => write!(f, "{verb}: invalid argument: {what}"),
+        }
+    }
 }
 
 struct Hint<'a>(Option<&'a str>);
@@ -670,6 +771,44 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_by_a_post_method_names_it_the_c_call_it_never_made_and_that_nothing_was_posted() {
+        let cases = [
+            (Verb::SendQueuePost, "SendQueue::post: refused before ibv_post_send, nothing posted: x"),
+            (Verb::SendQueuePostBatch, "SendQueue::post_batch: refused before ibv_post_send, nothing posted: x"),
+            (Verb::RecvQueuePost, "RecvQueue::post: refused before ibv_post_recv, nothing posted: x"),
+            (Verb::RecvQueuePostBatch, "RecvQueue::post_batch: refused before ibv_post_recv, nothing posted: x"),
+            (Verb::SrqQueuePost, "SrqQueue::post: refused before ibv_post_srq_recv, nothing posted: x"),
+            (Verb::AsyncSendQueuePost, "AsyncSendQueue::post: refused before ibv_post_send, nothing posted: x"),
+            (Verb::AsyncRecvQueuePost, "AsyncRecvQueue::post: refused before ibv_post_recv, nothing posted: x"),
+        ];
+        for (verb, want) in cases {
+            assert_eq!(Error::invalid(verb, "x").to_string(), want);
+            assert!(!verb.is_c_call() && verb.plane() == Plane::Data, "{verb}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_names_our_method_or_says_the_c_function_was_not_called() {
+        for (verb, want) in [
+            (Verb::SendQueuePrepare, "SendQueue::prepare: invalid argument: x"),
+            (Verb::RecvQueuePrepareChain, "RecvQueue::prepare_chain: invalid argument: x"),
+            (Verb::QueuePairBuilderBuild, "QueuePairBuilder::build: invalid argument: x"),
+            (Verb::CqBuilderBuild, "CqBuilder::build: invalid argument: x"),
+            (Verb::ModifyQp, "ibv_modify_qp: invalid argument (refused before the call): x"),
+        ] {
+            assert_eq!(Error::invalid(verb, "x").to_string(), want);
+        }
+        // Every name is either a C function's or one of ours, and no method of ours
+        // is taken for a C call.
+        for verb in [Verb::Claim, Verb::Await, Verb::ChunkSge, Verb::MrSge, Verb::Handshake, Verb::SrqArm] {
+            assert!(!verb.is_c_call(), "{verb}");
+        }
+        for verb in [Verb::PostSend, Verb::CreateCq, Verb::Connect, Verb::GetFl, Verb::Poll, Verb::TimerfdRead] {
+            assert!(verb.is_c_call(), "{verb}");
+        }
+    }
+
+    #[test]
     fn timeouts_carry_a_hint() {
         let e = Error::Timeout { verb: Verb::GetCqEvent, timeout: Duration::from_millis(5) };
         assert!(e.to_string().contains("hint: no completion arrived"), "{e}");
@@ -678,13 +817,13 @@ mod tests {
     #[test]
     fn a_refusal_converts_with_question_mark_and_keeps_the_value_until_then() {
         fn post() -> Result<(), Refused<Vec<u8>>> {
-            Err(Refused::new(Error::invalid(Verb::PostSend, "full"), vec![1, 2]))
+            Err(Refused::new(Error::invalid(Verb::SendQueuePost, "full"), vec![1, 2]))
         }
         fn caller() -> Result<()> {
             post()?;
             Ok(())
         }
         assert_eq!(post().unwrap_err().into_value(), vec![1, 2]);
-        assert!(matches!(caller(), Err(Error::InvalidArgument { verb: Verb::PostSend, .. })));
+        assert!(matches!(caller(), Err(Error::InvalidArgument { verb: Verb::SendQueuePost, .. })));
     }
 }

@@ -48,6 +48,7 @@ impl ProtectionDomain {
 
     /// Deallocates now and reports the result (`ibv_dealloc_pd`). Fails with EBUSY,
     /// freeing nothing yet, while clones or objects created in this PD are alive.
+    #[doc(alias = "ibv_dealloc_pd")]
     pub fn destroy(self) -> Result<()> {
         destroy_shared(self.inner, Verb::DeallocPd, |inner| inner.raw.destroy())
     }

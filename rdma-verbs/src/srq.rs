@@ -56,22 +56,22 @@ impl SharedReceiveQueue {
         let max_srq_sge = u32::try_from(dev.raw.max_srq_sge).unwrap_or(0);
         if dev.max_srq == 0 {
             return Err(Error::invalid(
-                VERB,
+                Verb::SrqNew,
                 format!("{} has no shared receive queues (max_srq 0)", pd.context().name()),
             ));
         }
         if max_wr == 0 || max_sge == 0 {
-            return Err(Error::invalid(VERB, "an SRQ needs max_wr and max_sge of at least 1"));
+            return Err(Error::invalid(Verb::SrqNew, "an SRQ needs max_wr and max_sge of at least 1"));
         }
         if max_wr > dev.max_srq_wr {
             return Err(Error::invalid(
-                VERB,
+                Verb::SrqNew,
                 format!("max_wr {max_wr} exceeds the device's max_srq_wr {}", dev.max_srq_wr),
             ));
         }
         if max_sge > max_srq_sge {
             return Err(Error::invalid(
-                VERB,
+                Verb::SrqNew,
                 format!("max_sge {max_sge} exceeds the device's max_srq_sge {max_srq_sge}"),
             ));
         }
@@ -106,7 +106,7 @@ impl SharedReceiveQueue {
     pub fn arm(&self, limit: u32) -> Result<()> {
         let max = self.inner.granted.max_wr;
         if limit > max {
-            return Err(Error::invalid(Verb::ModifySrq, format!("srq_limit {limit} exceeds the SRQ's max_wr {max}")));
+            return Err(Error::invalid(Verb::SrqArm, format!("srq_limit {limit} exceeds the SRQ's max_wr {max}")));
         }
         let mut attr = ffi::ibv_srq_attr { max_wr: 0, max_sge: 0, srq_limit: limit };
         let mask = ffi::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as i32;
@@ -137,6 +137,7 @@ impl SharedReceiveQueue {
 
     /// Destroys the SRQ now and reports the result (`ibv_destroy_srq`). Fails with EBUSY,
     /// destroying nothing yet, while a QP uses it.
+    #[doc(alias = "ibv_destroy_srq")]
     pub fn destroy(self) -> Result<()> {
         destroy_shared(self.inner, Verb::DestroySrq, |inner| inner.raw.destroy())
     }

@@ -271,18 +271,21 @@ impl<T: SendBuf> SendWr<T> {
     }
 
     /// SEND `range` of `buf` to the peer's next receive.
+    #[doc(alias = "ibv_wr_send")]
     #[inline]
     pub fn send(buf: T, range: Range<usize>) -> Self {
         Self::new(Op::Send, buf, range, Target::rdma(&RemoteMr { addr: 0, len: 0, rkey: 0 }), 0)
     }
 
     /// RDMA WRITE `range` of `buf` to the start of `remote`.
+    #[doc(alias = "ibv_wr_rdma_write")]
     #[inline]
     pub fn write(buf: T, range: Range<usize>, remote: RemoteMr) -> Self {
         Self::new(Op::Write, buf, range, Target::rdma(&remote), remote.len)
     }
 
     /// A UD SEND to `remote_qpn` through `ah`, with the receiver's Q_Key.
+    #[doc(alias = "ibv_wr_set_ud_addr")]
     pub fn send_ud(buf: T, range: Range<usize>, ah: &AddressHandle, remote_qpn: u32, qkey: u32) -> Self {
         let ud = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_3 { ah: ah.as_raw(), remote_qpn, remote_qkey: qkey };
         let mut wr = Self::new(Op::Send, buf, range, Target(ffi::ibv_send_wr__bindgen_ty_2 { ud }), 0);
@@ -292,6 +295,7 @@ impl<T: SendBuf> SendWr<T> {
 
     /// Adds immediate data (SEND with immediate, RDMA WRITE with immediate; other
     /// operations carry none).
+    #[doc(alias = "ibv_wr_send_imm", alias = "ibv_wr_rdma_write_imm")]
     #[inline]
     pub fn imm(mut self, imm: u32) -> Self {
         self.op = match self.op {
@@ -327,6 +331,7 @@ impl<T: SendBuf> SendWr<T> {
 
     /// Copies the data into the work request at post time (checked against the QP's
     /// max inline data before posting).
+    #[doc(alias = "ibv_wr_set_inline_data", alias = "ibv_wr_set_inline_data_list")]
     #[inline]
     pub fn inline(mut self) -> Self {
         self.set(ffi::ibv_send_flags::IBV_SEND_INLINE, true);
@@ -364,6 +369,7 @@ impl<T: SendBuf> SendWr<T> {
 
 impl<T: ExclusiveBuf> SendWr<T> {
     /// RDMA READ the start of `remote` into `range` of `buf`.
+    #[doc(alias = "ibv_wr_rdma_read")]
     #[inline]
     pub fn read(buf: T, range: Range<usize>, remote: RemoteMr) -> Self {
         Self::new(Op::Read, buf, range, Target::rdma(&remote), remote.len)
@@ -371,12 +377,14 @@ impl<T: ExclusiveBuf> SendWr<T> {
 
     /// Atomic compare-and-swap on the 8 bytes at `remote.addr`; the old value lands in
     /// the first 8 bytes of `buf` at `offset`.
+    #[doc(alias = "ibv_wr_atomic_cmp_swp")]
     pub fn compare_swap(buf: T, offset: usize, remote: RemoteMr, compare: u64, swap: u64) -> Self {
         Self::new(Op::CompSwap, buf, offset..offset + 8, Target::atomic(&remote, compare, swap), remote.len)
     }
 
     /// Atomic fetch-and-add on the 8 bytes at `remote.addr`; the old value lands in `buf`
     /// at `offset`.
+    #[doc(alias = "ibv_wr_atomic_fetch_add")]
     pub fn fetch_add(buf: T, offset: usize, remote: RemoteMr, add: u64) -> Self {
         Self::new(Op::FetchAdd, buf, offset..offset + 8, Target::atomic(&remote, add, 0), remote.len)
     }

@@ -21,6 +21,8 @@ use rdma_verbs::{Context, PortState};
 /// Faults induced for real on the test bed: providers, the rdma cgroup, the kernel log,
 /// memlock.
 mod induced;
+/// `--serve` and `--peer` on one node, with hostile clients of the server.
+mod peer;
 // The test bed, shared with rdma-verbs' device tests: every test whose doctor runs the
 // rdma_cm check runs in a process of its own (`isolated`), as librdmacm keeps a context of
 // the device open until its process exits, and an open context holds an rxe link that

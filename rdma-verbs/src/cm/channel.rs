@@ -26,6 +26,7 @@ const POLL_SLICE: Duration = Duration::from_millis(50);
 /// calls that wait): whichever reads an event queues it for the id it is about. A
 /// [`next_event`](Self::next_event) on the channel takes the next event of any id, so do
 /// not mix it with per-id waits on other threads.
+#[doc(alias = "rdma_destroy_event_channel")]
 #[derive(Clone)]
 pub struct EventChannel {
     pub(super) inner: Arc<ChannelInner>,

@@ -282,6 +282,7 @@ impl EventData {
 
 /// One rdma_cm event, already acknowledged: plain data, plus the new id of a
 /// connection request.
+#[doc(alias = "rdma_ack_cm_event")]
 pub struct CmEvent {
     pub(super) data: EventData,
     pub(super) request: Option<CmId>,

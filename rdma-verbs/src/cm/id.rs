@@ -328,6 +328,7 @@ impl CmId {
 
     /// The local address: what it was bound to, or what resolution chose (`None` before
     /// either). After binding to port 0, this names the port the kernel picked.
+    #[doc(alias = "rdma_get_src_port")]
     #[doc(alias = "rdma_get_local_addr")]
     pub fn local_addr(&self) -> Option<SocketAddr> {
         // SAFETY: the id is live and read under the CM lock; the source address is a
@@ -336,6 +337,7 @@ impl CmId {
     }
 
     /// The peer's address (`None` before address resolution or a connection request).
+    #[doc(alias = "rdma_get_dst_port")]
     #[doc(alias = "rdma_get_peer_addr")]
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         // SAFETY: as for local_addr, the destination address.

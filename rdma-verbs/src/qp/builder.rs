@@ -51,9 +51,10 @@ impl CapRequest {
     }
 
     /// Checks the sizes against the device and returns the C capabilities to ask for.
-    pub(super) fn check(&self, max_qp_wr: u32, max_sge: u32) -> Result<ffi::ibv_qp_cap> {
-        const VERB: Verb = Verb::CreateQpEx;
-        let bad = |what: String| Err(Error::invalid(VERB, what));
+    /// A depth must fit `max_qp_wr` (the queue) and `max_cqe` (the CQ its completions go
+    /// to): the device may allow queues deeper than any CQ it can make.
+    pub(super) fn check(&self, max_qp_wr: u32, max_sge: u32, max_cqe: u32) -> Result<ffi::ibv_qp_cap> {
+        let bad = |what: String| Err(Error::invalid(Verb::QueuePairBuilderBuild, what));
         if self.has_srq {
             if let Some(n) = self.max_recv_wr.filter(|&n| n > 0) {
                 return bad(format!("max_recv_wr {n} with an SRQ: receives are posted to the SRQ, whose size counts"));
@@ -72,6 +73,15 @@ impl CapRequest {
         ] {
             if value > limit {
                 return bad(format!("{name} {value} exceeds the device's {limit_name} {limit}"));
+            }
+        }
+        for (name, value) in [("max_send_wr", self.max_send_wr), ("max_recv_wr", recv_wr)] {
+            if value > max_cqe {
+                return bad(format!(
+                    "{name} {value} is within the device's max_qp_wr {max_qp_wr} but above its max_cqe \
+                     {max_cqe}: no CQ of this device holds that many completions, so the deepest queue one CQ \
+                     serves is {max_cqe}"
+                ));
             }
         }
         if let Some(ops) = self.send_ops {
@@ -111,14 +121,17 @@ pub struct QueuePairBuilder<'a> {
 }
 
 impl<'a> QueuePairBuilder<'a> {
-    /// Most outstanding send work requests (default [`DEFAULT_MAX_WR`]).
+    /// Most outstanding send work requests (default [`DEFAULT_MAX_WR`]). At most the
+    /// device's `max_qp_wr` and its `max_cqe`, since one CQ takes the completions
+    /// ([`build`](Self::build) refuses more).
     pub fn max_send_wr(mut self, n: u32) -> Self {
         self.req.max_send_wr = n;
         self
     }
 
     /// Most outstanding receive work requests (default [`DEFAULT_MAX_WR`]; an error
-    /// together with an SRQ, whose size counts instead).
+    /// together with an SRQ, whose size counts instead). At most the device's
+    /// `max_qp_wr` and its `max_cqe`, as for [`max_send_wr`](Self::max_send_wr).
     pub fn max_recv_wr(mut self, n: u32) -> Self {
         self.req.max_recv_wr = Some(n);
         self
@@ -178,9 +191,12 @@ impl<'a> QueuePairBuilder<'a> {
     /// Checks the request against the device's limits, then creates the QP
     /// (`ibv_create_qp_ex`). The QP starts in [`QpState::Reset`].
     ///
-    /// Refused with [`Error::InvalidArgument`] naming [`Verb::CreateQpEx`], before the
-    /// QP is created: sizes beyond the device's limits, a PSN wider than 24 bits, and
-    /// queues that do not fit in their CQs. `max_send_wr` and `max_recv_wr` (their sum
+    /// Refused with [`Error::InvalidArgument`] naming [`Verb::QueuePairBuilderBuild`],
+    /// before the QP is created: sizes beyond the device's limits, a PSN wider than 24
+    /// bits, and queues that do not fit in their CQs. A depth is bounded by the device's
+    /// `max_qp_wr` and by its `max_cqe`, whichever is smaller: a device may allow queues
+    /// deeper than any CQ it can make (rxe: `max_qp_wr` 1,048,576, `max_cqe` 32,767), and
+    /// such a queue is refused, since no CQ could take its completions. `max_send_wr` and `max_recv_wr` (their sum
     /// when one CQ takes both) must fit in the CQ's entries besides those the safe queues
     /// already claimed on it reserved ([`CompletionQueue::builder`] says why), so the
     /// defaults (128 + 128) need a CQ of 256 entries.
@@ -202,7 +218,7 @@ impl<'a> QueuePairBuilder<'a> {
     /// ([`QueuePair::send_queue`], [`QueuePair::recv_queue`]) would be refused, and a QP
     /// driven another way could overrun the CQ.
     fn check_cq_room(&self, cap: &ffi::ibv_qp_cap) -> Result<()> {
-        const VERB: Verb = Verb::CreateQpEx;
+        const VERB: Verb = Verb::QueuePairBuilderBuild;
         let (send, recv) = (u64::from(cap.max_send_wr), u64::from(cap.max_recv_wr));
         let qp_type = self.req.qp_type;
         if self.send_cq.as_raw() == self.recv_cq.as_raw() {
@@ -225,14 +241,13 @@ impl<'a> QueuePairBuilder<'a> {
         verb: Verb,
         create: impl FnOnce(&mut ffi::ibv_qp_init_attr_ex) -> Result<(NonNull<ffi::ibv_qp>, Option<Creator>)>,
     ) -> Result<QueuePair> {
-        const VERB: Verb = Verb::CreateQpEx;
         let ctx = self.pd.context();
         let same = |other: &Context, what: &str| {
             if other.as_raw() == ctx.as_raw() {
                 Ok(())
             } else {
                 Err(Error::invalid(
-                    VERB,
+                    Verb::QueuePairBuilderBuild,
                     format!(
                         "the {what} belongs to {}, the PD to {}: one QP cannot span contexts",
                         other.name(),
@@ -249,7 +264,7 @@ impl<'a> QueuePairBuilder<'a> {
         let psn = match self.psn {
             Some(psn) if psn > MAX_PSN => {
                 return Err(Error::invalid(
-                    VERB,
+                    Verb::QueuePairBuilderBuild,
                     format!("psn {psn:#x} does not fit in 24 bits (at most {MAX_PSN:#x})"),
                 ));
             }
@@ -257,7 +272,7 @@ impl<'a> QueuePairBuilder<'a> {
             None => random_psn(),
         };
         let dev = ctx.query_device()?;
-        let cap = self.req.check(dev.max_qp_wr, dev.max_sge)?;
+        let cap = self.req.check(dev.max_qp_wr, dev.max_sge, dev.max_cqe)?;
         self.check_cq_room(&cap)?;
 
         let mut comp_mask = ffi::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0;

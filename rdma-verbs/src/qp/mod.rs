@@ -269,6 +269,7 @@ impl QueuePair {
 
     /// RESET (or INIT) -> INIT: binds the QP to a port (`ibv_modify_qp`). RC and UC QPs get
     /// `attr.access`, UD QPs `attr.qkey`. Receives may be posted from INIT on.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn to_init(&self, attr: &InitAttr) -> Result<()> {
         let from = self.begin(QpState::Init)?;
         if self.qp_type() == QpType::Ud && !attr.access.is_empty() {
@@ -301,6 +302,7 @@ impl QueuePair {
     /// INIT -> RTR of a connected (RC, UC) QP: names the remote QP and the path to it
     /// (`ibv_modify_qp`). The path MTU is clamped to the port's active MTU and
     /// `max_dest_rd_atomic` to the device's limit; the address is checked against the port.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn to_rtr(&self, attr: &RtrAttr) -> Result<()> {
         if self.qp_type() == QpType::Ud {
             return Err(Error::invalid(
@@ -346,6 +348,7 @@ impl QueuePair {
     }
 
     /// INIT -> RTR of a UD QP (`ibv_modify_qp` with the state alone).
+    #[doc(alias = "ibv_modify_qp")]
     pub fn to_rtr_ud(&self) -> Result<()> {
         if self.qp_type() != QpType::Ud {
             return Err(Error::invalid(
@@ -359,6 +362,7 @@ impl QueuePair {
 
     /// RTR -> RTS: the QP may send (`ibv_modify_qp`). RC QPs take the timeouts and retry
     /// counts (see [`RtsAttr`]); UC and UD QPs only `sq_psn`.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn to_rts(&self, attr: &RtsAttr) -> Result<()> {
         let from = self.begin(QpState::Rts)?;
         fits(attr.sq_psn, MAX_PSN, "sq_psn")?;
@@ -378,6 +382,7 @@ impl QueuePair {
 
     /// Any state -> RESET: forgets the connection and drops every outstanding work
     /// request without a completion. From RESET the QP can be brought up again.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn reset(&self) -> Result<()> {
         let from = self.state()?;
         self.modify(from, QpState::Reset, ffi::ibv_qp_attr::default(), ffi::ibv_qp_attr_mask::IBV_QP_STATE)
@@ -385,6 +390,7 @@ impl QueuePair {
 
     /// Any state -> ERR: outstanding work requests complete with a flush error. Then
     /// [`reset`](Self::reset) to reuse the QP.
+    #[doc(alias = "ibv_modify_qp")]
     pub fn to_error(&self) -> Result<()> {
         let from = self.state()?;
         self.modify(from, QpState::Err, ffi::ibv_qp_attr::default(), ffi::ibv_qp_attr_mask::IBV_QP_STATE)
@@ -431,6 +437,7 @@ impl QueuePair {
 
     /// Destroys the QP now and reports the result (`ibv_destroy_qp`). Fails with EBUSY,
     /// destroying nothing yet, while another handle of this crate still holds it.
+    #[doc(alias = "ibv_destroy_qp", alias = "rdma_destroy_qp")]
     pub fn destroy(self) -> Result<()> {
         destroy_shared(self.inner, Verb::DestroyQp, |mut inner| {
             // A QP made through a CM id leaves it first.
@@ -469,7 +476,7 @@ mod tests {
 
     #[test]
     fn default_caps_are_128_wrs_and_one_sge_each_way() {
-        let cap = req(QpType::Rc).check(16384, 32).unwrap();
+        let cap = req(QpType::Rc).check(16384, 32, 65536).unwrap();
         assert_eq!((cap.max_send_wr, cap.max_recv_wr, cap.max_send_sge, cap.max_recv_sge), (128, 128, 1, 1));
     }
 
@@ -477,34 +484,49 @@ mod tests {
     fn caps_above_the_device_limits_name_the_limit() {
         let r = CapRequest { max_send_wr: 20000, ..req(QpType::Rc) };
         assert_eq!(
-            what(r.check(16384, 32).map(|_| ()).unwrap_err()),
+            what(r.check(16384, 32, 65536).map(|_| ()).unwrap_err()),
             "max_send_wr 20000 exceeds the device's max_qp_wr 16384"
         );
         let r = CapRequest { max_recv_sge: Some(33), ..req(QpType::Ud) };
         assert_eq!(
-            what(r.check(16384, 32).map(|_| ()).unwrap_err()),
+            what(r.check(16384, 32, 65536).map(|_| ()).unwrap_err()),
             "max_recv_sge 33 exceeds the device's max_sge 32"
         );
     }
 
     #[test]
+    fn a_depth_the_device_allows_but_no_cq_can_hold_is_refused_naming_max_cqe() {
+        // rxe's limits: queues up to 1,048,576 deep, CQs up to 32,767 entries.
+        let r = CapRequest { max_send_wr: 1 << 20, ..req(QpType::Rc) };
+        let e = r.check(1 << 20, 32, 32767).map(|_| ()).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { verb: Verb::QueuePairBuilderBuild, .. }), "{e:?}");
+        let text = what(e);
+        assert!(text.starts_with("max_send_wr 1048576 is within the device's max_qp_wr 1048576"), "{text}");
+        assert!(text.contains("the deepest queue one CQ serves is 32767"), "{text}");
+        let r = CapRequest { max_recv_wr: Some(32768), ..req(QpType::Rc) };
+        assert!(what(r.check(1 << 20, 32, 32767).map(|_| ()).unwrap_err()).starts_with("max_recv_wr 32768"));
+        let r = CapRequest { max_send_wr: 32767, max_recv_wr: Some(32767), ..req(QpType::Rc) };
+        r.check(1 << 20, 32, 32767).unwrap();
+    }
+
+    #[test]
     fn an_srq_takes_no_receive_sizes() {
         let r = CapRequest { has_srq: true, max_recv_wr: Some(8), ..req(QpType::Rc) };
-        assert!(what(r.check(16384, 32).map(|_| ()).unwrap_err()).contains("with an SRQ"));
-        let cap = CapRequest { has_srq: true, ..req(QpType::Rc) }.check(16384, 32).unwrap();
+        assert!(what(r.check(16384, 32, 65536).map(|_| ()).unwrap_err()).contains("with an SRQ"));
+        let cap = CapRequest { has_srq: true, ..req(QpType::Rc) }.check(16384, 32, 65536).unwrap();
         assert_eq!((cap.max_recv_wr, cap.max_recv_sge), (0, 0));
     }
 
     #[test]
     fn extended_send_ops_must_fit_the_transport() {
         let r = CapRequest { send_ops: Some(SendOps::SEND | SendOps::RDMA_WRITE), ..req(QpType::Ud) };
-        assert!(what(r.check(16384, 32).map(|_| ()).unwrap_err()).contains("UD"));
+        assert!(what(r.check(16384, 32, 65536).map(|_| ()).unwrap_err()).contains("UD"));
         let r = CapRequest { send_ops: Some(SendOps::RDMA_READ), ..req(QpType::Uc) };
-        assert!(what(r.check(16384, 32).map(|_| ()).unwrap_err()).contains("RDMA_READ"));
+        assert!(what(r.check(16384, 32, 65536).map(|_| ()).unwrap_err()).contains("RDMA_READ"));
         let r = CapRequest { send_ops: Some(SendOps::all()), ..req(QpType::Rc) };
-        r.check(16384, 32).unwrap();
+        r.check(16384, 32, 65536).unwrap();
         let r = CapRequest { send_ops: Some(SendOps::empty()), ..req(QpType::Rc) };
-        r.check(16384, 32).map(|_| ()).unwrap_err();
+        r.check(16384, 32, 65536).map(|_| ()).unwrap_err();
     }
 
     #[test]

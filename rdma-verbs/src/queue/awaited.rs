@@ -317,7 +317,7 @@ impl<T: SendBuf, R: Readiness, W: SendRequest> AsyncSendQueue<T, R, W> {
     #[inline]
     pub fn post(&mut self, wr: W) -> Result<Ticket, Refused<W>> {
         if self.slots.room() == 0 {
-            return Err(Refused::new(full(Verb::PostSend, self.slots.cap), wr));
+            return Err(Refused::new(full(Verb::AsyncSendQueuePost, self.slots.cap), wr));
         }
         // A chain the provider stopped inside is posted in part (its part gets the
         // ticket), and comes back: only a chain needs the count before and after.
@@ -348,7 +348,9 @@ impl<T: SendBuf, R: Readiness, W: SendRequest> AsyncSendQueue<T, R, W> {
         let tickets = self.slots.issue((self.queue.posted() - before) as usize);
         match (result, wrs.next()) {
             (Ok(_), None) => Ok(tickets),
-            (Ok(_), Some(first)) => Err(Refused::new(full(Verb::PostSend, self.slots.cap), unposted(vec![first], wrs))),
+            (Ok(_), Some(first)) => {
+                Err(Refused::new(full(Verb::AsyncSendQueuePost, self.slots.cap), unposted(vec![first], wrs)))
+            }
             (Err(r), first) => Err(r.map(|v| unposted(v, first.into_iter().chain(wrs)))),
         }
     }
@@ -436,7 +438,7 @@ impl<T: ExclusiveBuf, R: Readiness> AsyncRecvQueue<T, R> {
     #[inline]
     pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<Ticket, Refused<T>> {
         if self.slots.room() == 0 {
-            return Err(Refused::new(full(Verb::PostRecv, self.slots.cap), buf));
+            return Err(Refused::new(full(Verb::AsyncRecvQueuePost, self.slots.cap), buf));
         }
         self.queue.post(buf, range, id)?;
         Ok(self.slots.issue(1).next().expect("one ticket"))

@@ -143,12 +143,12 @@ impl<T: SendBuf> SendQueue<T, PreparedChain<T>> {
         while let Some(wr) = wrs.next() {
             if parts.len() == most {
                 let e = Error::invalid(
-                    Verb::PostSend,
+                    Verb::SendQueuePrepareChain,
                     format!("a chain holds at most {most} requests (MAX_BATCH, and this queue's depth)"),
                 );
                 return Err(Refused::new(e, back(parts, wr, wrs)));
             }
-            match Prepared::build(wr, *self.limits()) {
+            match Prepared::build(Verb::SendQueuePrepareChain, wr, *self.limits()) {
                 Ok(p) => parts.push(p),
                 Err(r) => {
                     let (error, wr) = r.into_parts();
@@ -157,7 +157,10 @@ impl<T: SendBuf> SendQueue<T, PreparedChain<T>> {
             }
         }
         if parts.is_empty() {
-            return Err(Refused::new(Error::invalid(Verb::PostSend, "a chain needs at least one request"), Vec::new()));
+            return Err(Refused::new(
+                Error::invalid(Verb::SendQueuePrepareChain, "a chain needs at least one request"),
+                Vec::new(),
+            ));
         }
         Ok(PreparedChain::of(parts))
     }
@@ -185,12 +188,12 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
     /// Whether this QP takes every part: at once when they were checked against its
     /// limits and domain and none was handed out since, else part by part.
     #[inline(always)]
-    fn check(&self, limits: &SendLimits, key: u64, sges: &mut Sges, _: Token) -> Result<usize> {
+    fn check(&self, verb: Verb, limits: &SendLimits, key: u64, sges: &mut Sges, _: Token) -> Result<usize> {
         let inner = &*self.inner;
         if !inner.changed && inner.key == key && inner.pd == limits.pd {
             return Ok(0);
         }
-        check_parts(inner, limits, key, sges)
+        check_parts(verb, inner, limits, key, sges)
     }
 
     /// Stamps each part's `wr_id` in the side-by-side C requests (linked when the chain
@@ -230,9 +233,15 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
 /// Checks every part of a chain against a QP (the cold path: a part was handed out, or
 /// the chain was built for another QP).
 #[cold]
-fn check_parts<T: SendBuf>(inner: &ChainInner<T>, limits: &SendLimits, key: u64, sges: &mut Sges) -> Result<usize> {
+fn check_parts<T: SendBuf>(
+    verb: Verb,
+    inner: &ChainInner<T>,
+    limits: &SendLimits,
+    key: u64,
+    sges: &mut Sges,
+) -> Result<usize> {
     for p in &inner.parts {
-        p.check(limits, key, sges, TOKEN())?;
+        p.check(verb, limits, key, sges, TOKEN())?;
     }
     Ok(0)
 }

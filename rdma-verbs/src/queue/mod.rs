@@ -183,8 +183,8 @@ fn depth(verb: Verb, asked: u32, max: u32, what: &str) -> Result<u32> {
 
 #[cold]
 #[inline(never)]
-fn batch_too_long() -> Error {
-    Error::invalid(Verb::PostSend, format!("a batch holds at most {MAX_BATCH} work requests"))
+fn batch_too_long(verb: Verb) -> Error {
+    Error::invalid(verb, format!("a batch holds at most {MAX_BATCH} work requests"))
 }
 
 #[cold]
@@ -206,9 +206,9 @@ fn wider_than_queue(verb: Verb, width: usize, depth: u64) -> Error {
 
 #[cold]
 #[inline(never)]
-fn not_ours(side: &str, wc: &WorkCompletion) -> Error {
+fn not_ours(verb: Verb, side: &str, wc: &WorkCompletion) -> Error {
     Error::invalid(
-        Verb::PollCq,
+        verb,
         format!("completion wr_id {:#x} of QP {:#x} is not outstanding on this {side} queue", wc.wr_id(), wc.qp_num()),
     )
 }

@@ -43,9 +43,9 @@ unsafe impl<T: SendBuf> Send for Prepared<T> {}
 impl<T: SendBuf> Prepared<T> {
     /// Checks `wr` against `limits` (max SGEs, max inline bytes) and builds it.
     #[allow(clippy::result_large_err)] // the refused request comes back by value
-    pub(super) fn build(wr: SendWr<T>, limits: Limits) -> Result<Self, Refused<SendWr<T>>> {
+    pub(super) fn build(verb: Verb, wr: SendWr<T>, limits: Limits) -> Result<Self, Refused<SendWr<T>>> {
         let mut sges = NO_SGES;
-        let n = match check_send(&limits, &wr, &mut sges) {
+        let n = match check_send(verb, &limits, &wr, &mut sges) {
             Ok(n) => n,
             Err(e) => return Err(Refused::new(e, wr)),
         };
@@ -60,10 +60,10 @@ impl<T: SendBuf> Prepared<T> {
 
     /// Checks the request again after a change and rebuilds its C form; on refusal
     /// nothing changed (the caller restores what it changed).
-    fn rebuild(&mut self) -> Result<()> {
+    fn rebuild(&mut self, verb: Verb) -> Result<()> {
         let inner = &mut *self.inner;
         let mut sges = NO_SGES;
-        let n = check_send(&inner.limits, &inner.wr, &mut sges)?;
+        let n = check_send(verb, &inner.limits, &inner.wr, &mut sges)?;
         inner.sges = sges;
         inner.needs = needs(&inner.wr, n);
         let Inner { raw, sges, wr, .. } = inner;
@@ -133,16 +133,16 @@ impl<T: SendBuf> Prepared<T> {
     /// [`PreparedQueue::prepare`]; on refusal the request is unchanged.
     pub fn set_range(&mut self, range: Range<usize>) -> Result<()> {
         let old = std::mem::replace(&mut self.inner.wr.range, range);
-        self.rebuild().inspect_err(|_| self.inner.wr.range = old)
+        self.rebuild(Verb::PreparedSetRange).inspect_err(|_| self.inner.wr.range = old)
     }
 
     /// Targets another remote region (RDMA WRITE, READ, atomics): checked again; on
     /// refusal the request is unchanged. A request without a remote side refuses.
     pub fn set_remote(&mut self, remote: RemoteMr) -> Result<()> {
         let Some(old) = self.inner.wr.retarget(remote) else {
-            return Err(Error::invalid(Verb::PostSend, "this request has no remote side (a SEND)"));
+            return Err(Error::invalid(Verb::PreparedSetRemote, "this request has no remote side (a SEND)"));
         };
-        self.rebuild().inspect_err(|_| {
+        self.rebuild(Verb::PreparedSetRemote).inspect_err(|_| {
             self.inner.wr.retarget(old);
         })
     }
@@ -212,7 +212,7 @@ impl<T: SendBuf> SendQueue<T, Prepared<T>> {
     /// here and not at post time). On refusal the work request comes back.
     #[allow(clippy::result_large_err)] // the refused request comes back by value
     pub fn prepare(&self, wr: SendWr<T>) -> Result<Prepared<T>, Refused<SendWr<T>>> {
-        Prepared::build(wr, *self.limits())
+        Prepared::build(Verb::SendQueuePrepare, wr, *self.limits())
     }
 }
 
@@ -224,12 +224,12 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
     /// Whether this QP takes it: certainly when it was checked against the same limits
     /// (prepared here, or for a QP alike), else when what it needs fits.
     #[inline(always)]
-    fn check(&self, limits: &Limits, key: u64, _sges: &mut Sges, _: Token) -> Result<usize> {
+    fn check(&self, verb: Verb, limits: &Limits, key: u64, _sges: &mut Sges, _: Token) -> Result<usize> {
         let inner = &*self.inner;
         if inner.key == key && inner.limits.pd == limits.pd {
             return Ok(inner.needs.0 as usize);
         }
-        takes(inner, limits)
+        takes(verb, inner, limits)
     }
 
     #[inline(always)]
@@ -258,18 +258,18 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
 
 /// Whether a QP with `limits` takes a request prepared for another QP.
 #[cold]
-fn takes<T: SendBuf>(p: &Inner<T>, limits: &Limits) -> Result<usize> {
+fn takes<T: SendBuf>(verb: Verb, p: &Inner<T>, limits: &Limits) -> Result<usize> {
     let (sges, inline) = p.needs;
     let Limits { max_sge, max_inline, ud, pd } = *limits;
     if p.limits.ud != ud {
-        return Err(Error::invalid(Verb::PostSend, "a request prepared for a QP of another transport (UD or not)"));
+        return Err(Error::invalid(verb, "a request prepared for a QP of another transport (UD or not)"));
     }
     if sges > max_sge || inline > max_inline {
-        return Err(too_big_for(sges, inline, max_sge, max_inline));
+        return Err(too_big_for(verb, sges, inline, max_sge, max_inline));
     }
     if p.limits.pd != pd {
         return Err(Error::invalid(
-            Verb::PostSend,
+            verb,
             "a request prepared for a QP of another protection domain: its buffer is not registered in this one",
         ));
     }
@@ -278,9 +278,9 @@ fn takes<T: SendBuf>(p: &Inner<T>, limits: &Limits) -> Result<usize> {
 
 #[cold]
 #[inline(never)]
-fn too_big_for(sges: u32, inline: u32, max_sge: u32, max_inline: u32) -> Error {
+fn too_big_for(verb: Verb, sges: u32, inline: u32, max_sge: u32, max_inline: u32) -> Error {
     Error::invalid(
-        Verb::PostSend,
+        verb,
         format!(
             "a request prepared for another QP: it needs {sges} SGEs and {inline} bytes inline, this QP takes \
              {max_sge} (max_send_sge) and {max_inline} (max_inline_data)"

@@ -83,28 +83,28 @@ impl<T: ExclusiveBuf> PreparedRecv<T> {
     /// Whether the queue with `max_sge` and `pd` takes it: at once when it was checked
     /// against the same, else out of line.
     #[inline(always)]
-    fn check(&self, max_sge: u32, pd: PdId) -> Result<()> {
+    fn check(&self, verb: Verb, max_sge: u32, pd: PdId) -> Result<()> {
         let inner = &*self.inner;
         if inner.pd == pd && inner.max_sge == max_sge {
             return Ok(());
         }
-        takes(inner, max_sge, pd)
+        takes(verb, inner, max_sge, pd)
     }
 }
 
 /// Whether a queue with `max_sge` and `pd` takes a receive prepared for another.
 #[cold]
-fn takes<T>(p: &Inner<T>, max_sge: u32, pd: PdId) -> Result<()> {
+fn takes<T>(verb: Verb, p: &Inner<T>, max_sge: u32, pd: PdId) -> Result<()> {
     if p.pd != pd {
         return Err(Error::invalid(
-            Verb::PostRecv,
+            verb,
             "a receive prepared for a QP of another protection domain: its buffer is not registered in this one",
         ));
     }
     let n = p.raw.num_sge as u32;
     if n > max_sge {
         return Err(Error::invalid(
-            Verb::PostRecv,
+            verb,
             format!("a receive prepared with {n} SGEs, but this queue takes {max_sge} (max_recv_sge)"),
         ));
     }
@@ -164,7 +164,9 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecv<T>> {
     #[allow(clippy::result_large_err)] // the refused buffer comes back by value
     pub fn prepare(&self, buf: T, range: Range<usize>, id: u64) -> Result<PreparedRecv<T>, Refused<T>> {
         let (mut sges, mut raw) = (NO_SGES, EMPTY_RECV);
-        if let Err(e) = fill_recv(&buf, range.clone(), 0, (self.max_sge, self.pd), &mut sges, &mut raw) {
+        if let Err(e) =
+            fill_recv(Verb::RecvQueuePrepare, &buf, range.clone(), 0, (self.max_sge, self.pd), &mut sges, &mut raw)
+        {
             return Err(Refused::new(e, buf));
         }
         let inner = Box::new(Inner { raw, sges, buf, range, id, pd: self.pd, max_sge: self.max_sge });
@@ -184,14 +186,14 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecv<T>> {
     #[inline(always)]
     #[allow(clippy::result_large_err)] // the refused receive comes back by value
     pub fn post(&mut self, mut p: PreparedRecv<T>) -> Result<(), Refused<PreparedRecv<T>>> {
-        if let Err(e) = p.check(self.max_sge, self.pd) {
+        if let Err(e) = p.check(Verb::RecvQueuePost, self.max_sge, self.pd) {
             return Err(Refused::new(e, p));
         }
         let (raw, seq) = (self.raw, self.ring_head());
         let (ring, tag) = self.ring_and_tag();
         if ring.free() == 0 {
             let cap = ring.cap;
-            return Err(Refused::new(queue_full(Verb::PostRecv, cap), p));
+            return Err(Refused::new(queue_full(Verb::RecvQueuePost, cap), p));
         }
         let wr = p.stamp(wr_id(tag, seq));
         let mut bad = std::ptr::null_mut();
@@ -220,10 +222,10 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecv<T>> {
         let mut recvs = recvs.into_iter();
         for p in recvs.by_ref() {
             if n == room {
-                refused = refuse(queue_full(Verb::PostRecv, ring.cap), p);
+                refused = refuse(queue_full(Verb::RecvQueuePostBatch, ring.cap), p);
                 break;
             }
-            if let Err(e) = p.check(max_sge, pd) {
+            if let Err(e) = p.check(Verb::RecvQueuePostBatch, max_sge, pd) {
                 refused = refuse(e, p);
                 break;
             }

@@ -96,6 +96,7 @@ impl QueuePair {
 /// its SGEs into `sges`, in place; returns it.
 #[inline(always)]
 pub(super) fn fill_recv<'o, T: ExclusiveBuf>(
+    verb: Verb,
     buf: &T,
     range: Range<usize>,
     wr_id: u64,
@@ -103,9 +104,9 @@ pub(super) fn fill_recv<'o, T: ExclusiveBuf>(
     sges: &mut Sges,
     out: &'o mut ffi::ibv_recv_wr,
 ) -> Result<&'o mut ffi::ibv_recv_wr> {
-    let n = buf.sges(range, pd, sges)?;
+    let n = buf.sges(verb, range, pd, sges)?;
     if n as u32 > max_sge {
-        return Err(too_many_recv_sges(n, max_sge));
+        return Err(too_many_recv_sges(verb, n, max_sge));
     }
     out.wr_id = wr_id;
     out.next = std::ptr::null_mut();
@@ -116,8 +117,8 @@ pub(super) fn fill_recv<'o, T: ExclusiveBuf>(
 
 #[cold]
 #[inline(never)]
-fn too_many_recv_sges(n: usize, max_sge: u32) -> Error {
-    Error::invalid(Verb::PostRecv, format!("{n} SGEs, but the queue takes {max_sge} (max_recv_sge)"))
+fn too_many_recv_sges(verb: Verb, n: usize, max_sge: u32) -> Error {
+    Error::invalid(verb, format!("{n} SGEs, but the queue takes {max_sge} (max_recv_sge)"))
 }
 
 // ---- receive side ---------------------------------------------------------------
@@ -250,7 +251,7 @@ impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
     #[doc(hidden)]
     pub fn restart_sequence_at(&mut self, seq: u64) -> Result<()> {
         if self.ring.outstanding() != 0 {
-            return Err(Error::invalid(Verb::PostRecv, "only an empty queue restarts its sequence numbers"));
+            return Err(Error::invalid(Verb::RestartSequenceAt, "only an empty queue restarts its sequence numbers"));
         }
         self.ring.restart_at(seq);
         (self.oldest, self.run, self.member_fail, self.next_ids) = (seq, Run::NONE, None, Numbering::NONE);
@@ -306,7 +307,7 @@ impl<T: Send + 'static, R: RecvRequest> RecvQueue<T, R> {
         // Ours when it is the oldest outstanding receive of this queue on this QP.
         let expected = self.wr_id(self.ring.tail);
         if (wc.wr_id() != expected) | (wc.qp_num() != self.qp_num) | (self.ring.outstanding() == 0) {
-            return Err(not_ours("receive", wc));
+            return Err(not_ours(Verb::RecvQueueComplete, "receive", wc));
         }
         let r = self.ring.pop();
         wc.consume();
@@ -381,17 +382,26 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 
     /// Posts a receive into `range` of `buf` (one provider call, no allocation, no
     /// syscall). On refusal the buffer comes back in the error.
+    #[doc(alias = "ibv_post_recv")]
     // Always inlined, as the send queue's `post`: a call costs more than the rest of it.
     #[inline(always)]
     #[allow(clippy::result_large_err)] // the refused buffer comes back by value
     pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), Refused<T>> {
         if self.ring.free() == 0 {
-            return Err(Refused::new(queue_full(Verb::PostRecv, self.ring.cap), buf));
+            return Err(Refused::new(queue_full(Verb::RecvQueuePost, self.ring.cap), buf));
         }
         let wr_id = self.wr_id(self.ring.head);
         // Built in the scratch space (every field written), not on the stack.
         let RecvScratch { sges, raws } = &mut *self.scratch;
-        let wr = match fill_recv(&buf, range, wr_id, (self.max_sge, self.pd), &mut sges[0], &mut raws[0]) {
+        let wr = match fill_recv(
+            Verb::RecvQueuePost,
+            &buf,
+            range,
+            wr_id,
+            (self.max_sge, self.pd),
+            &mut sges[0],
+            &mut raws[0],
+        ) {
             Ok(wr) => wr,
             Err(e) => return Err(Refused::new(e, buf)),
         };
@@ -408,6 +418,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
 
     /// Posts up to [`MAX_BATCH`] receives `(buffer, range, id)` with one provider call.
     /// Returns how many were posted; on refusal, the error and the unposted buffers.
+    #[doc(alias = "ibv_post_recv")]
     pub fn post_batch<I>(&mut self, recvs: I) -> Result<usize, Refused<Vec<T>>>
     where
         I: IntoIterator<Item = (T, Range<usize>, u64)>,
@@ -419,11 +430,19 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         let mut recvs = recvs.into_iter();
         for (buf, range, id) in recvs.by_ref() {
             if n == room {
-                refused = refuse(queue_full(Verb::PostRecv, self.ring.cap), (buf, id));
+                refused = refuse(queue_full(Verb::RecvQueuePostBatch, self.ring.cap), (buf, id));
                 break;
             }
             let wr_id = wr_id(self.tag_bits, self.ring.head + n as u64);
-            match fill_recv(&buf, range, wr_id, (self.max_sge, self.pd), &mut sges[n], &mut raws[n]) {
+            match fill_recv(
+                Verb::RecvQueuePostBatch,
+                &buf,
+                range,
+                wr_id,
+                (self.max_sge, self.pd),
+                &mut sges[n],
+                &mut raws[n],
+            ) {
                 Ok(wr) => {
                     chain.link(wr);
                     self.ring.stage(n, (buf, id));
@@ -511,16 +530,17 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
     }
 
     /// Posts a receive into `range` of `buf`. On refusal the buffer comes back.
+    #[doc(alias = "ibv_post_srq_recv")]
     #[inline]
     pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), Refused<T>> {
         if self.nfree == 0 {
-            return Err(Refused::new(queue_full(Verb::PostSrqRecv, self.slots.len() as u64), buf));
+            return Err(Refused::new(queue_full(Verb::SrqQueuePost, self.slots.len() as u64), buf));
         }
         let index = self.free[self.nfree - 1];
         let slot = &mut self.slots[index as usize];
         let wr_id = RECV_TAG | self.tag.bits() | (u64::from(slot.generation) << SLOT_BITS) | u64::from(index);
         let (mut sges, mut wr) = (NO_SGES, EMPTY_RECV);
-        let wr = match fill_recv(&buf, range, wr_id, (self.max_sge, self.pd), &mut sges, &mut wr) {
+        let wr = match fill_recv(Verb::SrqQueuePost, &buf, range, wr_id, (self.max_sge, self.pd), &mut sges, &mut wr) {
             Ok(wr) => wr,
             Err(e) => return Err(Refused::new(e, buf)),
         };
@@ -541,12 +561,12 @@ impl<T: ExclusiveBuf> SrqQueue<T> {
     #[inline]
     pub fn complete(&mut self, wc: &mut WorkCompletion) -> Result<Done<T>> {
         let Some(low) = ours(wc, true, self.tag.bits()) else {
-            return Err(not_ours("shared receive", wc));
+            return Err(not_ours(Verb::SrqQueueComplete, "shared receive", wc));
         };
         let (index, generation) = ((low & ((1 << SLOT_BITS) - 1)) as usize, (low >> SLOT_BITS) as u32);
         let slot = match self.slots.get_mut(index) {
             Some(s) if s.generation == generation && s.buf.is_some() => s,
-            _ => return Err(not_ours("shared receive", wc)),
+            _ => return Err(not_ours(Verb::SrqQueueComplete, "shared receive", wc)),
         };
         let (buf, user_id) = slot.buf.take().expect("checked above");
         slot.generation = (slot.generation + 1) & ((1 << (TAG_SHIFT - SLOT_BITS)) - 1);

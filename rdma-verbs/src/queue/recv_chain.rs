@@ -337,12 +337,20 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         while let Some((buf, range, id)) = recvs.next() {
             let refused = if members.len() == most {
                 Error::invalid(
-                    Verb::PostRecv,
+                    Verb::RecvQueuePrepareChain,
                     format!("a chain holds at most {most} receives (MAX_BATCH, and this queue's depth)"),
                 )
             } else {
                 let (mut s, mut raw) = (NO_SGES, EMPTY_RECV);
-                match fill_recv(&buf, range.clone(), 0, (self.max_sge, self.pd), &mut s, &mut raw) {
+                match fill_recv(
+                    Verb::RecvQueuePrepareChain,
+                    &buf,
+                    range.clone(),
+                    0,
+                    (self.max_sge, self.pd),
+                    &mut s,
+                    &mut raw,
+                ) {
                     Ok(_) => {
                         members.push(Member { buf, range, id });
                         sges.push(s);
@@ -356,7 +364,10 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
             return Err(Refused::new(refused, back.collect()));
         }
         if members.is_empty() {
-            return Err(Refused::new(Error::invalid(Verb::PostRecv, "a chain needs at least one receive"), Vec::new()));
+            return Err(Refused::new(
+                Error::invalid(Verb::RecvQueuePrepareChain, "a chain needs at least one receive"),
+                Vec::new(),
+            ));
         }
         Ok(PreparedRecvChain::of(members, sges, raws, self.pd, self.max_sge))
     }
@@ -372,8 +383,11 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         let (ring, _) = self.ring_and_tag();
         if w > ring.free() {
             let cap = ring.cap;
-            let e =
-                if w as u64 > cap { wider_than_queue(Verb::PostRecv, w, cap) } else { queue_full(Verb::PostRecv, cap) };
+            let e = if w as u64 > cap {
+                wider_than_queue(Verb::RecvQueuePost, w, cap)
+            } else {
+                queue_full(Verb::RecvQueuePost, cap)
+            };
             return Err(Refused::new(e, chain));
         }
         let mut chain = chain;
@@ -458,7 +472,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
         let ChainState { ring, tag, qp_num, oldest, member_fail, run } = self.chain_state();
         let tail = ring.tail;
         if !((wc.wr_id() == tag | (tail & LOW_MASK)) & (wc.qp_num() == qp_num) & (tail != ring.head)) {
-            return Err(not_ours("receive", wc));
+            return Err(not_ours(Verb::RecvQueueComplete, "receive", wc));
         }
         // The next `complete_all` sets its run afresh (this writes a record by index).
         run.end = 0;
@@ -536,7 +550,7 @@ impl<T: ExclusiveBuf> RecvQueue<T, PreparedRecvChain<T>> {
             done(unsafe { finish_oldest(ring, oldest, run, member_fail, qp_num, byte_len) });
         }
         match wcs.get(at) {
-            Some(stranger) => Err(not_ours("receive", stranger)),
+            Some(stranger) => Err(not_ours(Verb::RecvQueueComplete, "receive", stranger)),
             None => Ok(at),
         }
     }
@@ -733,14 +747,14 @@ impl<T> ChainInner<T> {
 fn takes<T>(c: &ChainInner<T>, max_sge: u32, pd: PdId) -> Result<()> {
     if c.pd != pd {
         return Err(Error::invalid(
-            Verb::PostRecv,
+            Verb::RecvQueuePost,
             "a receive chain prepared for a QP of another protection domain: its buffers are not registered in this one",
         ));
     }
     let n = c.raws.iter().map(|r| r.num_sge as u32).max().unwrap_or(0);
     if n > max_sge {
         return Err(Error::invalid(
-            Verb::PostRecv,
+            Verb::RecvQueuePost,
             format!(
                 "a receive chain prepared with {n} SGEs in a receive, but this queue takes {max_sge} (max_recv_sge)"
             ),

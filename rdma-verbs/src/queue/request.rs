@@ -85,7 +85,9 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
     /// Checks the request against the QP and writes its SGEs (if it builds them) into
     /// `sges`; returns how many.
     #[doc(hidden)]
-    fn check(&self, limits: &SendLimits, key: u64, sges: &mut Sges, _: Token) -> Result<usize>;
+    /// A refusal names `verb`, the method that asked.
+    #[doc(hidden)]
+    fn check(&self, verb: Verb, limits: &SendLimits, key: u64, sges: &mut Sges, _: Token) -> Result<usize>;
 
     /// The C request(s) to post, the first as `wr_id(tag, seq)` and each next one
     /// with the next sequence number, linked, the last `next` NULL: built into `out`
@@ -168,8 +170,8 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
     type Back = T;
 
     #[inline(always)]
-    fn check(&self, limits: &SendLimits, _key: u64, sges: &mut Sges, _: Token) -> Result<usize> {
-        check_send(limits, self, sges)
+    fn check(&self, verb: Verb, limits: &SendLimits, _key: u64, sges: &mut Sges, _: Token) -> Result<usize> {
+        check_send(verb, limits, self, sges)
     }
 
     #[inline(always)]
@@ -292,25 +294,30 @@ unsafe fn extended<T: SendBuf>(qpx: *mut ffi::ibv_qp_ex, wr: &SendWr<T>, seq: u6
 /// Checks `wr` against a queue's limits and writes its SGEs into `sges`; returns how
 /// many. No allocation; the error paths are out of line.
 #[inline(always)]
-pub(super) fn check_send<T: SendBuf>(limits: &SendLimits, wr: &SendWr<T>, sges: &mut Sges) -> Result<usize> {
+pub(super) fn check_send<T: SendBuf>(
+    verb: Verb,
+    limits: &SendLimits,
+    wr: &SendWr<T>,
+    sges: &mut Sges,
+) -> Result<usize> {
     let SendLimits { max_sge, max_inline, ud, pd } = *limits;
     // A UD send without an address handle would have the provider read a NULL one.
     if wr.ah.is_some() != ud {
-        return Err(refused(SendRefusal::Transport { ud }));
+        return Err(refused(verb, SendRefusal::Transport { ud }));
     }
-    let n = wr.buf.sges(wr.range.clone(), pd, sges)?;
+    let n = wr.buf.sges(verb, wr.range.clone(), pd, sges)?;
     if n as u32 > max_sge {
-        return Err(refused(SendRefusal::Sges { n, max: max_sge }));
+        return Err(refused(verb, SendRefusal::Sges { n, max: max_sge }));
     }
     let len = wr.range.end - wr.range.start;
     if wr.is_inline() && len > max_inline as usize {
-        return Err(refused(SendRefusal::Inline { len, max: max_inline }));
+        return Err(refused(verb, SendRefusal::Inline { len, max: max_inline }));
     }
     if wr.op.has_remote() && len as u64 > wr.remote_len {
-        return Err(refused(SendRefusal::Remote { len, remote: wr.remote_len }));
+        return Err(refused(verb, SendRefusal::Remote { len, remote: wr.remote_len }));
     }
     if wr.op.is_atomic() && wr.remote().is_some_and(|r| r.addr % 8 != 0 || r.len < 8) {
-        return Err(refused(SendRefusal::Atomic));
+        return Err(refused(verb, SendRefusal::Atomic));
     }
     Ok(n)
 }
@@ -321,10 +328,11 @@ pub(super) fn check_send<T: SendBuf>(limits: &SendLimits, wr: &SendWr<T>, sges: 
 #[inline]
 fn ext_takes<T: SendBuf>(ext: Ext, wr: &SendWr<T>, n: usize) -> bool {
     let Some((_, ops)) = ext else { return false };
-    let q = compat::quirks();
+    // The quirks only matter for lists: a single SGE never reads them (the queue's claim
+    // has looked them up already, so no post pays for that).
     n >= 1
         && ops.contains(wr.op.codes().ops)
-        && (n == 1 || if wr.is_inline() { q.wr_inline_list } else { q.wr_sge_list })
+        && (n == 1 || if wr.is_inline() { compat::quirks().wr_inline_list } else { compat::quirks().wr_sge_list })
 }
 
 /// Why the safe send path refused a work request before calling the provider.
@@ -338,7 +346,7 @@ enum SendRefusal {
 
 #[cold]
 #[inline(never)]
-fn refused(why: SendRefusal) -> Error {
+fn refused(verb: Verb, why: SendRefusal) -> Error {
     let what = match why {
         SendRefusal::Sges { n, max } => format!("{n} SGEs, but the QP takes {max} (max_send_sge)"),
         SendRefusal::Inline { len, max } => format!("{len} bytes inline, but the QP allows {max} (max_inline_data)"),
@@ -351,5 +359,5 @@ fn refused(why: SendRefusal) -> Error {
             "an address handle (SendWr::send_ud) is for UD QPs; this QP is connected".into()
         }
     };
-    Error::invalid(Verb::PostSend, what)
+    Error::invalid(verb, what)
 }

@@ -5,7 +5,7 @@ use std::mem::MaybeUninit;
 
 use super::not_ours;
 use super::tag::LOW_MASK;
-use crate::error::{Error, Refused, Result};
+use crate::error::{Error, Refused, Result, Verb};
 use crate::wc::WorkCompletion;
 
 /// A ring of entries indexed by sequence number, for queues whose requests complete in
@@ -176,7 +176,7 @@ impl<E> Ring<E> {
         // this queue's tag (send side), the QP is this one, and it is outstanding.
         let ahead = id.wrapping_sub(tail) & LOW_MASK;
         if (id & !LOW_MASK != tag) | (wc.qp_num() != qp_num) | (ahead >= self.outstanding()) {
-            return Err(not_ours("send", wc));
+            return Err(not_ours(Verb::SendQueueComplete, "send", wc));
         }
         wc.consume();
         Ok(ahead + 1)

@@ -211,6 +211,11 @@ impl QueuePair {
         let room = CqReservation::take(&self.inner.send_cq, depth.into(), Verb::Claim, "this send queue")?;
         let limits = self.send_limits();
         let tag = Tag::reserve()?;
+        if self.inner.qp_ex.is_some() {
+            // Which rdma-core is loaded (its quirks decide what the extended API takes) is
+            // read from the file system once: here, in the control plane, not at a post.
+            crate::compat::quirks();
+        }
         Ok(SendQueue {
             ring: Ring::new(depth),
             scratch: SendScratch::new(),
@@ -266,7 +271,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     #[doc(hidden)]
     pub fn restart_sequence_at(&mut self, seq: u64) -> Result<()> {
         if self.ring.outstanding() != 0 {
-            return Err(Error::invalid(Verb::PostSend, "only an empty queue restarts its sequence numbers"));
+            return Err(Error::invalid(Verb::RestartSequenceAt, "only an empty queue restarts its sequence numbers"));
         }
         self.ring.restart_at(seq);
         (self.into, self.member_fail) = (0, None);
@@ -289,6 +294,13 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// (by our checks or by the provider) the request comes back in the error. (A
     /// prepared chain the provider stopped inside: its unposted part comes back, and the
     /// posted part with the completion of its last request.)
+    #[doc(
+        alias = "ibv_post_send",
+        alias = "ibv_wr_start",
+        alias = "ibv_wr_complete",
+        alias = "ibv_wr_set_sge",
+        alias = "ibv_wr_set_sge_list"
+    )]
     // Always inlined: a tool's posting loop is large enough that the hint alone left this
     // an out-of-line call, ~10 instructions a post (scripts/per-message).
     #[inline(always)]
@@ -299,7 +311,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let most = if R::CHAIN { MAX_BATCH } else { 1 };
         let room = self.ring.free().min(most);
         let mut chain = Staging::new();
-        let (n, refused) = match self.stage(0, room, most, wr, &mut chain) {
+        let (n, refused) = match self.stage(Verb::SendQueuePost, 0, room, most, wr, &mut chain) {
             Ok(w) => (w, None),
             Err(r) => (0, Some(r)),
         };
@@ -319,6 +331,13 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// were posted. When one is refused (by our checks or by the provider), the ones
     /// before it are posted, and the error comes back with the requests that were not
     /// posted, in order (that path allocates, the fast path does not).
+    #[doc(
+        alias = "ibv_post_send",
+        alias = "ibv_wr_start",
+        alias = "ibv_wr_complete",
+        alias = "ibv_wr_set_sge",
+        alias = "ibv_wr_set_sge_list"
+    )]
     #[inline]
     pub fn post_batch<I>(&mut self, wrs: I) -> Result<usize, Refused<Vec<R>>>
     where
@@ -329,7 +348,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let mut chain = Staging::new();
         let (mut n, mut items, mut refused) = (0, 0, None);
         for wr in wrs.by_ref() {
-            match self.stage(n, room, MAX_BATCH, wr, &mut chain) {
+            match self.stage(Verb::SendQueuePostBatch, n, room, MAX_BATCH, wr, &mut chain) {
                 Ok(w) => {
                     n += w;
                     items += 1;
@@ -354,10 +373,12 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// first C request, `n` places past the head), and (on a QP
     /// without the extended API, or for a chain) builds or stamps its C request(s) and
     /// appends them to `chain`. `room` is how many C requests this post may stage, `most`
-    /// the longest post allowed. Returns how many C requests it staged.
+    /// the longest post allowed, `verb` the post method (a refusal names it). Returns how
+    /// many C requests it staged.
     #[inline(always)]
     fn stage(
         &mut self,
+        verb: Verb,
         n: usize,
         room: usize,
         most: usize,
@@ -368,11 +389,11 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let w = wr.width();
         if n + w > room {
             let e = if n + w > most {
-                batch_too_long()
+                batch_too_long(verb)
             } else if w as u64 > ring.cap {
-                wider_than_queue(Verb::PostSend, w, ring.cap)
+                wider_than_queue(verb, w, ring.cap)
             } else {
-                queue_full(Verb::PostSend, ring.cap)
+                queue_full(verb, ring.cap)
             };
             return Err(refusal(e, wr));
         }
@@ -381,7 +402,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         // stays, and a refused one is read back out (the cold path). A chain's other C
         // requests leave their slots empty.
         let staged = ring.stage(n, wr);
-        let k = match staged.check(limits, *key, &mut sges[n], TOKEN()) {
+        let k = match staged.check(verb, limits, *key, &mut sges[n], TOKEN()) {
             Ok(k) => k,
             // SAFETY: staged just above, neither committed nor taken back.
             Err(e) => return Err(refusal(e, unsafe { ring.unstage(n) })),

@@ -331,27 +331,31 @@ fn a_buffer_registered_in_another_protection_domain_is_refused_before_c_by_every
     let mut theirs = chunks(&foreign, 4, 64, AccessFlags::LOCAL_WRITE);
     // Any remote region: the request never reaches the wire.
     let remote = RemoteMr { addr: 0x1000, len: 64, rkey: 1 };
-    let says_other_pd = |e: &Error| {
-        assert!(matches!(e, Error::InvalidArgument { .. }), "refused before C: {e:?}");
+    // Refused before C by the method called, which the error names first.
+    let says_other_pd = |e: &Error, method: &str| {
+        assert!(matches!(e, Error::InvalidArgument { verb, .. } if verb.name() == method), "by {method}: {e:?}");
+        assert!(e.to_string().starts_with(&format!("{method}: ")), "{e}");
         assert!(e.to_string().contains("another protection domain"), "{e}");
     };
 
     // A SEND source, one post and a batch: refused, handed back, nothing posted.
     let Refused { error, value } = a.sq.post(SendWr::send(theirs.pop().unwrap(), 0..64)).unwrap_err();
-    says_other_pd(&error);
+    says_other_pd(&error, "SendQueue::post");
+    assert!(error.to_string().contains("refused before ibv_post_send, nothing posted"), "{error}");
     let Refused { error, value } = a.sq.post_batch([value, SendWr::send(theirs.pop().unwrap(), 0..64)]).unwrap_err();
-    says_other_pd(&error);
+    says_other_pd(&error, "SendQueue::post_batch");
     assert_eq!(value.len(), 2, "both requests come back");
     assert_eq!(a.sq.outstanding(), 0);
-    // A receive target on the other side.
+    // A receive target on the other side: a receive verb is named, never a send one.
     let Refused { error, .. } = b.rq.post(theirs.pop().unwrap(), 0..64, 1).unwrap_err();
-    says_other_pd(&error);
+    says_other_pd(&error, "RecvQueue::post");
+    assert!(error.to_string().contains("refused before ibv_post_recv, nothing posted"), "{error}");
     assert_eq!(b.rq.outstanding(), 0);
     // And a request prepared for this QP.
     let Side { sq, qp, cq, .. } = a;
     drop(sq);
     let pq = qp.prepared_queue::<Chunk>().unwrap();
     let Refused { error, .. } = pq.prepare(SendWr::write(theirs.pop().unwrap(), 0..64, remote)).unwrap_err();
-    says_other_pd(&error);
+    says_other_pd(&error, "SendQueue::prepare");
     drop((pq, qp, cq, b));
 }

@@ -1,7 +1,7 @@
 //! Prepared chains (`ChainQueue`): requests checked and built once, linked, posted whole
 //! and handed back whole; every byte that arrives is compared with what was written.
 
-use rdma_verbs::{AccessFlags, Chunk, CompletionQueue, ProtectionDomain, QpAccess, QueuePair, Refused};
+use rdma_verbs::{AccessFlags, Chunk, CompletionQueue, Error, ProtectionDomain, QpAccess, QueuePair, Refused};
 use rdma_verbs::{ChainQueue, Done, PreparedChain, RecvQueue, RemoteMr, SendWr, WcOpcode, WcStatus, WorkCompletion};
 
 use crate::datapath::{chunks, poll_one, rc_pair, Side};
@@ -166,19 +166,24 @@ fn a_chain_is_refused_whole_before_c_when_empty_too_long_bad_full_or_for_another
     let (pd, a, b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
     let mut a = chained(a, 8);
     let t = target(&pd, 4096);
+    let by = |e: &Error, method: &str| {
+        assert!(matches!(e, Error::InvalidArgument { verb, .. } if verb.name() == method), "by {method}: {e:?}");
+        e.to_string()
+    };
+    let (prepare, post) = ("SendQueue::prepare_chain", "SendQueue::post");
     let Refused { error: e, value } = a.cq_.prepare_chain(Vec::new()).unwrap_err();
-    assert!(e.to_string().contains("at least one"), "{e}");
+    assert!(by(&e, prepare).contains("at least one"), "{e}");
     assert!(value.is_empty());
     // Longer than the queue is deep: every request back, in order.
     let Refused { error: e, value } = a.cq_.prepare_chain(writes(&pd, &t, 9)).unwrap_err();
-    assert!(e.to_string().contains("at most 8 requests"), "{e}");
+    assert!(by(&e, prepare).contains("at most 8 requests"), "{e}");
     assert_eq!(value.iter().map(id_of).collect::<Vec<_>>(), (0..9).collect::<Vec<_>>());
     // One bad request (a range past its buffer): all back, in order.
     let mut wrs = writes(&pd, &t, 4);
     let c = chunks(&pd, 1, LEN, AccessFlags::LOCAL_WRITE).pop().unwrap();
     wrs.insert(2, SendWr::write(c, 0..LEN + 1, t.remote().unwrap()).id(99));
     let Refused { error: e, value } = a.cq_.prepare_chain(wrs).unwrap_err();
-    assert!(e.to_string().contains("outside a 64-byte buffer"), "{e}");
+    assert!(by(&e, prepare).contains("outside a 64-byte buffer"), "{e}");
     assert_eq!(value.iter().map(id_of).collect::<Vec<_>>(), [0, 1, 99, 2, 3]);
     // Four chains of one outstanding on a queue 8 deep; a chain of 6 does not fit: back whole.
     b.qp.reset().unwrap(); // nothing completes: they stay outstanding
@@ -186,7 +191,7 @@ fn a_chain_is_refused_whole_before_c_when_empty_too_long_bad_full_or_for_another
     assert_eq!(a.cq_.post_batch(ones).unwrap(), 4);
     let six = a.cq_.prepare_chain(writes(&pd, &t, 6)).unwrap();
     let Refused { error: e, value: six } = a.cq_.post(six).unwrap_err();
-    assert!(e.to_string().contains("full"), "{e}");
+    assert!(by(&e, post).contains("nothing posted: the queue is full"), "{e}");
     assert_eq!((six.len(), a.cq_.outstanding()), (6, 4));
     // Built for a QP of another protection domain, or with a part from one put in its
     // place: refused before C, back whole.
@@ -195,18 +200,18 @@ fn a_chain_is_refused_whole_before_c_when_empty_too_long_bad_full_or_for_another
     let t2 = target(&pd2, 4096);
     let foreign = c.cq_.prepare_chain(writes(&pd2, &t2, 3)).unwrap();
     let Refused { error: e, value: foreign } = a.cq_.post(foreign).unwrap_err();
-    assert!(e.to_string().contains("another protection domain"), "{e}");
+    assert!(by(&e, post).contains("another protection domain"), "{e}");
     assert_eq!((foreign.len(), a.cq_.outstanding()), (3, 4));
     // Prepared for a deeper queue, wider than this one: named so, not "full".
     let wide = c.cq_.prepare_chain(writes(&pd2, &t2, 9)).unwrap();
     let Refused { error: e, value: wide } = a.cq_.post(wide).unwrap_err();
-    assert!(e.to_string().contains("a chain of 9 requests never fits this queue, 8 deep"), "{e}");
+    assert!(by(&e, post).contains("a chain of 9 requests never fits this queue, 8 deep"), "{e}");
     assert_eq!((wide.len(), a.cq_.outstanding()), (9, 4));
     let mut two = a.cq_.prepare_chain(writes(&pd, &t, 2)).unwrap();
     let stranger = d.pq.prepare(writes(&pd2, &t2, 1).pop().unwrap()).unwrap();
     let mine = std::mem::replace(two.get_mut(1).unwrap(), stranger);
     let Refused { error: e, value: mut two } = a.cq_.post(two).unwrap_err();
-    assert!(e.to_string().contains("another protection domain"), "{e}");
+    assert!(by(&e, post).contains("another protection domain"), "{e}");
     assert_eq!((two.len(), a.cq_.outstanding()), (2, 4));
     // Put back, it is taken again (the four before it still outstanding: 6 of 8).
     let _stranger = std::mem::replace(two.get_mut(1).unwrap(), mine);

@@ -54,7 +54,7 @@ fn cqe_past_max_cqe_zero_cqe_and_a_bad_comp_vector_are_rejected_and_the_context_
     let max_cqe = ctx.query_device().unwrap().max_cqe;
 
     let err = CompletionQueue::new(&ctx, max_cqe + 1).unwrap_err();
-    assert!(matches!(err, Error::InvalidArgument { verb: Verb::CreateCq, .. }), "{err:?}");
+    assert!(matches!(err, Error::InvalidArgument { verb: Verb::CqBuilderBuild, .. }), "{err:?}");
     let text = err.to_string();
     assert!(text.contains(&format!("cqe {} exceeds the device's max_cqe {max_cqe}", max_cqe + 1)), "{text}");
 

@@ -23,8 +23,8 @@ fn invalid_message(e: Error) -> String {
 #[track_caller]
 fn build_refusal(e: Error) -> String {
     match e {
-        Error::InvalidArgument { verb: Verb::CreateQpEx, .. } => e.to_string(),
-        other => panic!("expected InvalidArgument naming ibv_create_qp_ex, got {other:?}"),
+        Error::InvalidArgument { verb: Verb::QueuePairBuilderBuild, .. } => e.to_string(),
+        other => panic!("expected InvalidArgument naming QueuePairBuilder::build, got {other:?}"),
     }
 }
 

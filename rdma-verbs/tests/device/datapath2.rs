@@ -165,10 +165,20 @@ fn quiet(cq: &mut CompletionQueue) {
     assert!(extra.is_empty(), "unexpected completions: {extra:?}");
 }
 
-fn invalid_text(e: &Error) -> String {
+/// The text of a refusal made before C by `method`, which it must name first (and, for
+/// a post, say that nothing was posted).
+#[track_caller]
+fn invalid_text(e: &Error, method: &str) -> String {
     match e {
-        Error::InvalidArgument { .. } => e.to_string(),
-        other => panic!("expected a refusal before C, got {other}"),
+        Error::InvalidArgument { verb, .. } if verb.name() == method => {
+            let text = e.to_string();
+            assert!(text.starts_with(&format!("{method}: ")), "{text}");
+            if verb.posts_through().is_some() {
+                assert!(text.contains("nothing posted"), "{text}");
+            }
+            text
+        }
+        other => panic!("expected a refusal by {method} before C, got {other}"),
     }
 }
 
@@ -295,7 +305,7 @@ fn a_message_gathered_from_two_regions_is_scattered_into_two_other_regions_by_se
     assert!((2..8).contains(&max), "max_send_sge {max}: this test needs 2..8");
     let segs: [Chunk; 8] = chunks(&pd, 8, 100, AccessFlags::LOCAL_WRITE).try_into().unwrap();
     let text = match sq8.post(SendWr::write(segs, 0..(max + 1) * 100, remote)) {
-        Err(Refused { error: e, .. }) => invalid_text(&e),
+        Err(Refused { error: e, .. }) => invalid_text(&e, "SendQueue::post"),
         Ok(()) => panic!("{} SGEs posted on a QP that takes {max}", max + 1),
     };
     assert!(text.contains("max_send_sge"), "{text}");
@@ -880,7 +890,7 @@ fn inline_sends_up_to_max_inline_data_arrive_and_one_byte_more_is_refused_before
     dst.fill(UNTOUCHED);
     posted(b.rq.post(dst, 0..max + 64, 9));
     let text = match a.sq.post(SendWr::send(srcs.pop().unwrap(), 0..max + 1).inline()) {
-        Err(Refused { error: e, value: _wr }) => invalid_text(&e),
+        Err(Refused { error: e, value: _wr }) => invalid_text(&e, "SendQueue::post"),
         Ok(()) => panic!("{} bytes inline posted on a QP with max_inline_data {max}", max + 1),
     };
     assert!(text.contains("max_inline_data") && text.contains(&max.to_string()), "{text}");
@@ -914,7 +924,7 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     let bad = [(0..4097, remote, "4096"), (5000..5000, remote, "4096")];
     for (range, r, what) in bad.into_iter().chain([(0..4096, remote.slice(..100).unwrap(), "100 bytes")]) {
         let text = match a.sq.post(SendWr::read(bufs.pop().unwrap(), range.clone(), r)) {
-            Err(Refused { error: e, value: _wr }) => invalid_text(&e),
+            Err(Refused { error: e, value: _wr }) => invalid_text(&e, "SendQueue::post"),
             Ok(()) => panic!("READ into {range:?} posted"),
         };
         assert!(text.contains(what), "READ into {range:?}: {text}");
@@ -931,7 +941,7 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     let addr = c.addr();
     let c = match b.rq.post(c, 0..4097, 7) {
         Err(Refused { error: e, value: c }) => {
-            assert!(invalid_text(&e).contains("4096"), "{e}");
+            assert!(invalid_text(&e, "RecvQueue::post").contains("4096"), "{e}");
             c
         }
         Ok(()) => panic!("receive into 0..4097 of a 4096-byte chunk posted"),
@@ -956,7 +966,7 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     let shared = Arc::new(got.buf);
     match shared_sq.post(SendWr::write(Arc::clone(&shared), 0..4097, remote)) {
         Err(Refused { error: e, value: wr }) => {
-            assert!(invalid_text(&e).contains("4096"), "{e}");
+            assert!(invalid_text(&e, "SendQueue::post").contains("4096"), "{e}");
             assert_eq!(Arc::strong_count(&shared), 2, "the refused request holds the clone");
             drop(wr);
         }
@@ -975,7 +985,7 @@ fn reversed_ranges_are_refused_before_c_for_receive_send_and_read() {
     #[allow(clippy::reversed_empty_ranges)]
     let reversed = 10..5;
     match b.rq.post(bufs.pop().unwrap(), reversed.clone(), 1) {
-        Err(Refused { error: e, value: _c }) => assert!(invalid_text(&e).contains("10..5"), "{e}"),
+        Err(Refused { error: e, value: _c }) => assert!(invalid_text(&e, "RecvQueue::post").contains("10..5"), "{e}"),
         Ok(()) => panic!("a receive into 10..5 of a chunk was posted (as a zero-length receive)"),
     }
     let wrs = [
@@ -984,7 +994,9 @@ fn reversed_ranges_are_refused_before_c_for_receive_send_and_read() {
     ];
     for (wr, what) in wrs.into_iter().zip(["SEND", "READ"]) {
         match a.sq.post(wr) {
-            Err(Refused { error: e, .. }) => assert!(invalid_text(&e).contains("10..5"), "{what}: {e}"),
+            Err(Refused { error: e, .. }) => {
+                assert!(invalid_text(&e, "SendQueue::post").contains("10..5"), "{what}: {e}")
+            }
             Ok(()) => panic!("a {what} of 10..5 of a chunk was posted"),
         }
     }
@@ -1006,7 +1018,7 @@ fn full_queues_refuse_before_c_and_take_the_refused_work_once_completions_free_a
     let extra = bufs.pop().unwrap();
     let extra = match b.rq.post(extra, 0..64, 999) {
         Err(Refused { error: e, value: c }) => {
-            assert!(invalid_text(&e).contains("full"), "{e}");
+            assert!(invalid_text(&e, "RecvQueue::post").contains("full"), "{e}");
             c
         }
         Ok(()) => panic!("receive {} posted on a queue of {depth}", depth + 1),
@@ -1037,7 +1049,7 @@ fn full_queues_refuse_before_c_and_take_the_refused_work_once_completions_free_a
     }
     let refused = match a.sq.post(SendWr::write(last, 0..64, remote.slice(depth as u64 * 64..).unwrap()).id(999)) {
         Err(Refused { error: e, value: wr }) => {
-            assert!(invalid_text(&e).contains("full"), "{e}");
+            assert!(invalid_text(&e, "SendQueue::post").contains("full"), "{e}");
             wr
         }
         Ok(()) => panic!("send {} posted on a queue of {depth}", depth + 1),
@@ -1082,16 +1094,17 @@ fn completions_are_taken_only_by_the_queue_that_posted_them() {
         assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
     }
 
-    let refused = |r: Result<usize, Error>, what: &str| match r {
-        Err(e) => assert!(invalid_text(&e).contains("not outstanding"), "{what}: {e}"),
+    let refused = |r: Result<usize, Error>, method: &str, what: &str| match r {
+        Err(e) => assert!(invalid_text(&e, method).contains("not outstanding"), "{what}: {e}"),
         Ok(n) => panic!("{what}: taken, releasing {n}"),
     };
-    refused(b.sq.complete(&mut a_send, |_| ()), "A's send completion on B's send queue");
-    refused(a.sq.complete(&mut a_recv, |_| ()), "A's receive completion on A's send queue");
-    refused(a.sq.complete(&mut b_send, |_| ()), "B's send completion on A's send queue");
-    refused(a.rq.complete(&mut b_recv).map(|_| 1), "B's receive completion on A's receive queue");
-    refused(a.rq.complete(&mut a_send).map(|_| 1), "A's send completion on A's receive queue");
-    refused(b.rq.complete(&mut a_recv).map(|_| 1), "A's receive completion on B's receive queue");
+    let (sq, rq) = ("SendQueue::complete", "RecvQueue::complete");
+    refused(b.sq.complete(&mut a_send, |_| ()), sq, "A's send completion on B's send queue");
+    refused(a.sq.complete(&mut a_recv, |_| ()), sq, "A's receive completion on A's send queue");
+    refused(a.sq.complete(&mut b_send, |_| ()), sq, "B's send completion on A's send queue");
+    refused(a.rq.complete(&mut b_recv).map(|_| 1), rq, "B's receive completion on A's receive queue");
+    refused(a.rq.complete(&mut a_send).map(|_| 1), rq, "A's send completion on A's receive queue");
+    refused(b.rq.complete(&mut a_recv).map(|_| 1), rq, "A's receive completion on B's receive queue");
     assert_eq!([a.sq.outstanding(), a.rq.outstanding(), b.sq.outstanding(), b.rq.outstanding()], [1; 4]);
 
     // Each is taken by its own queue, once.
@@ -1103,8 +1116,8 @@ fn completions_are_taken_only_by_the_queue_that_posted_them() {
     assert_eq!((ga.id, gb.id), (10, 20));
     same(&gb.buf[..200], &msg_ab, "A to B");
     same(&ga.buf[..150], &msg_ba, "B to A");
-    refused(a.sq.complete(&mut a_send, |_| ()), "A's send completion again");
-    refused(b.rq.complete(&mut b_recv).map(|_| 1), "B's receive completion again");
+    refused(a.sq.complete(&mut a_send, |_| ()), sq, "A's send completion again");
+    refused(b.rq.complete(&mut b_recv).map(|_| 1), rq, "B's receive completion again");
 }
 
 // ---- 9. moderation --------------------------------------------------------------

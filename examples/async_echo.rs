@@ -73,11 +73,9 @@ struct Opts {
     timeout: u64,
 }
 
-type Res<T> = Result<T, String>;
-
-fn err(e: rdma_verbs::Error) -> String {
-    e.to_string()
-}
+/// The crate's errors (a failed request's names the operation, its id and the QP) and
+/// this program's own; `Send` to cross tasks.
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// One end of a connection, its rdma_cm events and completions awaited.
 struct Conn {
@@ -94,26 +92,18 @@ struct Conn {
 impl Conn {
     /// Makes the QP of `id` (a channel CQ for each side, 4 requests each way) and posts
     /// its receive.
-    fn new(id: AsyncCmId<TokioFd>, size: usize, messages: u64) -> Res<Conn> {
-        let ctx = id.id().context().map_err(err)?;
-        let pd = ProtectionDomain::new(&ctx).map_err(err)?;
-        let cq = || CompletionQueue::builder(&ctx, 4).with_channel().build().map_err(err);
+    fn new(id: AsyncCmId<TokioFd>, size: usize, messages: u64) -> rdma_verbs::Result<Conn> {
+        let ctx = id.id().context()?;
+        let pd = ProtectionDomain::new(&ctx)?;
+        let cq = || CompletionQueue::builder(&ctx, 4).with_channel().build();
         let (scq, rcq) = (cq()?, cq()?);
-        let qp = id
-            .id()
-            .create_qp(QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(4).max_recv_wr(4))
-            .map_err(err)?;
-        let mut bufs = pd
-            .register(AlignedBuf::new(2 * size).map_err(err)?, AccessFlags::LOCAL_WRITE)
-            .and_then(|mr| mr.into_chunks(size))
-            .map_err(err)?;
+        let qp = id.id().create_qp(QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(4).max_recv_wr(4))?;
+        let mut bufs = pd.register(AlignedBuf::new(2 * size)?, AccessFlags::LOCAL_WRITE)?.into_chunks(size)?;
         let (send_buf, recv_buf) = (bufs.remove(0), bufs.remove(0));
         // Each side awaited on its own CQ: posts return tickets, awaits hand buffers back.
-        let sq = AsyncSendQueue::new(qp.send_queue().map_err(err)?, AsyncCq::tokio(scq).map_err(err)?)
-            .map_err(|r| err(r.error))?;
-        let mut rq = AsyncRecvQueue::new(qp.recv_queue().map_err(err)?, AsyncCq::tokio(rcq).map_err(err)?)
-            .map_err(|r| err(r.error))?;
-        rq.post(recv_buf, 0..size, 0).map_err(|r| err(r.error))?;
+        let sq = AsyncSendQueue::new(qp.send_queue()?, AsyncCq::tokio(scq)?)?;
+        let mut rq = AsyncRecvQueue::new(qp.recv_queue()?, AsyncCq::tokio(rcq)?)?;
+        rq.post(recv_buf, 0..size, 0)?;
         Ok(Conn { sq, rq, send_buf: Some(send_buf), _qp: qp, id, messages })
     }
 
@@ -122,18 +112,18 @@ impl Conn {
     async fn send(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> Res<()> {
         let mut buf = self.send_buf.take().ok_or("the send buffer is out")?;
         fill(&mut buf[..len]);
-        let sent = self.sq.post(SendWr::send(buf, 0..len)).map_err(|r| err(r.error))?;
-        let done = self.sq.wait(sent).await.map_err(err)?;
-        self.send_buf = Some(done.result().map_err(|r| err(r.error))?.buf);
+        let sent = self.sq.post(SendWr::send(buf, 0..len))?;
+        let done = self.sq.wait(sent).await?;
+        self.send_buf = Some(done.result()?.buf);
         Ok(())
     }
 
     /// Awaits the next receive, hands its bytes to `check`, and posts the buffer again.
     async fn recv(&mut self, check: impl FnOnce(&[u8]) -> Res<()>) -> Res<()> {
-        let got = self.rq.next().await.map_err(err)?.result().map_err(|r| err(r.error))?;
+        let got = self.rq.next().await?.result()?;
         let outcome = check(&got.buf[..got.byte_len as usize]);
         let len = got.buf.len();
-        self.rq.post(got.buf, 0..len, 0).map_err(|r| err(r.error))?;
+        self.rq.post(got.buf, 0..len, 0)?;
         outcome
     }
 }
@@ -160,7 +150,7 @@ fn padded(got: &[u8], want: &[u8], whose: &str) -> Res<()> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{whose} private data is {got:02x?}, not {want:02x?} and zeros"))
+        Err(format!("{whose} private data is {got:02x?}, not {want:02x?} and zeros").into())
     }
 }
 
@@ -169,7 +159,7 @@ fn padded(got: &[u8], want: &[u8], whose: &str) -> Res<()> {
 fn read_hello(got: &[u8]) -> Res<(u32, u64)> {
     let (count, conn) = match (got.get(..8), got.get(8..12)) {
         (Some(c), Some(n)) => (c, n),
-        _ => return Err(format!("a client's private data is {} bytes, too short for a hello", got.len())),
+        _ => return Err(format!("a client's private data is {} bytes, too short for a hello", got.len()).into()),
     };
     let messages = u64::from_le_bytes(count.try_into().map_err(|_| "8 bytes")?);
     let conn = u32::from_le_bytes(conn.try_into().map_err(|_| "4 bytes")?);
@@ -200,7 +190,7 @@ async fn serve(mut c: Conn, size: usize, limit: Duration) -> Res<()> {
             .await
             .map_err(|_| "server: the echo's send did not complete")??;
     }
-    c.id.disconnect(limit).await.map_err(|e| format!("server: {e}"))
+    Ok(c.id.disconnect(limit).await.map_err(|e| format!("server: {e}"))?)
 }
 
 /// Client side of connection `n`: sends its messages and checks each echo.
@@ -219,14 +209,14 @@ async fn talk(n: u32, mut c: Conn, size: usize, limit: Duration) -> Res<()> {
                 if ok {
                     Ok(())
                 } else {
-                    Err(format!("connection {n}: echo {seq} differs from what was sent"))
+                    Err(format!("connection {n}: echo {seq} differs from what was sent").into())
                 }
             }),
         )
         .await
         .map_err(|_| format!("connection {n}: no echo of message {seq}"))??;
     }
-    c.id.disconnect(limit).await.map_err(|e| format!("connection {n}: {e}"))
+    Ok(c.id.disconnect(limit).await.map_err(|e| format!("connection {n}: {e}"))?)
 }
 
 /// Accepts one connection (in the task that serves it: the id moves onto an event
@@ -239,8 +229,8 @@ async fn accept(req: ConnectRequest, size: usize, limit: Duration) -> Res<()> {
             return Err(e);
         }
     };
-    let mut c = Conn::new(AsyncCmId::tokio(req.into_id()).map_err(err)?, size, messages)?;
-    c.id.accept(&ConnParam::new().private_data(&welcome(conn, messages)), limit).await.map_err(err)?;
+    let mut c = Conn::new(AsyncCmId::tokio(req.into_id())?, size, messages)?;
+    c.id.accept(&ConnParam::new().private_data(&welcome(conn, messages)), limit).await?;
     serve(c, size, limit).await
 }
 
@@ -253,19 +243,19 @@ async fn server(
     limit: Duration,
     listening: tokio::sync::oneshot::Sender<()>,
 ) -> Res<()> {
-    let listener = CmId::new(&EventChannel::new().map_err(err)?, PortSpace::Tcp).map_err(err)?;
-    let mut listener = AsyncCmId::tokio(listener).map_err(err)?;
-    listener.id().bind(addr).map_err(err)?;
-    listener.id().listen(n).map_err(err)?;
+    let listener = CmId::new(&EventChannel::new()?, PortSpace::Tcp)?;
+    let mut listener = AsyncCmId::tokio(listener)?;
+    listener.id().bind(addr)?;
+    listener.id().listen(n)?;
     eprintln!("async_echo: listening on {addr}");
     let _ = listening.send(());
     let mut tasks = Vec::new();
     for _ in 0..n {
-        let req = listener.get_request(limit).await.map_err(err)?;
+        let req = listener.get_request(limit).await?;
         tasks.push(tokio::spawn(accept(req, size, limit)));
     }
     for t in tasks {
-        t.await.map_err(|e| e.to_string())??;
+        t.await??;
     }
     Ok(())
 }
@@ -276,20 +266,20 @@ async fn clients(addr: SocketAddr, n: u32, messages: u64, size: usize, limit: Du
     let mut tasks = Vec::new();
     for conn in 0..n {
         tasks.push(tokio::spawn(async move {
-            let id = CmId::new(&EventChannel::new().map_err(err)?, PortSpace::Tcp).map_err(err)?;
-            let mut id = AsyncCmId::tokio(id).map_err(err)?;
-            id.resolve_addr(None, addr, limit).await.map_err(err)?;
-            id.resolve_route(limit).await.map_err(err)?;
+            let id = CmId::new(&EventChannel::new()?, PortSpace::Tcp)?;
+            let mut id = AsyncCmId::tokio(id)?;
+            id.resolve_addr(None, addr, limit).await?;
+            id.resolve_route(limit).await?;
             let mut c = Conn::new(id, size, messages)?;
             let established = c.id.connect(&ConnParam::new().private_data(&hello(conn, messages)), limit).await;
-            let established = established.map_err(err)?;
+            let established = established?;
             padded(established.private_data(), &welcome(conn, messages), "the server's")
                 .map_err(|e| format!("connection {conn}: {e}"))?;
             talk(conn, c, size, limit).await
         }));
     }
     for t in tasks {
-        t.await.map_err(|e| e.to_string())??;
+        t.await??;
     }
     Ok(())
 }
@@ -298,7 +288,7 @@ fn run(o: &Opts) -> Res<()> {
     let limit = Duration::from_secs(o.timeout);
     let size = o.size as usize;
     let env_addr = || std::env::var("RDMA_IP").ok().and_then(|s| s.parse().ok());
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
         if let Some(ip) = o.connect {
             return clients(SocketAddr::new(ip, o.port), o.connections, o.messages, size, limit).await;
@@ -312,7 +302,7 @@ fn run(o: &Opts) -> Res<()> {
         let serving = tokio::spawn(server(addr, o.connections, size, limit, listening));
         ready.await.map_err(|_| "the server did not start")?;
         clients(addr, o.connections, o.messages, size, limit).await?;
-        serving.await.map_err(|e| e.to_string())?
+        serving.await?
     })?;
     if o.server {
         println!("async_echo: served {} connections: every client's private data checked", o.connections);

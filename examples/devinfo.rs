@@ -60,7 +60,7 @@ fn run(opts: &Options) -> Result<(), Stop> {
     let list = DeviceList::get()
         .map_err(|e| format!("no RDMA devices: ibv_get_device_list failed: {e}\nusual cause: {NO_DEVICE_HINT}"))?;
     if list.devices().is_empty() {
-        return Err(Stop::Failed(format!("no RDMA devices found\nusual cause: {NO_DEVICE_HINT}")));
+        return Err(format!("no RDMA devices found\nusual cause: {NO_DEVICE_HINT}").into());
     }
 
     if opts.list_only {
@@ -78,7 +78,7 @@ fn run(opts: &Options) -> Result<(), Stop> {
             Some(&dev) => vec![dev],
             None => {
                 let names: Vec<String> = list.devices().iter().map(|&d| device_name(d)).collect();
-                return Err(Stop::Failed(format!("no RDMA device named '{want}'; available: {}", names.join(", "))));
+                return Err(format!("no RDMA device named '{want}'; available: {}", names.join(", ")).into());
             }
         },
     };
@@ -94,16 +94,26 @@ fn run(opts: &Options) -> Result<(), Stop> {
     Ok(())
 }
 
+/// A verb's failure, named by hand as `ibv_devinfo` names it: this tool calls the raw
+/// bindings, whose `io::Error`s do not say which verb failed.
+type Failure = Box<dyn std::error::Error>;
+
 /// Why `run` stopped early.
 enum Stop {
     /// The reader went away (`devinfo | head`): not an error, stop quietly.
     PipeClosed,
-    Failed(String),
+    Failed(Failure),
+}
+
+impl From<Failure> for Stop {
+    fn from(e: Failure) -> Self {
+        Stop::Failed(e)
+    }
 }
 
 impl From<String> for Stop {
     fn from(msg: String) -> Self {
-        Stop::Failed(msg)
+        Stop::Failed(msg.into())
     }
 }
 
@@ -112,7 +122,7 @@ fn emit(text: &str) -> Result<(), Stop> {
     match write_stdout(text) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(Stop::PipeClosed),
-        Err(e) => Err(Stop::Failed(format!("writing to stdout: {e}"))),
+        Err(e) => Err(format!("writing to stdout: {e}").into()),
     }
 }
 
@@ -233,7 +243,7 @@ fn device_name(dev: *mut ffi::ibv_device) -> String {
     unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
 }
 
-fn print_device(out: &mut Report, dev: *mut ffi::ibv_device, verbose: bool) -> Result<(), String> {
+fn print_device(out: &mut Report, dev: *mut ffi::ibv_device, verbose: bool) -> Result<(), Failure> {
     let name = device_name(dev);
     // SAFETY: `dev` is an element of a live device list; `transport_type` is a
     // plain integer field (no accessor verb exists for it).
@@ -306,7 +316,7 @@ fn print_device_limits(out: &mut Report, a: &ffi::ibv_device_attr) {
     out.field(DEV, "local_ca_ack_delay", a.local_ca_ack_delay);
 }
 
-fn print_port(out: &mut Report, ctx: &Context, port: u8, a: &ffi::ibv_port_attr, verbose: bool) -> Result<(), String> {
+fn print_port(out: &mut Report, ctx: &Context, port: u8, a: &ffi::ibv_port_attr, verbose: bool) -> Result<(), Failure> {
     out.line(format_args!("\t\tport:\t{port}"));
     out.field(PORT, "state", format!("{} ({})", port_state_str(a.state), a.state.0));
     out.field(PORT, "max_mtu", format!("{} ({})", mtu_str(a.max_mtu), a.max_mtu.0));
@@ -363,13 +373,13 @@ fn print_port(out: &mut Report, ctx: &Context, port: u8, a: &ffi::ibv_port_attr,
     Ok(())
 }
 
-fn print_gids(out: &mut Report, ctx: &Context, port: u8, a: &ffi::ibv_port_attr) -> Result<(), String> {
+fn print_gids(out: &mut Report, ctx: &Context, port: u8, a: &ffi::ibv_port_attr) -> Result<(), Failure> {
     let len = u32::try_from(a.gid_tbl_len).unwrap_or(0);
     for index in 0..len {
         let entry = match ctx.query_gid(port, index) {
             Ok(Some(entry)) => entry,
             Ok(None) => continue,
-            Err(e) => return Err(format!("_ibv_query_gid_ex(index {index}) failed: {e}")),
+            Err(e) => return Err(format!("_ibv_query_gid_ex(index {index}) failed: {e}").into()),
         };
         // SAFETY: both union members are plain bytes; any bit pattern is valid.
         let raw = unsafe { entry.gid.raw };

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 #[path = "common/cm_example.rs"]
 mod cm_example;
-use cm_example::{main_with, resolve, seconds, wait_one};
+use cm_example::{complete_send, main_with, resolve, seconds, wait_one, BoxError};
 
 use clap::Parser;
 
@@ -59,17 +59,16 @@ struct Options {
     verify: bool,
 }
 
-fn run(opts: &Options) -> Result<(), String> {
-    let err = |e: rdma_verbs::Error| e.to_string();
+fn run(opts: &Options) -> Result<(), BoxError> {
     let dst = resolve(&opts.server, opts.port)?;
-    let channel = EventChannel::new().map_err(err)?;
-    let id = CmId::new(&channel, PortSpace::Tcp).map_err(err)?;
-    id.resolve_addr(None, dst, RESOLVE_TIMEOUT).map_err(err)?;
-    id.resolve_route(RESOLVE_TIMEOUT).map_err(err)?;
+    let channel = EventChannel::new()?;
+    let id = CmId::new(&channel, PortSpace::Tcp)?;
+    id.resolve_addr(None, dst, RESOLVE_TIMEOUT)?;
+    id.resolve_route(RESOLVE_TIMEOUT)?;
 
-    let ctx = id.context().map_err(err)?;
-    let pd = ProtectionDomain::new(&ctx).map_err(err)?;
-    let mut cq = CompletionQueue::new(&ctx, 4).map_err(err)?;
+    let ctx = id.context()?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let mut cq = CompletionQueue::new(&ctx, 4)?;
     let builder = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
         .max_send_wr(1)
         .max_recv_wr(1)
@@ -77,37 +76,35 @@ fn run(opts: &Options) -> Result<(), String> {
         .max_recv_sge(1)
         .max_inline_data(MSG_LEN as u32)
         .sq_sig_all(true);
-    let qp = id.create_qp(builder).map_err(err)?;
+    let qp = id.create_qp(builder)?;
     let inline = qp.caps().max_inline_data as usize >= MSG_LEN;
     if !inline {
         println!("rdma_client: device doesn't support IBV_SEND_INLINE, using sge sends");
     }
 
-    let mut bufs: Vec<Chunk> = pd
-        .register(AlignedBuf::new(2 * MSG_LEN).map_err(err)?, AccessFlags::LOCAL_WRITE)
-        .and_then(|mr| mr.into_chunks(MSG_LEN))
-        .map_err(err)?;
+    let mut bufs: Vec<Chunk> =
+        pd.register(AlignedBuf::new(2 * MSG_LEN)?, AccessFlags::LOCAL_WRITE).and_then(|mr| mr.into_chunks(MSG_LEN))?;
     let (mut send_buf, recv_buf) = (bufs.remove(0), bufs.remove(0));
     send_buf.copy_from_slice(MESSAGE);
-    let mut rq: RecvQueue<Chunk> = qp.recv_queue().map_err(err)?;
-    let mut sq: SendQueue<Chunk> = qp.send_queue().map_err(err)?;
-    rq.post(recv_buf, 0..MSG_LEN, 1).map_err(|r| err(r.error))?;
+    let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
+    let mut sq: SendQueue<Chunk> = qp.send_queue()?;
+    rq.post(recv_buf, 0..MSG_LEN, 1)?;
 
-    id.connect(&ConnParam::new(), opts.timeout).map_err(err)?;
+    id.connect(&ConnParam::new(), opts.timeout)?;
 
     let wr = SendWr::send(send_buf, 0..MSG_LEN).id(2);
-    sq.post(if inline { wr.inline() } else { wr }).map_err(|r| err(r.error))?;
+    sq.post(if inline { wr.inline() } else { wr })?;
     let mut wc = wait_one(&mut cq, opts.timeout, "send")?;
-    sq.complete(&mut wc, drop).map_err(err)?;
+    complete_send(&mut sq, &mut wc)?;
     let mut wc = wait_one(&mut cq, opts.timeout, "receive")?;
-    let got = rq.complete(&mut wc).map_err(err)?;
+    let got = rq.complete(&mut wc)?.result()?; // a failure names the receive, its id and the QP
     let reply = &got.buf[..got.byte_len as usize];
     println!("rdma_client: received {} bytes: {:02x?}", reply.len(), reply);
     if got.byte_len as usize != MSG_LEN {
-        return Err(format!("expected a {MSG_LEN}-byte reply, got {} bytes", got.byte_len));
+        return Err(format!("expected a {MSG_LEN}-byte reply, got {} bytes", got.byte_len).into());
     }
     if opts.verify && reply != MESSAGE {
-        return Err(format!("the reply is not our message echoed: {reply:02x?}"));
+        return Err(format!("the reply is not our message echoed: {reply:02x?}").into());
     }
     // The server may have disconnected already; like librdmacm's example, ignore that.
     if let Err(e) = id.disconnect() {

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 #[path = "common/cm_example.rs"]
 mod cm_example;
-use cm_example::{main_with, resolve, seconds, wait_one};
+use cm_example::{complete_send, main_with, resolve, seconds, wait_one, BoxError};
 
 use clap::Parser;
 
@@ -55,21 +55,20 @@ struct Options {
     timeout: Duration,
 }
 
-fn run(opts: &Options) -> Result<(), String> {
-    let err = |e: rdma_verbs::Error| e.to_string();
+fn run(opts: &Options) -> Result<(), BoxError> {
     let addr = resolve(&opts.address, opts.port)?;
-    let channel = EventChannel::new().map_err(err)?;
-    let listener = CmId::new(&channel, PortSpace::Tcp).map_err(err)?;
-    listener.bind(addr).map_err(err)?;
-    listener.listen(0).map_err(err)?;
+    let channel = EventChannel::new()?;
+    let listener = CmId::new(&channel, PortSpace::Tcp)?;
+    listener.bind(addr)?;
+    listener.listen(0)?;
     println!("rdma_server: listening on {}", listener.local_addr().unwrap_or(addr));
     // Scripts wait for that line: do not leave it in a pipe's buffer.
-    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    std::io::stdout().flush()?;
 
-    let id = listener.get_request(opts.timeout).map_err(err)?.into_id();
-    let ctx = id.context().map_err(err)?;
-    let pd = ProtectionDomain::new(&ctx).map_err(err)?;
-    let mut cq = CompletionQueue::new(&ctx, 4).map_err(err)?;
+    let id = listener.get_request(opts.timeout)?.into_id();
+    let ctx = id.context()?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    let mut cq = CompletionQueue::new(&ctx, 4)?;
     let builder = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
         .max_send_wr(1)
         .max_recv_wr(1)
@@ -77,34 +76,32 @@ fn run(opts: &Options) -> Result<(), String> {
         .max_recv_sge(1)
         .max_inline_data(MSG_LEN as u32)
         .sq_sig_all(true);
-    let qp = id.create_qp(builder).map_err(err)?;
+    let qp = id.create_qp(builder)?;
     let inline = qp.caps().max_inline_data as usize >= MSG_LEN;
     if !inline {
         println!("rdma_server: device doesn't support IBV_SEND_INLINE, using sge sends");
     }
 
-    let mut bufs: Vec<Chunk> = pd
-        .register(AlignedBuf::new(2 * MSG_LEN).map_err(err)?, AccessFlags::LOCAL_WRITE)
-        .and_then(|mr| mr.into_chunks(MSG_LEN))
-        .map_err(err)?;
+    let mut bufs: Vec<Chunk> =
+        pd.register(AlignedBuf::new(2 * MSG_LEN)?, AccessFlags::LOCAL_WRITE).and_then(|mr| mr.into_chunks(MSG_LEN))?;
     let (mut send_buf, recv_buf) = (bufs.remove(0), bufs.remove(0));
-    let mut rq: RecvQueue<Chunk> = qp.recv_queue().map_err(err)?;
-    let mut sq: SendQueue<Chunk> = qp.send_queue().map_err(err)?;
-    rq.post(recv_buf, 0..MSG_LEN, 1).map_err(|r| err(r.error))?;
+    let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
+    let mut sq: SendQueue<Chunk> = qp.send_queue()?;
+    rq.post(recv_buf, 0..MSG_LEN, 1)?;
 
-    id.accept(&ConnParam::new(), opts.timeout).map_err(err)?;
+    id.accept(&ConnParam::new(), opts.timeout)?;
 
     let mut wc = wait_one(&mut cq, opts.timeout, "receive")?;
-    let got = rq.complete(&mut wc).map_err(err)?;
+    let got = rq.complete(&mut wc)?.result()?; // a failure names the receive, its id and the QP
     let msg = &got.buf[..got.byte_len as usize];
     println!("rdma_server: received {} bytes: {:02x?}", msg.len(), msg);
     let n = msg.len().min(MSG_LEN);
     send_buf[..n].copy_from_slice(&msg[..n]);
 
     let wr = SendWr::send(send_buf, 0..MSG_LEN).id(2);
-    sq.post(if inline { wr.inline() } else { wr }).map_err(|r| err(r.error))?;
+    sq.post(if inline { wr.inline() } else { wr })?;
     let mut wc = wait_one(&mut cq, opts.timeout, "send")?;
-    sq.complete(&mut wc, drop).map_err(err)?;
+    complete_send(&mut sq, &mut wc)?;
     // Like librdmacm's example: the client may be gone already, which is no failure.
     if let Err(e) = id.disconnect() {
         eprintln!("rdma_server: disconnect: {e}");

@@ -257,15 +257,17 @@ pub fn ping_pong(
         }
         progress = Instant::now();
         for wc in &mut wcs[..n] {
-            wc.ok()?;
+            // A failed request is an error naming the operation, its id and the QP.
             if wc.opcode().is_recv() {
-                let done = b.rq.complete(wc)?;
+                let done = b.rq.complete(wc)?.result()?;
                 traffic.check(rcnt, wc, done.byte_len, &done.buf[..b.len])?;
                 b.rq.post(done.buf, 0..b.len, 0)?;
                 rcnt += 1;
                 pending &= !RECV;
             } else {
-                b.sq.complete(wc, |d| b.send_buf = Some(d.buf))?;
+                let mut sent = None;
+                b.sq.complete(wc, |d| sent = Some(d.result()))?;
+                b.send_buf = Some(sent.ok_or("a send completion that finished no send")??.buf);
                 scnt += 1;
                 pending &= !SEND;
             }

@@ -96,7 +96,7 @@ pub(super) fn post_receives(
     let bufs = pd.register(AlignedBuf::new(n * len)?, AccessFlags::LOCAL_WRITE)?.into_chunks(len)?;
     let mut counts = Counts::default();
     for (i, c) in bufs.into_iter().enumerate() {
-        rq.post(c, 0..len, i as u64).map_err(|r| r.error)?;
+        rq.post(c, 0..len, i as u64)?;
         counts.posts += 1;
     }
     Ok(counts)
@@ -315,21 +315,30 @@ impl Initiator {
             return self.fail(format!("a send completion for idle lane {lane}"));
         };
         f.sent = true;
-        if d.status != WcStatus::Success {
-            self.stats.wc_errors += 1;
-            sh.watch.failed(d.status, self.last_ok.elapsed());
-            eprintln!("soak: pair {} lane {lane}: {:?} of {} bytes: {:?}", self.index, f.kind, f.len, d.status);
-        } else {
-            self.last_ok = Instant::now();
-            if f.kind == Kind::Read {
-                f.checked = true;
-                if sh.crc.sum(&d.buf[..f.len]) != f.crc {
-                    self.stats.checksum_errors += 1;
-                    eprintln!("soak: pair {} lane {lane}: READ of {} bytes: checksum mismatch", self.index, f.len);
+        let status = d.status;
+        // A failure is counted, not fatal: the soak goes on with the other lanes.
+        let buf = match d.result() {
+            Ok(d) => {
+                self.last_ok = Instant::now();
+                if f.kind == Kind::Read {
+                    f.checked = true;
+                    if sh.crc.sum(&d.buf[..f.len]) != f.crc {
+                        self.stats.checksum_errors += 1;
+                        eprintln!("soak: pair {} lane {lane}: READ of {} bytes: checksum mismatch", self.index, f.len);
+                    }
                 }
+                d.buf
             }
-        }
-        self.lanes[lane].chunk = Some(d.buf);
+            Err(failed) => {
+                let (e, buf) = failed.into_parts();
+                self.stats.wc_errors += 1;
+                sh.watch.failed(status, self.last_ok.elapsed());
+                // The error names the operation, the lane (its id) and the QP.
+                eprintln!("soak: pair {}: {:?} of {} bytes: {e}", self.index, f.kind, f.len);
+                buf
+            }
+        };
+        self.lanes[lane].chunk = Some(buf);
     }
 
     /// B checked the SEND or WRITE of `ack.lane`: the lane may go on. False when the ack
@@ -451,11 +460,15 @@ impl Receiver {
                 self.stats.flushed += 1;
                 continue;
             }
-            if d.status != WcStatus::Success {
-                self.stats.wc_errors += 1;
-                eprintln!("soak: pair {}: receive completed with {:?}", self.index, d.status);
-                continue;
-            }
+            let d = match d.result() {
+                Ok(d) => d,
+                Err(failed) => {
+                    self.stats.wc_errors += 1;
+                    // Names the receive, its id and the QP; the buffer is not posted again.
+                    eprintln!("soak: pair {}: {}", self.index, failed);
+                    continue;
+                }
+            };
             let verdict = self.check(sh, opcode, imm, &d.buf, d.byte_len);
             match self.rq.post(d.buf, 0..SLOT, d.id) {
                 Ok(()) => self.recvs.posts += 1,

@@ -644,13 +644,22 @@ impl ServerPair {
             }
             for d in done.drain(..) {
                 self.acks.completions += 1;
-                if !running && d.status == WcStatus::WrFlushErr {
-                    self.b.stats.flushed += 1;
-                } else if d.status != WcStatus::Success {
-                    self.b.stats.wc_errors += 1;
-                    eprintln!("soak: pair {}: an ack completed with {:?}", self.b.index, d.status);
-                }
-                self.free_acks.push(d.buf);
+                let flushed = !running && d.status == WcStatus::WrFlushErr;
+                let buf = match d.result() {
+                    Ok(d) => d.buf,
+                    Err(failed) => {
+                        let (e, buf) = failed.into_parts();
+                        if flushed {
+                            self.b.stats.flushed += 1;
+                        } else {
+                            self.b.stats.wc_errors += 1;
+                            // Names the ack's SEND, its id and the QP.
+                            eprintln!("soak: pair {}: an ack: {e}", self.b.index);
+                        }
+                        buf
+                    }
+                };
+                self.free_acks.push(buf);
             }
             self.done = done;
         }

@@ -57,7 +57,7 @@ use clap::Parser;
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, DeviceAttr, Done, MemoryRegion, Prepared, PreparedQueue,
     ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendBuf, SendQueue,
-    SendWr, WcStatus, WorkCompletion,
+    SendWr, WorkCompletion,
 };
 
 use crate::oob::{BwReport, Offer, Peer, Shape};
@@ -730,7 +730,8 @@ impl Bw {
         let qps = self.client_qps((&pd, &cq), (size, self.f.common.rts()), || Ok(((), None)), stream, peer)?;
         let mut lanes = Vec::with_capacity(qps.len());
         for (qp, (), remote) in qps {
-            let wrs = (0..self.f.tx_depth).map(|_| SendWr::write(Arc::clone(&src), 0..size, remote));
+            // Each request's id is its place in the window: a failure names it.
+            let wrs = (0..self.f.tx_depth).map(|i| SendWr::write(Arc::clone(&src), 0..size, remote).id(u64::from(i)));
             lanes.push(Lane::new(qp, wrs, |free| WriteSrc { free })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, self.f.tx_depth)?;
@@ -808,7 +809,7 @@ impl Bw {
                     *b = p;
                 }
             }
-            let wrs = bufs.into_iter().map(|b| SendWr::send(b, 0..size));
+            let wrs = bufs.into_iter().enumerate().map(|(i, b)| SendWr::send(b, 0..size).id(i as u64));
             lanes.push(Lane::new(qp, wrs, |free| SendSrc { free, credit })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, pool)?;
@@ -967,17 +968,21 @@ fn reap<S: Source>(
     let n = cq.poll(wcs)?.len();
     let mut finished = 0u64;
     for wc in &mut wcs[..n] {
-        if wc.status() != WcStatus::Success {
-            wc.ok()?;
-        }
         // One lane: its queue's own check (QP number, tag, outstanding) refuses a
         // stranger's completion, so there is nothing to look up.
         let lane = match lanes {
             [one] => one,
             _ => lanes.iter_mut().find(|l| l.sq.qp_num() == wc.qp_num()).ok_or("completion of an unknown QP")?,
         };
-        let src = &mut lane.src;
-        finished += lane.sq.complete(wc, |d| src.done(d))? as u64;
+        let (src, mut failed) = (&mut lane.src, None);
+        finished += lane.sq.complete(wc, |d| match d.result() {
+            Ok(d) => src.done(d),
+            // Names the operation, the request's id and the QP.
+            Err(e) => failed = Some(rdma_verbs::Error::from(e)),
+        })? as u64;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
     }
     Ok((n, finished))
 }
@@ -1419,9 +1424,6 @@ impl Receiver<'_> {
     /// One completion: a credit write done, or a message received (checked, its buffer
     /// stamped and posted again).
     fn take(&mut self, wc: &mut WorkCompletion) -> Res<()> {
-        if wc.status() != WcStatus::Success {
-            wc.ok()?;
-        }
         let (q, lane) = self
             .lanes
             .iter_mut()
@@ -1429,11 +1431,15 @@ impl Receiver<'_> {
             .find(|(_, l)| l.rq.qp_num() == wc.qp_num())
             .ok_or("completion of an unknown QP")?;
         if !wc.opcode().is_recv() {
-            let free = &mut lane.credit_bufs;
-            lane.sq.complete(wc, |d| free.push(d.buf))?;
-            return Ok(());
+            let (free, mut failed) = (&mut lane.credit_bufs, None);
+            lane.sq.complete(wc, |d| match d.result() {
+                Ok(d) => free.push(d.buf),
+                Err(e) => failed = Some(rdma_verbs::Error::from(e)),
+            })?;
+            return failed.map_or(Ok(()), |e| Err(e.into()));
         }
-        let mut done = lane.rq.complete(wc)?;
+        // A failure names the receive, its id and the QP.
+        let mut done = lane.rq.complete(wc)?.result()?;
         lane.received += 1;
         if self.verify && self.fault.is_none() {
             self.fault = check_message(&done, &self.want, lane.received).err().map(|e| format!("QP {q}, {e}"));

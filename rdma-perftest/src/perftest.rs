@@ -992,15 +992,21 @@ impl Pinger {
     fn drain_some(&mut self, cq: &mut CompletionQueue, rq: &mut RecvQueue<Chunk>) -> Res<()> {
         let n = cq.poll(&mut self.wcs)?.len();
         for wc in &mut self.wcs[..n] {
-            wc.ok()?;
+            // A failure names the operation, the request's id and the QP.
             if wc.opcode().is_recv() {
-                let done = rq.complete(wc)?;
+                let done = rq.complete(wc)?.result()?;
                 let len = done.buf.len();
                 rq.post(done.buf, 0..len, done.id)?;
                 self.recvs += 1;
             } else {
-                let free = &mut self.free;
-                self.sq.complete(wc, |d| free.push(d.buf))?;
+                let (free, mut failed) = (&mut self.free, None);
+                self.sq.complete(wc, |d| match d.result() {
+                    Ok(d) => free.push(d.buf),
+                    Err(e) => failed = Some(rdma_verbs::Error::from(e)),
+                })?;
+                if let Some(e) = failed {
+                    return Err(e.into());
+                }
             }
         }
         Ok(())

@@ -1,16 +1,5 @@
 //! Chunks: disjoint, owned pieces of one memory region, the currency of the safe data
-//! path.
-//!
-//! [`MemoryRegion::into_chunks`] moves a region behind a reference count and cuts it into
-//! [`Chunk`]s that do not overlap and are not `Clone`. The region itself is never
-//! reachable again, so a chunk is the only way to its bytes: holding a `Chunk<Local>` is
-//! exclusive access, and it derefs to `[u8]`. Posting a chunk moves it into the queue
-//! (see [`crate::queue`]); while the device works on it the program holds no reference
-//! to it, and it comes back with its completion. The region is deregistered, and its
-//! buffer freed, when the last chunk is dropped.
-//!
-//! A chunk the device only reads (a SEND or RDMA WRITE source) can be posted many times
-//! at once as an `Arc<Chunk>`: shared, so nobody can write it while any post holds it.
+//! path. The guide is on [`Chunk`], public, where rustdoc shows it.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -40,7 +29,20 @@ where
     }
 }
 
-/// An owned, exclusive piece of a registered memory region.
+/// An owned, exclusive piece of a registered memory region: the currency of the safe data
+/// path.
+///
+/// [`MemoryRegion::into_chunks`] moves a region behind a reference count and cuts it into
+/// chunks that do not overlap and are not `Clone`. The region itself is never reachable
+/// again, so a chunk is the only way to its bytes: holding a `Chunk<Local>` is exclusive
+/// access, and it derefs to `[u8]`. Posting a chunk moves it into the queue
+/// ([`SendQueue`](crate::SendQueue), [`RecvQueue`](crate::RecvQueue)); while the device
+/// works on it the program holds no reference to it, and it comes back with its
+/// completion ([`Done`](crate::Done)). The region is deregistered, and its buffer freed,
+/// when the last chunk is dropped.
+///
+/// A chunk the device only reads (a SEND or RDMA WRITE source) can be posted many times
+/// at once as an `Arc<Chunk>`: shared, so nobody can write it while any post holds it.
 pub struct Chunk<A: AccessMode = Local> {
     ptr: NonNull<u8>,
     len: usize,

@@ -1,30 +1,6 @@
-//! Completion queues (`struct ibv_cq`) and their completion channels.
-//!
-//! # One poller
-//!
-//! [`CompletionQueue::poll`] takes `&mut self`, and a `CompletionQueue` is not `Clone`, so
-//! at most one thread polls a CQ at a time. That is what the providers need: their poll
-//! holds the CQ's lock, and a second poll from a nested or concurrent caller would spin on
-//! it. QPs that complete into the CQ hold its C object alive (an `Arc` on the inside), not
-//! the right to poll it.
-//!
-//! # Waiting without spinning
-//!
-//! A CQ built [`with_channel`](CqBuilder::with_channel) has its own completion channel:
-//! [`arm`](CompletionQueue::arm) asks for one event at the next completion,
-//! [`wait`](CompletionQueue::wait) sleeps until it comes. An event only says that a
-//! completion arrived *after* arming, so the order is: arm, then drain what is already
-//! there, then wait; it keeps a completion that lands between the last poll and the wait
-//! from being missed. The docs of [`CompletionQueue`] show the loop.
-//!
-//! After a wake the loop comes back to arm again, then drains. The events `wait` consumed
-//! are acknowledged (`ibv_ack_cq_events`) in batches, and all of them before the CQ is
-//! destroyed, which `ibv_destroy_cq` requires; [`ack_events`](CompletionQueue::ack_events)
-//! acknowledges them at once.
-//!
-//! For an event loop (epoll, mio, tokio's `AsyncFd`), register the CQ's file descriptor
-//! ([`AsRawFd`]); it is non-blocking, and on readiness [`try_wait`](CompletionQueue::try_wait)
-//! consumes the event without sleeping.
+//! Completion queues (`struct ibv_cq`) and their completion channels. The guide (one
+//! poller, waiting without spinning) is on [`CompletionQueue`], public, where rustdoc
+//! shows it; this module is private.
 
 use std::ffi::c_int;
 use std::fmt;
@@ -45,18 +21,36 @@ use crate::wc::WorkCompletion;
 /// takes the CQ's mutex, so libibverbs advises batching), and always before destroy.
 const ACK_BATCH: u32 = 32;
 
-/// A completion queue. Not `Clone`: polling needs `&mut self`, so there is one poller.
+/// A completion queue (`struct ibv_cq`). Not `Clone`: polling needs `&mut self`, so there
+/// is one poller.
 ///
 /// Created with [`CompletionQueue::new`] or [`CompletionQueue::builder`]; destroyed when
 /// it and every QP or SRQ that uses it are dropped, or now with [`destroy`](Self::destroy).
 ///
+/// # One poller
+///
+/// At most one thread polls a CQ at a time. That is what the providers need: their poll
+/// holds the CQ's lock, and a second poll from a nested or concurrent caller would spin on
+/// it. QPs that complete into the CQ hold its C object alive (an `Arc` on the inside), not
+/// the right to poll it.
+///
 /// # Waiting without spinning
 ///
-/// A CQ built [`with_channel`](CqBuilder::with_channel) can sleep until a completion
-/// comes. An event only says that a completion arrived *after* [`arm`](Self::arm), so the
-/// loop arms first, then drains, then [`wait`](Self::wait)s: a completion that lands
-/// between the last poll and the wait has raised the event already, and the wait returns
-/// at once. Here an RC QP sends four messages to itself (this example is
+/// A CQ built [`with_channel`](CqBuilder::with_channel) has its own completion channel and
+/// can sleep until a completion comes. An event only says that a completion arrived
+/// *after* [`arm`](Self::arm), so the loop arms first, then drains, then
+/// [`wait`](Self::wait)s: a completion that lands between the last poll and the wait has
+/// raised the event already, and the wait returns at once. After a wake the loop comes
+/// back to arm again, then drains. The events `wait` consumed are acknowledged
+/// (`ibv_ack_cq_events`) in batches, and all of them before the CQ is destroyed, which
+/// `ibv_destroy_cq` requires; [`ack_events`](Self::ack_events) acknowledges them at once.
+///
+/// For an event loop (epoll, mio, tokio's `AsyncFd`), register the CQ's file descriptor
+/// ([`AsRawFd`](std::os::fd::AsRawFd)); it is non-blocking, and on readiness
+/// [`try_wait`](Self::try_wait) consumes the event without sleeping. To await completions
+/// on an executor instead: [`AsyncCq`](crate::AsyncCq).
+///
+/// Here an RC QP sends four messages to itself (this example is
 /// `tests/device/doc/cq_wait.rs`, which the device tests run):
 ///
 #[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/cq_wait.rs")), "```")]

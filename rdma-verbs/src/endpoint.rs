@@ -1,16 +1,7 @@
-//! Connecting two QPs over an out-of-band byte stream (a TCP connection, most often):
-//! an [`Endpoint`] descriptor with a compact versioned wire format, and a [`Handshake`]
-//! that exchanges endpoints and brings a QP up with its peer. The docs of [`Handshake`]
-//! show both sides.
-//!
-//! # The handshake
-//!
-//! Both sides run the same steps, each writing before it reads, so neither waits for the
-//! other to speak first: write the local endpoint, read the peer's, move the QP on (RTR
-//! and RTS, or an address handle for UD), write a 6-byte status (`"RDVS"`, version,
-//! 0 ready / 1 rejected your endpoint / 2 could not bring my QP up), read the peer's.
-//! When [`Handshake::connect`] returns `Ok`, both QPs are at RTS; when a side fails, the
-//! other is told why instead of waiting for a message that will not come.
+//! Connecting two QPs over an out-of-band byte stream (a TCP connection, most often): an
+//! [`Endpoint`] descriptor with a compact versioned wire format, and a [`Handshake`] that
+//! exchanges endpoints and brings a QP up with its peer. The guide (the steps of the
+//! handshake) and an example are on [`Handshake`], public, where rustdoc shows them.
 
 use std::io::{Read, Write};
 
@@ -34,6 +25,16 @@ use crate::wire::{exchange, give_up, sync, wire_error as wire, Endpoint, Status}
 /// (and never above the port's active MTU), the GID of [`Context::default_gid`] on RoCE
 /// (index 0 on InfiniBand), Q_Key [`DEFAULT_QKEY`], P_Key index 0, service level 0, no
 /// memory region advertised.
+///
+/// # The handshake
+///
+/// Both sides run the same steps, each writing before it reads, so neither waits for the
+/// other to speak first: write the local endpoint, read the peer's, move the QP on (RTR
+/// and RTS, or an address handle for UD), write a 6-byte status (`"RDVS"`, version,
+/// 0 ready / 1 rejected your endpoint / 2 could not bring my QP up), read the peer's.
+/// When [`connect`](Self::connect) returns `Ok`, both QPs are at RTS; when a side fails,
+/// the other is told why instead of waiting for a message that will not come. The
+/// endpoint's byte format is in [`wire`](crate::wire).
 ///
 /// Two RC QPs connected over TCP, and a SEND each way: each side is the function `side`,
 /// given its end of a TCP connection (this example is `tests/device/doc/handshake.rs`,

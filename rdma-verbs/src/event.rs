@@ -1,21 +1,5 @@
-//! The device's asynchronous events: port up and down, GID changes, QP and CQ errors,
-//! a fatal device error (`ibv_get_async_event`).
-//!
-//! Each open [`Context`] has its own event queue, a file descriptor the kernel makes
-//! readable when an event is pending. [`Context::async_events`] returns a handle that
-//! waits on it with `poll(2)` (so a wait can time out) and can be put in an event loop
-//! through [`AsRawFd`]. Getting the handle switches the descriptor to non-blocking mode:
-//! code that calls `ibv_get_async_event` on the raw context itself then gets `EAGAIN`
-//! instead of blocking when nothing is pending.
-//!
-//! # Acknowledgement
-//!
-//! libibverbs counts the events it reported about each QP, CQ, SRQ or WQ, and destroying
-//! that object waits until every one of them is acknowledged (`ibv_ack_async_event`). This
-//! module copies what an event says (the kind, the port number, the QP number, the
-//! object's address) into an [`AsyncEvent`] and acknowledges it at once, before
-//! returning. So an [`AsyncEvent`] holds no reference to any object, and never delays
-//! the destruction of the object it is about.
+//! The device's asynchronous events. The guide (waiting, acknowledgement) is on
+//! [`AsyncEvents`], public, where rustdoc shows it; this module is private.
 
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
@@ -210,9 +194,26 @@ impl fmt::Display for AsyncEvent {
     }
 }
 
-/// The asynchronous event queue of a context. Holds a clone of the context, so it may
-/// live in an event-loop thread of its own. Several handles (and threads) may wait on
-/// one context; each event goes to one of them.
+/// The asynchronous event queue of a context (`ibv_get_async_event`): port up and down,
+/// GID changes, QP and CQ errors, a fatal device error. Holds a clone of the context, so
+/// it may live in an event-loop thread of its own. Several handles (and threads) may wait
+/// on one context; each event goes to one of them.
+///
+/// Each open [`Context`] has its own event queue, a file descriptor the kernel makes
+/// readable when an event is pending. [`Context::async_events`] returns this handle,
+/// which waits on it with `poll(2)` (so a wait can time out) and can be put in an event
+/// loop through [`AsRawFd`]. Getting the handle switches the descriptor to non-blocking
+/// mode: code that calls `ibv_get_async_event` on the raw context itself then gets
+/// `EAGAIN` instead of blocking when nothing is pending.
+///
+/// # Acknowledgement
+///
+/// libibverbs counts the events it reported about each QP, CQ, SRQ or WQ, and destroying
+/// that object waits until every one of them is acknowledged (`ibv_ack_async_event`).
+/// This handle copies what an event says (the kind, the port number, the QP number, the
+/// object's address) into an [`AsyncEvent`] and acknowledges it at once, before
+/// returning. So an `AsyncEvent` holds no reference to any object, and never delays the
+/// destruction of the object it is about.
 #[derive(Clone, Debug)]
 pub struct AsyncEvents {
     ctx: Context,

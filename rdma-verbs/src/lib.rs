@@ -33,6 +33,41 @@
 //! the device is reading or writing. [`QueuePair::post_send_raw`] is the unsafe C-shaped
 //! path for those who manage that themselves.
 //!
+//! # The data path: which queue
+//!
+//! Every safe queue owns what it has posted and hands it back with its completion as a
+//! [`Done`] (the buffer or request, your id, the operation, the status;
+//! [`Done::result`] turns a failure into an error naming the operation, your id and the
+//! QP). Each sets its depth aside in its CQ when it is made, so a CQ cannot overrun. A
+//! post is a batch of one, and a batch is one provider call (on rxe, one doorbell system
+//! call). A refusal hands back what was not taken: [`Refused`], which `?` turns into an
+//! [`Error`].
+//!
+//! | to post | use | made by |
+//! | --- | --- | --- |
+//! | requests built as you go (the way of the example above) | [`SendQueue`], [`RecvQueue`] | [`QueuePair::send_queue`], [`QueuePair::recv_queue`] |
+//! | the same requests again and again | [`PreparedQueue`], [`PreparedRecvQueue`] | [`QueuePair::prepared_queue`], [`QueuePair::prepared_recv_queue`] |
+//! | a fixed batch, posted whole (the cheapest batch) | [`ChainQueue`], [`RecvChainQueue`] | [`QueuePair::chain_queue`], [`QueuePair::recv_chain_queue`] |
+//! | receives of a shared receive queue | [`SrqQueue`] | [`SharedReceiveQueue::queue`] |
+//! | any of the above, completions awaited | [`AsyncSendQueue`], [`AsyncRecvQueue`] | `new(queue, AsyncCq)` |
+//! | C requests, with no checks of ours (unsafe) | [`QueuePair::post_send_raw`] | |
+//!
+//! - One [`SendQueue`] posts any [`SendRequest`]: a [`SendWr`] checked and built at each
+//!   post; a [`Prepared`] request, checked and built once and posted again with only its
+//!   `wr_id` stamped ([`PreparedQueue`], what the perftest-style tools use); or a
+//!   [`PreparedChain`] of them ([`ChainQueue::prepare_chain`]), posted whole with one
+//!   `post` and handed back whole with its last completion, the first failure named.
+//!   [`SendQueue::complete_all`] takes a poll's completions in one call.
+//! - One [`RecvQueue`] takes receives built at each post (`post(buf, range, id)`),
+//!   [`PreparedRecv`]s built once ([`PreparedRecvQueue::prepare`], handed back whole to
+//!   read what arrived), or a [`PreparedRecvChain`] ([`RecvChainQueue::prepare_chain`]:
+//!   posted whole, each receive's completion recorded in the chain, which comes back after
+//!   its last with each receive's bytes and length).
+//! - What each way costs against the raw API, in instructions per request
+//!   (`scripts/instructions`): the repository's `docs/queues.md`. In short, prepared
+//!   requests and chains come within about 10% of C; a request built at each post costs
+//!   more, most in batches.
+//!
 //! # Async
 //!
 //! Completions can be awaited on any executor, at no cost when they are already there:
@@ -56,8 +91,40 @@
 //!
 //! # Errors
 //!
-//! One [`Error`] type names the verb, the errno and the usual cause, and tells whether
-//! the failure came from the control plane (kernel path) or the data plane (provider).
+//! One [`Error`] type for the whole crate. Every error names the [`Verb`] that failed: a
+//! C call, or the method of ours that checked the arguments before one. Errors from C
+//! carry the errno as a [`std::io::Error`], tell whether the failure came from the
+//! control plane (kernel path) or the data plane (provider), and, where the usual cause
+//! is known, give a one-line hint. A failed work request names the operation, your id and
+//! the QP ([`Done::result`]). A value that a call did not take comes back with its error
+//! in a [`Refused`]; `?` turns it into an [`Error`]. Byte formats from a peer fail with a
+//! [`WireError`].
+//!
+//! # Map
+//!
+//! Everything is at the crate root except three namespaces: [`ffi`] (the raw C API),
+//! [`wire`] (every byte format a peer sends: the endpoint message, [`RemoteQpInfo`],
+//! [`RemoteMr`], the `ibv_rc_pingpong` text; strict parsers, fuzzed) and [`compat`]
+//! (which rdma-core releases have which data-path bugs, so the path that works is taken).
+//!
+//! - Devices: [`devices`], [`Context`], [`DeviceAttr`], [`PortAttr`] (with the rate), the GID table and
+//!   the default GID choice ([`Context::default_gid`], [`choose_roce_gid`]: RoCE v2 with
+//!   an IPv4 address first); the device's asynchronous events ([`AsyncEvents`]).
+//! - Memory: [`ProtectionDomain`]; [`MemoryRegion`] over owned or borrowed buffers, with
+//!   remote write and atomics only in a type that never hands out `&[u8]`; [`Chunk`]s,
+//!   the owned pieces of a region that the data path moves; [`MemoryRegion::remote`]
+//!   (what a peer targets) is an error for a region that grants no remote right.
+//! - Completions: [`CompletionQueue`] (polling needs `&mut`; completion channels: arm,
+//!   wait with a timeout, ack), [`WorkCompletion`]; [`AsyncCq`] awaits them on any
+//!   executor ([`ChannelFd`] is the descriptor a reactor watches).
+//! - Queue pairs: [`QueuePair`] with typed state transitions and defaults that cannot
+//!   hang, one PSN per QP, depths checked against its CQs when built;
+//!   [`SharedReceiveQueue`]; [`AddressHandle`] (where a UD send goes).
+//! - Connecting: [`QueuePair::local_info`] and [`QueuePair::connect`] with anything that
+//!   carries 26 bytes; the [`Handshake`] over any `Read + Write` (RC and UC to RTS, UD
+//!   prepared); rdma_cm's [`CmId`] and [`EventChannel`], awaited with [`AsyncCmId`] and
+//!   [`AsyncEventChannel`].
+//! - The data path: the queues above, [`SendWr`], [`Done`].
 #![warn(missing_docs)]
 
 pub use rdma_verbs_sys as ffi;

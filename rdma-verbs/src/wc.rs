@@ -1,13 +1,6 @@
 //! Work completions (`struct ibv_wc`): what [`CompletionQueue::poll`](crate::cq::CompletionQueue::poll)
-//! hands back, one per finished work request.
-//!
-//! [`WorkCompletion`] has the layout of `struct ibv_wc`, so a slice of them is the array the
-//! provider writes into: decoding happens in the accessors, only for the fields read.
-//!
-//! When the status is not [`WcStatus::Success`], only [`wr_id`](WorkCompletion::wr_id),
-//! [`status`](WorkCompletion::status), [`qp_num`](WorkCompletion::qp_num) and
-//! [`vendor_err`](WorkCompletion::vendor_err) are defined (`man ibv_poll_cq`); providers
-//! differ in what the other fields hold then.
+//! hands back, one per finished work request. The guide is on [`WorkCompletion`], public,
+//! where rustdoc shows it.
 
 use std::fmt;
 
@@ -42,6 +35,13 @@ bitflags::bitflags! {
 
 /// One work completion, laid out as `struct ibv_wc` so that `&mut [WorkCompletion]` is the
 /// array `ibv_poll_cq` fills.
+///
+/// Decoding happens in the accessors, only for the fields read. When the status is not
+/// [`WcStatus::Success`], only [`wr_id`](Self::wr_id), [`status`](Self::status),
+/// [`qp_num`](Self::qp_num) and [`vendor_err`](Self::vendor_err) are defined
+/// (`man ibv_poll_cq`); providers differ in what the other fields hold then. A safe
+/// queue's `complete` turns a completion into a [`Done`](crate::Done), whose
+/// [`result`](crate::Done::result) names the operation, your id and the QP of a failure.
 ///
 /// Neither `Copy` nor `Clone`, on purpose: a queue's `complete` hands a posted buffer back
 /// on the word of a completion and then marks the completion taken, so there is never a

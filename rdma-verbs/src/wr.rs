@@ -1,10 +1,6 @@
-//! Work requests: the typed [`SendWr`] of the safe data path ([`crate::queue`]), and the
-//! raw data path, posting C work requests with no checks of ours.
-//!
-//! These are for experts who manage buffer lifetimes themselves: each is one call to the
-//! provider's function pointer (the ported `static inline` of `verbs.h`), so they cost
-//! exactly what the C call costs. A chain of work requests linked through `next` is one
-//! provider call: on rxe one doorbell `write()`, on mlx5 one MMIO doorbell.
+//! Work requests: the typed [`SendWr`] of the safe data path, and the raw data path,
+//! posting C work requests with no checks of ours ([`QueuePair::post_send_raw`], whose
+//! docs say what it costs; public, where rustdoc shows them).
 
 use std::ops::Range;
 
@@ -52,7 +48,13 @@ fn check<W>(verb: Verb, rc: i32, bad: *mut W) -> Result<(), PostError<W>> {
 }
 
 impl QueuePair {
-    /// Posts a chain of send work requests (`ibv_post_send`).
+    /// Posts a chain of send work requests (`ibv_post_send`), with no checks of ours: the
+    /// raw data path, for experts who manage buffer lifetimes themselves.
+    ///
+    /// It is one call to the provider's function pointer (the ported `static inline` of
+    /// `verbs.h`), so it costs exactly what the C call costs. A chain of work requests
+    /// linked through `next` is one provider call: on rxe one doorbell `write()`, on mlx5
+    /// one MMIO doorbell.
     ///
     /// # Safety
     /// - `wr` must point to a valid chain of `ibv_send_wr` (linked by `next`, NULL at the

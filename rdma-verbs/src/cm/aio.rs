@@ -150,7 +150,9 @@ impl<R> fmt::Debug for AsyncEventChannel<R> {
 }
 
 /// A [`CmId`] whose rdma_cm steps are awaited: resolving, connecting, taking requests,
-/// accepting, disconnecting, each bounded by a timeout as the blocking ones are.
+/// accepting, disconnecting, each bounded by a timeout as the blocking ones are. The
+/// timeout is a timer on a descriptor of its own (a `timerfd`, watched by the same
+/// [`Readiness`] as the channel), so no runtime's timer is needed.
 ///
 /// It has an event channel of its own ([`AsyncEventChannel`]), so each connection's task
 /// awaits only its own events and the runtime's reactor wakes exactly that task: made

@@ -66,19 +66,66 @@ impl Drop for ChildId {
     }
 }
 
-/// A CM id: one endpoint, a listener or one side of a connection.
+/// A CM id: one endpoint, a listener or one side of a connection, through the RDMA
+/// connection manager (librdmacm): addresses and ports instead of QP numbers and GIDs,
+/// as with TCP sockets.
 ///
-/// It holds its [`EventChannel`]; a QP made through it and a [`Context`] from it hold the
-/// id, so it is destroyed (`rdma_destroy_id`) when this handle and those are all gone.
+/// An [`EventChannel`] carries the events of the ids made on it. The client resolves the
+/// server's IP address to a device and a path, makes its QP through the id, and connects;
+/// the server binds, listens, takes each request as a new id, makes its QP and accepts.
+/// Both may send up to a few dozen bytes of private data with the handshake, and the
+/// server may reject instead, with a reason.
 ///
-/// A client resolves the server's address to a device and a path, makes its QP through
-/// the id and connects; the server, on a thread here, binds, listens, takes the request
-/// as a new id, makes its QP and accepts. rdma_cm works with the IP address of the netdev
-/// under the RDMA device, not with 127.0.0.1 (this example is
+/// A client and its server (on a thread here). rdma_cm works with the IP address of the
+/// netdev under the RDMA device, not with 127.0.0.1 (this example is
 /// `tests/device/doc/cm_client.rs`, which the device tests run with the address of the
 /// test bed's rxe device in `RDMA_IP`):
 ///
 #[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/cm_client.rs")), "```")]
+///
+/// # Events and their acknowledgement
+///
+/// librdmacm hands out events that must be acknowledged (`rdma_ack_cm_event`), and an id
+/// cannot be destroyed while an event about it is unacknowledged. This crate copies an
+/// event (kind, status, private data, the peer's parameters) into a [`CmEvent`] and
+/// acknowledges it at once, before anyone sees it: a `CmEvent` is plain data and never
+/// holds up a destroy. Events read for one id while another id's caller is waiting are
+/// queued in the channel until that id asks; a connection request carries its new id,
+/// which is rejected and destroyed if nobody takes it.
+///
+/// Every wait has a timeout and ends with [`Error::Timeout`](crate::Error::Timeout). The
+/// channel's descriptor is non-blocking and can go into an event loop
+/// ([`AsRawFd`](std::os::fd::AsRawFd)), with [`EventChannel::try_next_event`] on
+/// readiness. To await instead of wait, on any executor: [`AsyncCmId`](crate::AsyncCmId)
+/// (an id with a channel of its own, so each connection's task awaits only its own events)
+/// and [`AsyncEventChannel`](crate::AsyncEventChannel) (every event of a channel).
+///
+/// # Lifetimes and teardown
+///
+/// An id holds its channel. A QP made through the id ([`CmId::create_qp`]) holds the id,
+/// and so do a [`Context`] from [`CmId::context`] and everything made from that context.
+/// So the order librdmacm requires (QP before id, id before channel, every event
+/// acknowledged before its id goes) holds whatever order the handles are dropped in, and
+/// the id is destroyed (`rdma_destroy_id`) when this handle and those are all gone.
+/// librdmacm also changes the state of an id's QP itself (on accept, on the connect
+/// response, on disconnect): a lock of the channel keeps that from racing with the QP's
+/// destruction.
+///
+/// # librdmacm keeps the device context open until the process exits
+///
+/// librdmacm opens a device's context (`ibv_open_device`) the first time one of its ids
+/// binds to that device (resolving or binding an address), and does not close it when the
+/// last id on that device goes: it frees only its protection domain then. The context
+/// stays open until librdmacm is unloaded, in practice until the process exits (newer
+/// releases also close it when the device is removed from the system and no id uses it).
+/// Destroying every id and channel and dropping every handle of this crate does not close
+/// it, and nothing in librdmacm's API does. So after the first rdma_cm use the device
+/// counts one context more than before (`rdma resource show`: ctx + 1); later use opens
+/// no further context for that device. A leak check must take its snapshot after the
+/// first use, as this crate's device tests do (`tests/device/cm.rs`: `cm_leak_check`, and
+/// `librdmacm_keeps_one_device_context_open_from_its_first_use_to_the_end_of_the_process`).
+/// An open context also holds the device: on rxe, `rdma link delete` of it waits until
+/// the process exits.
 #[doc(alias = "rdma_cm_id")]
 pub struct CmId {
     pub(crate) inner: Arc<CmIdInner>,

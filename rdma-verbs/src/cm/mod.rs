@@ -1,63 +1,9 @@
-//! Connections through the RDMA connection manager (librdmacm): addresses and ports
-//! instead of QP numbers and GIDs, as with TCP sockets.
+//! Connections through the RDMA connection manager (librdmacm): [`CmId`],
+//! [`EventChannel`], and their async forms in `aio`.
 //!
-//! An [`EventChannel`] carries the events of the [`CmId`]s made on it; a `CmId` is one
-//! endpoint: a listener, or one side of one connection. The client resolves the server's
-//! IP address to a device and a path, makes its QP through the id, and connects; the
-//! server binds, listens, takes each request as a new id, makes its QP and accepts. Both
-//! may send up to a few dozen bytes of private data with the handshake, and the server
-//! may reject instead, with a reason. The docs of [`CmId`] show a client and its server.
-//!
-//! # Events and their acknowledgement
-//!
-//! librdmacm hands out events that must be acknowledged (`rdma_ack_cm_event`), and an id
-//! cannot be destroyed while an event about it is unacknowledged. This module copies an
-//! event (kind, status, private data, the peer's parameters) into a [`CmEvent`] and
-//! acknowledges it at once, before anyone sees it; so a `CmEvent` is plain data and
-//! never holds up a destroy. Events read for one id while another id's caller is waiting
-//! are queued in the channel until that id asks; a connection request carries its new
-//! id, which is rejected and destroyed if nobody takes it.
-//!
-//! Every wait has a timeout and ends with [`Error::Timeout`]. The
-//! channel's descriptor is non-blocking and can go into an event loop ([`AsRawFd`]), with
-//! [`EventChannel::try_next_event`] on readiness.
-//!
-//! # Awaiting instead of waiting
-//!
-//! [`AsyncCmId`] does the steps that wait (resolving, connecting, taking requests,
-//! accepting, disconnecting) as futures on any executor, and [`AsyncEventChannel`]
-//! awaits every event of a channel; the runtime's reactor watches the channel's
-//! descriptor through the same [`Readiness`](crate::Readiness) as a CQ's. Each
-//! `AsyncCmId` has a channel of its own (`rdma_migrate_id` moves an id that shares one),
-//! so a server takes requests in a loop and serves each connection in its own task.
-//!
-//! # Lifetimes and teardown
-//!
-//! A QP made through an id ([`CmId::create_qp`]) holds the id; a [`Context`] from
-//! [`CmId::context`] holds it too (librdmacm opened that device context and keeps it
-//! open while one of its ids is bound to it), and so does everything made from that
-//! context. An id holds its channel. So the order librdmacm requires (QP before id, id
-//! before channel, every event acknowledged before its id goes) holds whatever order
-//! the handles are dropped in. librdmacm also changes the state of an id's QP itself
-//! (on accept, on the connect response, on disconnect): a lock of the channel keeps that
-//! from racing with the QP's destruction.
-//!
-//! # One device context stays open for the life of the process
-//!
-//! librdmacm opens a device's context (`ibv_open_device`) the first time one of its ids
-//! binds to that device (resolving or binding an address), and keeps it open until the
-//! process exits: destroying every id and channel, and dropping every handle of this crate,
-//! does not close it, and nothing in librdmacm's API does. So after the first rdma_cm use
-//! the device counts one context more than before (`rdma resource show`: ctx + 1), and a
-//! leak check taken then stays at ctx + 1; later use opens no further context for that
-//! device. Take such a snapshot after the first use, as this crate's device tests do
-//! (`tests/device/cm.rs`: `cm_leak_check`, and
-//! `librdmacm_keeps_one_device_context_open_from_its_first_use_to_the_end_of_the_process`).
-//! An open context also holds the device: on rxe, `rdma link delete` of it waits until the
-//! process exits.
-//!
-//! [`AsRawFd`]: std::os::fd::AsRawFd
-//! [`Context`]: crate::Context
+//! The guide (events and their acknowledgement, lifetimes and teardown, the device
+//! context librdmacm keeps open until the process exits) is on [`CmId`], public, where
+//! rustdoc shows it; this module is private.
 
 mod addr;
 mod aio;

@@ -1,18 +1,5 @@
-//! Queue pairs (`struct ibv_qp`): creation with capabilities checked against the device,
-//! and the state machine RESET -> INIT -> RTR -> RTS, each transition with the attribute
-//! mask the InfiniBand spec requires for the QP's transport. The docs of [`QueuePair`]
-//! show two QPs connected with [`QueuePair::local_info`] and [`QueuePair::connect`].
-//!
-//! # One PSN per QP
-//!
-//! The first packet sequence number a QP sends is chosen once, when it is built: at
-//! random ([`random_psn`]), or fixed with [`QueuePairBuilder::psn`] (tests, tools that
-//! must match a peer's expectations). [`QueuePair::local_info`] advertises it, and
-//! [`QueuePair::connect`], [`QueuePair::ready_ud`] and the endpoint
-//! [`Handshake`](crate::Handshake) send from it, so the PSN a peer was told and the one
-//! this side sends cannot differ. Only the hand-driven transitions take it as an argument
-//! ([`RtsAttr::sq_psn`]: pass [`QueuePair::psn`]). The example on [`QueuePair`] fixes
-//! one side's PSN and checks what `local_info` advertises.
+//! Queue pairs (`struct ibv_qp`). The guide (creation, the state machine, one PSN per
+//! QP) and an example are on [`QueuePair`], public, where rustdoc shows them.
 
 use crate::ah::{AhAttr, Remote};
 use crate::context::Context;
@@ -41,8 +28,27 @@ pub(crate) use builder::Creator;
 pub use builder::QueuePairBuilder;
 pub use multicast::{MulticastMembership, MULTICAST_QPN};
 
-/// A queue pair. Verbs on it are thread-safe, so it is `Send + Sync`; it keeps its
-/// protection domain, both completion queues and its SRQ alive, and is destroyed first.
+/// A queue pair (`struct ibv_qp`). Verbs on it are thread-safe, so it is `Send + Sync`;
+/// it keeps its protection domain, both completion queues and its SRQ alive, and is
+/// destroyed first.
+///
+/// Built with [`QueuePair::builder`], its capabilities checked against the device and its
+/// depths against its CQs. Its state machine RESET -> INIT -> RTR -> RTS takes, at each
+/// transition, the attribute mask the InfiniBand spec requires for the QP's transport;
+/// [`connect`](Self::connect) does the three steps at once.
+///
+/// # One PSN per QP
+///
+/// The first packet sequence number a QP sends is chosen once, when it is built: at
+/// random ([`random_psn`]), or fixed with [`QueuePairBuilder::psn`] (tests, tools that
+/// must match a peer's expectations). [`local_info`](Self::local_info) advertises it, and
+/// [`connect`](Self::connect), [`ready_ud`](Self::ready_ud) and the endpoint
+/// [`Handshake`](crate::Handshake) send from it, so the PSN a peer was told and the one
+/// this side sends cannot differ. Only the hand-driven transitions take it as an argument
+/// ([`RtsAttr::sq_psn`]: pass [`psn`](Self::psn)). The example below fixes one side's PSN
+/// and checks what `local_info` advertises.
+///
+/// # Example
 ///
 /// Two RC QPs connected as two programs connect them, each with what the other's
 /// [`local_info`](Self::local_info) returned, then an RDMA WRITE from one into the

@@ -1,10 +1,6 @@
-//! Queues whose completions are awaited: [`AsyncSendQueue`], [`AsyncRecvQueue`].
-//!
-//! A post returns a [`Ticket`] at once; the finished request waits in the queue's own
-//! slot (one per request the queue may hold, allocated when the queue is made) until its
-//! ticket, or [`next`](AsyncSendQueue::next), takes it. Nothing is allocated per request
-//! and no lock is taken: one task owns each side (`&mut self`), as with the queues they
-//! wrap.
+//! Queues whose completions are awaited: [`AsyncSendQueue`], [`AsyncRecvQueue`]. The guide
+//! (tickets, a slot per request, no allocation or lock, cancellation) and an example are
+//! on [`AsyncSendQueue`], public, where rustdoc shows them.
 
 use std::future::poll_fn;
 use std::ops::Range;

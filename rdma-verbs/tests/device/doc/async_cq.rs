@@ -22,19 +22,20 @@ fn main() -> rdma_verbs::Result<()> {
         sq.post(SendWr::send(src, 0..5))?;
 
         let mut wcs = [WorkCompletion::EMPTY; 4];
-        let (mut got, mut sent) = (None, false);
-        while got.is_none() || !sent {
+        let (mut got, mut sent) = (None, None);
+        while got.is_none() || sent.is_none() {
             // Polls first; parks the task on the channel only when the CQ is empty.
             for wc in cq.completions(&mut wcs).await? {
                 if wc.opcode().is_recv() {
                     got = Some(rq.complete(wc)?.result()?);
                 } else {
-                    sq.complete(wc, |done| drop(done.buf))?;
-                    sent = true;
+                    sq.complete(wc, |done| sent = Some(done.result()))?;
                 }
             }
         }
-        assert_eq!(&got.unwrap().buf[..5], b"hello");
+        // A failure names the operation, your id and the QP (`Done::result`).
+        let (got, _src) = (got.unwrap(), sent.unwrap()?.buf);
+        assert_eq!(&got.buf[..5], b"hello");
         Ok(())
     })
 }

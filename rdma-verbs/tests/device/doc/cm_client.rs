@@ -43,9 +43,10 @@ fn main() -> Result<(), BoxError> {
 fn send(cq: &mut CompletionQueue, sq: &mut SendQueue<Chunk>, mut buf: Chunk, msg: &[u8]) -> Result<(), BoxError> {
     buf[..msg.len()].copy_from_slice(msg);
     sq.post(SendWr::send(buf, 0..msg.len()))?;
-    let mut wc = poll(cq)?;
-    wc.ok()?; // a failed request is an error naming its status and its QP
-    sq.complete(&mut wc, drop)?;
+    let mut sent = None;
+    sq.complete(&mut poll(cq)?, |done| sent = Some(done.result()))?;
+    // A failure is an error naming the operation (SEND), your id and the QP.
+    sent.ok_or("the SEND's completion")??;
     Ok(())
 }
 

@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let mut wcs = [WorkCompletion::EMPTY; 32];
-    let (mut received, mut sent) = (Vec::new(), 0);
+    let (mut received, mut sent) = (Vec::new(), Vec::new());
     loop {
         cq.arm(false)?; // 1. arm first,
         loop {
@@ -40,16 +40,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if wc.opcode().is_recv() {
                     received.push(rq.complete(wc)?.result()?.buf[0]);
                 } else {
-                    sq.complete(wc, |done| drop(done.buf))?;
-                    sent += 1;
+                    sq.complete(wc, |done| sent.push(done.result()))?;
                 }
             }
         }
-        if received.len() == 4 && sent == 4 {
+        if received.len() == 4 && sent.len() == 4 {
             break;
         }
         // 3. then sleep: a completion that came after step 1 has raised the event already.
         cq.wait(Some(Duration::from_secs(10)))?;
+    }
+    for done in sent {
+        done?; // a failure names the operation, your id and the QP
     }
     assert_eq!(received, [0, 1, 2, 3], "every message arrived, in order");
     Ok(())

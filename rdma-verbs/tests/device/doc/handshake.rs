@@ -44,18 +44,18 @@ fn side(mut tcp: TcpStream, msg: &[u8]) -> Result<Vec<u8>, BoxError> {
     src[..msg.len()].copy_from_slice(msg);
     let mut sq = qp.send_queue::<Chunk>()?;
     sq.post(SendWr::send(src, 0..msg.len()))?;
-    let (mut heard, mut sent) = (None, false);
-    while heard.is_none() || !sent {
+    let (mut heard, mut sent) = (None, None);
+    while heard.is_none() || sent.is_none() {
         let Some(mut wc) = cq.poll_one()? else { continue };
         if wc.opcode().is_recv() {
             let done = rq.complete(&mut wc)?.result()?;
             heard = Some(done.buf[..done.byte_len as usize].to_vec());
         } else {
-            wc.ok()?; // a failed request is an error naming its status and its QP
-            sq.complete(&mut wc, drop)?;
-            sent = true;
+            sq.complete(&mut wc, |done| sent = Some(done.result()))?;
         }
     }
+    // A failure is an error naming the operation (SEND), your id and the QP.
+    sent.ok_or("the SEND's completion")??;
     // Neither side destroys its QP before both are done: a send completes only when the
     // peer's QP acknowledges it.
     tcp.write_all(b"done")?;

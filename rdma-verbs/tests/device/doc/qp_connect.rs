@@ -39,8 +39,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             break wc;
         }
     };
-    wc.ok()?; // a failed request is an error naming its status and its QP
-    sq.complete(&mut wc, |done| drop(done.buf))?;
+    // `src` comes back; a failure is an error naming the operation (RDMA WRITE), your id
+    // and the QP.
+    let mut written = None;
+    sq.complete(&mut wc, |done| written = Some(done.result()))?;
+    let _src = written.ok_or("the WRITE's completion")??.buf;
 
     // An RC write completes once the peer acknowledged it: the bytes are in `b`'s memory.
     let mut landed = [0u8; 5];

@@ -119,7 +119,7 @@ impl End {
     fn handle(&mut self, wc: &mut WorkCompletion) {
         assert!(wc.is_success(), "a work request failed: {wc:?}");
         if wc.opcode().is_recv() {
-            let buf = self.rq.complete(wc).expect("a receive's completion").buf;
+            let buf = self.rq.complete(wc).expect("a receive's completion").value;
             self.rq.post(buf, 0..LEN, 0).unwrap_or_else(|r| panic!("posting a receive: {}", r.error));
             self.received += 1;
             if !self.initiator || self.sent < self.target {

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, BenchmarkId, Criterion};
 use rdma_verbs::{
-    ffi, AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, Prepared, PreparedQueue,
-    ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, SendQueue, SendWr,
-    WorkCompletion,
+    ffi, AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, PreparedSend,
+    PreparedSendQueue, ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, SendQueue,
+    SendWr, WorkCompletion,
 };
 
 extern "C" {
@@ -127,9 +127,9 @@ fn chain(src: &Chunk, remote: RemoteMr, batch: usize) -> Box<Chain> {
 struct Loops {
     sq: SendQueue<Arc<Chunk>>,
     safe: Pair,
-    pq: PreparedQueue<Arc<Chunk>>,
+    pq: PreparedSendQueue<Arc<Chunk>>,
     /// For each of BATCHES, that many prepared writes, the last one signaled.
-    preps: Vec<Vec<Prepared<Arc<Chunk>>>>,
+    preps: Vec<Vec<PreparedSend<Arc<Chunk>>>>,
     prepared: Pair,
     raw: Pair,
     src: Arc<Chunk>,
@@ -144,7 +144,7 @@ impl Loops {
         let sq = safe.a.send_queue().unwrap();
         let chains = BATCHES.iter().map(|&b| chain(&src, remote, b)).collect();
         let prepared = pair(ctx, pd);
-        let pq = prepared.a.prepared_queue().unwrap();
+        let pq = prepared.a.prepared_send_queue().unwrap();
         let preps = BATCHES
             .iter()
             .map(|&b| {
@@ -163,7 +163,7 @@ impl Loops {
         let n = poll_until_one(&mut self.prepared.cq, &mut self.wcs);
         for wc in &mut self.wcs[..n] {
             // In posting order: the batch comes back as it was.
-            self.pq.complete(wc, |d| ps.push(d.buf)).unwrap();
+            self.pq.complete(wc, |d| ps.push(d.value)).unwrap();
         }
     }
 
@@ -334,7 +334,7 @@ fn benches(c: &mut Criterion) {
                 while got < k {
                     let n = poll_until_one(&mut safe.peer_cq, &mut wcs);
                     for wc in &mut wcs[..n] {
-                        back.push(rq.complete(wc).unwrap().buf);
+                        back.push(rq.complete(wc).unwrap().value);
                     }
                     got += n;
                 }

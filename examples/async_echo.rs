@@ -114,16 +114,16 @@ impl Conn {
         fill(&mut buf[..len]);
         let sent = self.sq.post(SendWr::send(buf, 0..len))?;
         let done = self.sq.wait(sent).await?;
-        self.send_buf = Some(done.result()?.buf);
+        self.send_buf = Some(done.result()?.value);
         Ok(())
     }
 
     /// Awaits the next receive, hands its bytes to `check`, and posts the buffer again.
     async fn recv(&mut self, check: impl FnOnce(&[u8]) -> Res<()>) -> Res<()> {
         let got = self.rq.next().await?.result()?;
-        let outcome = check(&got.buf[..got.byte_len as usize]);
-        let len = got.buf.len();
-        self.rq.post(got.buf, 0..len, 0)?;
+        let outcome = check(&got.value[..got.byte_len as usize]);
+        let len = got.value.len();
+        self.rq.post(got.value, 0..len, 0)?;
         outcome
     }
 }

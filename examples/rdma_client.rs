@@ -98,7 +98,7 @@ fn run(opts: &Options) -> Result<(), BoxError> {
     complete_send(&mut sq, &mut wc)?;
     let mut wc = wait_one(&mut cq, opts.timeout, "receive")?;
     let got = rq.complete(&mut wc)?.result()?; // a failure names the receive, its id and the QP
-    let reply = &got.buf[..got.byte_len as usize];
+    let reply = &got.value[..got.byte_len as usize];
     println!("rdma_client: received {} bytes: {:02x?}", reply.len(), reply);
     if got.byte_len as usize != MSG_LEN {
         return Err(format!("expected a {MSG_LEN}-byte reply, got {} bytes", got.byte_len).into());

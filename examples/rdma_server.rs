@@ -93,7 +93,7 @@ fn run(opts: &Options) -> Result<(), BoxError> {
 
     let mut wc = wait_one(&mut cq, opts.timeout, "receive")?;
     let got = rq.complete(&mut wc)?.result()?; // a failure names the receive, its id and the QP
-    let msg = &got.buf[..got.byte_len as usize];
+    let msg = &got.value[..got.byte_len as usize];
     println!("rdma_server: received {} bytes: {:02x?}", msg.len(), msg);
     let n = msg.len().min(MSG_LEN);
     send_buf[..n].copy_from_slice(&msg[..n]);

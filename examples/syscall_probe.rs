@@ -15,9 +15,9 @@
 //!                them are the raw way's, the same code for both ways of receiving
 //!   WAY  safe    SendQueue (RecvQueue for recv): each request built on every post, each
 //!                completion handed back with `complete`
-//!        prepared  PreparedQueue (PreparedRecvQueue for recv): requests prepared once,
+//!        prepared  PreparedSendQueue (PreparedRecvQueue for recv): requests prepared once,
 //!                posted again every round
-//!        chain   ChainQueue (RecvChainQueue for recv): the K requests prepared as one
+//!        chain   SendChainQueue (RecvChainQueue for recv): the K requests prepared as one
 //!                chain (`prepare_chain`), posted whole with `post` every round, each
 //!                poll's completions taken with one `complete_all`
 //!        raw     what a C programmer writes: C requests built once, only the wr_id
@@ -387,7 +387,7 @@ fn sends_safe(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
             let b = buf.take().ok_or("the source did not come back")?;
             sq.post(wr(op, b, target)).map_err(rdma_verbs::Error::from)?;
             drain(&mut lo.cq_a, &mut lo.wcs, 1, |wc| {
-                sq.complete(wc, |d| buf = Some(d.buf))?;
+                sq.complete(wc, |d| buf = Some(d.value))?;
                 Ok(())
             })?;
         }
@@ -395,7 +395,7 @@ fn sends_safe(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
         for _ in 0..rounds {
             sq.post_batch(bufs.drain(..).map(|b| wr(op, b, target))).map_err(rdma_verbs::Error::from)?;
             drain(&mut lo.cq_a, &mut lo.wcs, k, |wc| {
-                sq.complete(wc, |d| bufs.push(d.buf))?;
+                sq.complete(wc, |d| bufs.push(d.value))?;
                 Ok(())
             })?;
         }
@@ -403,11 +403,11 @@ fn sends_safe(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
     Ok(())
 }
 
-/// PreparedQueue: K requests prepared once (before the rounds), posted again every round
+/// PreparedSendQueue: K requests prepared once (before the rounds), posted again every round
 /// (`post`, or `post_batch` for K > 1); `complete` hands each back.
 #[inline(never)]
 fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
-    let mut pq = lo.a.prepared_queue::<Chunk>()?;
+    let mut pq = lo.a.prepared_send_queue::<Chunk>()?;
     let mut ps = Vec::with_capacity(k);
     for b in lo.srcs.drain(..k) {
         ps.push(pq.prepare(wr(op, b, lo.target)).map_err(rdma_verbs::Error::from)?);
@@ -417,7 +417,7 @@ fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()>
         for _ in 0..rounds {
             pq.post(p.take().ok_or("the request did not come back")?).map_err(rdma_verbs::Error::from)?;
             drain(&mut lo.cq_a, &mut lo.wcs, 1, |wc| {
-                pq.complete(wc, |d| p = Some(d.buf))?;
+                pq.complete(wc, |d| p = Some(d.value))?;
                 Ok(())
             })?;
         }
@@ -426,7 +426,7 @@ fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()>
             pq.post_batch(ps.drain(..)).map_err(rdma_verbs::Error::from)?;
             drain(&mut lo.cq_a, &mut lo.wcs, k, |wc| {
                 // Completions come in posting order: `ps` keeps its order.
-                pq.complete(wc, |d| ps.push(d.buf))?;
+                pq.complete(wc, |d| ps.push(d.value))?;
                 Ok(())
             })?;
         }
@@ -434,10 +434,10 @@ fn sends_prepared(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()>
     Ok(())
 }
 
-/// ChainQueue: the K requests prepared as one chain, posted whole each round.
+/// SendChainQueue: the K requests prepared as one chain, posted whole each round.
 #[inline(never)]
 fn sends_chain(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
-    let mut pq = lo.a.chain_queue::<Chunk>()?;
+    let mut pq = lo.a.send_chain_queue::<Chunk>()?;
     let target = lo.target;
     let chain = pq.prepare_chain(lo.srcs.drain(..k).map(|b| wr(op, b, target))).map_err(rdma_verbs::Error::from)?;
     let mut chain = Some(chain);
@@ -451,7 +451,7 @@ fn sends_chain(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
             Ok(())
         })?;
         let d = back.ok_or("the chain did not come back")?;
-        chain = Some(d.result().map_err(rdma_verbs::Error::from)?.buf);
+        chain = Some(d.result().map_err(rdma_verbs::Error::from)?.value);
     }
     Ok(())
 }
@@ -562,7 +562,7 @@ fn recvs_safe(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
             rq.post(buf.take().ok_or("the buffer did not come back")?, 0..LEN, 0).map_err(rdma_verbs::Error::from)?;
             feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
             drain(&mut lo.cq_b, &mut lo.wcs, 1, |wc| {
-                buf = Some(rq.complete(wc)?.buf);
+                buf = Some(rq.complete(wc)?.value);
                 Ok(())
             })?;
         }
@@ -571,7 +571,7 @@ fn recvs_safe(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
             rq.post_batch(bufs.drain(..).map(|b| (b, 0..LEN, 0))).map_err(rdma_verbs::Error::from)?;
             feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
             drain(&mut lo.cq_b, &mut lo.wcs, k, |wc| {
-                bufs.push(rq.complete(wc)?.buf);
+                bufs.push(rq.complete(wc)?.value);
                 Ok(())
             })?;
         }
@@ -596,7 +596,7 @@ fn recvs_prepared(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
             rq.post(p.take().ok_or("the receive did not come back")?).map_err(rdma_verbs::Error::from)?;
             feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
             drain(&mut lo.cq_b, &mut lo.wcs, 1, |wc| {
-                p = Some(rq.complete(wc)?.buf);
+                p = Some(rq.complete(wc)?.value);
                 Ok(())
             })?;
         }
@@ -605,7 +605,7 @@ fn recvs_prepared(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
             rq.post_batch(ps.drain(..)).map_err(rdma_verbs::Error::from)?;
             feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
             drain(&mut lo.cq_b, &mut lo.wcs, k, |wc| {
-                ps.push(rq.complete(wc)?.buf);
+                ps.push(rq.complete(wc)?.value);
                 Ok(())
             })?;
         }
@@ -631,7 +631,7 @@ fn recvs_chain(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
             rq.complete_all(done, |d| back = Some(d))?;
             Ok(())
         })?;
-        chain = back.ok_or("the chain did not come back")?.result().map_err(rdma_verbs::Error::from)?.buf;
+        chain = back.ok_or("the chain did not come back")?.result().map_err(rdma_verbs::Error::from)?.value;
     }
     Ok(())
 }

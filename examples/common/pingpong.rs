@@ -260,14 +260,14 @@ pub fn ping_pong(
             // A failed request is an error naming the operation, its id and the QP.
             if wc.opcode().is_recv() {
                 let done = b.rq.complete(wc)?.result()?;
-                traffic.check(rcnt, wc, done.byte_len, &done.buf[..b.len])?;
-                b.rq.post(done.buf, 0..b.len, 0)?;
+                traffic.check(rcnt, wc, done.byte_len, &done.value[..b.len])?;
+                b.rq.post(done.value, 0..b.len, 0)?;
                 rcnt += 1;
                 pending &= !RECV;
             } else {
                 let mut sent = None;
                 b.sq.complete(wc, |d| sent = Some(d.result()))?;
-                b.send_buf = Some(sent.ok_or("a send completion that finished no send")??.buf);
+                b.send_buf = Some(sent.ok_or("a send completion that finished no send")??.value);
                 scnt += 1;
                 pending &= !SEND;
             }

@@ -322,12 +322,12 @@ impl Initiator {
                 self.last_ok = Instant::now();
                 if f.kind == Kind::Read {
                     f.checked = true;
-                    if sh.crc.sum(&d.buf[..f.len]) != f.crc {
+                    if sh.crc.sum(&d.value[..f.len]) != f.crc {
                         self.stats.checksum_errors += 1;
                         eprintln!("soak: pair {} lane {lane}: READ of {} bytes: checksum mismatch", self.index, f.len);
                     }
                 }
-                d.buf
+                d.value
             }
             Err(failed) => {
                 let (e, buf) = failed.into_parts();
@@ -469,8 +469,8 @@ impl Receiver {
                     continue;
                 }
             };
-            let verdict = self.check(sh, opcode, imm, &d.buf, d.byte_len);
-            match self.rq.post(d.buf, 0..SLOT, d.id) {
+            let verdict = self.check(sh, opcode, imm, &d.value, d.byte_len);
+            match self.rq.post(d.value, 0..SLOT, d.id) {
                 Ok(()) => self.recvs.posts += 1,
                 Err(Refused { error: e, .. }) => self.fail(format!("reposting a receive: {e}")),
             }

@@ -316,8 +316,8 @@ impl ClientPair {
                 continue;
             }
             self.a.last_ok = Instant::now();
-            self.take_ack(&d.buf[..(d.byte_len as usize).min(ACK_BUF)]);
-            match self.ack_rq.post(d.buf, 0..ACK_BUF, d.id) {
+            self.take_ack(&d.value[..(d.byte_len as usize).min(ACK_BUF)]);
+            match self.ack_rq.post(d.value, 0..ACK_BUF, d.id) {
                 Ok(()) => self.acks.posts += 1,
                 Err(Refused { error: e, .. }) => self.a.fail(format!("reposting an ack receive: {e}")),
             }
@@ -646,7 +646,7 @@ impl ServerPair {
                 self.acks.completions += 1;
                 let flushed = !running && d.status == WcStatus::WrFlushErr;
                 let buf = match d.result() {
-                    Ok(d) => d.buf,
+                    Ok(d) => d.value,
                     Err(failed) => {
                         let (e, buf) = failed.into_parts();
                         if flushed {

@@ -116,9 +116,9 @@ fn serve(listener: &CmId, timeout: Duration) -> Steps<String> {
     id.accept(&ConnParam::new(), timeout).map_err(at("rdma_accept"))?;
     let mut wc = wait_one(&mut cq, timeout, "the receive of the message")?;
     let got = rq.complete(&mut wc).map_err(at("the receive of the message"))?;
-    let len = usize::try_from(got.byte_len).unwrap_or(usize::MAX).min(got.buf.len());
-    if &got.buf[..len] != MESSAGE.as_slice() {
-        return Err(format!("the message arrived changed: {:02x?}", &got.buf[..len]));
+    let len = usize::try_from(got.byte_len).unwrap_or(usize::MAX).min(got.value.len());
+    if &got.value[..len] != MESSAGE.as_slice() {
+        return Err(format!("the message arrived changed: {:02x?}", &got.value[..len]));
     }
     // Tear down after the client did (its send completes on our acknowledgement): a
     // bounded wait for its disconnect, whose outcome changes nothing.

@@ -55,9 +55,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, DeviceAttr, Done, MemoryRegion, Prepared, PreparedQueue,
-    ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendBuf, SendQueue,
-    SendWr, WorkCompletion,
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, DeviceAttr, Done, MemoryRegion, PreparedSend,
+    PreparedSendQueue, ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr,
+    SendBuf, SendQueue, SendWr, WorkCompletion,
 };
 
 use crate::oob::{BwReport, Offer, Peer, Shape};
@@ -1039,7 +1039,7 @@ impl Meter {
 
 /// One client QP and what its requests are made of.
 struct Lane<S: Source> {
-    sq: PreparedQueue<S::Buf>,
+    sq: PreparedSendQueue<S::Buf>,
     src: S,
     posted: u64,
     /// The number (from 1) of the last signaled request posted.
@@ -1070,9 +1070,9 @@ impl<S: Source> Lane<S> {
     fn new(
         qp: QueuePair,
         wrs: impl Iterator<Item = SendWr<S::Buf>>,
-        src: impl FnOnce(Vec<Prepared<S::Buf>>) -> S,
+        src: impl FnOnce(Vec<PreparedSend<S::Buf>>) -> S,
     ) -> Res<Self> {
-        let sq = qp.prepared_queue()?;
+        let sq = qp.prepared_send_queue()?;
         let free = wrs.map(|wr| sq.prepare(wr).map_err(|r| rdma_verbs::Error::from(r).into())).collect::<Res<_>>()?;
         Ok(Lane { sq, src: src(free), posted: 0, last_signaled: 0, tail_signaled: true, next_mark: 0, _qp: qp })
     }
@@ -1193,15 +1193,15 @@ trait Source {
     /// send queue's room is the loop's business).
     fn available(&self, posted: u64) -> usize;
     /// A free request for message `n` (from 1) of the lane; `None` when none is free.
-    fn take(&mut self, n: u64) -> Option<Prepared<Self::Buf>>;
+    fn take(&mut self, n: u64) -> Option<PreparedSend<Self::Buf>>;
     /// [`take`](Self::take), signaled or not.
-    fn next(&mut self, n: u64, signaled: bool) -> Option<Prepared<Self::Buf>> {
+    fn next(&mut self, n: u64, signaled: bool) -> Option<PreparedSend<Self::Buf>> {
         let mut p = self.take(n)?;
         p.set_signaled(signaled);
         Some(p)
     }
     /// A request finished: it is free again.
-    fn done(&mut self, done: Done<Prepared<Self::Buf>>);
+    fn done(&mut self, done: Done<PreparedSend<Self::Buf>>);
     /// Buffers free for requests (a pool's; `usize::MAX` when requests share one).
     fn buffers_free(&self) -> usize {
         usize::MAX
@@ -1215,7 +1215,7 @@ trait Source {
 /// write_bw: every request writes the same source into the server's region; one per
 /// request in flight (`-t`), so one is free whenever the queue has room.
 struct WriteSrc {
-    free: Vec<Prepared<Arc<Chunk>>>,
+    free: Vec<PreparedSend<Arc<Chunk>>>,
 }
 
 impl Source for WriteSrc {
@@ -1226,12 +1226,12 @@ impl Source for WriteSrc {
     }
 
     #[inline]
-    fn take(&mut self, _n: u64) -> Option<Prepared<Arc<Chunk>>> {
+    fn take(&mut self, _n: u64) -> Option<PreparedSend<Arc<Chunk>>> {
         self.free.pop()
     }
 
-    fn done(&mut self, done: Done<Prepared<Arc<Chunk>>>) {
-        self.free.push(done.buf);
+    fn done(&mut self, done: Done<PreparedSend<Arc<Chunk>>>) {
+        self.free.push(done.value);
     }
 }
 
@@ -1241,7 +1241,7 @@ struct ReadSrc {
     /// A stack: taken from the top, given back on top. So the entries below `low`, the
     /// least it ever held, were never taken, and at the end the ones from `low` up are
     /// exactly those used (a mark a request would cost a load from its heap block).
-    free: Vec<Prepared<Chunk>>,
+    free: Vec<PreparedSend<Chunk>>,
     low: usize,
     total: usize,
 }
@@ -1258,14 +1258,14 @@ impl Source for ReadSrc {
     }
 
     #[inline]
-    fn take(&mut self, _n: u64) -> Option<Prepared<Chunk>> {
+    fn take(&mut self, _n: u64) -> Option<PreparedSend<Chunk>> {
         let p = self.free.pop()?;
         self.low = self.low.min(self.free.len());
         Some(p)
     }
 
-    fn done(&mut self, done: Done<Prepared<Chunk>>) {
-        self.free.push(done.buf);
+    fn done(&mut self, done: Done<PreparedSend<Chunk>>) {
+        self.free.push(done.value);
     }
 }
 
@@ -1294,7 +1294,7 @@ impl ReadSrc {
 /// send_bw: every request sends a free buffer of the pool, stamped with its number;
 /// the server's credit word says how many may be sent in all.
 struct SendSrc {
-    free: Vec<Prepared<Chunk>>,
+    free: Vec<PreparedSend<Chunk>>,
     credit: MemoryRegion<AlignedBuf, RemoteWritable>,
 }
 
@@ -1313,14 +1313,14 @@ impl Source for SendSrc {
     }
 
     #[inline]
-    fn take(&mut self, n: u64) -> Option<Prepared<Chunk>> {
+    fn take(&mut self, n: u64) -> Option<PreparedSend<Chunk>> {
         let mut p = self.free.pop()?;
         put_stamp(p.bytes_mut(), n);
         Some(p)
     }
 
-    fn done(&mut self, done: Done<Prepared<Chunk>>) {
-        self.free.push(done.buf);
+    fn done(&mut self, done: Done<PreparedSend<Chunk>>) {
+        self.free.push(done.value);
     }
 
     fn waiting(&self, posted: u64) -> String {
@@ -1433,7 +1433,7 @@ impl Receiver<'_> {
         if !wc.opcode().is_recv() {
             let (free, mut failed) = (&mut lane.credit_bufs, None);
             lane.sq.complete(wc, |d| match d.result() {
-                Ok(d) => free.push(d.buf),
+                Ok(d) => free.push(d.value),
                 Err(e) => failed = Some(rdma_verbs::Error::from(e)),
             })?;
             return failed.map_or(Ok(()), |e| Err(e.into()));
@@ -1444,8 +1444,8 @@ impl Receiver<'_> {
         if self.verify && self.fault.is_none() {
             self.fault = check_message(&done, &self.want, lane.received).err().map(|e| format!("QP {q}, {e}"));
         }
-        put_stamp(&mut done.buf, !(lane.posted + 1));
-        lane.rq.post(done.buf, 0..self.size, 0)?;
+        put_stamp(&mut done.value, !(lane.posted + 1));
+        lane.rq.post(done.value, 0..self.size, 0)?;
         lane.posted += 1;
         Ok(())
     }
@@ -1527,7 +1527,7 @@ fn check_message(done: &Done<Chunk>, want: &[u8], n: u64) -> Result<(), String> 
     if done.byte_len as usize != size {
         return Err(format!("message {n}: {} bytes arrived, {size} expected", done.byte_len));
     }
-    let got: &[u8] = &done.buf;
+    let got: &[u8] = &done.value;
     let [head, tail] = stamp_spans(size);
     let body = head.end..if tail.is_empty() { size } else { tail.start };
     let stamp = n.to_le_bytes();

@@ -26,8 +26,8 @@ use rdma_verbs::Handshake;
 
 use crate::oob::{self, Offer, Peer, Shape};
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, MemoryRegion, Prepared, PreparedQueue, QpAccess, QpType,
-    QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendWr, WorkCompletion,
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, MemoryRegion, PreparedSend, PreparedSendQueue, QpAccess,
+    QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendWr, WorkCompletion,
 };
 
 /// Any error of a tool: a message for stderr.
@@ -809,7 +809,7 @@ impl LatRun<'_> {
         let (test, size, inline) = (self.test, self.size, self.inlined());
         let moderation = if size <= 65536 { LAT_DEPTH / 2 } else { 1 };
         let pool = pd.register(AlignedBuf::new(size * 2 * moderation as usize)?, AccessFlags::LOCAL_WRITE)?;
-        let sq = qp.prepared_queue()?;
+        let sq = qp.prepared_send_queue()?;
         let make = |buf: Chunk| -> Res<SendWr<Chunk>> {
             let wr = match test {
                 LatTest::Write => SendWr::write(buf, 0..size, peer.ok_or("no peer region")?),
@@ -946,8 +946,8 @@ fn wait_byte(
 
 /// The send side of a latency test: a pool of prepared requests, moderated signaling.
 struct Pinger {
-    sq: PreparedQueue<Chunk>,
-    free: Vec<Prepared<Chunk>>,
+    sq: PreparedSendQueue<Chunk>,
+    free: Vec<PreparedSend<Chunk>>,
     moderation: u64,
     /// Requests until the next one the moderation signals.
     to_signal: u64,
@@ -995,13 +995,13 @@ impl Pinger {
             // A failure names the operation, the request's id and the QP.
             if wc.opcode().is_recv() {
                 let done = rq.complete(wc)?.result()?;
-                let len = done.buf.len();
-                rq.post(done.buf, 0..len, done.id)?;
+                let len = done.value.len();
+                rq.post(done.value, 0..len, done.id)?;
                 self.recvs += 1;
             } else {
                 let (free, mut failed) = (&mut self.free, None);
                 self.sq.complete(wc, |d| match d.result() {
-                    Ok(d) => free.push(d.buf),
+                    Ok(d) => free.push(d.value),
                     Err(e) => failed = Some(rdma_verbs::Error::from(e)),
                 })?;
                 if let Some(e) = failed {

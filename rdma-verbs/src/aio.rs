@@ -91,19 +91,22 @@ impl std::fmt::Debug for ChannelFd {
 /// One task awaits a CQ at a time (`&mut self`). The queues whose completions land here
 /// ([`SendQueue`](crate::SendQueue), [`RecvQueue`](crate::RecvQueue)) take them as
 /// before: `complete` with each [`WorkCompletion`].
-pub struct AsyncCq<R> {
+///
+/// `Rt` is the runtime's readiness ([`Readiness`]: tokio's, async-io's, or your own), the
+/// same parameter on every async type of this crate.
+pub struct AsyncCq<Rt> {
     // Declared first: dropped (deregistered from the reactor) before the CQ closes the fd.
-    ready: R,
+    ready: Rt,
     cq: CompletionQueue,
     spin: u32,
     armed: bool,
     waits: u64,
 }
 
-impl<R: Readiness> AsyncCq<R> {
+impl<Rt: Readiness> AsyncCq<Rt> {
     /// Takes `cq` (built with a completion channel) and watches its channel with the
     /// reactor handle `make` returns for the descriptor.
-    pub fn with_readiness(cq: CompletionQueue, make: impl FnOnce(ChannelFd) -> io::Result<R>) -> Result<Self> {
+    pub fn with_readiness(cq: CompletionQueue, make: impl FnOnce(ChannelFd) -> io::Result<Rt>) -> Result<Self> {
         let Some(fd) = cq.channel_fd() else {
             return Err(Error::invalid(
                 Verb::GetCqEvent,
@@ -220,7 +223,7 @@ impl<R: Readiness> AsyncCq<R> {
     }
 }
 
-impl<R> std::fmt::Debug for AsyncCq<R> {
+impl<Rt> std::fmt::Debug for AsyncCq<Rt> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AsyncCq").field("cq", &self.cq).field("spin", &self.spin).field("waits", &self.waits).finish()
     }
@@ -235,16 +238,16 @@ pub(crate) fn reactor(source: io::Error) -> Error {
 /// A deadline on a descriptor of its own (a non-blocking `timerfd`), which a runtime's
 /// reactor watches like any channel: how an async wait of this crate is bounded without
 /// naming a runtime's timer. One per waiter, re-armed for each wait.
-pub(crate) struct Timer<R> {
+pub(crate) struct Timer<Rt> {
     // Declared first: deregistered from the reactor before the descriptor closes.
-    ready: R,
+    ready: Rt,
     fd: Arc<OwnedFd>,
     armed_for: Option<Instant>,
 }
 
-impl<R: Readiness> Timer<R> {
+impl<Rt: Readiness> Timer<Rt> {
     /// A disarmed timer, watched by the reactor handle `make` returns.
-    pub(crate) fn new(make: &dyn Fn(ChannelFd) -> io::Result<R>) -> Result<Timer<R>> {
+    pub(crate) fn new(make: &dyn Fn(ChannelFd) -> io::Result<Rt>) -> Result<Timer<Rt>> {
         // SAFETY: no pointer arguments; returns -1 with errno set on failure.
         let raw = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
         if raw < 0 {
@@ -309,7 +312,7 @@ fn arm(fd: RawFd, deadline: Instant) -> Result<()> {
     Ok(())
 }
 
-impl<R> std::fmt::Debug for Timer<R> {
+impl<Rt> std::fmt::Debug for Timer<Rt> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Timer").field("fd", &self.fd.as_raw_fd()).field("armed_for", &self.armed_for).finish()
     }

@@ -168,10 +168,10 @@ verbs! {
     SendQueuePrepare = "SendQueue::prepare", Data;
     /// [`SendQueue::prepare_chain`](crate::SendQueue::prepare_chain), refusing a chain.
     SendQueuePrepareChain = "SendQueue::prepare_chain", Data;
-    /// [`Prepared::set_range`](crate::Prepared::set_range), refusing a new range.
-    PreparedSetRange = "Prepared::set_range", Data;
-    /// [`Prepared::set_remote`](crate::Prepared::set_remote), refusing a new remote side.
-    PreparedSetRemote = "Prepared::set_remote", Data;
+    /// [`PreparedSend::set_range`](crate::PreparedSend::set_range), refusing a new range.
+    PreparedSetRange = "PreparedSend::set_range", Data;
+    /// [`PreparedSend::set_remote`](crate::PreparedSend::set_remote), refusing a new remote side.
+    PreparedSetRemote = "PreparedSend::set_remote", Data;
     /// [`RecvQueue::post`](crate::RecvQueue::post) (of any receive kind), refusing a receive
     /// before `ibv_post_recv`: it was not posted.
     RecvQueuePost = "RecvQueue::post", Data;

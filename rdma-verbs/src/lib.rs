@@ -46,16 +46,16 @@
 //! | to post | use | made by |
 //! | --- | --- | --- |
 //! | requests built as you go (the way of the example above) | [`SendQueue`], [`RecvQueue`] | [`QueuePair::send_queue`], [`QueuePair::recv_queue`] |
-//! | the same requests again and again | [`PreparedQueue`], [`PreparedRecvQueue`] | [`QueuePair::prepared_queue`], [`QueuePair::prepared_recv_queue`] |
-//! | a fixed batch, posted whole (the cheapest batch) | [`ChainQueue`], [`RecvChainQueue`] | [`QueuePair::chain_queue`], [`QueuePair::recv_chain_queue`] |
+//! | the same requests again and again | [`PreparedSendQueue`], [`PreparedRecvQueue`] | [`QueuePair::prepared_send_queue`], [`QueuePair::prepared_recv_queue`] |
+//! | a fixed batch, posted whole (the cheapest batch) | [`SendChainQueue`], [`RecvChainQueue`] | [`QueuePair::send_chain_queue`], [`QueuePair::recv_chain_queue`] |
 //! | receives of a shared receive queue | [`SrqQueue`] | [`SharedReceiveQueue::queue`] |
 //! | any of the above, completions awaited | [`AsyncSendQueue`], [`AsyncRecvQueue`] | `new(queue, AsyncCq)` |
 //! | C requests, with no checks of ours (unsafe) | [`QueuePair::post_send_raw`] | |
 //!
 //! - One [`SendQueue`] posts any [`SendRequest`]: a [`SendWr`] checked and built at each
-//!   post; a [`Prepared`] request, checked and built once and posted again with only its
-//!   `wr_id` stamped ([`PreparedQueue`], what the perftest-style tools use); or a
-//!   [`PreparedChain`] of them ([`ChainQueue::prepare_chain`]), posted whole with one
+//!   post; a [`PreparedSend`] request, checked and built once and posted again with only its
+//!   `wr_id` stamped ([`PreparedSendQueue`], what the perftest-style tools use); or a
+//!   [`PreparedSendChain`] of them ([`SendChainQueue::prepare_chain`]), posted whole with one
 //!   `post` and handed back whole with its last completion, the first failure named.
 //!   [`SendQueue::complete_all`] takes a poll's completions in one call.
 //! - One [`RecvQueue`] takes receives built at each post (`post(buf, range, id)`),
@@ -188,8 +188,9 @@ pub use qp::{
 pub use qp::{MulticastMembership, MULTICAST_QPN};
 pub use queue::{AsyncRecvQueue, AsyncSendQueue, Ticket, Tickets};
 pub use queue::{
-    ChainQueue, Prepared, PreparedChain, PreparedQueue, PreparedRecv, PreparedRecvChain, PreparedRecvQueue,
-    RecvChainMember, RecvChainQueue, RecvQueue, RecvRequest, SendQueue, SendRequest, SrqQueue, MAX_BATCH,
+    PreparedRecv, PreparedRecvChain, PreparedRecvQueue, PreparedSend, PreparedSendChain, PreparedSendQueue,
+    RecvChainMember, RecvChainQueue, RecvQueue, RecvRequest, SendChainQueue, SendQueue, SendRequest, SrqQueue,
+    MAX_BATCH,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use wc::{WcFlags, WorkCompletion};

@@ -390,17 +390,20 @@ impl<T: ExclusiveBuf> SendWr<T> {
     }
 }
 
-/// A finished work request, with the buffer it lent.
+/// A finished work request, with what you posted back in [`value`](Done::value): the
+/// buffer of a [`SendWr`] or a receive, the [`PreparedSend`](crate::PreparedSend) or
+/// [`PreparedRecv`](crate::PreparedRecv) to post again, or a whole prepared chain.
 ///
-/// [`Done::result`] turns it into a `Result`: the request back on success, its buffer
-/// with an [`Error::WorkCompletion`] that names the operation, your id, the QP, the
-/// status and the usual cause on failure.
+/// [`Done::result`] turns it into a `Result`: itself on success, its value with an
+/// [`Error::WorkCompletion`] that names the operation, your id, the QP, the status and the
+/// usual cause on failure (a [`Refused`], as a refused post is).
 #[derive(Debug)]
 pub struct Done<T> {
     /// The caller's identifier ([`SendWr::id`], [`RecvQueue::post`](crate::RecvQueue::post)).
     pub id: u64,
-    /// The buffer, back with its owner.
-    pub buf: T,
+    /// What the queue hands back: the buffer for requests built at each post and for
+    /// receives, the prepared request or chain for prepared ones (as [`Refused::value`]).
+    pub value: T,
     /// How it ended. Unsignaled requests released by a later success report success.
     pub status: WcStatus,
     /// Bytes received (receives), or as the completion says.
@@ -417,10 +420,10 @@ pub struct Done<T> {
 impl<T> Done<T> {
     /// A receive `wc` finished for the caller's `id`, with its buffer.
     #[inline]
-    pub(crate) fn received(id: u64, buf: T, wc: &WorkCompletion) -> Self {
+    pub(crate) fn received(id: u64, value: T, wc: &WorkCompletion) -> Self {
         Done {
             id,
-            buf,
+            value,
             status: wc.status(),
             byte_len: wc.byte_len(),
             op: WcOpcode::Recv,
@@ -435,10 +438,10 @@ impl<T> Done<T> {
         self.status.is_success()
     }
 
-    /// Itself when the request succeeded; else its buffer, with the error that names the
+    /// Itself when the request succeeded; else its value, with the error that names the
     /// operation, the caller's id, the QP, the status and the usual cause.
     #[inline]
-    #[allow(clippy::result_large_err)] // the buffer comes back by value: no allocation
+    #[allow(clippy::result_large_err)] // the value comes back by value: no allocation
     pub fn result(self) -> Result<Self, Refused<T>> {
         if self.status.is_success() {
             Ok(self)
@@ -457,7 +460,7 @@ impl<T> Done<T> {
             qp_num: self.qp_num,
             vendor_err: self.vendor_err,
         };
-        Refused::new(error, self.buf)
+        Refused::new(error, self.value)
     }
 }
 

@@ -160,8 +160,8 @@ impl Bed {
             pool.push(r.value);
             text
         })?;
-        let bytes = done.buf.to_vec();
-        pool.push(done.buf);
+        let bytes = done.value.to_vec();
+        pool.push(done.value);
         Ok(bytes)
     }
 
@@ -170,9 +170,9 @@ impl Bed {
         let mut wc = wait(&mut self.cq, timeout, "the peer's SEND")?;
         let done = self.rq.complete(&mut wc).map_err(|e| e.to_string())?;
         let done = done.result().map_err(|r| r.error.to_string())?;
-        let len = (done.byte_len as usize).min(done.buf.len());
-        let bytes = done.buf[..len].to_vec();
-        self.spare.push(done.buf);
+        let len = (done.byte_len as usize).min(done.value.len());
+        let bytes = done.value[..len].to_vec();
+        self.spare.push(done.value);
         Ok(bytes)
     }
 

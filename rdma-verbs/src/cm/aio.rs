@@ -21,7 +21,7 @@ use crate::aio::{reactor, ChannelFd, Readiness, Timer};
 use crate::error::{Error, Result, Verb};
 
 /// How a reactor handle is made for a descriptor: kept, for the timer made later.
-type Make<R> = Arc<dyn Fn(ChannelFd) -> io::Result<R> + Send + Sync>;
+type Make<Rt> = Arc<dyn Fn(ChannelFd) -> io::Result<Rt> + Send + Sync>;
 
 /// An [`EventChannel`] whose events are awaited instead of waited for on a thread.
 ///
@@ -41,25 +41,25 @@ type Make<R> = Arc<dyn Fn(ChannelFd) -> io::Result<R> + Send + Sync>;
 /// One task awaits a channel at a time (`&mut self`), and one reactor registration per
 /// descriptor: to await the events of several connections in their own tasks, give each
 /// connection an [`AsyncCmId`], which has a channel of its own.
-pub struct AsyncEventChannel<R> {
+pub struct AsyncEventChannel<Rt> {
     // Declared first: deregistered from the reactor before the descriptors can close.
-    ready: R,
-    timer: Option<Timer<R>>,
+    ready: Rt,
+    timer: Option<Timer<Rt>>,
     channel: EventChannel,
-    make: Make<R>,
+    make: Make<Rt>,
 }
 
-impl<R: Readiness> AsyncEventChannel<R> {
+impl<Rt: Readiness> AsyncEventChannel<Rt> {
     /// Watches `channel`'s descriptor with the reactor handle `make` returns for it
     /// (`make` is kept: it makes the timer of the first wait with a bound, too).
     pub fn with_readiness(
         channel: EventChannel,
-        make: impl Fn(ChannelFd) -> io::Result<R> + Send + Sync + 'static,
+        make: impl Fn(ChannelFd) -> io::Result<Rt> + Send + Sync + 'static,
     ) -> Result<Self> {
         Self::with_make(channel, Arc::new(make))
     }
 
-    fn with_make(channel: EventChannel, make: Make<R>) -> Result<Self> {
+    fn with_make(channel: EventChannel, make: Make<Rt>) -> Result<Self> {
         let owner: Arc<dyn Send + Sync> = Arc::clone(&channel.inner) as Arc<dyn Send + Sync>;
         // SAFETY: the channel's descriptor is closed only when the channel is destroyed,
         // which `owner` prevents; EventChannel::new made it non-blocking.
@@ -137,13 +137,13 @@ impl<R: Readiness> AsyncEventChannel<R> {
     }
 }
 
-impl<R> Drop for AsyncEventChannel<R> {
+impl<Rt> Drop for AsyncEventChannel<Rt> {
     fn drop(&mut self) {
         self.channel.inner.forget_waker();
     }
 }
 
-impl<R> fmt::Debug for AsyncEventChannel<R> {
+impl<Rt> fmt::Debug for AsyncEventChannel<Rt> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AsyncEventChannel").field("channel", &self.channel).finish_non_exhaustive()
     }
@@ -177,21 +177,24 @@ impl<R> fmt::Debug for AsyncEventChannel<R> {
 /// up (its ESTABLISHED is then [`next_event`](Self::next_event)'s, and
 /// [`disconnect`](Self::disconnect) passes over it), and dropping the id destroys it
 /// cleanly whatever state it is in.
-pub struct AsyncCmId<R> {
-    events: AsyncEventChannel<R>,
+pub struct AsyncCmId<Rt> {
+    events: AsyncEventChannel<Rt>,
     id: CmId,
 }
 
-impl<R: Readiness> AsyncCmId<R> {
+impl<Rt: Readiness> AsyncCmId<Rt> {
     /// Takes `id` and watches its events with the reactor handles `make` returns. The id
     /// must not be shared yet (no QP or context made from it) unless its channel is its
     /// alone (no [`EventChannel`] handle and no other id on it): else it is moved onto a
     /// channel of its own.
-    pub fn with_readiness(id: CmId, make: impl Fn(ChannelFd) -> io::Result<R> + Send + Sync + 'static) -> Result<Self> {
+    pub fn with_readiness(
+        id: CmId,
+        make: impl Fn(ChannelFd) -> io::Result<Rt> + Send + Sync + 'static,
+    ) -> Result<Self> {
         Self::with_make(id, Arc::new(make))
     }
 
-    fn with_make(mut id: CmId, make: Make<R>) -> Result<Self> {
+    fn with_make(mut id: CmId, make: Make<Rt>) -> Result<Self> {
         if !id.has_channel_alone() {
             id.migrate(&EventChannel::new()?)?;
         }
@@ -305,7 +308,7 @@ impl<R: Readiness> AsyncCmId<R> {
     }
 }
 
-impl<R> fmt::Debug for AsyncCmId<R> {
+impl<Rt> fmt::Debug for AsyncCmId<Rt> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AsyncCmId").field("id", &self.id).field("events", &self.events).finish()
     }

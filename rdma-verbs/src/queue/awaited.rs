@@ -56,8 +56,8 @@ impl Iterator for Tickets {
 impl ExactSizeIterator for Tickets {}
 
 /// Where finished requests wait for their owner, and the CQ they arrive on.
-struct Slots<B, R> {
-    cq: AsyncCq<R>,
+struct Slots<B, Rt> {
+    cq: AsyncCq<Rt>,
     /// The finished request of sequence number `seq` at `seq & mask`, until taken.
     done: Box<[Option<Done<B>>]>,
     mask: u64,
@@ -76,7 +76,7 @@ struct Slots<B, R> {
     _whole: CqReservation,
 }
 
-impl<B, R> Slots<B, R> {
+impl<B, Rt> Slots<B, Rt> {
     fn debug(&self, f: &mut std::fmt::Formatter<'_>, name: &str, queue: &dyn std::fmt::Debug) -> std::fmt::Result {
         f.debug_struct(name)
             .field("queue", queue)
@@ -89,8 +89,8 @@ impl<B, R> Slots<B, R> {
 
 static QUEUE_IDS: AtomicU64 = AtomicU64::new(1);
 
-impl<B, R: Readiness> Slots<B, R> {
-    fn new(cq: AsyncCq<R>, depth: u64, whole: CqReservation) -> Self {
+impl<B, Rt: Readiness> Slots<B, Rt> {
+    fn new(cq: AsyncCq<Rt>, depth: u64, whole: CqReservation) -> Self {
         let len = depth.max(1).next_power_of_two();
         Slots {
             cq,
@@ -246,14 +246,14 @@ fn full(verb: Verb, cap: u64) -> Error {
 
 /// The requests of a refused batch that were not posted, in order.
 #[cold]
-fn unposted<W>(mut v: Vec<W>, rest: impl Iterator<Item = W>) -> Vec<W> {
+fn unposted<R>(mut v: Vec<R>, rest: impl Iterator<Item = R>) -> Vec<R> {
     v.extend(rest);
     v
 }
 
 /// Checks that `cq` is the CQ of the queue whose share of it is `share`, and no other
 /// queue's; then sets the rest of it aside.
-fn own_cq<R: Readiness>(share: &CqReservation, cq: &mut AsyncCq<R>, what: &str) -> Result<CqReservation> {
+fn own_cq<Rt: Readiness>(share: &CqReservation, cq: &mut AsyncCq<Rt>, what: &str) -> Result<CqReservation> {
     share.whole(cq.cq(), Verb::Claim, what)
 }
 
@@ -288,21 +288,25 @@ fn own_cq<R: Readiness>(share: &CqReservation, cq: &mut AsyncCq<R>, what: &str) 
 /// an error after the QP's timeout and retries, and every request behind it with a flush
 /// error.
 ///
+/// The type parameters mean what they mean everywhere in this crate: `T` the buffer, `R`
+/// the request kind (as on [`SendQueue<T, R>`](SendQueue)), `Rt` the runtime's readiness
+/// ([`Readiness`], as on [`AsyncCq<Rt>`](AsyncCq)).
+///
 /// A SEND to itself, each request awaited by its ticket on tokio (this example is
 /// `tests/device/doc/awaited.rs`, which the device tests run on rxe):
 ///
 #[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/awaited.rs")), "```")]
-pub struct AsyncSendQueue<T: SendBuf, R, W: SendRequest = SendWr<T>> {
-    queue: SendQueue<T, W>,
-    slots: Slots<W::Back, R>,
+pub struct AsyncSendQueue<T: SendBuf, Rt, R: SendRequest = SendWr<T>> {
+    queue: SendQueue<T, R>,
+    slots: Slots<R::Back, Rt>,
 }
 
-impl<T: SendBuf, R: Readiness, W: SendRequest> AsyncSendQueue<T, R, W> {
+impl<T: SendBuf, Rt: Readiness, R: SendRequest> AsyncSendQueue<T, Rt, R> {
     /// Makes `queue`'s completions awaitable on `cq`, the QP's send CQ, which no other
     /// queue uses. Refused (with both back) when `cq` is another CQ or serves other
     /// queues.
     #[allow(clippy::result_large_err, clippy::type_complexity)] // both come back by value, as they came
-    pub fn new(queue: SendQueue<T, W>, mut cq: AsyncCq<R>) -> Result<Self, Refused<(SendQueue<T, W>, AsyncCq<R>)>> {
+    pub fn new(queue: SendQueue<T, R>, mut cq: AsyncCq<Rt>) -> Result<Self, Refused<(SendQueue<T, R>, AsyncCq<Rt>)>> {
         let depth = queue.depth();
         match own_cq(queue.cq_share(), &mut cq, "an AsyncSendQueue") {
             Ok(whole) => Ok(AsyncSendQueue { queue, slots: Slots::new(cq, depth, whole) }),
@@ -315,17 +319,17 @@ impl<T: SendBuf, R: Readiness, W: SendRequest> AsyncSendQueue<T, R, W> {
     /// back) the request comes back in the error.
     #[allow(clippy::result_large_err)] // the refused request comes back by value
     #[inline]
-    pub fn post(&mut self, wr: W) -> Result<Ticket, Refused<W>> {
+    pub fn post(&mut self, wr: R) -> Result<Ticket, Refused<R>> {
         if self.slots.room() == 0 {
             return Err(Refused::new(full(Verb::AsyncSendQueuePost, self.slots.cap), wr));
         }
         // A chain the provider stopped inside is posted in part (its part gets the
         // ticket), and comes back: only a chain needs the count before and after.
-        let before = if W::CHAIN { self.queue.posted() } else { 0 };
+        let before = if R::CHAIN { self.queue.posted() } else { 0 };
         let result = self.queue.post(wr);
         let posted = match result {
             Ok(()) => 1,
-            Err(_) if W::CHAIN => (self.queue.posted() - before) as usize,
+            Err(_) if R::CHAIN => (self.queue.posted() - before) as usize,
             Err(_) => 0,
         };
         let mut tickets = self.slots.issue(posted);
@@ -337,9 +341,9 @@ impl<T: SendBuf, R: Readiness, W: SendRequest> AsyncSendQueue<T, R, W> {
     /// returns their tickets. On refusal the ones before the refused one are posted and
     /// the rest come back in order; the posted ones' tickets are lost with the error, but
     /// those requests still come back through [`next`](Self::next).
-    pub fn post_batch<I>(&mut self, wrs: I) -> Result<Tickets, Refused<Vec<W>>>
+    pub fn post_batch<I>(&mut self, wrs: I) -> Result<Tickets, Refused<Vec<R>>>
     where
-        I: IntoIterator<Item = W>,
+        I: IntoIterator<Item = R>,
     {
         let room = self.slots.room();
         let before = self.queue.posted();
@@ -357,25 +361,25 @@ impl<T: SendBuf, R: Readiness, W: SendRequest> AsyncSendQueue<T, R, W> {
 
     /// Waits for the request of `ticket` to finish and hands it back. Completions of other
     /// requests that arrive meanwhile wait in their slots.
-    pub async fn wait(&mut self, ticket: Ticket) -> Result<Done<W::Back>> {
+    pub async fn wait(&mut self, ticket: Ticket) -> Result<Done<R::Back>> {
         poll_fn(|cx| self.poll_wait(cx, &ticket)).await
     }
 
     /// Waits for the oldest finished request not yet handed back, in posting order.
     /// An error when nothing is outstanding (it would wait for ever).
-    pub async fn next(&mut self) -> Result<Done<W::Back>> {
+    pub async fn next(&mut self) -> Result<Done<R::Back>> {
         poll_fn(|cx| self.poll_next(cx)).await
     }
 
     /// [`wait`](Self::wait) as a poll: `Ready` with the request of `ticket` once it is
     /// finished, else `Pending` with `cx`'s waker registered.
-    pub fn poll_wait(&mut self, cx: &mut Context<'_>, ticket: &Ticket) -> Poll<Result<Done<W::Back>>> {
+    pub fn poll_wait(&mut self, cx: &mut Context<'_>, ticket: &Ticket) -> Poll<Result<Done<R::Back>>> {
         let AsyncSendQueue { queue, slots } = self;
         slots.poll_wait(cx, ticket, |wc, store| queue.complete(wc, store))
     }
 
     /// [`next`](Self::next) as a poll.
-    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Done<W::Back>>> {
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<Done<R::Back>>> {
         let AsyncSendQueue { queue, slots } = self;
         slots.poll_next(cx, |wc, store| queue.complete(wc, store))
     }
@@ -402,7 +406,7 @@ impl<T: SendBuf, R: Readiness, W: SendRequest> AsyncSendQueue<T, R, W> {
     }
 }
 
-impl<T: SendBuf, R, W: SendRequest> std::fmt::Debug for AsyncSendQueue<T, R, W> {
+impl<T: SendBuf, Rt, R: SendRequest> std::fmt::Debug for AsyncSendQueue<T, Rt, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.slots.debug(f, "AsyncSendQueue", &self.queue)
     }
@@ -415,17 +419,17 @@ impl<T: SendBuf, R, W: SendRequest> std::fmt::Debug for AsyncSendQueue<T, R, W> 
 ///
 /// A receive the peer never sends into waits until the QP breaks: a disconnect (flush
 /// errors) ends it; wrap the await in your runtime's timeout where a bound matters.
-pub struct AsyncRecvQueue<T: ExclusiveBuf, R> {
+pub struct AsyncRecvQueue<T: ExclusiveBuf, Rt> {
     queue: RecvQueue<T>,
-    slots: Slots<T, R>,
+    slots: Slots<T, Rt>,
 }
 
-impl<T: ExclusiveBuf, R: Readiness> AsyncRecvQueue<T, R> {
+impl<T: ExclusiveBuf, Rt: Readiness> AsyncRecvQueue<T, Rt> {
     /// Makes `queue`'s completions awaitable on `cq`, the QP's receive CQ, which no other
     /// queue uses. Refused (with both back) when `cq` is another CQ or serves other
     /// queues.
     #[allow(clippy::result_large_err, clippy::type_complexity)] // both come back by value, as they came
-    pub fn new(queue: RecvQueue<T>, mut cq: AsyncCq<R>) -> Result<Self, Refused<(RecvQueue<T>, AsyncCq<R>)>> {
+    pub fn new(queue: RecvQueue<T>, mut cq: AsyncCq<Rt>) -> Result<Self, Refused<(RecvQueue<T>, AsyncCq<Rt>)>> {
         let depth = queue.depth();
         match own_cq(queue.cq_share(), &mut cq, "an AsyncRecvQueue") {
             Ok(whole) => Ok(AsyncRecvQueue { queue, slots: Slots::new(cq, depth, whole) }),
@@ -497,7 +501,7 @@ fn complete_recv<T: ExclusiveBuf>(
     Ok(1)
 }
 
-impl<T: ExclusiveBuf, R> std::fmt::Debug for AsyncRecvQueue<T, R> {
+impl<T: ExclusiveBuf, Rt> std::fmt::Debug for AsyncRecvQueue<T, Rt> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.slots.debug(f, "AsyncRecvQueue", &self.queue)
     }

@@ -1,10 +1,10 @@
-//! Prepared chains: [`PreparedChain`], posted whole through a [`ChainQueue`] (documented
+//! Prepared chains: [`PreparedSendChain`], posted whole through a [`SendChainQueue`] (documented
 //! there).
 
 use std::fmt;
 use std::mem::MaybeUninit;
 
-use super::prepared::Prepared;
+use super::prepared::PreparedSend;
 use super::request::{End, SendLimits, SendRequest, Token, TOKEN};
 use super::{stamp, SendQueue, Sges, MAX_BATCH};
 use crate::buf::{PdId, SendBuf};
@@ -14,15 +14,15 @@ use crate::wr::{Done, SendWr};
 
 /// Prepared requests linked into one chain, posted whole with one provider call and
 /// handed back whole, once, by the completion of its last request: built by
-/// [`ChainQueue::prepare_chain`](SendQueue::prepare_chain), posted through a
-/// [`ChainQueue`].
-pub struct PreparedChain<T: SendBuf> {
+/// [`SendChainQueue::prepare_chain`](SendQueue::prepare_chain), posted through a
+/// [`SendChainQueue`].
+pub struct PreparedSendChain<T: SendBuf> {
     inner: Box<ChainInner<T>>,
 }
 
 struct ChainInner<T: SendBuf> {
     /// 1 up to MAX_BATCH requests, in posting order.
-    parts: Vec<Prepared<T>>,
+    parts: Vec<PreparedSend<T>>,
     /// Their C requests side by side, linked in order (the last `next` NULL), copied from
     /// the parts when the chain is built and again after a part was handed out. Each SGE
     /// pointer names its part's SGEs, in the part's own heap block, which does not move
@@ -38,9 +38,9 @@ struct ChainInner<T: SendBuf> {
 }
 
 // SAFETY: it owns its parts, each Send (a prepared request); nothing is shared.
-unsafe impl<T: SendBuf> Send for PreparedChain<T> {}
+unsafe impl<T: SendBuf> Send for PreparedSendChain<T> {}
 
-impl<T: SendBuf> PreparedChain<T> {
+impl<T: SendBuf> PreparedSendChain<T> {
     /// How many requests it posts (at least 1).
     pub fn len(&self) -> usize {
         self.inner.parts.len()
@@ -52,29 +52,29 @@ impl<T: SendBuf> PreparedChain<T> {
     }
 
     /// Request `i`, in posting order.
-    pub fn get(&self, i: usize) -> Option<&Prepared<T>> {
+    pub fn get(&self, i: usize) -> Option<&PreparedSend<T>> {
         self.inner.parts.get(i)
     }
 
-    /// Request `i`, to change it between posts ([`Prepared`]'s setters, its bytes), or to
+    /// Request `i`, to change it between posts ([`PreparedSend`]'s setters, its bytes), or to
     /// put another prepared request in its place: every request is checked again at the
     /// next post.
-    pub fn get_mut(&mut self, i: usize) -> Option<&mut Prepared<T>> {
+    pub fn get_mut(&mut self, i: usize) -> Option<&mut PreparedSend<T>> {
         self.inner.changed = true;
         self.inner.parts.get_mut(i)
     }
 
     /// The requests apart, in posting order.
-    pub fn into_parts(self) -> Vec<Prepared<T>> {
+    pub fn into_parts(self) -> Vec<PreparedSend<T>> {
         self.inner.parts
     }
 
     /// A chain of `parts` (1 up to MAX_BATCH), checked against `key` and `pd`.
-    fn of(parts: Vec<Prepared<T>>) -> Self {
+    fn of(parts: Vec<PreparedSend<T>>) -> Self {
         let (key, pd, _) = parts[0].checked_for();
         let mut inner = ChainInner { parts, raws: Vec::new(), key, pd, changed: false };
         inner.relink();
-        PreparedChain { inner: Box::new(inner) }
+        PreparedSendChain { inner: Box::new(inner) }
     }
 }
 
@@ -83,7 +83,7 @@ impl<T: SendBuf> ChainInner<T> {
     #[cold]
     fn relink(&mut self) {
         self.raws.clear();
-        self.raws.extend(self.parts.iter_mut().map(Prepared::c_form));
+        self.raws.extend(self.parts.iter_mut().map(PreparedSend::c_form));
         let (n, base) = (self.raws.len(), self.raws.as_mut_ptr());
         for i in 1..n {
             // SAFETY: i - 1 and i are below the length of `raws`, which does not grow
@@ -94,13 +94,13 @@ impl<T: SendBuf> ChainInner<T> {
     }
 }
 
-impl<T: SendBuf> fmt::Debug for PreparedChain<T> {
+impl<T: SendBuf> fmt::Debug for PreparedSendChain<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PreparedChain").field("parts", &self.inner.parts).finish()
+        f.debug_struct("PreparedSendChain").field("parts", &self.inner.parts).finish()
     }
 }
 
-/// The send side of a QP for [`PreparedChain`]s: one [`SendQueue`], posting chains.
+/// The send side of a QP for [`PreparedSendChain`]s: one [`SendQueue`], posting chains.
 ///
 /// A batch of fixed requests posted again and again (a bandwidth tool's window, a
 /// collective's fixed transfers) costs least as one chain: its requests are checked and
@@ -118,27 +118,27 @@ impl<T: SendBuf> fmt::Debug for PreparedChain<T> {
 /// inside (it refuses a request after taking some) is split: the part it took stays with
 /// the queue until its last completion, the rest comes back in the error, as a chain.
 ///
-/// A single request posts as a chain of one; a [`PreparedQueue`](super::PreparedQueue)
+/// A single request posts as a chain of one; a [`PreparedSendQueue`](super::PreparedSendQueue)
 /// posts single prepared requests more cheaply.
 ///
 /// A chain of SENDs into prepared receives, posted again each round:
 ///
 #[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/prepared.rs")), "```")]
-pub type ChainQueue<T> = SendQueue<T, PreparedChain<T>>;
+pub type SendChainQueue<T> = SendQueue<T, PreparedSendChain<T>>;
 
-impl<T: SendBuf> SendQueue<T, PreparedChain<T>> {
+impl<T: SendBuf> SendQueue<T, PreparedSendChain<T>> {
     /// Checks and builds `wrs` (1 up to [`MAX_BATCH`], and no more than this queue's
     /// depth) as one chain. On refusal every work request comes back, in order.
     #[allow(clippy::result_large_err)] // the refused requests come back by value
-    pub fn prepare_chain<I>(&self, wrs: I) -> Result<PreparedChain<T>, Refused<Vec<SendWr<T>>>>
+    pub fn prepare_chain<I>(&self, wrs: I) -> Result<PreparedSendChain<T>, Refused<Vec<SendWr<T>>>>
     where
         I: IntoIterator<Item = SendWr<T>>,
     {
         let most = (self.depth() as usize).min(MAX_BATCH);
         let mut wrs = wrs.into_iter();
-        let mut parts: Vec<Prepared<T>> = Vec::new();
-        let back = |parts: Vec<Prepared<T>>, wr, rest| {
-            parts.into_iter().map(Prepared::into_wr).chain([wr]).chain(rest).collect()
+        let mut parts: Vec<PreparedSend<T>> = Vec::new();
+        let back = |parts: Vec<PreparedSend<T>>, wr, rest| {
+            parts.into_iter().map(PreparedSend::into_wr).chain([wr]).chain(rest).collect()
         };
         while let Some(wr) = wrs.next() {
             if parts.len() == most {
@@ -148,7 +148,7 @@ impl<T: SendBuf> SendQueue<T, PreparedChain<T>> {
                 );
                 return Err(Refused::new(e, back(parts, wr, wrs)));
             }
-            match Prepared::build(Verb::SendQueuePrepareChain, wr, *self.limits()) {
+            match PreparedSend::build(Verb::SendQueuePrepareChain, wr, *self.limits()) {
                 Ok(p) => parts.push(p),
                 Err(r) => {
                     let (error, wr) = r.into_parts();
@@ -162,14 +162,14 @@ impl<T: SendBuf> SendQueue<T, PreparedChain<T>> {
                 Vec::new(),
             ));
         }
-        Ok(PreparedChain::of(parts))
+        Ok(PreparedSendChain::of(parts))
     }
 }
 
-impl<T: SendBuf> super::request::sealed::Sealed for PreparedChain<T> {}
+impl<T: SendBuf> super::request::sealed::Sealed for PreparedSendChain<T> {}
 
-impl<T: SendBuf> SendRequest for PreparedChain<T> {
-    type Back = PreparedChain<T>;
+impl<T: SendBuf> SendRequest for PreparedSendChain<T> {
+    type Back = PreparedSendChain<T>;
 
     const CHAIN: bool = true;
 
@@ -180,7 +180,7 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
 
     #[cold]
     fn split(&mut self, k: usize, _: Token) -> Self {
-        let rest = PreparedChain::of(self.inner.parts.split_off(k));
+        let rest = PreparedSendChain::of(self.inner.parts.split_off(k));
         self.inner.relink();
         rest
     }
@@ -221,7 +221,7 @@ impl<T: SendBuf> SendRequest for PreparedChain<T> {
     }
 
     #[inline(always)]
-    unsafe fn finish(slot: &mut MaybeUninit<Self>, end: End, _: Token) -> Done<PreparedChain<T>> {
+    unsafe fn finish(slot: &mut MaybeUninit<Self>, end: End, _: Token) -> Done<PreparedSendChain<T>> {
         // SAFETY: the caller's contract: `slot` holds a chain, read out here once.
         let chain = unsafe { slot.assume_init_read() };
         let head = &chain.inner.parts[0];

@@ -28,8 +28,8 @@ mod send;
 mod tag;
 
 pub use awaited::{AsyncRecvQueue, AsyncSendQueue, Ticket, Tickets};
-pub use chain::{ChainQueue, PreparedChain};
-pub use prepared::{Prepared, PreparedQueue};
+pub use chain::{PreparedSendChain, SendChainQueue};
+pub use prepared::{PreparedSend, PreparedSendQueue};
 pub use prepared_recv::{PreparedRecv, PreparedRecvQueue};
 pub use recv::{RecvQueue, RecvRequest, SrqQueue};
 pub use recv_chain::{PreparedRecvChain, RecvChainMember, RecvChainQueue};

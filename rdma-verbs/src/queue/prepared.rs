@@ -1,4 +1,4 @@
-//! Prepared requests: [`Prepared`], posted through a [`PreparedQueue`] (documented there).
+//! Prepared requests: [`PreparedSend`], posted through a [`PreparedSendQueue`] (documented there).
 
 use std::fmt;
 use std::mem::MaybeUninit;
@@ -15,8 +15,8 @@ use crate::wc::WcOpcode;
 use crate::wr::{Done, SendWr};
 
 /// A send work request checked and built once, to be posted many times through a
-/// [`PreparedQueue`] (see there).
-pub struct Prepared<T: SendBuf> {
+/// [`PreparedSendQueue`] (see there).
+pub struct PreparedSend<T: SendBuf> {
     inner: Box<Inner<T>>,
 }
 
@@ -38,9 +38,9 @@ struct Inner<T> {
 // SAFETY: the raw pointers in the C request point into this block (the SGEs) or at the
 // address handle that `wr` keeps alive; the buffer is T: Send. Nothing is shared with
 // another thread.
-unsafe impl<T: SendBuf> Send for Prepared<T> {}
+unsafe impl<T: SendBuf> Send for PreparedSend<T> {}
 
-impl<T: SendBuf> Prepared<T> {
+impl<T: SendBuf> PreparedSend<T> {
     /// Checks `wr` against `limits` (max SGEs, max inline bytes) and builds it.
     #[allow(clippy::result_large_err)] // the refused request comes back by value
     pub(super) fn build(verb: Verb, wr: SendWr<T>, limits: Limits) -> Result<Self, Refused<SendWr<T>>> {
@@ -55,7 +55,7 @@ impl<T: SendBuf> Prepared<T> {
         let mut inner = Box::new(Inner { raw: zeroed_wr(), sges, wr, limits, key, needs, wc_op });
         let Inner { raw, sges, wr, .. } = &mut *inner;
         classic(wr, 0, sges, n, raw);
-        Ok(Prepared { inner })
+        Ok(PreparedSend { inner })
     }
 
     /// Checks the request again after a change and rebuilds its C form; on refusal
@@ -130,7 +130,7 @@ impl<T: SendBuf> Prepared<T> {
     }
 
     /// Sends (or reads into) another range of the same buffer: checked again as at
-    /// [`PreparedQueue::prepare`]; on refusal the request is unchanged.
+    /// [`PreparedSendQueue::prepare`]; on refusal the request is unchanged.
     pub fn set_range(&mut self, range: Range<usize>) -> Result<()> {
         let old = std::mem::replace(&mut self.inner.wr.range, range);
         self.rebuild(Verb::PreparedSetRange).inspect_err(|_| self.inner.wr.range = old)
@@ -168,9 +168,9 @@ impl<T: SendBuf> Prepared<T> {
     }
 }
 
-impl<T: SendBuf> fmt::Debug for Prepared<T> {
+impl<T: SendBuf> fmt::Debug for PreparedSend<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Prepared").field("wr", &self.inner.wr).field("sges", &self.inner.needs.0).finish()
+        f.debug_struct("PreparedSend").field("wr", &self.inner.wr).field("sges", &self.inner.needs.0).finish()
     }
 }
 
@@ -186,7 +186,7 @@ fn needs<T: SendBuf>(wr: &SendWr<T>, n: usize) -> (u32, u32) {
 /// A [`SendQueue`] checks each [`SendWr`] and builds its C request on every post, because
 /// each may differ. Programs that post the same few requests over and over (a benchmark,
 /// a ping-pong, an RPC layer with fixed request slots) pay that for nothing. A
-/// [`PreparedQueue`] takes [`Prepared`] requests instead: [`PreparedQueue::prepare`]
+/// [`PreparedSendQueue`] takes [`PreparedSend`] requests instead: [`PreparedSendQueue::prepare`]
 /// checks a request against the QP's limits and builds its `ibv_send_wr` and SGEs in a
 /// heap block that belongs to the request; posting stamps the `wr_id`, links the chain
 /// and calls the provider, which is what a C program reposting a prebuilt chain does.
@@ -195,7 +195,7 @@ fn needs<T: SendBuf>(wr: &SendWr<T>, n: usize) -> (u32, u32) {
 /// owns its buffer, is posted by value, stays in the queue's ring until its completion
 /// hands it back, and exposes no `&mut` to the buffer value itself, so it cannot be
 /// swapped for another while its SGEs name the first. Its bytes can be changed between
-/// posts through [`Prepared::bytes_mut`] (exclusive, local chunks only), and its range,
+/// posts through [`PreparedSend::bytes_mut`] (exclusive, local chunks only), and its range,
 /// remote target and flags through setters that check again what they change. Its C
 /// request points into its own heap block, which does not move when the request does.
 ///
@@ -205,21 +205,21 @@ fn needs<T: SendBuf>(wr: &SendWr<T>, n: usize) -> (u32, u32) {
 ///
 /// It is a [`SendQueue`] (one machine, whatever it posts): it claims the send side (a QP
 /// has one send queue at a time) with the same CQ share, posts and completes the same way.
-pub type PreparedQueue<T> = SendQueue<T, Prepared<T>>;
+pub type PreparedSendQueue<T> = SendQueue<T, PreparedSend<T>>;
 
-impl<T: SendBuf> SendQueue<T, Prepared<T>> {
+impl<T: SendBuf> SendQueue<T, PreparedSend<T>> {
     /// Checks `wr` against this QP's limits and builds its C request (one allocation,
     /// here and not at post time). On refusal the work request comes back.
     #[allow(clippy::result_large_err)] // the refused request comes back by value
-    pub fn prepare(&self, wr: SendWr<T>) -> Result<Prepared<T>, Refused<SendWr<T>>> {
-        Prepared::build(Verb::SendQueuePrepare, wr, *self.limits())
+    pub fn prepare(&self, wr: SendWr<T>) -> Result<PreparedSend<T>, Refused<SendWr<T>>> {
+        PreparedSend::build(Verb::SendQueuePrepare, wr, *self.limits())
     }
 }
 
-impl<T: SendBuf> super::request::sealed::Sealed for Prepared<T> {}
+impl<T: SendBuf> super::request::sealed::Sealed for PreparedSend<T> {}
 
-impl<T: SendBuf> SendRequest for Prepared<T> {
-    type Back = Prepared<T>;
+impl<T: SendBuf> SendRequest for PreparedSend<T> {
+    type Back = PreparedSend<T>;
 
     /// Whether this QP takes it: certainly when it was checked against the same limits
     /// (prepared here, or for a QP alike), else when what it needs fits.
@@ -247,7 +247,7 @@ impl<T: SendBuf> SendRequest for Prepared<T> {
     }
 
     #[inline(always)]
-    unsafe fn finish(slot: &mut MaybeUninit<Self>, end: End, _: Token) -> Done<Prepared<T>> {
+    unsafe fn finish(slot: &mut MaybeUninit<Self>, end: End, _: Token) -> Done<PreparedSend<T>> {
         // SAFETY: the caller's contract: `slot` holds a request, read out here once (a
         // prepared request is one pointer).
         let p = unsafe { slot.assume_init_read() };

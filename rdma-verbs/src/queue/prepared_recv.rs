@@ -140,7 +140,7 @@ impl<T: ExclusiveBuf> RecvRequest for PreparedRecv<T> {
 /// [`prepare`](RecvQueue::prepare) checks the buffer and range against the QP (its
 /// protection domain, `max_recv_sge`) and builds the `ibv_recv_wr` and its SGEs in a heap
 /// block that belongs to the receive; posting stamps the `wr_id` and calls the provider,
-/// and the completion hands the whole receive back ([`Done::buf`]), to read what arrived
+/// and the completion hands the whole receive back ([`Done::value`]), to read what arrived
 /// ([`PreparedRecv::buf`]) and post it again.
 ///
 /// Soundness is the receive queue's (see [`SendQueue`](crate::SendQueue)): a prepared

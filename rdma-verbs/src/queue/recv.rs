@@ -148,7 +148,7 @@ impl Default for Box<RecvScratch> {
 /// [`PreparedRecvChain`](super::PreparedRecvChain) (several, linked once, posted whole).
 /// Sealed.
 pub trait RecvRequest: Sealed + Sized + Send + 'static {
-    /// What a completion hands back in [`Done::buf`]: the buffer, or the whole prepared
+    /// What a completion hands back in [`Done::value`]: the buffer, or the whole prepared
     /// receive (to post again).
     type Back;
 

@@ -712,7 +712,7 @@ fn done_of<T: ExclusiveBuf>(
         return failed_done(id, chain, qp_num, failed);
     }
     // No member failed, so neither did the last (and a success has no vendor error).
-    Done { id, buf: chain, status: WcStatus::Success, byte_len, op: WcOpcode::Recv, qp_num, vendor_err: 0 }
+    Done { id, value: chain, status: WcStatus::Success, byte_len, op: WcOpcode::Recv, qp_num, vendor_err: 0 }
 }
 
 #[cold]
@@ -725,7 +725,7 @@ fn failed_done<T: ExclusiveBuf>(
     let (at, vendor_err) = failed.take().unwrap_or_default();
     let a = chain.inner.arrived[at];
     let status = WcStatus::from_raw(a.status);
-    Done { id, buf: chain, status, byte_len: a.byte_len, op: WcOpcode::Recv, qp_num, vendor_err }
+    Done { id, value: chain, status, byte_len: a.byte_len, op: WcOpcode::Recv, qp_num, vendor_err }
 }
 
 impl<T> ChainInner<T> {

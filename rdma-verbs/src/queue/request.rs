@@ -50,14 +50,14 @@ pub(super) mod sealed {
 pub(super) use sealed::Token;
 
 /// What a [`SendQueue`](super::SendQueue) posts: a [`SendWr`] (checked and built at each
-/// post) or a [`Prepared`](super::Prepared) request (checked and built once). Sealed.
+/// post) or a [`PreparedSend`](super::PreparedSend) request (checked and built once). Sealed.
 ///
 /// The queue is one machine for both; this trait is the variation: how a request is
 /// checked against the QP, where its C form comes from, and what its completion hands
 /// back.
 pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
-    /// What a completion hands back in [`Done::buf`]: the buffer of a `SendWr`, the whole
-    /// request of a `Prepared` one (to post again).
+    /// What a completion hands back in [`Done::value`]: the buffer of a `SendWr`, the whole
+    /// request of a `PreparedSend` one (to post again).
     type Back;
 
     /// Whether a request of this kind may be a chain of several C requests posted as one
@@ -147,12 +147,12 @@ impl End {
     /// An unsignaled request released by a later completion: a success of its own.
     pub(super) const IMPLIED: End = End { status: WcStatus::Success, byte_len: 0, qp_num: 0, vendor_err: 0 };
 
-    /// What comes back of a request: `buf`, with the caller's `id`, its operation `op`,
+    /// What comes back of a request: `value`, with the caller's `id`, its operation `op`,
     /// and how it ended.
     #[inline(always)]
-    pub(super) fn done<B>(self, id: u64, op: WcOpcode, buf: B) -> Done<B> {
+    pub(super) fn done<B>(self, id: u64, op: WcOpcode, value: B) -> Done<B> {
         let End { status, byte_len, qp_num, vendor_err } = self;
-        Done { id, buf, status, byte_len, op, qp_num, vendor_err }
+        Done { id, value, status, byte_len, op, qp_num, vendor_err }
     }
 
     /// How the request that `wc` completes ended, on QP `qp_num`.

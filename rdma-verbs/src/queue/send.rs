@@ -21,8 +21,8 @@ use crate::wr::{Done, SendWr};
 /// The send side of a QP, owning what it has posted.
 ///
 /// `R` is what it posts: [`SendWr`]s, checked and built into their C form at each post
-/// (the default), or [`Prepared`](super::Prepared) requests, checked and built once
-/// ([`PreparedQueue`](super::PreparedQueue)). Either way a post moves the request into the
+/// (the default), or [`PreparedSend`](super::PreparedSend) requests, checked and built once
+/// ([`PreparedSendQueue`](super::PreparedSendQueue)). Either way a post moves the request into the
 /// queue's ring, where it stays until its completion hands it back.
 ///
 /// # Soundness
@@ -72,8 +72,8 @@ use crate::wr::{Done, SendWr};
 /// poller). Waiting through a completion channel is on the CQ as well.
 ///
 /// One [`SendQueue`] posts every kind of send request ([`SendRequest`]): [`SendWr`](crate::SendWr)s,
-/// checked and built into their C form at each post, or [`Prepared`](crate::Prepared) requests, checked and
-/// built once and posted again with only the `wr_id` stamped ([`PreparedQueue`](crate::PreparedQueue) says how,
+/// checked and built into their C form at each post, or [`PreparedSend`](crate::PreparedSend) requests, checked and
+/// built once and posted again with only the `wr_id` stamped ([`PreparedSendQueue`](crate::PreparedSendQueue) says how,
 /// and why it is as sound), alone or linked into a chain posted and handed back whole. A
 /// post is a batch of one; a batch is one provider call.
 ///
@@ -178,28 +178,28 @@ impl QueuePair {
         self.send_queue_of(depth)
     }
 
-    /// Takes the send side for [`Prepared`](super::Prepared) requests, as deep as the
+    /// Takes the send side for [`PreparedSend`](super::PreparedSend) requests, as deep as the
     /// `max_send_wr` the QP was built with. Fails as [`send_queue`](Self::send_queue) does.
-    pub fn prepared_queue<T: SendBuf>(&self) -> Result<super::PreparedQueue<T>> {
-        self.prepared_queue_with_depth(self.inner.asked_depth.0)
+    pub fn prepared_send_queue<T: SendBuf>(&self) -> Result<super::PreparedSendQueue<T>> {
+        self.prepared_send_queue_with_depth(self.inner.asked_depth.0)
     }
 
     /// Takes the send side for prepared requests with room for `depth` outstanding
     /// requests, as [`send_queue_with_depth`](Self::send_queue_with_depth) does.
-    pub fn prepared_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<super::PreparedQueue<T>> {
+    pub fn prepared_send_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<super::PreparedSendQueue<T>> {
         self.send_queue_of(depth)
     }
 
-    /// Takes the send side for [`PreparedChain`](super::PreparedChain)s, as deep (in C
+    /// Takes the send side for [`PreparedSendChain`](super::PreparedSendChain)s, as deep (in C
     /// requests) as the `max_send_wr` the QP was built with. Fails as
     /// [`send_queue`](Self::send_queue) does.
-    pub fn chain_queue<T: SendBuf>(&self) -> Result<super::ChainQueue<T>> {
-        self.chain_queue_with_depth(self.inner.asked_depth.0)
+    pub fn send_chain_queue<T: SendBuf>(&self) -> Result<super::SendChainQueue<T>> {
+        self.send_chain_queue_with_depth(self.inner.asked_depth.0)
     }
 
     /// Takes the send side for prepared chains with room for `depth` outstanding C
     /// requests, as [`send_queue_with_depth`](Self::send_queue_with_depth) does.
-    pub fn chain_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<super::ChainQueue<T>> {
+    pub fn send_chain_queue_with_depth<T: SendBuf>(&self, depth: u32) -> Result<super::SendChainQueue<T>> {
         self.send_queue_of(depth)
     }
 

@@ -95,7 +95,7 @@ fn run(pd: &ProtectionDomain, a: &mut Side<Chunk>, op: Op, remote: RemoteMr) -> 
     // A failure turns into an error naming the operation, our id, the QP, the status and
     // the usual cause, and the buffer still comes back with it.
     let buf = match done.result() {
-        Ok(d) => d.buf,
+        Ok(d) => d.value,
         Err(refused) => {
             let text = refused.error.to_string();
             let name = match op {
@@ -354,7 +354,7 @@ fn a_buffer_registered_in_another_protection_domain_is_refused_before_c_by_every
     // And a request prepared for this QP.
     let Side { sq, qp, cq, .. } = a;
     drop(sq);
-    let pq = qp.prepared_queue::<Chunk>().unwrap();
+    let pq = qp.prepared_send_queue::<Chunk>().unwrap();
     let Refused { error, .. } = pq.prepare(SendWr::write(theirs.pop().unwrap(), 0..64, remote)).unwrap_err();
     says_other_pd(&error, "SendQueue::prepare");
     drop((pq, qp, cq, b));

@@ -110,11 +110,11 @@ impl<R: Rt> Conn<R> {
         for wc in wcs {
             if wc.opcode().is_recv() {
                 let done = self.rq.complete(wc).unwrap().result().unwrap();
-                got.push(done.buf[..done.byte_len as usize].to_vec());
-                self.rq.post(done.buf, 0..LEN, 0).unwrap();
+                got.push(done.value[..done.byte_len as usize].to_vec());
+                self.rq.post(done.value, 0..LEN, 0).unwrap();
             } else {
                 let send_buf = &mut self.send_buf;
-                self.sq.complete(wc, |d| *send_buf = Some(d.result().unwrap().buf)).unwrap();
+                self.sq.complete(wc, |d| *send_buf = Some(d.result().unwrap().value)).unwrap();
             }
         }
     }

@@ -79,10 +79,10 @@ async fn round<R: Readiness>(
                 let got = b.rq.complete(wc).unwrap().result().unwrap();
                 assert_eq!((got.id, got.byte_len), (n, LEN as u32));
                 match check {
-                    Check::All => assert!(got.buf[..LEN] == message(n)[..], "message {n}: the bytes differ"),
-                    Check::Ends => assert_eq!((got.buf[0], got.buf[LEN - 1]), (first, last), "message {n}"),
+                    Check::All => assert!(got.value[..LEN] == message(n)[..], "message {n}: the bytes differ"),
+                    Check::Ends => assert_eq!((got.value[0], got.value[LEN - 1]), (first, last), "message {n}"),
                 }
-                *dst = Some(got.buf);
+                *dst = Some(got.value);
             }
         }
     };
@@ -100,7 +100,7 @@ async fn round<R: Readiness>(
             for wc in acq.completions(&mut wcs).await.unwrap() {
                 a.sq.complete(wc, |d| {
                     assert_eq!((d.id, d.status), (n, WcStatus::Success));
-                    *src = Some(d.buf);
+                    *src = Some(d.value);
                 })
                 .unwrap();
             }
@@ -218,7 +218,7 @@ fn a_dropped_await_leaves_the_cq_usable() {
             .expect("the receive completed after the dropped await")
             .unwrap();
         let got = b.rq.complete(&mut wc[0]).unwrap().result().unwrap();
-        assert!(got.buf[..LEN] == want[..]);
+        assert!(got.value[..LEN] == want[..]);
         // The send's completion, polled plainly, and its buffer back.
         let mut done = None;
         while done.is_none() {

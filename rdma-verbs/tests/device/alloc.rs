@@ -257,15 +257,15 @@ fn safe_round<T: Source>(
         (&mut b.cq, 1),
         ops,
         |wc| {
-            let done = |d: rdma_verbs::Done<T>| T::take_back(&mut srcs[d.id as usize], d.buf);
+            let done = |d: rdma_verbs::Done<T>| T::take_back(&mut srcs[d.id as usize], d.value);
             sq.complete(wc, done).unwrap() as u64
         },
         |wc| {
             let d = rq.complete(wc).unwrap();
             assert_eq!((d.id, d.byte_len as usize), (r, LEN));
             let want = fill_byte(r, 0);
-            assert!(d.buf.iter().all(|&x| x == want), "round {r}: received {:?}, not {want}", &d.buf[..8]);
-            *rbuf = Some(d.buf);
+            assert!(d.value.iter().all(|&x| x == want), "round {r}: received {:?}, not {want}", &d.value[..8]);
+            *rbuf = Some(d.value);
             1
         },
     );
@@ -392,7 +392,7 @@ fn prepared_requests_post_post_batch_and_poll_allocate_nothing_in_steady_state()
     let (pd, a, mut b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
     let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp } = a;
     drop(sq);
-    let mut pq = a_qp.prepared_queue::<Chunk>().unwrap();
+    let mut pq = a_qp.prepared_send_queue::<Chunk>().unwrap();
     let target = write_target(&pd);
     let mut bufs = chunks(&pd, 3, LEN, AccessFlags::LOCAL_WRITE);
     let mut rbuf = bufs.pop();
@@ -423,15 +423,15 @@ fn prepared_requests_post_post_batch_and_poll_allocate_nothing_in_steady_state()
                 (&mut b.cq, 1),
                 ops,
                 |wc| {
-                    let back = |d: rdma_verbs::Done<_>| assert!(ps[d.id as usize].replace(d.buf).is_none());
+                    let back = |d: rdma_verbs::Done<_>| assert!(ps[d.id as usize].replace(d.value).is_none());
                     pq.complete(wc, back).unwrap() as u64
                 },
                 |wc| {
                     let d = rq.complete(wc).unwrap();
                     assert_eq!((d.id, d.byte_len as usize), (r, LEN));
                     let want = fill_byte(r, 0);
-                    assert!(d.buf.iter().all(|&x| x == want), "round {r}: received {:?}, not {want}", &d.buf[..8]);
-                    rbuf = Some(d.buf);
+                    assert!(d.value.iter().all(|&x| x == want), "round {r}: received {:?}, not {want}", &d.value[..8]);
+                    rbuf = Some(d.value);
                     1
                 },
             );
@@ -451,7 +451,7 @@ fn prepared_receives_and_a_prepared_chain_post_and_complete_without_allocating_i
     let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp } = a;
     let Side { cq: mut b_cq, sq: _b_sq, rq, qp: b_qp } = b;
     drop((sq, rq));
-    let mut cq_ = a_qp.chain_queue::<Chunk>().unwrap();
+    let mut cq_ = a_qp.send_chain_queue::<Chunk>().unwrap();
     let mut prq = b_qp.prepared_recv_queue::<Chunk>().unwrap();
     let target = write_target(&pd);
     let mut bufs = chunks(&pd, 3, LEN, AccessFlags::LOCAL_WRITE);
@@ -475,17 +475,17 @@ fn prepared_receives_and_a_prepared_chain_post_and_complete_without_allocating_i
             (&mut a_cq, 2),
             (&mut b_cq, 1),
             ops,
-            |wc| cq_.complete(wc, |d| assert!(chain.replace(d.buf).is_none())).unwrap() as u64,
+            |wc| cq_.complete(wc, |d| assert!(chain.replace(d.value).is_none())).unwrap() as u64,
             |wc| {
                 let d = prq.complete(wc).unwrap();
                 assert_eq!((d.id, d.byte_len as usize), (r, LEN));
                 let want = fill_byte(r, 0);
                 assert!(
-                    d.buf.buf().iter().all(|&x| x == want),
+                    d.value.buf().iter().all(|&x| x == want),
                     "round {r}: received {:?}, not {want}",
-                    &d.buf.buf()[..8]
+                    &d.value.buf()[..8]
                 );
-                recv = Some(d.buf);
+                recv = Some(d.value);
                 1
             },
         );
@@ -502,7 +502,7 @@ fn a_prepared_receive_chain_posts_and_completes_without_allocating_in_steady_sta
     let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp } = a;
     let Side { cq: mut b_cq, sq: _b_sq, rq, qp: b_qp } = b;
     drop((sq, rq));
-    let mut cq_ = a_qp.chain_queue::<Chunk>().unwrap();
+    let mut cq_ = a_qp.send_chain_queue::<Chunk>().unwrap();
     let mut rcq = b_qp.recv_chain_queue::<Chunk>().unwrap();
     let mut bufs = chunks(&pd, 4, LEN, AccessFlags::LOCAL_WRITE);
     // Built once, before the measured loop (that is where they allocate): two SENDs as
@@ -523,12 +523,13 @@ fn a_prepared_receive_chain_posts_and_completes_without_allocating_in_steady_sta
         while chain.is_none() || recvs.is_none() {
             for wc in a_cq.poll(&mut wcs).unwrap().iter_mut() {
                 ops.completions +=
-                    cq_.complete(wc, |d| assert!(chain.replace(d.result().unwrap().buf).is_none())).unwrap() as u64;
+                    cq_.complete(wc, |d| assert!(chain.replace(d.result().unwrap().value).is_none())).unwrap() as u64;
             }
             // The receive chain's completions, each poll's in one call.
             let polled = b_cq.poll(&mut wcs).unwrap();
-            ops.completions +=
-                rcq.complete_all(polled, |d| assert!(recvs.replace(d.result().unwrap().buf).is_none())).unwrap() as u64;
+            ops.completions += rcq
+                .complete_all(polled, |d| assert!(recvs.replace(d.result().unwrap().value).is_none()))
+                .unwrap() as u64;
             ops.polls += 2;
             assert!(Instant::now() < deadline, "no completion within 10 s");
         }

@@ -66,8 +66,8 @@ fn pair<R: Readiness>(
 fn check_received(got: Done<Chunk>, n: u64) -> Chunk {
     let got = got.result().unwrap();
     assert_eq!((got.id, got.byte_len, got.op), (100 + n, LEN as u32, WcOpcode::Recv));
-    assert!(got.buf[..LEN] == message(n)[..], "message {n}: the bytes differ");
-    got.buf
+    assert!(got.value[..LEN] == message(n)[..], "message {n}: the bytes differ");
+    got.value
 }
 
 /// Eight messages from A to B. A posts four one by one and four in a batch, then awaits
@@ -98,12 +98,12 @@ async fn tickets_and_order<R: Readiness>(
         assert_eq!(a.sq.outstanding(), 8);
         let sixth = a.sq.wait(tickets.swap_remove(5)).await.unwrap().result().unwrap();
         assert_eq!((sixth.id, sixth.op), (5, WcOpcode::Send));
-        let mut back = vec![sixth.buf];
+        let mut back = vec![sixth.value];
         let mut ids = vec![];
         for _ in 0..7 {
             let d = a.sq.next().await.unwrap().result().unwrap();
             ids.push(d.id);
-            back.push(d.buf);
+            back.push(d.value);
         }
         assert_eq!(ids, [0, 1, 2, 3, 4, 6, 7], "next hands back in posting order, skipping the one taken");
         back
@@ -215,8 +215,8 @@ fn awaited_queues_refuse_what_would_lose_a_completion_or_wait_for_ever() {
         assert_eq!(first.id, 0);
         // B hands back its first receive and posts it again, for the SEND below.
         let r0 = b.rq.next().await.unwrap().result().unwrap();
-        b.rq.post(r0.buf, 0..LEN, 200).unwrap();
-        a.sq.post(SendWr::send(first.buf, 0..LEN).id(99)).unwrap();
+        b.rq.post(r0.value, 0..LEN, 200).unwrap();
+        a.sq.post(SendWr::send(first.value, 0..LEN).id(99)).unwrap();
         // DEPTH posted or finished and not handed back: refused, the request back.
         let r = a.sq.post(SendWr::send(src.pop().unwrap(), 0..LEN).id(1000)).unwrap_err();
         assert!(r.error.to_string().contains("not yet awaited"), "{}", r.error);
@@ -252,7 +252,7 @@ fn a_dropped_wait_loses_nothing_and_a_dropped_queue_keeps_its_buffers_until_the_
         let sent = a.sq.post(SendWr::send(src, 0..LEN).id(0)).unwrap();
         let got = tokio::time::timeout(Duration::from_secs(10), b.rq.next()).await.expect("the receive came back");
         bufs.push(check_received(got.unwrap(), 0));
-        bufs.push(a.sq.wait(sent).await.unwrap().result().unwrap().buf);
+        bufs.push(a.sq.wait(sent).await.unwrap().result().unwrap().value);
 
         // B's receive queue dropped with four receives posted; then A sends into them.
         for n in 0..4 {
@@ -339,7 +339,7 @@ async fn round_trip<R: Readiness>(
     let t = b.post(dst, 0..LEN, n).unwrap();
     let receive = async {
         let got = b.wait(t).await.unwrap().result().unwrap();
-        assert_eq!((got.id, got.buf[0], got.buf[LEN - 1]), (n, n as u8, !(n as u8)));
+        assert_eq!((got.id, got.value[0], got.value[LEN - 1]), (n, n as u8, !(n as u8)));
         got
     };
     let send = async {
@@ -350,7 +350,7 @@ async fn round_trip<R: Readiness>(
         a.wait(s).await.unwrap().result().unwrap()
     };
     let (got, sent) = futures_lite::future::zip(receive, send).await;
-    (got.buf, sent.buf)
+    (got.value, sent.value)
 }
 
 /// What one await on the survivor saw: the caller's id, the status, the error text of a
@@ -494,7 +494,7 @@ fn an_awaited_prepared_chain_takes_one_ticket_and_comes_back_whole_once() {
         let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
         a.connect(&InitAttr::default(), &ib).unwrap();
         b.connect(&InitAttr::default(), &ia).unwrap();
-        let pq = a.chain_queue::<Chunk>().unwrap();
+        let pq = a.send_chain_queue::<Chunk>().unwrap();
         let mut rq = AsyncRecvQueue::new(b.recv_queue().unwrap(), AsyncCq::tokio(brq).unwrap()).unwrap();
         for (n, c) in chunks(&pd, 5, LEN, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
             rq.post(c, 0..LEN, 100 + n as u64).unwrap();
@@ -511,9 +511,9 @@ fn an_awaited_prepared_chain_takes_one_ticket_and_comes_back_whole_once() {
         let t_chain = sq.post(chain).unwrap();
         let t_single = sq.post(single).unwrap();
         let d = sq.wait(t_single).await.unwrap().result().unwrap();
-        assert_eq!((d.id, d.buf.len()), (4, 1));
+        assert_eq!((d.id, d.value.len()), (4, 1));
         let d = sq.wait(t_chain).await.unwrap().result().unwrap();
-        assert_eq!((d.id, d.op, d.buf.len()), (0, WcOpcode::Send, 4));
+        assert_eq!((d.id, d.op, d.value.len()), (0, WcOpcode::Send, 4));
         assert_eq!(sq.outstanding(), 0, "every ticket handed back");
         for n in 0..5 {
             check_received(rq.next().await.unwrap(), n);

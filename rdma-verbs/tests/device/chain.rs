@@ -1,8 +1,10 @@
-//! Prepared chains (`ChainQueue`): requests checked and built once, linked, posted whole
+//! Prepared chains (`SendChainQueue`): requests checked and built once, linked, posted whole
 //! and handed back whole; every byte that arrives is compared with what was written.
 
 use rdma_verbs::{AccessFlags, Chunk, CompletionQueue, Error, ProtectionDomain, QpAccess, QueuePair, Refused};
-use rdma_verbs::{ChainQueue, Done, PreparedChain, RecvQueue, RemoteMr, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use rdma_verbs::{
+    Done, PreparedSendChain, RecvQueue, RemoteMr, SendChainQueue, SendWr, WcOpcode, WcStatus, WorkCompletion,
+};
 
 use crate::datapath::{chunks, poll_one, rc_pair, Side};
 use crate::prepared::{bytes, posted, read_back, target, Target};
@@ -13,7 +15,7 @@ const LEN: usize = 64;
 /// A side whose send side is claimed for chains.
 struct CSide {
     cq: CompletionQueue,
-    cq_: ChainQueue<Chunk>,
+    cq_: SendChainQueue<Chunk>,
     _rq: RecvQueue<Chunk>,
     _qp: QueuePair,
 }
@@ -21,12 +23,12 @@ struct CSide {
 fn chained(side: Side<Chunk>, depth: u32) -> CSide {
     let Side { cq, sq, rq, qp } = side;
     drop(sq);
-    let cq_ = qp.chain_queue_with_depth::<Chunk>(depth).unwrap();
+    let cq_ = qp.send_chain_queue_with_depth::<Chunk>(depth).unwrap();
     CSide { cq, cq_, _rq: rq, _qp: qp }
 }
 
 /// Polls until `n` chains have come back.
-fn back(s: &mut CSide, n: usize) -> Vec<Done<PreparedChain<Chunk>>> {
+fn back(s: &mut CSide, n: usize) -> Vec<Done<PreparedSendChain<Chunk>>> {
     let mut out = Vec::new();
     while out.len() < n {
         let mut wc = poll_one(&mut s.cq);
@@ -85,7 +87,7 @@ fn a_prepared_chain_of_32_writes_lands_every_requests_bytes_each_round_and_comes
             let want = if k == 0 || k == 17 { bytes(r + 1, k, LEN) } else { bytes(0, k, LEN) };
             assert_eq!(read_back(&t, k as usize * LEN, LEN), want, "round {r}: request {k}'s bytes");
         }
-        chain = d.buf;
+        chain = d.value;
     }
     // Request 5 replaced by another prepared request (another chunk, the same target):
     // the chain's C requests are copied and linked again, so the new one's bytes land.
@@ -97,7 +99,7 @@ fn a_prepared_chain_of_32_writes_lands_every_requests_bytes_each_round_and_comes
     assert_eq!(old.id(), 5);
     t.write_at(0, &[0u8; 32 * LEN]).unwrap();
     posted(a.cq_.post(chain));
-    chain = back(&mut a, 1).pop().unwrap().result().unwrap().buf;
+    chain = back(&mut a, 1).pop().unwrap().result().unwrap().value;
     for k in 0..32u64 {
         let want = match k {
             5 => bytes(99, 5, LEN),
@@ -113,7 +115,7 @@ fn a_prepared_chain_of_32_writes_lands_every_requests_bytes_each_round_and_comes
     t.write_at(0, &[0u8; 32 * LEN]).unwrap();
     assert_eq!(a.cq_.post_batch([head, last]).unwrap(), 2, "two chains, 32 C requests");
     let came = back(&mut a, 2);
-    assert_eq!(came.iter().map(|d| (d.id, d.buf.len())).collect::<Vec<_>>(), [(0, 31), (31, 1)]);
+    assert_eq!(came.iter().map(|d| (d.id, d.value.len())).collect::<Vec<_>>(), [(0, 31), (31, 1)]);
     assert_eq!(read_back(&t, 17 * LEN, LEN), bytes(20, 17, LEN), "request 17 kept its last bytes");
     assert_eq!(read_back(&t, 31 * LEN, LEN), bytes(0, 31, LEN));
 }
@@ -150,7 +152,7 @@ fn a_chain_whose_middle_write_is_refused_by_the_peer_comes_back_once_with_that_f
         assert_eq!(came.len(), 1, "the chain comes back once: {seen:?}");
         let d = came.pop().unwrap();
         assert_eq!(d.status, WcStatus::RemAccessErr, "the first failure, not the flush after it: {seen:?}");
-        assert_eq!((d.id, d.buf.len()), (10, 4));
+        assert_eq!((d.id, d.value.len()), (10, 4));
         let e = d.result().unwrap_err().into_parts().0.to_string();
         assert!(e.contains("RDMA WRITE id 10"), "{e}");
         let before = [bytes(0, 0, LEN), bytes(0, 1, LEN)].concat();
@@ -241,11 +243,11 @@ fn complete_all_takes_a_polls_completions_at_once_and_stops_at_a_strangers_leavi
     let mut came = Vec::new();
     let e = a.cq_.complete_all(&mut wcs, |d| came.push(d)).unwrap_err();
     assert!(e.to_string().contains("is not outstanding on this send queue"), "{e}");
-    assert_eq!(came.iter().map(|d| (d.id, d.buf.len())).collect::<Vec<_>>(), [(0, 4)]);
+    assert_eq!(came.iter().map(|d| (d.id, d.value.len())).collect::<Vec<_>>(), [(0, 4)]);
     assert_eq!(a.cq_.outstanding(), 2);
     assert!(wcs[5..].iter().all(|wc| wc.wr_id() != 0), "the rest are not taken");
     assert_eq!(a.cq_.complete_all(&mut wcs[5..], |d| came.push(d)).unwrap(), 2);
-    assert_eq!(came.iter().map(|d| (d.id, d.buf.len())).collect::<Vec<_>>(), [(0, 4), (4, 2)]);
+    assert_eq!(came.iter().map(|d| (d.id, d.value.len())).collect::<Vec<_>>(), [(0, 4), (4, 2)]);
     assert_eq!(a.cq_.outstanding(), 0);
     // Taken once: the same completions again are refused, and nothing comes back.
     assert!(a.cq_.complete_all(&mut wcs[..1], |d| came.push(d)).is_err());
@@ -279,7 +281,7 @@ fn a_chains_completions_split_across_polls_and_calls_bring_it_back_once_and_a_dr
     assert_eq!(a.cq_.complete(&mut wcs[2], |d| came.push(d)).unwrap(), 1);
     assert!(came.is_empty());
     assert_eq!(a.cq_.complete_all(&mut wcs[3..6], |d| came.push(d)).unwrap(), 3);
-    assert_eq!(came.iter().map(|d| (d.id, d.buf.len(), d.status)).collect::<Vec<_>>(), [(0, 5, WcStatus::Success)]);
+    assert_eq!(came.iter().map(|d| (d.id, d.value.len(), d.status)).collect::<Vec<_>>(), [(0, 5, WcStatus::Success)]);
     assert_eq!(a.cq_.outstanding(), 2);
     // Taken once: a completion already taken is refused, and changes nothing.
     assert!(a.cq_.complete(&mut wcs[4], |d| came.push(d)).is_err());
@@ -326,14 +328,14 @@ fn chains_whose_sequence_numbers_wrap_inside_them_land_every_byte_and_come_back_
             }
         }
         assert_eq!(
-            came.iter().map(|d| (d.id, d.buf.len(), d.status)).collect::<Vec<_>>(),
+            came.iter().map(|d| (d.id, d.value.len(), d.status)).collect::<Vec<_>>(),
             [(0, 8, WcStatus::Success), (8, 8, WcStatus::Success)]
         );
         assert_eq!(a.cq_.outstanding(), 0);
         for k in 0..16 {
             assert_eq!(read_back(&t, k * LEN, LEN), bytes(0, k as u64, LEN), "round {r}: request {k}'s bytes");
         }
-        let mut it = came.into_iter().map(|d| d.result().unwrap().buf);
+        let mut it = came.into_iter().map(|d| d.result().unwrap().value);
         (first, second) = (it.next(), it.next());
     }
     // Only an empty queue restarts.

@@ -97,7 +97,7 @@ impl Side {
         self.sq
             .complete(&mut wc, |d| {
                 assert_eq!(d.status, WcStatus::Success);
-                bufs.push(d.buf);
+                bufs.push(d.value);
             })
             .unwrap();
     }
@@ -107,8 +107,8 @@ impl Side {
         assert_eq!(wc.opcode(), WcOpcode::Recv);
         let done = self.rq.complete(&mut wc).unwrap();
         assert_eq!(done.status, WcStatus::Success);
-        let data = done.buf[..done.byte_len as usize].to_vec();
-        self.bufs.push(done.buf);
+        let data = done.value[..done.byte_len as usize].to_vec();
+        self.bufs.push(done.value);
         data
     }
 }
@@ -362,7 +362,7 @@ fn a_udp_id_learns_the_peers_qp_number_qkey_and_address_and_a_datagram_arrives()
             assert_eq!(done.status, WcStatus::Success);
             // A UD receive starts with the 40-byte global route header.
             assert_eq!(done.byte_len as usize, 40 + expected.len());
-            assert_eq!(&done.buf[40..40 + expected.len()], &expected[..], "the datagram arrived intact");
+            assert_eq!(&done.value[40..40 + expected.len()], &expected[..], "the datagram arrived intact");
         });
         let client_channel = EventChannel::new().unwrap();
         let id = CmId::new(&client_channel, PortSpace::Udp).unwrap();

@@ -152,7 +152,7 @@ fn a_queue_never_has_more_requests_outstanding_than_its_depth() {
     for i in 0..4u8 {
         let mut wc = crate::datapath::poll_one(&mut b.cq);
         let done = b.rq.complete(&mut wc).unwrap();
-        assert!(done.buf.iter().all(|&x| x == i), "receive {i} holds the bytes of send {i}");
+        assert!(done.value.iter().all(|&x| x == i), "receive {i} holds the bytes of send {i}");
     }
 }
 

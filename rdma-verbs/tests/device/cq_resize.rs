@@ -64,7 +64,7 @@ fn resizing_a_cq_up_keeps_its_pending_completions_and_each_is_polled_with_its_by
         let got = b.rq.complete(&mut wc).unwrap();
         assert_eq!(got.id, i as u64, "the pending completions come out in order after the resize");
         assert_eq!(got.byte_len as usize, data.len());
-        assert_eq!(&got.buf[..data.len()], &data[..], "bytes of message {i}");
+        assert_eq!(&got.value[..data.len()], &data[..], "bytes of message {i}");
     }
     let mut rest = [rdma_verbs::WorkCompletion::EMPTY; 4];
     assert!(b.cq.poll(&mut rest).unwrap().is_empty(), "each completion once");

@@ -98,7 +98,7 @@ fn send_delivers_exact_bytes_and_both_buffers_come_back() {
     assert_eq!(wc.imm_data(), Some(0xfeed));
     let got = b.rq.complete(&mut wc).unwrap();
     assert_eq!((got.id, got.status, got.byte_len), (42, WcStatus::Success, 3000));
-    assert_eq!(&got.buf[..3000], &data[..]);
+    assert_eq!(&got.value[..3000], &data[..]);
     // A completion is taken once: the same one again is refused.
     assert!(b.rq.complete(&mut wc).is_err());
     assert_eq!(a.sq.outstanding() + b.rq.outstanding(), 0);
@@ -128,7 +128,7 @@ fn rdma_write_read_and_atomics_move_the_right_bytes() {
 
     // WRITE 4096 bytes at offset 100 of the target.
     a.sq.post(SendWr::write(src, 0..4096, remote.slice(100..).unwrap())).unwrap();
-    let src = send_done(&mut a).pop().unwrap().buf;
+    let src = send_done(&mut a).pop().unwrap().value;
     let mut got = vec![0u8; 4096];
     target.read_at(100, &mut got).unwrap();
     assert_eq!(got, data);
@@ -140,16 +140,16 @@ fn rdma_write_read_and_atomics_move_the_right_bytes() {
     a.sq.post(SendWr::read(rd, 0..4096, remote.slice(100..).unwrap())).unwrap();
     let rd = send_done(&mut a).pop().unwrap();
     assert_eq!(rd.status, WcStatus::Success);
-    assert_eq!(&rd.buf[..], &data[..]);
+    assert_eq!(&rd.value[..], &data[..]);
 
     // Atomics on the 8 bytes at offset 8192-8: old values land in the local chunk.
     let word = remote.slice(8184..).unwrap();
     target.atomic_u64(8184).unwrap().store(100, std::sync::atomic::Ordering::SeqCst);
     a.sq.post(SendWr::fetch_add(atom, 0, word, 5)).unwrap();
-    let atom = send_done(&mut a).pop().unwrap().buf;
+    let atom = send_done(&mut a).pop().unwrap().value;
     assert_eq!(u64::from_ne_bytes(atom[..8].try_into().unwrap()), 100);
     a.sq.post(SendWr::compare_swap(atom, 0, word, 105, 7)).unwrap();
-    let atom = send_done(&mut a).pop().unwrap().buf;
+    let atom = send_done(&mut a).pop().unwrap().value;
     assert_eq!(u64::from_ne_bytes(atom[..8].try_into().unwrap()), 105);
     assert_eq!(target.atomic_u64(8184).unwrap().load(std::sync::atomic::Ordering::SeqCst), 7);
     drop((src, b));

@@ -211,13 +211,13 @@ fn send_of_0_1_4095_4096_4097_bytes_and_4_mib_arrives_byte_exact() {
         posted(a.sq.post(SendWr::send(src, 0..n).id(n as u64)));
         let done = sent_one(&mut a.sq, &mut a.cq);
         assert_eq!(done.id, n as u64);
-        src = done.buf;
+        src = done.value;
         let (wc, got) = received(&mut b.rq, &mut b.cq);
         assert_eq!((wc.opcode(), wc.imm_data()), (WcOpcode::Recv, None));
         assert_eq!((got.id, got.byte_len as usize), (n as u64, n), "{n}-byte SEND");
-        same(&got.buf[..n], &data, &format!("{n}-byte SEND"));
-        untouched(&got.buf[n..], &format!("receive buffer past a {n}-byte SEND"));
-        dst = got.buf;
+        same(&got.value[..n], &data, &format!("{n}-byte SEND"));
+        untouched(&got.value[n..], &format!("receive buffer past a {n}-byte SEND"));
+        dst = got.value;
     }
 }
 
@@ -239,7 +239,7 @@ fn rdma_write_of_0_1_4095_4096_4097_bytes_and_4_mib_lands_byte_exact_at_an_odd_o
         posted(a.sq.post(SendWr::write(src, 0..n, remote).id(i as u64)));
         let done = sent_one(&mut a.sq, &mut a.cq);
         assert_eq!((done.id, done.status), (i as u64, WcStatus::Success));
-        src = done.buf;
+        src = done.value;
         same(&read_back(&t, off, n), &data, &format!("{n}-byte RDMA WRITE"));
         untouched(&read_back(&t, 0, off), &format!("target before a {n}-byte WRITE"));
         untouched(&read_back(&t, off + n, slack), &format!("target after a {n}-byte WRITE"));
@@ -268,10 +268,10 @@ fn a_message_gathered_from_two_regions_is_scattered_into_two_other_regions_by_se
     // SEND bytes 1000..7000 of x|y (two SGEs) into p|q (two SGEs, split at 2500).
     posted(b.rq.post([p, q], 0..8500, 1));
     posted(a.sq.post(SendWr::send([x, y], 1000..7000)));
-    let [x, y] = sent_one(&mut a.sq, &mut a.scq).buf;
+    let [x, y] = sent_one(&mut a.sq, &mut a.scq).value;
     let (_, got) = received(&mut b.rq, &mut b.rcq);
     assert_eq!(got.byte_len, 6000);
-    let [mut p, mut q] = got.buf;
+    let [mut p, mut q] = got.value;
     same(&p, &data[1000..3500], "first receive region");
     same(&q[..3500], &data[3500..7000], "second receive region");
     untouched(&q[3500..], "second receive region past the message");
@@ -280,7 +280,7 @@ fn a_message_gathered_from_two_regions_is_scattered_into_two_other_regions_by_se
     let mut t = target(&pd, 8192);
     let remote = t.remote().unwrap();
     posted(a.sq.post(SendWr::write([x, y], 500..7500, remote)));
-    let [x, y] = sent_one(&mut a.sq, &mut a.scq).buf;
+    let [x, y] = sent_one(&mut a.sq, &mut a.scq).value;
     same(&read_back(&t, 0, 7000), &data[500..7500], "WRITE gathered from two regions");
     untouched(&read_back(&t, 7000, 1192), "target past the WRITE");
 
@@ -291,7 +291,7 @@ fn a_message_gathered_from_two_regions_is_scattered_into_two_other_regions_by_se
     q.fill(UNTOUCHED);
     posted(a.sq.post(SendWr::read([p, q], 100..8100, remote.slice(..8000).unwrap())));
     // a's send queue holds [x, y] no more, but the READ target is a [Chunk; 2] as well.
-    let [p, q] = sent_one(&mut a.sq, &mut a.scq).buf;
+    let [p, q] = sent_one(&mut a.sq, &mut a.scq).value;
     untouched(&p[..100], "first READ region before the range");
     same(&p[100..], &tdata[..2400], "READ scattered into the first region");
     same(&q[..5600], &tdata[2400..8000], "READ scattered into the second region");
@@ -342,13 +342,13 @@ fn send_with_imm_and_write_with_imm_deliver_the_immediate_and_write_with_imm_con
             Some(v) => wr.imm(v),
             None => wr,
         }));
-        src = sent_one(&mut a.sq, &mut a.cq).buf;
+        src = sent_one(&mut a.sq, &mut a.cq).value;
         let (wc, got) = received(&mut b.rq, &mut b.cq);
         assert_eq!((wc.opcode(), wc.imm_data()), (WcOpcode::Recv, imm), "{wc:?}");
         assert_eq!(wc.wc_flags().contains(WcFlags::WITH_IMM), imm.is_some());
         assert_eq!((got.id, got.byte_len as usize), (i as u64, data.len()));
-        same(&got.buf[..data.len()], &data, "SEND with immediate");
-        dst = got.buf;
+        same(&got.value[..data.len()], &data, "SEND with immediate");
+        dst = got.value;
     }
 
     // RDMA WRITE with immediate: the bytes land in the target, the immediate arrives
@@ -360,14 +360,14 @@ fn send_with_imm_and_write_with_imm_deliver_the_immediate_and_write_with_imm_con
         dst.fill(UNTOUCHED);
         posted(b.rq.post(dst, 0..4096, 50 + i as u64));
         posted(a.sq.post(SendWr::write(src, 0..n, t.remote().unwrap().slice(1000..).unwrap()).imm(imm)));
-        src = sent_one(&mut a.sq, &mut a.cq).buf;
+        src = sent_one(&mut a.sq, &mut a.cq).value;
         let (wc, got) = received(&mut b.rq, &mut b.cq);
         assert_eq!((wc.opcode(), wc.imm_data()), (WcOpcode::RecvRdmaWithImm, Some(imm)), "{wc:?}");
         assert_eq!((got.id, got.byte_len as usize), (50 + i as u64, n), "the receive reports the write's length");
-        untouched(&got.buf, "receive buffer of a WRITE with immediate");
+        untouched(&got.value, "receive buffer of a WRITE with immediate");
         same(&read_back(&t, 1000, n), &data, &format!("{n}-byte WRITE with immediate"));
         assert_eq!(b.rq.outstanding(), 0, "the WRITE with immediate consumed the receive");
-        dst = got.buf;
+        dst = got.value;
     }
     untouched(&read_back(&t, 0, 1000), "target before the writes");
     drop((src, dst));
@@ -429,8 +429,8 @@ fn ud_datagrams_arrive_after_a_40_byte_grh_from_the_senders_qp_and_a_wrong_qkey_
         assert!(wc.wc_flags().contains(WcFlags::GRH), "{wc:?}");
         assert_eq!(wc.src_qp(), a.qp_num());
         assert_eq!(wc.imm_data(), (i == 1).then_some(0xabcd));
-        same(&got.buf[GRH..GRH + n], data, &format!("{n}-byte datagram"));
-        untouched(&got.buf[GRH + n..], "receive buffer past the datagram");
+        same(&got.value[GRH..GRH + n], data, &format!("{n}-byte datagram"));
+        untouched(&got.value[GRH + n..], "receive buffer past the datagram");
     }
     quiet(&mut cq_b);
     assert_eq!(rq.outstanding(), 1, "the wrong-Q_Key datagram consumed no receive");
@@ -481,8 +481,8 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
         let msg = if wc.qp_num() == r1.qp_num() { &msgs[0] } else { &msgs[1] };
         qps.push(wc.qp_num());
         assert_eq!(d.byte_len as usize, msg.len());
-        same(&d.buf[..msg.len()], msg, &format!("message to QP {:#x}", wc.qp_num()));
-        untouched(&d.buf[msg.len()..], "SRQ buffer past the message");
+        same(&d.value[..msg.len()], msg, &format!("message to QP {:#x}", wc.qp_num()));
+        untouched(&d.value[msg.len()..], "SRQ buffer past the message");
     }
     qps.sort();
     let mut want = vec![r1.qp_num(), r2.qp_num()];
@@ -497,7 +497,7 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
     // reused by new receives.
     assert!(srqq.complete(&mut w1).is_err() && srqq.complete(&mut w2).is_err());
     for (d, id) in [(d1, 200), (d2, 201)] {
-        let mut c = d.buf;
+        let mut c = d.value;
         c.fill(UNTOUCHED);
         posted(srqq.post(c, 0..512, id));
     }
@@ -514,7 +514,7 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
         let mut wc = poll_one(&mut rcq);
         assert_eq!((wc.status(), wc.qp_num()), (WcStatus::Success, r2.qp_num()), "{wc:?}");
         let d = srqq.complete(&mut wc).unwrap();
-        got.push((d.id, d.buf[..d.byte_len as usize].to_vec()));
+        got.push((d.id, d.value[..d.byte_len as usize].to_vec()));
     }
     assert_eq!(got.iter().map(|g| g.1.clone()).collect::<Vec<_>>(), round2, "in order, byte exact");
     assert_eq!(srqq.outstanding(), 1);
@@ -556,12 +556,12 @@ fn an_srq_queue_refuses_a_receive_completion_of_a_qp_on_another_srq() {
              receive is still posted (it does not hold the message: {})",
             wc.qp_num(),
             d.id,
-            d.buf[..128] != msg[..]
+            d.value[..128] != msg[..]
         );
     }
     assert_eq!(qb.outstanding(), 1);
     let d = qa.complete(&mut wc).unwrap();
-    same(&d.buf[..128], &msg, "message through SRQ A");
+    same(&d.value[..128], &msg, "message through SRQ A");
 }
 
 #[test]
@@ -597,7 +597,7 @@ fn a_receive_queue_claimed_again_refuses_the_completion_of_a_receive_its_predece
             "the second receive queue took the completion of its predecessor's receive and handed back buffer \
              id {} while it is still posted (it holds the message: {})",
             d.id,
-            d.buf[..100] == msgs[0][..]
+            d.value[..100] == msgs[0][..]
         );
     }
     assert_eq!(rq2.outstanding(), 1);
@@ -605,7 +605,7 @@ fn a_receive_queue_claimed_again_refuses_the_completion_of_a_receive_its_predece
     send(&msgs[1], bufs.pop().unwrap());
     let (_, d) = received(&mut rq2, &mut b_cq);
     assert_eq!((d.id, d.byte_len), (2, 90));
-    same(&d.buf[..90], &msgs[1], "second queue's receive");
+    same(&d.value[..90], &msgs[1], "second queue's receive");
     drop((b_sq, b_qp));
 }
 
@@ -655,7 +655,7 @@ fn stream_sender(
             sq.complete(wc, |d| {
                 assert_eq!(d.id, done, "send completions in posting order");
                 done += 1;
-                pool.push(d.buf);
+                pool.push(d.value);
             })
             .unwrap();
         }
@@ -688,14 +688,14 @@ fn stream_receiver(
         for wc in polled.iter_mut() {
             let d = rq.complete(wc).unwrap();
             assert_eq!((d.status, d.byte_len as usize), (WcStatus::Success, STREAM_LEN), "{wc:?}");
-            same(&d.buf[..STREAM_LEN], &message(seed, got, STREAM_LEN), &format!("message {got} of stream {seed}"));
+            same(&d.value[..STREAM_LEN], &message(seed, got, STREAM_LEN), &format!("message {got} of stream {seed}"));
             got += 1;
             if got + (rq.outstanding() as u64) < STREAM_N {
-                posted(rq.post(d.buf, 0..STREAM_LEN, got));
+                posted(rq.post(d.value, 0..STREAM_LEN, got));
                 // The sender may have finished only once everything it will send arrived.
                 let _ = credits.send(1);
             } else {
-                kept.push(d.buf);
+                kept.push(d.value);
             }
         }
     }
@@ -778,7 +778,7 @@ fn arm_drain_wait_ack_rearm_receives_every_spaced_message_without_a_lost_wakeup(
             while let Some(mut wc) = b_rcq.poll_one().unwrap() {
                 let d = b_rq.complete(&mut wc).unwrap();
                 assert_eq!(d.status, WcStatus::Success, "{wc:?}");
-                same(&d.buf[..], &message(3, got, 128), &format!("message {got}"));
+                same(&d.value[..], &message(3, got, 128), &format!("message {got}"));
                 got += 1;
             }
             if got == K {
@@ -881,8 +881,8 @@ fn inline_sends_up_to_max_inline_data_arrive_and_one_byte_more_is_refused_before
         sent_one(&mut a.sq, &mut a.scq);
         let (_, got) = received(&mut b.rq, &mut b.rcq);
         assert_eq!(got.byte_len as usize, n);
-        same(&got.buf[..n], &data, &format!("{n} bytes inline"));
-        untouched(&got.buf[n..], "receive buffer past the inline data");
+        same(&got.value[..n], &data, &format!("{n} bytes inline"));
+        untouched(&got.value[n..], "receive buffer past the inline data");
     }
 
     // One byte above the limit: refused with the limit named, nothing posted.
@@ -903,7 +903,7 @@ fn inline_sends_up_to_max_inline_data_arrive_and_one_byte_more_is_refused_before
     posted(a.sq.post(SendWr::send(src, 0..max + 1)));
     sent_one(&mut a.sq, &mut a.scq);
     let (_, got) = received(&mut b.rq, &mut b.rcq);
-    same(&got.buf[..max + 1], &data, "the send after the refusal");
+    same(&got.value[..max + 1], &data, "the send after the refusal");
 }
 
 // ---- 8. refusals ----------------------------------------------------------------
@@ -933,7 +933,7 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     // The queue still works: a good READ brings the remote bytes.
     posted(a.sq.post(SendWr::read(bufs.pop().unwrap(), 0..4096, remote.slice(4096..).unwrap())));
     let d = sent_one(&mut a.sq, &mut a.cq);
-    same(&d.buf, &tdata[4096..], "READ after the refusals");
+    same(&d.value, &tdata[4096..], "READ after the refusals");
 
     // A receive past its chunk's end: refused, and the very buffer comes back in the error.
     let mut c = bufs.pop().unwrap();
@@ -949,21 +949,21 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     assert_eq!((c.addr(), b.rq.outstanding()), (addr, 0));
     posted(b.rq.post(c, 0..4096, 7));
     let msg = bytes(111, 3000);
-    let mut src = d.buf;
+    let mut src = d.value;
     src[..3000].copy_from_slice(&msg);
     posted(a.sq.post(SendWr::send(src, 0..3000)));
     sent_one(&mut a.sq, &mut a.cq);
     let mut wc = poll_one(&mut b.cq);
     let got = b.rq.complete(&mut wc).unwrap();
     assert_eq!((got.id, got.status, got.byte_len), (7, WcStatus::Success, 3000));
-    same(&got.buf[..3000], &msg, "receive into the returned buffer");
-    untouched(&got.buf[3000..], "returned buffer past the message");
+    same(&got.value[..3000], &msg, "receive into the returned buffer");
+    untouched(&got.value[3000..], "returned buffer past the message");
 
     // A shared source refused for its range comes back too: the clone is dropped with the
     // refused request, and none is kept.
     drop(a.sq);
     let mut shared_sq = a.qp.send_queue::<Arc<Chunk>>().unwrap();
-    let shared = Arc::new(got.buf);
+    let shared = Arc::new(got.value);
     match shared_sq.post(SendWr::write(Arc::clone(&shared), 0..4097, remote)) {
         Err(Refused { error: e, value: wr }) => {
             assert!(invalid_text(&e, "SendQueue::post").contains("4096"), "{e}");
@@ -1027,7 +1027,7 @@ fn full_queues_refuse_before_c_and_take_the_refused_work_once_completions_free_a
     let mut src = chunks(&pd, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
     src.copy_from_slice(&bytes(120, 64));
     posted(a.sq.post(SendWr::send(src, 0..64)));
-    let src = sent_one(&mut a.sq, &mut a.cq).buf;
+    let src = sent_one(&mut a.sq, &mut a.cq).value;
     let (_, first) = received(&mut b.rq, &mut b.cq);
     assert_eq!(first.id, 0);
     posted(b.rq.post(extra, 0..64, 999));
@@ -1114,8 +1114,8 @@ fn completions_are_taken_only_by_the_queue_that_posted_them() {
     assert_eq!(ids, [1, 2]);
     let (ga, gb) = (a.rq.complete(&mut a_recv).unwrap(), b.rq.complete(&mut b_recv).unwrap());
     assert_eq!((ga.id, gb.id), (10, 20));
-    same(&gb.buf[..200], &msg_ab, "A to B");
-    same(&ga.buf[..150], &msg_ba, "B to A");
+    same(&gb.value[..200], &msg_ab, "A to B");
+    same(&ga.value[..150], &msg_ba, "B to A");
     refused(a.sq.complete(&mut a_send, |_| ()), sq, "A's send completion again");
     refused(b.rq.complete(&mut b_recv).map(|_| 1), rq, "B's receive completion again");
 }
@@ -1152,7 +1152,7 @@ fn signaling_every_16th_of_256_writes_releases_each_run_of_16_in_order() {
         let n = a.sq.complete(&mut wc, |d| {
             assert_eq!(d.status, WcStatus::Success);
             released.push(d.id);
-            pool.push(d.buf);
+            pool.push(d.value);
         });
         assert_eq!(n.unwrap(), MODERATION as usize, "one completion releases its run");
         assert_eq!(released[before..], (before as u64..before as u64 + MODERATION).collect::<Vec<_>>()[..]);
@@ -1190,7 +1190,7 @@ fn a_fenced_write_batched_after_a_read_of_the_same_bytes_lets_the_read_return_th
         done.extend(sent(&mut a.sq, &mut a.cq));
     }
     assert_eq!(done.iter().map(|d| d.id).collect::<Vec<_>>(), [1, 2]);
-    same(&done[0].buf, &old, "the READ before the fenced WRITE");
+    same(&done[0].value, &old, "the READ before the fenced WRITE");
     same(&read_back(&t, 0, 1024), &new, "the target after the WRITE");
 }
 

@@ -52,11 +52,11 @@ fn extended_qp_sends_inline_data_with_immediate_intact() {
     // Inline SEND with immediate (ibv_wr_send_imm + ibv_wr_set_inline_data).
     b.rq.post(dst, 0..1024, 1).unwrap();
     a.sq.post(SendWr::send(s1, 0..48).inline().imm(77)).unwrap();
-    let s1 = sent(&mut a).pop().unwrap().buf;
+    let s1 = sent(&mut a).pop().unwrap().value;
     let mut wc = poll_one(&mut b.cq);
     let got = b.rq.complete(&mut wc).unwrap();
     assert_eq!((got.status, got.byte_len, wc.imm_data()), (WcStatus::Success, 48, Some(77)));
-    assert!(got.buf[..48].iter().all(|&x| x == 0x5a));
+    assert!(got.value[..48].iter().all(|&x| x == 0x5a));
 
     drop((s1, got));
 }
@@ -76,7 +76,7 @@ fn extended_qp_sends_a_message_spanning_chunks_of_two_regions() {
     assert_eq!(back.status, WcStatus::Success);
     let got = b.rq.complete(&mut poll_one(&mut b.cq)).unwrap();
     assert_eq!(got.byte_len, 30);
-    assert_eq!(&got.buf[..30], &[[1u8; 24].as_slice(), &[2u8; 6]].concat()[..]);
+    assert_eq!(&got.value[..30], &[[1u8; 24].as_slice(), &[2u8; 6]].concat()[..]);
 }
 
 #[test]
@@ -108,7 +108,7 @@ fn extended_qp_writes_reads_and_atomics_in_one_batch() {
     assert_eq!(done.len(), 3);
     assert!(done.iter().all(|d| d.status == WcStatus::Success), "{done:?}");
     let expect: Vec<u8> = (0..512).map(|i| i as u8).collect();
-    assert_eq!(&done[1].buf[..], &expect[..], "READ returned what WRITE put there");
-    assert_eq!(u64::from_ne_bytes(done[2].buf[..8].try_into().unwrap()), 0);
+    assert_eq!(&done[1].value[..], &expect[..], "READ returned what WRITE put there");
+    assert_eq!(u64::from_ne_bytes(done[2].value[..8].try_into().unwrap()), 0);
     assert_eq!(target.atomic_u64(1024).unwrap().load(std::sync::atomic::Ordering::SeqCst), 3);
 }

@@ -12,7 +12,7 @@
 //! | `doc/async_cq.rs` | `AsyncCq` |
 //! | `doc/awaited.rs` | `AsyncSendQueue` |
 //! | `doc/async_cm.rs` | `AsyncCmId` |
-//! | `doc/prepared.rs` | `ChainQueue`, `PreparedRecvQueue` |
+//! | `doc/prepared.rs` | `SendChainQueue`, `PreparedRecvQueue` |
 //! | `doc/recv_chain.rs` | `RecvChainQueue` |
 
 use std::fmt::Display;

@@ -102,7 +102,7 @@ fn rc_side(mut tcp: TcpStream, seed: u8, peer_seed: u8, mtu: Mtu) -> rdma_verbs:
     let got = drain(&mut cq, &mut sq, &mut rq, 3, 2);
     let (first, _, _) = &got[0];
     assert_eq!(first.byte_len, 3000);
-    assert_eq!(&first.buf[..3000], &pattern(peer_seed, 3000)[..], "SEND payload");
+    assert_eq!(&first.value[..3000], &pattern(peer_seed, 3000)[..], "SEND payload");
     assert_eq!((got[1].0.byte_len, got[1].1), (0, Some(0xc0ffee)));
     let mut landed = vec![0u8; 4096];
     target.read_at(0, &mut landed).unwrap();
@@ -151,7 +151,7 @@ fn ud_side(mut tcp: TcpStream, seed: u8, peer_seed: u8) -> rdma_verbs::UdPeer {
     let got = drain(&mut cq, &mut sq, &mut rq, 1, 1);
     let (d, _, src_qp) = &got[0];
     assert_eq!(d.byte_len as usize, GRH + n, "a UD receive starts with the 40-byte GRH");
-    assert_eq!(&d.buf[GRH..GRH + n], &pattern(peer_seed, n)[..]);
+    assert_eq!(&d.value[GRH..GRH + n], &pattern(peer_seed, n)[..]);
     assert_eq!(*src_qp, peer.qpn, "the datagram came from the peer's QP");
     barrier(&mut tcp);
     peer

@@ -248,7 +248,7 @@ impl Stream {
             self.sq
                 .complete(w, |d| {
                     seen.push(Seen { id: d.id, status: d.status, at });
-                    free.push(d.buf);
+                    free.push(d.value);
                 })
                 .unwrap();
         }
@@ -606,7 +606,7 @@ impl Active {
         let mut wc = poll_one(&mut me.cq_b);
         let got = me.rq.complete(&mut wc).unwrap();
         assert_eq!((got.id, got.status, got.byte_len), (0, WcStatus::Success, 1000));
-        me.bufs.push(got.buf);
+        me.bufs.push(got.value);
         me
     }
 
@@ -620,7 +620,7 @@ impl Active {
         self.sq
             .complete(&mut wc, |d| {
                 out = Some((d.id, d.status));
-                bufs.push(d.buf);
+                bufs.push(d.value);
             })
             .unwrap();
         out.unwrap()

@@ -1,4 +1,4 @@
-//! Prepared requests (`PreparedQueue`): checked and built once, posted many times; every
+//! Prepared requests (`PreparedSendQueue`): checked and built once, posted many times; every
 //! byte that arrives is compared with what the round wrote.
 
 use rdma_verbs::Chunk;
@@ -6,7 +6,7 @@ use rdma_verbs::{
     AccessFlags, AlignedBuf, CompletionQueue, Error, MemoryRegion, ProtectionDomain, QpAccess, QueuePair, Refused,
     RemoteWritable, WcOpcode, WcStatus,
 };
-use rdma_verbs::{Done, Prepared, PreparedQueue, RecvQueue, SendWr};
+use rdma_verbs::{Done, PreparedSend, PreparedSendQueue, RecvQueue, SendWr};
 
 use crate::datapath::{chunks, poll_one, rc_pair, rc_pair_with, Side};
 use crate::LeakCheck;
@@ -14,12 +14,12 @@ use crate::LeakCheck;
 /// A side whose send side is claimed for prepared requests.
 pub struct PSide {
     cq: CompletionQueue,
-    pub pq: PreparedQueue<Chunk>,
+    pub pq: PreparedSendQueue<Chunk>,
     _rq: RecvQueue<Chunk>,
     qp: QueuePair,
 }
 
-/// Gives up a side's `SendQueue` (the claim passes on) and takes a `PreparedQueue`.
+/// Gives up a side's `SendQueue` (the claim passes on) and takes a `PreparedSendQueue`.
 pub fn prepared_side(side: Side<Chunk>) -> PSide {
     prepared(side)
 }
@@ -27,7 +27,7 @@ pub fn prepared_side(side: Side<Chunk>) -> PSide {
 fn prepared(side: Side<Chunk>) -> PSide {
     let Side { cq, sq, rq, qp } = side;
     drop(sq);
-    let pq = qp.prepared_queue::<Chunk>().unwrap();
+    let pq = qp.prepared_send_queue::<Chunk>().unwrap();
     PSide { cq, pq, _rq: rq, qp }
 }
 
@@ -53,7 +53,7 @@ pub fn bytes(r: u64, k: u64, len: usize) -> Vec<u8> {
 }
 
 #[track_caller]
-fn prepare(pq: &PreparedQueue<Chunk>, wr: SendWr<Chunk>) -> Prepared<Chunk> {
+fn prepare(pq: &PreparedSendQueue<Chunk>, wr: SendWr<Chunk>) -> PreparedSend<Chunk> {
     pq.prepare(wr).unwrap()
 }
 
@@ -65,7 +65,7 @@ pub fn posted<X>(r: Result<(), Refused<X>>) {
 }
 
 /// Polls until `n` prepared requests have come back, in order of completion.
-fn back(s: &mut PSide, n: usize) -> Vec<Done<Prepared<Chunk>>> {
+fn back(s: &mut PSide, n: usize) -> Vec<Done<PreparedSend<Chunk>>> {
     let mut out = Vec::new();
     while out.len() < n {
         let mut wc = poll_one(&mut s.cq);
@@ -92,7 +92,7 @@ fn a_prepared_write_posted_100_times_lands_each_rounds_bytes_and_comes_back_each
         let d = done.pop().unwrap();
         assert_eq!((d.id, d.status), (77, WcStatus::Success), "round {r}");
         assert_eq!(read_back(&t, 96, 3000), want, "round {r}: the target holds other bytes");
-        p = d.buf;
+        p = d.value;
     }
     assert_eq!(read_back(&t, 0, 96), vec![0u8; 96], "bytes before the target range are untouched");
     assert_eq!(a.pq.outstanding(), 0);
@@ -132,15 +132,15 @@ fn a_batch_of_prepared_sends_arrives_in_order_round_after_round_and_unsignaled_o
         assert_eq!(a.pq.complete(&mut wc, |d| came.push(d)).unwrap(), K, "one completion releases the batch");
         assert_eq!(came.iter().map(|d| d.id).collect::<Vec<_>>(), (0..K as u64).collect::<Vec<_>>());
         assert!(came.iter().all(|d| d.status == WcStatus::Success));
-        ps.extend(came.into_iter().map(|d| d.buf));
+        ps.extend(came.into_iter().map(|d| d.value));
         for k in 0..K {
             let mut wc = poll_one(&mut b.cq);
             assert_eq!(wc.opcode(), WcOpcode::Recv);
             let d = b.rq.complete(&mut wc).unwrap();
             let n = LEN - k;
             assert_eq!((d.id, d.status, d.byte_len as usize), (k as u64, WcStatus::Success, n), "round {r}");
-            assert_eq!(d.buf[..n], bytes(r, k as u64, n), "round {r}, message {k}");
-            rbufs.push(d.buf);
+            assert_eq!(d.value[..n], bytes(r, k as u64, n), "round {r}, message {k}");
+            rbufs.push(d.value);
         }
     }
     assert_eq!(a.pq.outstanding() + b.rq.outstanding(), 0);
@@ -180,7 +180,7 @@ fn changing_a_prepared_requests_range_or_target_is_checked_again_and_a_refusal_c
     let mut wc = poll_one(&mut b.cq);
     let d = b.rq.complete(&mut wc).unwrap();
     assert_eq!(d.byte_len, 1000);
-    assert_eq!(d.buf[..1000], bytes(1, 0, 1000));
+    assert_eq!(d.value[..1000], bytes(1, 0, 1000));
     assert_eq!(read_back(&t, 5000, 2000), bytes(2, 0, 2000));
     assert_eq!(read_back(&t, 0, 100), vec![0u8; 100], "the old target is untouched");
 }
@@ -209,7 +209,7 @@ fn a_request_prepared_for_a_qp_with_more_inline_room_is_refused_before_c_by_anot
     assert_eq!(back(&mut big, 1)[0].id, 4);
     let mut wc = poll_one(&mut big_peer.cq);
     let d = big_peer.rq.complete(&mut wc).unwrap();
-    assert_eq!(d.buf[..len], bytes(3, 0, len));
+    assert_eq!(d.value[..len], bytes(3, 0, len));
     // A send queue and a prepared queue of one QP exclude each other.
     assert!(small.qp.send_queue::<Chunk>().is_err(), "the send side is already claimed");
     drop(small.pq);
@@ -260,7 +260,7 @@ fn a_full_prepared_queue_refuses_before_c_and_a_dropped_one_keeps_its_requests_u
     let (pd, a, b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
     let Side { cq, sq, rq: _rq, qp } = a;
     drop(sq);
-    let mut pq = qp.prepared_queue_with_depth::<Chunk>(4).unwrap();
+    let mut pq = qp.prepared_send_queue_with_depth::<Chunk>(4).unwrap();
     let t = target(&pd, 4096);
     b.qp.reset().unwrap();
     let ps: Vec<_> = chunks(&pd, 6, 64, AccessFlags::LOCAL_WRITE)
@@ -297,7 +297,7 @@ fn a_ud_qp_refuses_a_send_without_an_address_handle_and_an_rc_qp_one_with_it_bef
     let Refused { error: e, value: _ } = sq.post_batch([wr]).unwrap_err();
     assert!(what(&e).contains("address handle"), "{e}");
     drop(sq);
-    let pq = ud.prepared_queue::<Chunk>().unwrap();
+    let pq = ud.prepared_send_queue::<Chunk>().unwrap();
     let Refused { error: e, value: _ } = pq.prepare(SendWr::send(bufs.pop().unwrap(), 0..64)).unwrap_err();
     assert!(what(&e).contains("address handle"), "{e}");
     drop(pq);

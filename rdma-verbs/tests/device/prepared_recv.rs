@@ -46,7 +46,7 @@ fn send_round(a: &mut Side<Chunk>, srcs: &mut Vec<Chunk>, r: u64, n: usize) {
         let mut wc = poll_one(&mut a.cq);
         a.sq.complete(&mut wc, |d| {
             assert_eq!(d.status, WcStatus::Success);
-            srcs.push(d.buf)
+            srcs.push(d.value)
         })
         .unwrap();
     }
@@ -78,7 +78,7 @@ fn prepared_receives_posted_again_each_round_hand_back_the_bytes_that_arrived_an
         for (k, d) in received(&mut b, 4).into_iter().enumerate() {
             assert_eq!((d.id, d.status, d.op, d.byte_len), (100 + k as u64, WcStatus::Success, WcOpcode::Recv, 64));
             assert_eq!(d.qp_num, b.qp.qp_num());
-            let p = d.result().unwrap().buf;
+            let p = d.result().unwrap().value;
             assert_eq!((p.id(), p.range()), (100 + k as u64, 0..2 * LEN));
             assert_eq!(p.buf()[..LEN], bytes(r, k as u64, LEN)[..], "round {r}: receive {k}'s bytes");
             recvs.push(p);
@@ -90,7 +90,7 @@ fn prepared_receives_posted_again_each_round_hand_back_the_bytes_that_arrived_an
     send_round(&mut a, &mut srcs, 99, 1);
     let d = received(&mut b, 1).pop().unwrap();
     assert_eq!(d.id, 7);
-    let (buf, range, id) = d.buf.into_parts();
+    let (buf, range, id) = d.value.into_parts();
     assert_eq!((buf.len(), range, id), (2 * LEN, 0..2 * LEN, 7));
     assert_eq!(buf[..LEN], bytes(99, 0, LEN)[..]);
 }
@@ -133,6 +133,6 @@ fn a_prepared_receive_is_refused_before_c_for_another_pd_a_bad_range_or_a_full_q
     let got = received(&mut b, 2);
     assert_eq!(got.iter().map(|d| d.id).collect::<Vec<_>>(), [3, 4]);
     for (k, d) in got.iter().enumerate() {
-        assert_eq!(d.buf.buf()[..LEN], bytes(1, k as u64, LEN)[..]);
+        assert_eq!(d.value.buf()[..LEN], bytes(1, k as u64, LEN)[..]);
     }
 }

@@ -71,7 +71,7 @@ fn send_imm_round(
         let mut wc = poll_one(&mut a.cq);
         a.sq.complete(&mut wc, |d| {
             statuses.push(d.status);
-            srcs.push(d.buf)
+            srcs.push(d.value)
         })
         .unwrap();
     }
@@ -130,7 +130,7 @@ fn a_receive_chain_posted_again_each_round_hands_back_every_receives_bytes_and_l
         assert!(came.is_empty());
         assert_eq!((d.id, d.status, d.op, d.qp_num), (100, WcStatus::Success, WcOpcode::Recv, b.qp.qp_num()));
         assert_eq!(d.byte_len as usize, len_of(r, 31), "the last receive's length");
-        let c = d.result().unwrap().buf;
+        let c = d.result().unwrap().value;
         check_arrived(&c, r, 100);
         chain = Some(c);
     }
@@ -169,9 +169,9 @@ fn complete_all_stops_at_a_strangers_completion_inside_a_chain_leaving_it_and_th
     assert_eq!(b.rq.outstanding(), 4);
     // The rest: the first chain (its third member next), then the second.
     assert_eq!(b.rq.complete_all(&mut wcs[3..], |d| came.push(d)).unwrap(), 4);
-    assert_eq!(came.iter().map(|d| (d.id, d.buf.len())).collect::<Vec<_>>(), [(0, 4), (4, 2)]);
+    assert_eq!(came.iter().map(|d| (d.id, d.value.len())).collect::<Vec<_>>(), [(0, 4), (4, 2)]);
     assert_eq!(b.rq.outstanding(), 0);
-    for (k, m) in came[0].buf.iter().chain(came[1].buf.iter()).enumerate() {
+    for (k, m) in came[0].value.iter().chain(came[1].value.iter()).enumerate() {
         assert_eq!(m.byte_len() as usize, lens[k]);
         assert_eq!(m.buf()[..lens[k]], bytes(0, k as u64, lens[k])[..], "receive {k}'s bytes");
     }
@@ -237,7 +237,7 @@ fn a_receive_chain_is_refused_before_c_when_empty_too_long_bad_full_or_for_anoth
     for mut wc in poll_n(&mut b, 3) {
         b.rq.complete(&mut wc, |d| came.push(d)).unwrap();
     }
-    let c = came.pop().unwrap().result().unwrap().buf;
+    let c = came.pop().unwrap().result().unwrap().value;
     for (k, m) in c.iter().enumerate() {
         assert_eq!(m.buf()[..], bytes(1, k as u64, LEN)[..]);
     }
@@ -273,7 +273,7 @@ fn immediate_data_shows_on_each_receive_whose_message_carried_it_and_never_from_
                 b.rq.complete(wc, |d| came.push(d)).unwrap();
             }
         }
-        let c = came.pop().unwrap().result().unwrap().buf;
+        let c = came.pop().unwrap().result().unwrap().value;
         for (k, m) in c.iter().enumerate() {
             assert_eq!(m.imm_data(), imms[k], "round {r}: receive {k}");
             assert_eq!(m.buf()[..], bytes(r as u64, k as u64, LEN)[..], "round {r}: receive {k}'s bytes");
@@ -301,13 +301,13 @@ fn a_send_longer_than_its_receive_fails_the_chain_which_reports_that_first_failu
     let d = came.pop().unwrap();
     assert!(came.is_empty(), "the chain comes back once");
     // A local length error (rxe reports a local QP operation error), then a flush.
-    let statuses: Vec<WcStatus> = d.buf.iter().map(|m| m.status()).collect();
+    let statuses: Vec<WcStatus> = d.value.iter().map(|m| m.status()).collect();
     let bad = statuses[1];
     assert!(matches!(bad, WcStatus::LocLenErr | WcStatus::LocQpOpErr), "{statuses:?}");
     assert_eq!(statuses, [WcStatus::Success, bad, WcStatus::WrFlushErr]);
     assert_eq!((d.id, d.status, d.qp_num), (10, bad, b.qp.qp_num()), "the first failure, named by the first id");
-    assert_eq!(d.buf.get(0).unwrap().byte_len() as usize, LEN);
-    assert_eq!(d.buf.get(0).unwrap().buf()[..], bytes(0, 0, LEN)[..]);
+    assert_eq!(d.value.get(0).unwrap().byte_len() as usize, LEN);
+    assert_eq!(d.value.get(0).unwrap().buf()[..], bytes(0, 0, LEN)[..]);
     let (e, chain) = d.result().unwrap_err().into_parts();
     assert!(matches!(e, rdma_verbs::Error::WorkCompletion { id: Some(10), status, .. } if status == bad), "{e}");
     assert_eq!(chain.len(), 3);
@@ -380,7 +380,7 @@ fn a_receive_chain_whose_sequence_numbers_wrap_inside_it_comes_back_whole_with_e
         assert_eq!(came.len(), 1, "round {r}: the chain comes back once");
         let d = came.pop().unwrap();
         assert_eq!((d.id, d.status, d.byte_len as usize), (100, WcStatus::Success, len_of(r, 31)));
-        let c = d.result().unwrap().buf;
+        let c = d.result().unwrap().value;
         check_arrived(&c, r, 100);
         chain = Some(c);
     }

@@ -77,8 +77,8 @@ fn received(u: &mut Ud, data: &[u8], from: u32) -> (WorkCompletion, Done<Chunk>)
     assert_eq!(got.byte_len as usize, GRH_LEN + data.len(), "byte_len counts the GRH");
     assert!(wc.wc_flags().contains(WcFlags::GRH), "{wc:?}");
     assert_eq!(wc.src_qp(), from, "source QP");
-    assert_eq!(&got.buf[GRH_LEN..GRH_LEN + data.len()], data, "datagram bytes");
-    assert!(got.buf[GRH_LEN + data.len()..].iter().all(|&b| b == UNTOUCHED), "bytes past the datagram");
+    assert_eq!(&got.value[GRH_LEN..GRH_LEN + data.len()], data, "datagram bytes");
+    assert!(got.value[GRH_LEN + data.len()..].iter().all(|&b| b == UNTOUCHED), "bytes past the datagram");
     (wc, got)
 }
 
@@ -111,7 +111,7 @@ fn a_receiver_replies_through_an_ah_built_from_the_datagrams_completion_and_the_
     let (wc, got) = received(&mut b, &ask, a.qp.qp_num());
 
     // The address the datagram came from: A's GID, sent from the GID it arrived on.
-    let attr = AhAttr::from_completion(&ctx, 1, &wc, &got.buf[..GRH_LEN]).unwrap();
+    let attr = AhAttr::from_completion(&ctx, 1, &wc, &got.value[..GRH_LEN]).unwrap();
     eprintln!("AhAttr from the completion: {attr:?}");
     match attr.remote {
         Remote::Gid { gid, sgid_index, .. } => {
@@ -120,7 +120,7 @@ fn a_receiver_replies_through_an_ah_built_from_the_datagrams_completion_and_the_
         }
         other => panic!("a RoCE reply is addressed by GID: {other:?}"),
     }
-    let reply_ah = AddressHandle::from_completion(&pd, 1, &wc, &got.buf[..GRH_LEN]).unwrap();
+    let reply_ah = AddressHandle::from_completion(&pd, 1, &wc, &got.value[..GRH_LEN]).unwrap();
     assert_eq!(reply_ah.attr(), &attr);
     let reply = bytes(2, 200);
     send(&pd, &mut b, &reply_ah, wc.src_qp(), &reply);
@@ -133,10 +133,10 @@ fn a_receiver_replies_through_an_ah_built_from_the_datagrams_completion_and_the_
         let text = e.to_string();
         assert!(text.starts_with("AhAttr::from_completion: invalid argument: ") && text.contains(want), "{text}");
     };
-    refused(AhAttr::from_completion(&ctx, 1, &send_wc, &got.buf[..GRH_LEN]), "is not a receive");
-    refused(AhAttr::from_completion(&ctx, 1, &wc, &got.buf[..GRH_LEN - 1]), "grh has 39 bytes");
-    refused(AhAttr::from_completion(&ctx, 2, &wc, &got.buf[..GRH_LEN]), "port 2 does not exist");
-    let e = AddressHandle::from_completion(&pd, 1, &WorkCompletion::EMPTY, &got.buf[..GRH_LEN]).unwrap_err();
+    refused(AhAttr::from_completion(&ctx, 1, &send_wc, &got.value[..GRH_LEN]), "is not a receive");
+    refused(AhAttr::from_completion(&ctx, 1, &wc, &got.value[..GRH_LEN - 1]), "grh has 39 bytes");
+    refused(AhAttr::from_completion(&ctx, 2, &wc, &got.value[..GRH_LEN]), "port 2 does not exist");
+    let e = AddressHandle::from_completion(&pd, 1, &WorkCompletion::EMPTY, &got.value[..GRH_LEN]).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { verb: Verb::AhFromCompletion, .. }), "{e:?}");
     quiet(&mut a.cq, "nothing more reaches the sender");
 }

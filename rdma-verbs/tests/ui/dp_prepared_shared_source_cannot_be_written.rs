@@ -2,9 +2,9 @@
 // the chunk may be posted elsewhere, and the device reads them.
 use std::sync::Arc;
 
-use rdma_verbs::{Chunk, Prepared};
+use rdma_verbs::{Chunk, PreparedSend};
 
-fn write_shared(p: &mut Prepared<Arc<Chunk>>) {
+fn write_shared(p: &mut PreparedSend<Arc<Chunk>>) {
     p.bytes_mut()[0] = 1;
 }
 

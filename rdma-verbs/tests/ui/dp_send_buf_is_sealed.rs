@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use rdma_verbs::ffi;
 use rdma_verbs::{ExclusiveBuf, PdId, SendBuf};
-use rdma_verbs::Result;
+use rdma_verbs::{Result, Verb};
 
 struct Forged(u64, u32);
 
@@ -14,7 +14,7 @@ impl SendBuf for Forged {
     fn total_len(&self) -> usize {
         4096
     }
-    fn sges(&self, _range: Range<usize>, _pd: PdId, out: &mut [MaybeUninit<ffi::ibv_sge>; 8]) -> Result<usize> {
+    fn sges(&self, _: Verb, _: Range<usize>, _: PdId, out: &mut [MaybeUninit<ffi::ibv_sge>; 8]) -> Result<usize> {
         out[0].write(ffi::ibv_sge { addr: self.0, length: 4096, lkey: self.1 });
         Ok(1)
     }

@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     wc.ok()?;
-    sq.complete(&mut wc, |done| drop(done.buf))?;
+    sq.complete(&mut wc, |done| drop(done.value))?;
 
     let mut landed = [0u8; 64];
     target.read_at(0, &mut landed)?;

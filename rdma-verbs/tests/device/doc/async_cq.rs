@@ -34,8 +34,8 @@ fn main() -> rdma_verbs::Result<()> {
             }
         }
         // A failure names the operation, your id and the QP (`Done::result`).
-        let (got, _src) = (got.unwrap(), sent.unwrap()?.buf);
-        assert_eq!(&got.buf[..5], b"hello");
+        let (got, _src) = (got.unwrap(), sent.unwrap()?.value);
+        assert_eq!(&got.value[..5], b"hello");
         Ok(())
     })
 }

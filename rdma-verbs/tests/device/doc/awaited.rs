@@ -25,8 +25,8 @@ fn main() -> rdma_verbs::Result<()> {
 
         // Each await hands its request back: the buffer, your id, how it ended.
         let got = rq.wait(received).await?.result()?;
-        assert_eq!((got.id, &got.buf[..5]), (1, &b"hello"[..]));
-        let src = sq.wait(sent).await?.result()?.buf;
+        assert_eq!((got.id, &got.value[..5]), (1, &b"hello"[..]));
+        let src = sq.wait(sent).await?.result()?.value;
         drop((src, got));
         Ok(())
     })

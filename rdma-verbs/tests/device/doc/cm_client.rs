@@ -53,7 +53,7 @@ fn send(cq: &mut CompletionQueue, sq: &mut SendQueue<Chunk>, mut buf: Chunk, msg
 /// Waits for the next receive and returns its bytes.
 fn receive(cq: &mut CompletionQueue, rq: &mut RecvQueue<Chunk>) -> Result<Vec<u8>, BoxError> {
     let done = rq.complete(&mut poll(cq)?)?.result()?;
-    Ok(done.buf[..done.byte_len as usize].to_vec())
+    Ok(done.value[..done.byte_len as usize].to_vec())
 }
 
 fn poll(cq: &mut CompletionQueue) -> rdma_verbs::Result<rdma_verbs::WorkCompletion> {

@@ -38,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             for wc in done {
                 if wc.opcode().is_recv() {
-                    received.push(rq.complete(wc)?.result()?.buf[0]);
+                    received.push(rq.complete(wc)?.result()?.value[0]);
                 } else {
                     sq.complete(wc, |done| sent.push(done.result()))?;
                 }

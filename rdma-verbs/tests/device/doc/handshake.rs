@@ -49,7 +49,7 @@ fn side(mut tcp: TcpStream, msg: &[u8]) -> Result<Vec<u8>, BoxError> {
         let Some(mut wc) = cq.poll_one()? else { continue };
         if wc.opcode().is_recv() {
             let done = rq.complete(&mut wc)?.result()?;
-            heard = Some(done.buf[..done.byte_len as usize].to_vec());
+            heard = Some(done.value[..done.byte_len as usize].to_vec());
         } else {
             sq.complete(&mut wc, |done| sent = Some(done.result()))?;
         }

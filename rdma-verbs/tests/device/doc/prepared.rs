@@ -21,7 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut chunks = pd.register(AlignedBuf::new(2 * N * LEN)?, AccessFlags::LOCAL_WRITE)?.into_chunks(LEN)?;
     let dsts = chunks.split_off(N);
     // Each request is checked against its QP (protection domain, SGE limits) once, here.
-    let mut sq = a.chain_queue::<Chunk>()?;
+    let mut sq = a.send_chain_queue::<Chunk>()?;
     let mut rq = b.prepared_recv_queue::<Chunk>()?;
     let wrs = chunks.into_iter().enumerate().map(|(i, c)| SendWr::send(c, 0..LEN).id(i as u64));
     let mut chain = sq.prepare_chain(wrs)?;
@@ -42,8 +42,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         while recvs.len() < N {
             if let Some(mut wc) = cq_b.poll_one()? {
                 let done = rq.complete(&mut wc)?.result()?; // a failure names the receive
-                assert_eq!(done.buf.buf()[..LEN], [round * 16 + done.id as u8; LEN]);
-                recvs.push(done.buf);
+                assert_eq!(done.value.buf()[..LEN], [round * 16 + done.id as u8; LEN]);
+                recvs.push(done.value);
             }
         }
         // The chain comes back once, with the completion of its last SEND.
@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let mut back = None;
                 sq.complete(&mut wc, |done| back = Some(done))?;
                 if let Some(done) = back {
-                    break done.result()?.buf;
+                    break done.result()?.value;
                 }
             }
         };

@@ -43,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // and the QP.
     let mut written = None;
     sq.complete(&mut wc, |done| written = Some(done.result()))?;
-    let _src = written.ok_or("the WRITE's completion")??.buf;
+    let _src = written.ok_or("the WRITE's completion")??.value;
 
     // An RC write completes once the peer acknowledged it: the bytes are in `b`'s memory.
     let mut landed = [0u8; 5];

@@ -33,7 +33,7 @@ fn main() -> rdma_verbs::Result<()> {
             }
         }
     }
-    let (got, _src) = (got.unwrap(), sent.unwrap()?.buf);
-    assert_eq!(&got.buf[..5], b"hello");
+    let (got, _src) = (got.unwrap(), sent.unwrap()?.value);
+    assert_eq!(&got.value[..5], b"hello");
     Ok(())
 }

@@ -20,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut chunks = pd.register(AlignedBuf::new(2 * N * LEN)?, AccessFlags::LOCAL_WRITE)?.into_chunks(LEN)?;
     let dsts = chunks.split_off(N);
-    let mut sq = a.chain_queue::<Chunk>()?;
+    let mut sq = a.send_chain_queue::<Chunk>()?;
     let mut rq = b.recv_chain_queue::<Chunk>()?;
     // Each receive is checked against the QP (protection domain, SGE limit) once, here.
     let mut recvs = Some(rq.prepare_chain(dsts.into_iter().enumerate().map(|(i, c)| (c, 0..LEN, i as u64)))?);
@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let polled = cq_b.poll(&mut wcs)?;
             rq.complete_all(polled, |done| back = Some(done))?;
         }
-        let chain = back.ok_or("the receive chain")?.result()?.buf; // a failure names it
+        let chain = back.ok_or("the receive chain")?.result()?.value; // a failure names it
         for (i, r) in chain.iter().enumerate() {
             assert_eq!(r.byte_len() as usize, LEN - i); // what arrived in receive i
             assert_eq!(r.buf()[..LEN - i], vec![round * 16 + i as u8; LEN - i][..]);
@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let mut back = None;
                 sq.complete(&mut wc, |done| back = Some(done))?;
                 if let Some(done) = back {
-                    break done.result()?.buf;
+                    break done.result()?.value;
                 }
             }
         };

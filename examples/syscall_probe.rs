@@ -275,13 +275,26 @@ fn drain(
             each(wc)?;
             got += 1;
         }
-        empty = if done.is_empty() { empty + 1 } else { 0 };
+        empty = if done.is_empty() { empty_poll(empty) } else { 0 };
         if empty == 1 << 20 {
             empty = 0;
             still_waiting(&mut deadline, got, want)?;
         }
     }
     Ok(())
+}
+
+/// Empty polls of the measured phase: where SYSCALL_PROBE_SETTLE let the device finish
+/// first there are none, and any counted means timing leaked into the instruction count
+/// (the probe reports them at the end; scripts/instructions runs such a count again).
+static EMPTY_POLLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts an empty poll (out of line: the path a settled run never takes).
+#[cold]
+#[inline(never)]
+fn empty_poll(run: u32) -> u32 {
+    EMPTY_POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    run + 1
 }
 
 /// After a long run of empty polls: fails once 30 s have passed since the first such run.
@@ -310,7 +323,7 @@ fn drain_raw(cq: *mut ffi::ibv_cq, wcs: &mut RawWcs, want: usize) -> Res<()> {
             }
         }
         got += n;
-        empty = if n == 0 { empty + 1 } else { 0 };
+        empty = if n == 0 { empty_poll(empty) } else { 0 };
         if empty == 1 << 20 {
             empty = 0;
             still_waiting(&mut deadline, got, want)?;
@@ -354,7 +367,7 @@ fn drain_all(
     while got < want {
         let done = cq.poll(wcs)?;
         got += done.len();
-        empty = if done.is_empty() { empty + 1 } else { 0 };
+        empty = if done.is_empty() { empty_poll(empty) } else { 0 };
         take(done)?;
         if empty == 1 << 20 {
             empty = 0;
@@ -744,7 +757,10 @@ fn probe(phase: Phase, what: &str) -> Res<()> {
     eprintln!("syscall_probe: setup done, measuring: {what}");
     start_instrumentation();
     run(phase, &mut lo)?;
-    eprintln!("syscall_probe: measured phase done");
+    eprintln!(
+        "syscall_probe: measured phase done ({} empty polls)",
+        EMPTY_POLLS.load(std::sync::atomic::Ordering::Relaxed)
+    );
     // Exit without tearing down: the kernel releases everything, and teardown, which
     // differs with what is still posted, stays out of the counts.
     std::process::exit(0)

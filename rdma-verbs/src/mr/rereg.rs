@@ -102,10 +102,11 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
     ///   [`Error::InvalidArgument`] naming [`Verb::MrRereg`]; `ON_DEMAND` is checked against
     ///   the device's `odp_caps` as [`register_on_demand`](ProtectionDomain::register_on_demand) does.
     /// - On success the region reports the keys the provider holds now: a provider may
-    ///   issue new ones (rxe does), and peers must be sent the new
+    ///   issue new ones (mlx5 keeps the old ones where it can), and peers must be sent the new
     ///   [`remote`](MemoryRegion::remote) descriptor; requests carrying the old rkey fail.
     /// - On failure, see [`ReregError`]: the region comes back when the C library says it
-    ///   is unchanged.
+    ///   is unchanged. rxe of Linux 6.1 has no rereg: [`Error::NotSupported`] naming
+    ///   [`Verb::ReregMr`] and `EOPNOTSUPP`, with the region handed back as it was.
     #[doc(alias = "ibv_rereg_mr")]
     pub fn rereg_access<A2: AccessMode>(
         self,

@@ -43,8 +43,8 @@ fn read(side: &mut Side<Chunk>, dst: Chunk, len: usize, remote: RemoteMr) -> Vec
     got
 }
 
-/// rereg_access adding REMOTE_WRITE: where the kernel implements rereg (rxe from Linux
-/// 6.2 on, mlx5), a peer's WRITE lands under the new rkey and the old rkey, if changed,
+/// rereg_access adding REMOTE_WRITE: where the kernel implements rereg (mlx5; rxe of a
+/// kernel newer than 6.1 whose driver has rereg_user_mr), a peer's WRITE lands under the new rkey and the old rkey, if changed,
 /// is refused; where it does not (rxe of Linux 6.1, the test bed), the refusal is
 /// NotSupported naming ibv_rereg_mr and EOPNOTSUPP, the region comes back, and it still
 /// serves a peer's READ under its old rkey while refusing its WRITE. Bytes checked in both.
@@ -200,4 +200,43 @@ fn rxe_has_no_xrc_device_memory_thread_or_parent_domains_and_each_refusal_names_
     eprintln!("{e}");
     // The PD is still whole after the refusal: a region registers in it.
     pd.register(AlignedBuf::new(64).unwrap(), AccessFlags::LOCAL_WRITE).unwrap();
+}
+
+/// rereg_buffer moving a remote-writable region to a new buffer: where the kernel
+/// implements translation changes, the old buffer comes back with its bytes and a peer's
+/// WRITE lands in the new one; on rxe of Linux 6.1 the refusal is NotSupported naming
+/// ibv_rereg_mr, and the region, handed back, still takes the peer's WRITE in the old one.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn rereg_buffer_moves_a_peers_write_to_the_new_buffer_or_is_not_supported_and_the_old_region_still_takes_it() {
+    let _leaks = LeakCheck::new();
+    let (pd, mut a, b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
+    const LEN: usize = 4096;
+    let mut target = pd.register_remote_writable(AlignedBuf::new(LEN).unwrap(), AccessFlags::REMOTE_WRITE).unwrap();
+    target.write_at(0, b"old buffer").unwrap();
+    let mut srcs = chunks(&pd, 1, LEN, AccessFlags::LOCAL_WRITE);
+    let data = pattern(11, 512);
+    let empty = AlignedBuf::new(LEN).unwrap();
+    match target.rereg_buffer::<AlignedBuf, RemoteWritable>(empty, AccessFlags::REMOTE_WRITE) {
+        Ok((target, old)) => {
+            assert_eq!(&old[..10], b"old buffer", "the old buffer comes back with its bytes");
+            let status = write(&mut a, srcs.pop().unwrap(), &data, target.remote().unwrap());
+            assert_eq!(status, WcStatus::Success);
+            let got = read_all(&target);
+            assert_eq!(&got[..512], &data[..], "the peer's bytes are in the new buffer");
+            assert_eq!(&old[..10], b"old buffer", "and not in the old one");
+            drop((a, b, srcs, target));
+        }
+        Err(e) => {
+            assert!(
+                matches!(&e.error, Error::NotSupported { verb: Verb::ReregMr, errno: Some(libc::EOPNOTSUPP), .. }),
+                "{e}"
+            );
+            let target = e.region.expect("a command the kernel does not implement leaves the region as it was");
+            let status = write(&mut a, srcs.pop().unwrap(), &data, target.remote().unwrap());
+            assert_eq!(status, WcStatus::Success, "the region is still registered as before");
+            assert_eq!(&read_all(&target)[..512], &data[..], "the peer's bytes landed in the old buffer");
+            drop((a, b, srcs, target));
+        }
+    }
 }

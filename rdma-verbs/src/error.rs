@@ -232,6 +232,35 @@ verbs! {
     /// [`QueuePair::attach_multicast`](crate::QueuePair::attach_multicast), refusing before
     /// `ibv_attach_mcast`.
     QpAttachMulticast = "QueuePair::attach_multicast", Control;
+    ReregMr = "ibv_rereg_mr", Control;
+    /// [`MemoryRegion::rereg_access`](crate::MemoryRegion::rereg_access) and
+    /// [`rereg_buffer`](crate::MemoryRegion::rereg_buffer), refusing before `ibv_rereg_mr`.
+    MrRereg = "MemoryRegion::rereg", Control;
+    AdviseMr = "ibv_advise_mr", Control;
+    /// [`MemoryRegion::advise`](crate::MemoryRegion::advise), refusing before `ibv_advise_mr`.
+    MrAdvise = "MemoryRegion::advise", Control;
+    /// [`ProtectionDomain::register_on_demand`](crate::ProtectionDomain::register_on_demand),
+    /// refusing before `ibv_reg_mr` when the device has no ODP.
+    PdRegisterOnDemand = "ProtectionDomain::register_on_demand", Control;
+    OpenXrcd = "ibv_open_xrcd", Control;
+    CloseXrcd = "ibv_close_xrcd", Control;
+    /// [`XrcDomain::open`](crate::XrcDomain::open), refusing before `ibv_open_xrcd`.
+    XrcDomainOpen = "XrcDomain::open", Control;
+    AllocDm = "ibv_alloc_dm", Control;
+    FreeDm = "ibv_free_dm", Control;
+    MemcpyToDm = "ibv_memcpy_to_dm", Data;
+    MemcpyFromDm = "ibv_memcpy_from_dm", Data;
+    /// [`DeviceMemory::alloc`](crate::DeviceMemory::alloc), refusing before `ibv_alloc_dm`.
+    DeviceMemoryAlloc = "DeviceMemory::alloc", Control;
+    /// [`DeviceMemory::copy_to`](crate::DeviceMemory::copy_to) and
+    /// [`copy_from`](crate::DeviceMemory::copy_from), refusing before the copy.
+    DeviceMemoryCopy = "DeviceMemory::copy", Data;
+    AllocTd = "ibv_alloc_td", Control;
+    DeallocTd = "ibv_dealloc_td", Control;
+    AllocParentDomain = "ibv_alloc_parent_domain", Control;
+    /// [`ParentDomain::new`](crate::ParentDomain::new), refusing before
+    /// `ibv_alloc_parent_domain`.
+    ParentDomainNew = "ParentDomain::new", Control;
 }
 
 impl fmt::Display for Verb {

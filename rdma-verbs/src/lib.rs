@@ -137,6 +137,7 @@ mod ah;
 mod aio;
 mod buf;
 mod c_enum;
+mod caps;
 mod cm;
 mod codes;
 pub mod compat;
@@ -144,6 +145,7 @@ mod context;
 mod conv;
 mod cq;
 mod device;
+mod dm;
 mod endpoint;
 mod error;
 mod event;
@@ -154,9 +156,11 @@ mod port;
 mod qp;
 mod queue;
 mod srq;
+mod td;
 mod wc;
 pub mod wire;
 mod wr;
+mod xrc;
 
 pub use ah::{AddressHandle, AhAttr, Remote, DEFAULT_HOP_LIMIT, GRH_LEN};
 #[cfg(feature = "async-io")]
@@ -173,11 +177,13 @@ pub use codes::{QpType, WcOpcode, WcStatus};
 pub use context::Context;
 pub use cq::{CompletionQueue, CqBuilder};
 pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
+pub use dm::DeviceMemory;
 pub use endpoint::{Connection, Handshake, UdPeer};
 pub use error::{Error, Plane, Refused, Result, Verb, WireError};
 pub use event::{AsyncEvent, AsyncEventKind, AsyncEvents, EventSource};
 pub use mr::{
-    page_size, AccessFlags, AccessMode, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr, RemoteWritable,
+    page_size, AccessFlags, AccessMode, Advice, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr,
+    RemoteWritable, ReregError,
 };
 pub use pd::ProtectionDomain;
 pub use port::{choose_roce_gid, Gid, GidEntry, GidType, LinkLayer, Mtu, PhysState, PortAttr, PortState};
@@ -193,5 +199,7 @@ pub use queue::{
     MAX_BATCH,
 };
 pub use srq::{SharedReceiveQueue, SrqAttr};
+pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{WcFlags, WorkCompletion};
 pub use wr::{Done, PostError, SendWr};
+pub use xrc::XrcDomain;

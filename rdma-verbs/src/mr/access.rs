@@ -26,11 +26,16 @@ bitflags::bitflags! {
         /// Remote addresses count from the start of the region instead of being virtual
         /// addresses (used with memory windows).
         const ZERO_BASED = ffi::ibv_access_flags::IBV_ACCESS_ZERO_BASED.0;
-        /// On-demand paging: the pages are not pinned (when the device supports it).
+        /// On-demand paging: the pages are not pinned. Checked against the device's
+        /// `odp_caps` before C (see
+        /// [`ProtectionDomain::register_on_demand`](crate::ProtectionDomain::register_on_demand)).
         const ON_DEMAND = ffi::ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
         /// The memory is backed by huge pages (a hint).
         const HUGETLB = ffi::ibv_access_flags::IBV_ACCESS_HUGETLB.0;
-        /// The device may reorder PCIe writes to the memory; ignored where unsupported.
+        /// The device may reorder its PCIe writes to the memory, for bandwidth on hosts
+        /// where strict ordering costs. A hint: one of the optional access flags, which a
+        /// device or kernel that does not know it ignores (registration does not fail for
+        /// it); it grants peers nothing, so `Local` regions may carry it.
         const RELAXED_ORDERING = ffi::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
         // Keep bits from newer rdma-core releases.
         const _ = !0;

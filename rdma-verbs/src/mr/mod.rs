@@ -16,11 +16,15 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 mod access;
 mod buffer;
+mod odp;
+mod rereg;
 
 use access::effective_access;
 pub(crate) use access::remote_descriptor;
 pub use access::{AccessFlags, AccessMode, Local, RemoteWritable};
 pub use buffer::{page_size, AlignedBuf, RegisterableBuffer};
+pub use odp::Advice;
+pub use rereg::ReregError;
 
 /// What a peer needs to target a region with RDMA READ, WRITE or atomics: its remote
 /// address, length and rkey. Plain data; [`to_bytes`](RemoteMr::to_bytes) and
@@ -237,6 +241,7 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
         }
         let max = pd.context().query_device()?.max_mr_size;
         check_len(len, max)?;
+        odp::check_access(pd, access)?;
         // Every bit is kept: the C parameter is an int holding the flag bits.
         let bits = access.bits() as std::ffi::c_int;
         // SAFETY: the PD is live; `ptr` addresses `len` bytes that stay allocated and

@@ -40,6 +40,7 @@ mod prepared;
 mod prepared_recv;
 mod qp;
 mod recv_chain;
+mod rereg;
 mod tools;
 mod ud_more;
 

@@ -39,7 +39,7 @@ fn read(side: &mut Side<Chunk>, dst: Chunk, len: usize, remote: RemoteMr) -> Vec
     let mut wc = poll_one(&mut side.cq);
     assert_eq!(wc.status(), WcStatus::Success, "{wc:?}");
     let mut got = Vec::new();
-    side.sq.complete(&mut wc, |d| got = d.buf[..len].to_vec()).unwrap();
+    side.sq.complete(&mut wc, |d| got = d.value[..len].to_vec()).unwrap();
     got
 }
 

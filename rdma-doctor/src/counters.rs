@@ -412,6 +412,23 @@ mod tests {
     }
 
     #[test]
+    fn a_version_4_report_with_counters_reads_back_and_a_version_1_report_reads_with_none() {
+        let old = crate::input::parse_report(include_str!("../testdata/node-a.json")).unwrap();
+        assert!(old.observations.counters.is_empty() && old.observations.counter_changes.is_empty());
+        let mut r = old.clone();
+        r.format_version = crate::FORMAT_VERSION;
+        let before = BTreeMap::from([("mlx5_0".to_owned(), read_device(&fixtures().join("mlx5-before"), "mlx5_0"))]);
+        r.observations.counters =
+            BTreeMap::from([("mlx5_0".to_owned(), read_device(&fixtures().join("mlx5-after"), "mlx5_0"))]);
+        r.observations.counter_changes = changes(&before, &r.observations.counters);
+        let json = r.to_json();
+        assert!(json.contains("\"format_version\": 4") && json.contains("hw_counters/out_of_sequence"));
+        assert_eq!(crate::input::parse_report(&json).unwrap(), r);
+        let typo = json.replacen("\"before\": ", "\"befor\": ", 1);
+        assert!(crate::input::parse_report(&typo).unwrap_err().contains("befor"));
+    }
+
+    #[test]
     fn every_class_has_its_layer_and_unknown_names_have_none() {
         assert_eq!(CounterClass::of("rcvd_rnr_err"), Some(CounterClass::Rnr));
         assert_eq!(CounterClass::of("link_downed").map(CounterClass::layer), Some(Layer::Link));

@@ -22,6 +22,10 @@
 //! loads it on first use). Known-bad firmware and driver combinations ([`known_bad`])
 //! become warnings that cite their source; a saved report
 //! ([`Options::compare`]) turns into a list of drifted fields ([`compare`]).
+//! Each port's counters and hw_counters are read before and after the probes
+//! ([`counters`]): those that moved are named by what they are evidence of (a lossy path,
+//! a receiver not ready, timeouts, link downs, congestion, discards), and the whole
+//! diagnosis exports as Prometheus metrics ([`metrics`]).
 //!
 //! It never changes the system: no module is loaded by the doctor, no link touched, no
 //! firmware written (its rdma_cm check is a librdmacm program like any other: on a node

@@ -176,3 +176,28 @@ fn prometheus_output_parses_and_the_metrics_port_answers_a_scrape_over_127_0_0_1
     assert!(head.starts_with("HTTP/1.0 200 OK") && head.contains("openmetrics-text"), "{head}");
     healthy_metrics(body, &name);
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn a_peer_probe_records_the_counters_of_its_device_that_moved_while_it_ran() {
+    let _leaks = LeakCheck::new();
+    let doctor = env!("CARGO_BIN_EXE_rdma-doctor");
+    let dev = device_name();
+    let (mut server, addr) = super::peer::start_server(&rdma_test_support::rdma_ip().to_string());
+    let out = Command::new(doctor)
+        .args(["--peer", &addr, "-d", &dev, "--timeout", "10", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run rdma-doctor --peer");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    let (status, log) = super::peer::server_end(&mut server);
+    assert_eq!(status.code(), Some(0), "{log}");
+    let r: rdma_doctor::peer::PeerReport = serde_json::from_str(&text).expect("one JSON object");
+    assert_eq!(r.format_version, rdma_doctor::peer::PEER_FORMAT_VERSION);
+    assert_eq!(r.format_version, 3);
+    let sent = r.counter_changes.iter().find(|c| c.name == "sent_pkts" && c.device == dev);
+    assert!(sent.is_some_and(|c| c.after > c.before), "{:#?}", r.counter_changes);
+    assert!(r.checks.iter().filter(|c| c.layer == "counters").all(|c| c.ok), "{:#?}", r.checks);
+    assert!(matches!(out.status.code(), Some(0 | 4)), "{text}");
+}

@@ -4,15 +4,18 @@
 //! ```text
 //! rdma-doctor [-d NAME | --all (the default)] [-p PORT] [--json] [--save FILE] [--compare BASELINE.json]
 //!             [--known-bad FILE]... [--ignore PATTERN]... [--expect-rate GBPS]
-//!             [--timeout SECONDS] [--no-loopback] [--memlock-need BYTES]
+//!             [--timeout SECONDS] [--no-loopback] [--memlock-need BYTES] [--prometheus]
 //! rdma-doctor --compare-nodes A.json B.json [C.json ...] [--json] [--ignore PATTERN]...
-//! rdma-doctor --serve [--peer-port PORT] [--once] [-d NAME] [-p PORT] [--timeout SECONDS]
+//! rdma-doctor --serve [--peer-port PORT] [--once] [--metrics-port PORT] [-d NAME] [-p PORT] [--timeout SECONDS]
 //! rdma-doctor --peer HOST[:PORT] [--peer-port PORT] [--json] [-d NAME] [-p PORT] [--timeout SECONDS]
 //! ```
 //!
 //! `--serve` and `--peer` check the path between two nodes end to end ([`crate::peer`]):
 //! exit 0 when every check passed, 4 when one warned (an MTU mismatch, a check that passed
 //! on its retry), 1 when one failed.
+//!
+//! `--prometheus` prints the diagnosis as metrics, and `--serve --metrics-port PORT`
+//! answers `GET /metrics` with them ([`crate::metrics`]).
 //!
 //! Exit status (docs/doctor-json.md): 0 every layer passed and nothing drifted; 1 a
 //! layer failed; 2 usage error (a flag the chosen mode would ignore, a rate that is not a
@@ -57,6 +60,14 @@ pub struct Args {
     /// Print the report as JSON (docs/doctor-json.md) instead of text
     #[arg(long, conflicts_with = "serve")]
     pub json: bool,
+    /// Print the diagnosis as Prometheus metrics (its text exposition format) instead of
+    /// text: counters, each layer's verdict, the versions, the known-bad flag, link rates
+    #[arg(long, conflicts_with_all = ["json", "serve", "peer", "compare_nodes"])]
+    pub prometheus: bool,
+    /// With --serve: also answer HTTP `GET /metrics` on TCP port PORT (the diagnosis made
+    /// when the server started, with the counters read at each scrape)
+    #[arg(long, value_name = "PORT", requires = "serve")]
+    pub metrics_port: Option<u16>,
     /// Also write the JSON report to FILE (a baseline for --compare)
     #[arg(long, value_name = "FILE", conflicts_with = "compare_nodes")]
     pub save: Option<PathBuf>,
@@ -195,9 +206,7 @@ pub fn run(
     let result = match (&args.compare_nodes, &args.peer) {
         (Some(files), _) => nodes(&args, files, out),
         (None, Some(peer)) => probe_peer(&args, peer, out),
-        (None, None) if args.serve => {
-            crate::peer::serve(args.peer_port, args.once, &args.peer_options(), err).map_err(|e| e.to_string())
-        }
+        (None, None) if args.serve => serve(&args, err),
         (None, None) => diagnose_here(&args, out),
     };
     result.unwrap_or_else(|e| {
@@ -218,9 +227,34 @@ fn diagnose_here(args: &Args, out: &mut dyn Write) -> Result<i32, String> {
     if let Some(path) = &args.save {
         std::fs::write(path, report.to_json() + "\n").map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
-    let text = if args.json { report.to_json() + "\n" } else { render(&report) };
+    let text = if args.prometheus {
+        crate::metrics::encode_report(&report, &report.observations.counters)
+    } else if args.json {
+        report.to_json() + "\n"
+    } else {
+        render(&report)
+    };
     out.write_all(text.as_bytes()).map_err(|e| format!("writing the report: {e}"))?;
     Ok(report.exit_code)
+}
+
+/// `--serve`, and with `--metrics-port` the metrics endpoint on a thread of its own: the
+/// diagnosis runs once before either starts (it captures fd 2 while it opens devices).
+fn serve(args: &Args, err: &mut dyn Write) -> Result<i32, String> {
+    if let Some(port) = args.metrics_port {
+        let report = diagnose(&args.options()?)?;
+        let listener = std::net::TcpListener::bind(("0.0.0.0", port))
+            .map_err(|e| format!("listening for metrics on TCP port {port}: {e}"))?;
+        let _ = writeln!(err, "rdma-doctor: metrics at http://0.0.0.0:{port}/metrics");
+        let devices: Vec<String> = report.baseline.devices.keys().cloned().collect();
+        std::thread::spawn(move || {
+            let e = crate::metrics::serve(listener, || {
+                crate::metrics::encode_report(&report, &crate::counters::sample(&devices))
+            });
+            eprintln!("rdma-doctor: the metrics endpoint stopped: {e}");
+        });
+    }
+    crate::peer::serve(args.peer_port, args.once, &args.peer_options(), err).map_err(|e| e.to_string())
 }
 
 fn nodes(args: &Args, files: &[PathBuf], out: &mut dyn Write) -> Result<i32, String> {

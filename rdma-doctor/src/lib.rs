@@ -22,6 +22,10 @@
 //! loads it on first use). Known-bad firmware and driver combinations ([`known_bad`])
 //! become warnings that cite their source; a saved report
 //! ([`Options::compare`]) turns into a list of drifted fields ([`compare`]).
+//! Each port's counters and hw_counters are read before and after the probes
+//! ([`counters`]): those that moved are named by what they are evidence of (a lossy path,
+//! a receiver not ready, timeouts, link downs, congestion, discards), and the whole
+//! diagnosis exports as Prometheus metrics ([`metrics`]).
 //!
 //! It never changes the system: no module is loaded by the doctor, no link touched, no
 //! firmware written (its rdma_cm check is a librdmacm program like any other: on a node
@@ -44,12 +48,14 @@ pub mod cli;
 mod cm_layer;
 mod collect;
 pub mod compare;
+pub mod counters;
 mod device;
 pub mod ethtool;
 pub mod input;
 mod kmsg;
 pub mod known_bad;
 pub mod loopback;
+pub mod metrics;
 mod modules_layer;
 pub mod peer;
 pub mod provider;
@@ -164,7 +170,15 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
         memlock: opts.memlock.unwrap_or_else(collect::memlock),
         devices,
     };
-    let observations = Observations { kernel_log: kmsg::read(opts.kernel_log_lines), verbs_devices, sysfs_devices };
+    let mut observations = Observations {
+        kernel_log: kmsg::read(opts.kernel_log_lines),
+        verbs_devices,
+        sysfs_devices,
+        ..Observations::default()
+    };
+    // Sampled around the probes: what moved while they ran is evidence of the data plane.
+    let examined: Vec<String> = baseline.devices.keys().cloned().collect();
+    let before = counters::sample(&examined);
 
     let mut want = expectations(opts, &selected, &baseline, reference);
     want.providers = providers;
@@ -178,6 +192,9 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     let mut probes = verdict::Probes { loopback: &mut run, rdma_cm: &mut cm };
     let (layers, _runs) = verdict::evaluate(&baseline, &observations, &want, &mut probes);
     drop(contexts);
+    observations.counters = counters::sample(&examined);
+    observations.counter_changes = counters::changes(&before, &observations.counters);
+    observations.link_references = link_references(&want);
 
     let mut findings = Vec::new();
     for (name, d) in &baseline.devices {
@@ -190,6 +207,12 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     }
     findings.extend(notes(&baseline, &observations));
     findings.extend(provider_findings(&want.providers));
+    let during = if opts.loopback {
+        "while the doctor's loopback and rdma_cm tests ran (other traffic on the port counts too)"
+    } else {
+        "while the doctor ran"
+    };
+    findings.extend(counters::findings(&observations.counter_changes, &netdevs(&baseline), during));
 
     let drift = match reference {
         Some(saved) => {
@@ -249,6 +272,29 @@ fn provider_findings(probes: &BTreeMap<String, provider::ProviderProbe>) -> Vec<
             source: Some("libibverbs' stderr while the doctor listed and opened the devices".into()),
             layer: Some(Layer::Provider),
         }));
+    }
+    out
+}
+
+/// The netdev under each device (its first port's, else a soft device's parent), for the
+/// counters' next steps.
+fn netdevs(b: &Baseline) -> BTreeMap<String, String> {
+    b.devices
+        .iter()
+        .filter_map(|(name, d)| {
+            let port = d.ports.values().find_map(|p| p.netdev.as_ref().map(|n| n.name.clone()));
+            port.or_else(|| d.parent_netdev.clone()).map(|n| (name.clone(), n))
+        })
+        .collect()
+}
+
+/// The rates the link layer judged each port against, for the report.
+fn link_references(want: &Expectations) -> BTreeMap<String, BTreeMap<String, report::LinkReference>> {
+    let mut out: BTreeMap<String, BTreeMap<String, report::LinkReference>> = BTreeMap::new();
+    for ((dev, port), r) in &want.expected_rate {
+        out.entry(dev.clone())
+            .or_default()
+            .insert(port.clone(), report::LinkReference { gbps: r.gbps, from: r.from.clone() });
     }
     out
 }

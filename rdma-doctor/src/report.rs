@@ -13,8 +13,9 @@ use crate::verdict::LayerReport;
 pub const FORMAT: &str = "rdma-doctor";
 /// The version of the JSON format this crate writes; it reads this one and every older
 /// one (version 2 added the `rdma_cm` layer and `layers[].command`; version 3
-/// `layers[].command_is_check`).
-pub const FORMAT_VERSION: u32 = 3;
+/// `layers[].command_is_check`; version 4 `observations.counters`,
+/// `observations.counter_changes` and `observations.link_references`).
+pub const FORMAT_VERSION: u32 = 4;
 
 /// Everything one run found on one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -249,7 +250,7 @@ pub struct GidFacts {
 }
 
 /// What changes between runs and is never compared.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Observations {
     /// The kernel log, as far as it could be read.
@@ -258,6 +259,27 @@ pub struct Observations {
     pub verbs_devices: Vec<String>,
     /// Device names the kernel lists (`/sys/class/infiniband`).
     pub sysfs_devices: Vec<String>,
+    /// Each examined device's counters and hw_counters after the probes, with their files
+    /// (since version 4; empty in older reports).
+    #[serde(default)]
+    pub counters: BTreeMap<String, crate::counters::DeviceCounters>,
+    /// The counters that moved while the doctor's probes ran (since version 4).
+    #[serde(default)]
+    pub counter_changes: Vec<crate::counters::CounterChange>,
+    /// The rate each port's link was judged against, by device and port (since version 4;
+    /// a port with no reference is absent).
+    #[serde(default)]
+    pub link_references: BTreeMap<String, BTreeMap<String, LinkReference>>,
+}
+
+/// The rate a port's link is judged against, and where it came from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkReference {
+    /// Gb/s.
+    pub gbps: f64,
+    /// The rule or input it came from (`--expect-rate`, the saved baseline, rxe's rule).
+    pub from: String,
 }
 
 /// The RDMA lines of the kernel log.

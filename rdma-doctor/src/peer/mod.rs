@@ -59,8 +59,9 @@ const MAGIC: &str = "rdma-doctor-peer";
 /// MTU), the server takes `WRITE N` (a large WRITE to check), `AGAIN` (fresh QPs for a
 /// retry), reads the prober's hello before it sends its own, and may answer `BUSY`.
 const VERSION: u32 = 2;
-/// The version of the `--peer --json` report (docs/doctor-json.md).
-pub const PEER_FORMAT_VERSION: u32 = 2;
+/// The version of the `--peer --json` report (docs/doctor-json.md); 3 added
+/// `counter_changes`.
+pub const PEER_FORMAT_VERSION: u32 = 3;
 /// How an end's error starts when its QP could not be built.
 const SETUP: &str = "setting up the QP";
 /// The longest line either side reads from the other.
@@ -158,6 +159,10 @@ pub struct PeerReport {
     pub checks: Vec<Check>,
     /// Milliseconds the probe took.
     pub elapsed_ms: u64,
+    /// The counters of this end's device that moved while the probe ran (since version
+    /// 3); the classes among them are also a `counters` check each.
+    #[serde(default)]
+    pub counter_changes: Vec<crate::counters::CounterChange>,
 }
 
 /// Whether a check's layer is one of the data plane's (the operations and the sizes).

@@ -10,6 +10,7 @@ use super::{
     ask, pattern, read_answer, say_hello, Control, End, PeerOptions, PeerReport, DEFAULT_PORT, MAX_PROBES,
     PEER_FORMAT_VERSION, SETUP, VERSION,
 };
+use crate::counters;
 use crate::loopback::{returned_order, same, ADD, ATOMIC_AT, FIRST_VALUE, LEN, SWAP};
 
 /// Probes the path to the doctor serving at `peer` (`HOST` or `HOST:PORT`; the port
@@ -17,8 +18,21 @@ use crate::loopback::{returned_order, same, ADD, ATOMIC_AT, FIRST_VALUE, LEN, SW
 pub fn probe(peer: &str, opts: &PeerOptions) -> PeerReport {
     let start = Instant::now();
     let mut r = PeerReport { format_version: PEER_FORMAT_VERSION, peer: peer.to_owned(), ..PeerReport::default() };
+    // This end's device is known only after the hello: sample every device around the probe.
+    let devices = crate::device::sysfs_devices();
+    let before = counters::sample(&devices);
     let _ = probe_steps(peer, opts, &mut r);
+    let after = counters::sample(&devices);
     r.elapsed_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+    if let Some(end) = r.local.clone() {
+        r.counter_changes = counters::changes(&before, &after).into_iter().filter(|c| c.device == end.device).collect();
+        let netdevs: std::collections::BTreeMap<String, String> =
+            [(end.device.clone(), end.netdev.clone())].into_iter().filter(|(_, n)| !n.is_empty()).collect();
+        for f in counters::findings(&r.counter_changes, &netdevs, "while the probe ran (this end)") {
+            let warning = f.severity == crate::report::Severity::Warning;
+            r.checks.push(super::Check { layer: "counters".into(), ok: true, warning, detail: f.what, fix: f.advice });
+        }
+    }
     r
 }
 

@@ -18,6 +18,8 @@ use rdma_doctor::report::{Memlock, Severity};
 use rdma_doctor::{input, Layer, LayerReport, Options, Outcome, Report, Status};
 use rdma_verbs::{Context, PortState};
 
+/// Counters around the probes, an induced RNR, and the metrics.
+mod counters;
 /// Faults induced for real on the test bed: providers, the rdma cgroup, the kernel log,
 /// memlock.
 mod induced;

@@ -78,7 +78,7 @@ fn rdma_cm_goes_to_the_servers_rdma_address_when_the_control_connection_uses_ano
 
 /// Starts `rdma-doctor --serve --once` on a free port of every address of the device under
 /// test; the child and `HOST:PORT` once it listens.
-fn start_server(host: &str) -> (std::process::Child, String) {
+pub(super) fn start_server(host: &str) -> (std::process::Child, String) {
     let port = std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port().to_string();
     let server = Command::new(env!("CARGO_BIN_EXE_rdma-doctor"))
         .args(["--serve", "--once", "--peer-port", &port, "-d", &device_name(), "--timeout", "10"])
@@ -96,7 +96,7 @@ fn start_server(host: &str) -> (std::process::Child, String) {
 }
 
 /// Waits for `--serve --once` to end (30 s at most): its status and its log.
-fn server_end(server: &mut std::process::Child) -> (std::process::ExitStatus, String) {
+pub(super) fn server_end(server: &mut std::process::Child) -> (std::process::ExitStatus, String) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(s) = server.try_wait().unwrap() {

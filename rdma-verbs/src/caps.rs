@@ -1,5 +1,5 @@
 //! The extended device attributes (`ibv_query_device_ex`) that the checks before C read:
-//! ODP, XRC, device memory.
+//! ODP, XRC, device memory, CQ moderation.
 
 use std::ptr;
 

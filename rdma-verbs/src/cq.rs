@@ -304,16 +304,6 @@ impl CqBuilder<'_> {
     }
 }
 
-/// The device's CQ moderation limits (`ibv_query_device_ex`; zero where the provider
-/// answers only `ibv_query_device`).
-fn cq_mod_caps(ctx: &Context) -> Result<ffi::ibv_cq_moderation_caps> {
-    // SAFETY: a plain C struct of integers, for which all zeros is valid.
-    let mut attr: ffi::ibv_device_attr_ex = unsafe { std::mem::zeroed() };
-    // SAFETY: the context is open, no input, and `attr` is writable.
-    let rc = unsafe { ffi::ibv_query_device_ex(ctx.as_raw(), ptr::null(), &mut attr) };
-    conv::errno(Verb::QueryDeviceEx, rc)?;
-    Ok(attr.cq_mod_caps)
-}
 
 fn num_comp_vectors(ctx: &Context) -> u32 {
     // SAFETY: the context is open; libibverbs sets this field when opening the device and
@@ -466,7 +456,7 @@ impl CompletionQueue {
     #[doc(alias = "ibv_modify_cq")]
     pub fn set_moderation(&mut self, count: u16, period_us: u16) -> Result<()> {
         const OURS: Verb = Verb::CqSetModeration;
-        let caps = cq_mod_caps(self.context())?;
+        let caps = crate::caps::device_attr_ex(self.context())?.cq_mod_caps;
         let (max_count, max_period) = (caps.max_cq_count, caps.max_cq_period);
         if max_count == 0 && max_period == 0 {
             return Err(Error::not_supported(

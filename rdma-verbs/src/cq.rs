@@ -304,7 +304,6 @@ impl CqBuilder<'_> {
     }
 }
 
-
 fn num_comp_vectors(ctx: &Context) -> u32 {
     // SAFETY: the context is open; libibverbs sets this field when opening the device and
     // never changes it.

@@ -7,7 +7,9 @@
 //! syscall_probe recv N          N receives posted (RecvQueue), nothing sent (N <= 8192)
 //! syscall_probe OP-WAY N K      N rounds of K requests (K <= 64): K = 1 posts one request
 //!                               (post), K > 1 all K in one post (post_batch, a chain);
-//!                               then every completion is taken before the next round
+//!                               then every completion is taken before the next round.
+//!                               Each way is one loop in one function, as its user writes
+//!                               it (the harness's helpers are inlined into it)
 //!   OP   write   64 B RDMA WRITEs into the peer's region
 //!        send    64 B SENDs; the peer's receives are pre-posted with the raw API at
 //!                setup (8192 of them, whatever N), and nothing takes their completions
@@ -25,6 +27,10 @@
 //!                ibv_poll_cq called directly, each completion's status checked
 //!        rawbuilt  the same loop with the C requests (and SGEs) built at every post,
 //!                the work a request built at each post does in C
+//!        extsafe, extprepared  safe and prepared again, A built with extended send
+//!                ops (SendQueue then posts through ibv_wr_*; prepared requests through
+//!                ibv_post_send)
+//!        extraw  C on that QP: ibv_wr_start, each request's op and SGE, ibv_wr_complete
 //! syscall_probe send-batch N K           send-safe    (names scripts/syscalls uses)
 //! syscall_probe prepared-send-batch N K  send-prepared
 //! ```
@@ -48,12 +54,12 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use rdma_verbs::{
     ffi, AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, InitAttr, MemoryRegion, ProtectionDomain, QpAccess,
-    QpType, QueuePair, RemoteMr, RemoteWritable, SendWr, WorkCompletion,
+    QpType, QueuePair, RemoteMr, RemoteWritable, SendOps, SendWr, WorkCompletion,
 };
 
 /// The phase's names, for the usage errors.
-const PHASES: &str =
-    "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, chain, raw, rawbuilt) | \
+const PHASES: &str = "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, chain, raw, rawbuilt, \
+     extsafe, extprepared, extraw) | \
                       send-batch N K | prepared-send-batch N K";
 /// Receives pre-posted for the SEND phases, B's receive queue depth, and the most
 /// receives the `recv` phase posts.
@@ -83,6 +89,19 @@ enum Way {
     Chain,
     Raw,
     RawBuilt,
+    /// The safe ways again, on a QP built with extended send ops (`ibv_wr_*`).
+    ExtSafe,
+    ExtPrepared,
+    /// What a C programmer writes on that QP: `ibv_wr_start`, per request the op and its
+    /// SGE, `ibv_wr_complete` (the extended API builds every request at each post).
+    ExtRaw,
+}
+
+impl Way {
+    /// Whether A is built with extended send ops.
+    fn extended(self) -> bool {
+        matches!(self, Way::ExtSafe | Way::ExtPrepared | Way::ExtRaw)
+    }
 }
 
 enum Phase {
@@ -137,6 +156,9 @@ fn parse(args: &Args) -> Result<Phase, String> {
         "chain" => Way::Chain,
         "raw" => Way::Raw,
         "rawbuilt" => Way::RawBuilt,
+        "extsafe" => Way::ExtSafe,
+        "extprepared" => Way::ExtPrepared,
+        "extraw" => Way::ExtRaw,
         _ => return Err(usage()),
     };
     let k = args.k.ok_or_else(usage)?;
@@ -149,6 +171,7 @@ fn parse(args: &Args) -> Result<Phase, String> {
             Err(format!("{name}: at most {RECV_DEPTH} sends in all ({WARMUP} warm-up rounds included)"))
         }
         "send" => Ok(Phase::Sends { op: Op::Send, way, n, k }),
+        "recv" if way.extended() => Err(format!("{name}: receives have no extended API")),
         "recv" => Ok(Phase::Recvs { way, n, k }),
         _ => Err(usage()),
     }
@@ -173,7 +196,8 @@ struct Loopback {
     _target_mr: MemoryRegion<AlignedBuf, RemoteWritable>,
 }
 
-fn setup() -> Res<Loopback> {
+/// `extended`: A is built with extended send ops (RDMA WRITE and SEND).
+fn setup(extended: bool) -> Res<Loopback> {
     let ctx = match std::env::var("RDMA_DEVICE") {
         Ok(name) => Context::open(Some(&name))?,
         Err(_) => Context::open_first()?,
@@ -187,7 +211,16 @@ fn setup() -> Res<Loopback> {
             .max_recv_wr(recv_depth as u32)
             .build()
     };
-    let (a, b) = (qp(&cq_a, SEND_DEPTH)?, qp(&cq_b, RECV_DEPTH)?);
+    let a = if extended {
+        QueuePair::builder(&pd, QpType::Rc, &cq_a, &cq_a)
+            .max_send_wr(SEND_DEPTH as u32)
+            .max_recv_wr(SEND_DEPTH as u32)
+            .extended_send_ops(SendOps::RDMA_WRITE | SendOps::SEND)
+            .build()?
+    } else {
+        qp(&cq_a, SEND_DEPTH)?
+    };
+    let b = qp(&cq_b, RECV_DEPTH)?;
     let init = InitAttr { access: QpAccess::REMOTE_WRITE, ..InitAttr::default() };
     let (ia, ib) = (a.local_info(1)?, b.local_info(1)?);
     a.connect(&init, &ib)?;
@@ -259,7 +292,8 @@ fn start_instrumentation() {
 /// Polls `cq` into `wcs` until `want` completions have been handed to `each`. It reads
 /// the clock only after a long run of empty polls: where the clock is not in the vDSO (a
 /// VM without a stable TSC), each reading is a system call that would count as the data
-/// path's.
+/// path's. Inlined: each way is one loop, as a user writes it.
+#[inline(always)]
 fn drain(
     cq: &mut CompletionQueue,
     wcs: &mut Wcs,
@@ -267,7 +301,7 @@ fn drain(
     mut each: impl FnMut(&mut WorkCompletion) -> Res<()>,
 ) -> Res<()> {
     settle();
-    let (mut got, mut empty, mut deadline) = (0, 0u32, None);
+    let (mut got, mut waiting) = (0, Waiting::default());
     while got < want {
         let done = cq.poll(wcs)?;
         for wc in done.iter_mut() {
@@ -275,10 +309,8 @@ fn drain(
             each(wc)?;
             got += 1;
         }
-        empty = if done.is_empty() { empty_poll(empty) } else { 0 };
-        if empty == 1 << 20 {
-            empty = 0;
-            still_waiting(&mut deadline, got, want)?;
+        if done.is_empty() {
+            waiting.empty_poll(got, want)?;
         }
     }
     Ok(())
@@ -289,30 +321,47 @@ fn drain(
 /// (the probe reports them at the end; scripts/instructions runs such a count again).
 static EMPTY_POLLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Counts an empty poll (out of line: the path a settled run never takes).
-#[cold]
-#[inline(never)]
-fn empty_poll(run: u32) -> u32 {
-    EMPTY_POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    run + 1
+/// The empty polls of one drain, all handled out of line: a poll that found completions
+/// costs the loop nothing here.
+#[derive(Default)]
+struct Waiting {
+    empty: u32,
+    /// How many completions the last long run of empty polls found taken, and when that
+    /// run started to count against the 30 s.
+    seen: Option<(usize, Instant)>,
 }
 
-/// After a long run of empty polls: fails once 30 s have passed since the first such run.
-#[cold]
-#[inline(never)]
-fn still_waiting(deadline: &mut Option<Instant>, got: usize, want: usize) -> Res<()> {
-    let now = Instant::now();
-    if now > *deadline.get_or_insert(now + Duration::from_secs(30)) {
-        return Err(format!("{got} of {want} completions after 30 s").into());
+impl Waiting {
+    /// Counts an empty poll; after each run of 2^20 of them, fails once 30 s passed with
+    /// no completion taken.
+    #[cold]
+    #[inline(never)]
+    fn empty_poll(&mut self, got: usize, want: usize) -> Res<()> {
+        EMPTY_POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.empty += 1;
+        if self.empty < 1 << 20 {
+            return Ok(());
+        }
+        self.empty = 0;
+        let now = Instant::now();
+        match self.seen {
+            Some((at, since)) if at == got => {
+                if now > since + Duration::from_secs(30) {
+                    return Err(format!("{got} of {want} completions after 30 s").into());
+                }
+            }
+            _ => self.seen = Some((got, now)),
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// [`drain`] as a C programmer writes it: `ibv_poll_cq` itself, each completion's status
-/// checked, nothing handed anywhere.
+/// checked, nothing handed anywhere. Inlined: the raw ways are one loop each.
+#[inline(always)]
 fn drain_raw(cq: *mut ffi::ibv_cq, wcs: &mut RawWcs, want: usize) -> Res<()> {
     settle();
-    let (mut got, mut empty, mut deadline) = (0, 0u32, None);
+    let (mut got, mut waiting) = (0, Waiting::default());
     while got < want {
         // SAFETY: the CQ is the probe's, alive for the run; `wcs` has room for 16.
         let n = unsafe { ffi::ibv_poll_cq(cq, wcs.len() as i32, wcs.as_mut_ptr()) };
@@ -323,16 +372,15 @@ fn drain_raw(cq: *mut ffi::ibv_cq, wcs: &mut RawWcs, want: usize) -> Res<()> {
             }
         }
         got += n;
-        empty = if n == 0 { empty_poll(empty) } else { 0 };
-        if empty == 1 << 20 {
-            empty = 0;
-            still_waiting(&mut deadline, got, want)?;
+        if n == 0 {
+            waiting.empty_poll(got, want)?;
         }
     }
     Ok(())
 }
 
 /// `ibv_post_send` itself, its error as the probe's.
+#[inline(always)]
 fn post_send(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_send_wr) -> Res<()> {
     let mut bad = std::ptr::null_mut();
     // SAFETY: the caller's requests are linked, valid C requests naming registered bytes
@@ -344,6 +392,7 @@ fn post_send(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_send_wr) -> Res<()> {
 }
 
 /// `ibv_post_recv` itself, its error as the probe's.
+#[inline(always)]
 fn post_recv(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_recv_wr) -> Res<()> {
     let mut bad = std::ptr::null_mut();
     // SAFETY: as for post_send: linked receives naming bytes of the probe's receive
@@ -356,6 +405,7 @@ fn post_recv(qp: *mut ffi::ibv_qp, wr: *mut ffi::ibv_recv_wr) -> Res<()> {
 
 /// [`drain`] a poll at a time: each poll's completions are handed to `take` in one call
 /// (`complete_all`), which checks their status itself.
+#[inline(always)]
 fn drain_all(
     cq: &mut CompletionQueue,
     wcs: &mut Wcs,
@@ -363,15 +413,14 @@ fn drain_all(
     mut take: impl FnMut(&mut [WorkCompletion]) -> Res<()>,
 ) -> Res<()> {
     settle();
-    let (mut got, mut empty, mut deadline) = (0, 0u32, None);
+    let (mut got, mut waiting) = (0, Waiting::default());
     while got < want {
         let done = cq.poll(wcs)?;
         got += done.len();
-        empty = if done.is_empty() { empty_poll(empty) } else { 0 };
+        let empty = done.is_empty();
         take(done)?;
-        if empty == 1 << 20 {
-            empty = 0;
-            still_waiting(&mut deadline, got, want)?;
+        if empty {
+            waiting.empty_poll(got, want)?;
         }
     }
     Ok(())
@@ -503,6 +552,7 @@ impl RawSends {
 
     /// One round: post the chain (linked, in boxes that do not move, naming the probe's
     /// sources), take its completions.
+    #[inline(always)]
     fn round(&mut self, qp: &QueuePair, cq: &CompletionQueue, wcs: &mut RawWcs) -> Res<()> {
         for w in self.wrs.iter_mut() {
             w.wr_id = self.next_id;
@@ -557,6 +607,40 @@ fn sends_raw_built(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()
             next_id += 1;
         }
         post_send(qp, wp)?;
+        drain_raw(cq, &mut lo.raw_wcs, k)?;
+    }
+    Ok(())
+}
+
+/// The extended API as a C programmer uses it on a QP built with send ops: each round
+/// `ibv_wr_start`, for each request its `wr_id`, flags, operation and SGE, then
+/// `ibv_wr_complete` (one doorbell); completions polled and checked.
+#[inline(never)]
+fn sends_raw_ext(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
+    let qpx = lo.a.as_raw_ex().ok_or("A was built without extended send ops")?;
+    let srcs: Vec<(u64, u32)> = lo.srcs[..k].iter().map(|s| (s.addr(), s.lkey())).collect();
+    let (cq, target) = (lo.cq_a.as_raw(), lo.target);
+    let mut next_id = 0;
+    for _ in 0..rounds {
+        // SAFETY: A's extended QP, alive for the run and posted to by this loop alone; the
+        // SGEs name registered bytes of the probe's sources, which outlive the run.
+        let rc = unsafe {
+            ffi::ibv_wr_start(qpx);
+            for &(addr, lkey) in &srcs {
+                (*qpx).wr_id = next_id;
+                (*qpx).wr_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                match op {
+                    Op::Write => ffi::ibv_wr_rdma_write(qpx, target.rkey, target.addr),
+                    Op::Send => ffi::ibv_wr_send(qpx),
+                }
+                ffi::ibv_wr_set_sge(qpx, lkey, addr, LEN as u32);
+                next_id += 1;
+            }
+            ffi::ibv_wr_complete(qpx)
+        };
+        if rc != 0 {
+            return Err(format!("ibv_wr_complete: {}", std::io::Error::from_raw_os_error(rc)).into());
+        }
         drain_raw(cq, &mut lo.raw_wcs, k)?;
     }
     Ok(())
@@ -729,12 +813,16 @@ fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
             Way::Chain => sends_chain(lo, op, WARMUP + n, k),
             Way::Raw => sends_raw(lo, op, WARMUP + n, k),
             Way::RawBuilt => sends_raw_built(lo, op, WARMUP + n, k),
+            Way::ExtSafe => sends_safe(lo, op, WARMUP + n, k),
+            Way::ExtPrepared => sends_prepared(lo, op, WARMUP + n, k),
+            Way::ExtRaw => sends_raw_ext(lo, op, WARMUP + n, k),
         },
         Phase::Recvs { way: Way::Safe, n, k } => recvs_safe(lo, WARMUP + n, k),
         Phase::Recvs { way: Way::Prepared, n, k } => recvs_prepared(lo, WARMUP + n, k),
         Phase::Recvs { way: Way::Chain, n, k } => recvs_chain(lo, WARMUP + n, k),
         Phase::Recvs { way: Way::Raw, n, k } => recvs_raw(lo, WARMUP + n, k),
         Phase::Recvs { way: Way::RawBuilt, n, k } => recvs_raw_built(lo, WARMUP + n, k),
+        Phase::Recvs { way, .. } => Err(format!("receives have no {way:?} way").into()),
     }
 }
 
@@ -750,7 +838,8 @@ fn main() -> ExitCode {
 
 /// Sets up, runs the phase and exits; returns only on failure.
 fn probe(phase: Phase, what: &str) -> Res<()> {
-    let mut lo = setup()?;
+    let extended = matches!(phase, Phase::Sends { way, .. } if way.extended());
+    let mut lo = setup(extended)?;
     if matches!(phase, Phase::Sends { op: Op::Send, .. }) {
         prepost_receives(&mut lo)?;
     }

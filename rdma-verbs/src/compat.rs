@@ -16,7 +16,10 @@ use crate::ffi;
 pub struct Quirks {
     /// The rdma-core release of the loaded libibverbs (`1.14.44.0` is release 44), if known.
     pub release: Option<u32>,
-    /// Extended CQ polling (`ibv_start_poll`...) works on rxe (release 55 and later).
+    /// `ibv_next_poll` of the extended CQ works on rxe at the end of the queue (release 61
+    /// and later: 55 stopped `ibv_end_poll` from passing the producer index after it, 61
+    /// the double unlock). Before, [`CompletionQueue::poll_extended`](crate::CompletionQueue::poll_extended)
+    /// opens one batch per completion and never calls it.
     pub ext_cq_poll: bool,
     /// `ibv_wr_set_sge_list` with several SGEs works (release 64 and later).
     pub wr_sge_list: bool,
@@ -28,7 +31,7 @@ impl Quirks {
     /// The quirks of a release; an unknown release is treated as the oldest.
     pub fn of_release(release: Option<u32>) -> Quirks {
         let at_least = |r: u32| release.is_some_and(|v| v >= r);
-        Quirks { release, ext_cq_poll: at_least(55), wr_sge_list: at_least(64), wr_inline_list: at_least(64) }
+        Quirks { release, ext_cq_poll: at_least(61), wr_sge_list: at_least(64), wr_inline_list: at_least(64) }
     }
 }
 
@@ -79,11 +82,11 @@ mod tests {
 
     #[test]
     fn old_and_unknown_releases_avoid_the_buggy_paths() {
-        for r in [None, Some(44), Some(54)] {
+        for r in [None, Some(44), Some(54), Some(60)] {
             let q = Quirks::of_release(r);
             assert!(!q.ext_cq_poll && !q.wr_sge_list && !q.wr_inline_list, "{q:?}");
         }
-        let q = Quirks::of_release(Some(55));
+        let q = Quirks::of_release(Some(61));
         assert!(q.ext_cq_poll && !q.wr_sge_list);
         assert!(Quirks::of_release(Some(64)).wr_sge_list);
     }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::context::Context;
 use crate::conv;
+use crate::cq_ex::WcFields;
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
@@ -74,6 +75,8 @@ pub(crate) struct CqInner {
     /// its depth, so together they can never have more completions pending than the CQ
     /// holds (an overrun that the device would report only as an asynchronous CQ error).
     reserved: Mutex<u64>,
+    /// The extended view of `raw`, when it was built extended.
+    pub(crate) ex: Option<crate::cq_ex::ExCq>,
 }
 
 // SAFETY: libibverbs allows every CQ verb from any thread. The raw pointers are owned by
@@ -112,7 +115,7 @@ impl Drop for UnackedEvents {
 
 impl CqInner {
     fn destroy(self) -> Result<()> {
-        let CqInner { events, raw, channel, comp_vector: _, max_cqe: _, ctx: _, reserved: _ } = self;
+        let CqInner { events, raw, channel, comp_vector: _, max_cqe: _, ctx: _, reserved: _, ex: _ } = self;
         drop(events);
         if let Err(e) = raw.destroy() {
             // The CQ still uses the channel: destroying it would fail too.
@@ -231,6 +234,7 @@ pub struct CqBuilder<'a> {
     cqe: u32,
     comp_vector: u32,
     channel: bool,
+    extended: Option<WcFields>,
 }
 
 impl CqBuilder<'_> {
@@ -249,7 +253,22 @@ impl CqBuilder<'_> {
         self
     }
 
-    /// Creates the CQ (`ibv_create_cq`, and `ibv_create_comp_channel` first when asked).
+    /// Builds an extended CQ (`ibv_create_cq_ex`): its completions can also be polled
+    /// with [`CompletionQueue::poll_extended`], which hands out [`ExtendedCompletion`]s
+    /// carrying `fields` besides the classic ones (which are always there). It works as a
+    /// classic CQ for everything else (QPs, queues, [`poll`](CompletionQueue::poll)).
+    /// A device without the extended CQ or one of the fields refuses it at
+    /// [`build`](Self::build) with [`Error::NotSupported`].
+    ///
+    /// [`ExtendedCompletion`]: crate::ExtendedCompletion
+    #[doc(alias = "ibv_create_cq_ex")]
+    pub fn extended(mut self, fields: WcFields) -> Self {
+        self.extended = Some(fields);
+        self
+    }
+
+    /// Creates the CQ (`ibv_create_cq`, or `ibv_create_cq_ex` when
+    /// [`extended`](Self::extended), and `ibv_create_comp_channel` first when asked).
     ///
     /// Fails with [`Error::InvalidArgument`], before any C call, when `cqe` is 0 or above
     /// the device's `max_cqe`, or `comp_vector` is not below the device's vector count.
@@ -281,11 +300,43 @@ impl CqBuilder<'_> {
         let channel_ptr = channel.as_ref().map_or(ptr::null_mut(), Owned::as_ptr);
         // Both fit in c_int: checked against device limits that are c_int in C.
         let (cqe, vector) = (self.cqe as c_int, self.comp_vector as c_int);
-        // SAFETY: the context is open; the channel, if any, is live and belongs to it and
-        // outlives the CQ (field order of CqInner); no cq_context.
-        let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), cqe, ptr::null_mut(), channel_ptr, vector) };
-        // SAFETY: a new CQ that only this Owned destroys. On failure `channel` drops here.
-        let raw = unsafe { Owned::new(raw, VERB)? };
+        let (raw, ex) = match self.extended {
+            None => {
+                // SAFETY: the context is open; the channel, if any, is live and belongs to
+                // it and outlives the CQ (field order of CqInner); no cq_context.
+                let raw = unsafe { ffi::ibv_create_cq(ctx.as_raw(), cqe, ptr::null_mut(), channel_ptr, vector) };
+                // SAFETY: a new CQ that only this Owned destroys. On failure `channel`
+                // drops here.
+                (unsafe { Owned::new(raw, VERB)? }, None)
+            }
+            Some(fields) => {
+                let mut attr = ffi::ibv_cq_init_attr_ex {
+                    cqe: self.cqe,
+                    cq_context: ptr::null_mut(),
+                    channel: channel_ptr,
+                    comp_vector: self.comp_vector,
+                    wc_flags: crate::cq_ex::wc_flags(fields),
+                    comp_mask: 0,
+                    flags: 0,
+                    parent_domain: ptr::null_mut(),
+                };
+                // SAFETY: as above; `attr` is valid for the call and asks for nothing
+                // beyond its first fields (comp_mask 0).
+                let ex = unsafe { ffi::ibv_create_cq_ex(ctx.as_raw(), &mut attr) };
+                let Some(ex) = NonNull::new(ex) else {
+                    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL);
+                    return Err(Error::verb_or_not_supported(
+                        Verb::CreateCqEx,
+                        errno,
+                        crate::cq_ex::capability(fields),
+                    ));
+                };
+                // SAFETY: an extended CQ is a CQ (ibv_cq_ex_to_cq), destroyed by
+                // ibv_destroy_cq; only this Owned destroys it.
+                let raw = unsafe { Owned::new(ffi::ibv_cq_ex_to_cq(ex.as_ptr()), Verb::CreateCqEx)? };
+                (raw, Some(crate::cq_ex::ExCq { raw: ex, fields }))
+            }
+        };
         let events = UnackedEvents {
             // Owned::new refused NULL above.
             cq: NonNull::new(raw.as_ptr()).expect("Owned holds a non-null pointer"),
@@ -299,6 +350,7 @@ impl CqBuilder<'_> {
             max_cqe,
             ctx: ctx.clone(),
             reserved: Mutex::new(0),
+            ex,
         };
         Ok(CompletionQueue { inner: Arc::new(inner) })
     }
@@ -346,7 +398,7 @@ impl CompletionQueue {
     /// `max_recv_wr` (their sum when both sides complete here) must fit besides what the
     /// queues on this CQ have reserved, so a QP with the default 128 + 128 needs 256 entries.
     pub fn builder(ctx: &Context, cqe: u32) -> CqBuilder<'_> {
-        CqBuilder { ctx, cqe, comp_vector: 0, channel: false }
+        CqBuilder { ctx, cqe, comp_vector: 0, channel: false, extended: None }
     }
 
     /// The raw pointer, valid while `self` lives.

@@ -79,6 +79,7 @@ verbs! {
     CreateCompChannel = "ibv_create_comp_channel", Control;
     DestroyCompChannel = "ibv_destroy_comp_channel", Control;
     CreateCq = "ibv_create_cq", Control;
+    CreateCqEx = "ibv_create_cq_ex", Control;
     DestroyCq = "ibv_destroy_cq", Control;
     ReqNotifyCq = "ibv_req_notify_cq", Control;
     GetCqEvent = "ibv_get_cq_event", Control;
@@ -99,6 +100,8 @@ verbs! {
     PostRecv = "ibv_post_recv", Data;
     PostSrqRecv = "ibv_post_srq_recv", Data;
     PollCq = "ibv_poll_cq", Data;
+    StartPoll = "ibv_start_poll", Data;
+    NextPoll = "ibv_next_poll", Data;
     WrStart = "ibv_wr_start", Data;
     CreateEventChannel = "rdma_create_event_channel", Control;
     GetCmEvent = "rdma_get_cm_event", Control;
@@ -114,6 +117,8 @@ verbs! {
     Reject = "rdma_reject", Control;
     Disconnect = "rdma_disconnect", Control;
     MigrateId = "rdma_migrate_id", Control;
+    JoinMulticast = "rdma_join_multicast", Control;
+    LeaveMulticast = "rdma_leave_multicast", Control;
     /// Reading the file descriptor flags of a channel.
     GetFl = "fcntl(F_GETFL)", Control;
     /// Making a channel's file descriptor non-blocking.
@@ -138,6 +143,8 @@ verbs! {
     MrSge = "MemoryRegion::sge", Data;
     /// Building a scatter/gather entry of a chunk.
     ChunkSge = "Chunk::sge", Data;
+    /// Polling a CQ's extended completions.
+    PollExtended = "CompletionQueue::poll_extended", Data;
     /// An atomic view of 8 bytes of a region.
     MrAtomicU64 = "MemoryRegion::atomic_u64", Data;
     /// Copying bytes into a region.

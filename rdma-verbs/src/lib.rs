@@ -144,6 +144,7 @@ pub mod compat;
 mod context;
 mod conv;
 mod cq;
+mod cq_ex;
 mod device;
 mod dm;
 mod endpoint;
@@ -176,6 +177,7 @@ pub use cm::{
 pub use codes::{QpType, WcOpcode, WcStatus};
 pub use context::Context;
 pub use cq::{CompletionQueue, CqBuilder};
+pub use cq_ex::{ExtendedCompletion, WcFields};
 pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
 pub use dm::DeviceMemory;
 pub use endpoint::{Connection, Handshake, UdPeer};

@@ -235,8 +235,18 @@ impl EventData {
         let ud = unsafe { ev.id.as_ref() }.is_some_and(|id| id.qp_type == ffi::ibv_qp_type::IBV_QPT_UD);
         let (data, len, params) = match kind {
             // For multicast events librdmacm puts the join's user context where the
-            // private data pointer goes: not data to copy.
-            CmEventKind::MulticastJoin | CmEventKind::MulticastError => (std::ptr::null(), 0, Params::None),
+            // private data pointer goes: not data to copy. A join carries the group's
+            // address, QP number and Q_Key in the ud member.
+            CmEventKind::MulticastJoin => {
+                // SAFETY: librdmacm fills the ud member for a completed join.
+                let p = unsafe { ev.param.ud };
+                (
+                    std::ptr::null(),
+                    0,
+                    Params::Ud(UdInfo { qp_num: p.qp_num, qkey: p.qkey, ah: AhAttr::from_ffi(&p.ah_attr) }),
+                )
+            }
+            CmEventKind::MulticastError => (std::ptr::null(), 0, Params::None),
             _ if ud => {
                 // SAFETY: librdmacm fills the ud member for ids of UD port spaces.
                 let p = unsafe { ev.param.ud };
@@ -314,7 +324,8 @@ impl CmEvent {
         }
     }
 
-    /// How to reach a UD peer (connect request and established events of UDP ids).
+    /// How to reach a UD peer (connect request and established events of UDP ids), or a
+    /// multicast group ([`CmEventKind::MulticastJoin`]).
     pub fn ud(&self) -> Option<UdInfo> {
         match self.data.params {
             Params::Ud(u) => Some(u),

@@ -643,6 +643,67 @@ impl CmId {
         })
     }
 
+    /// Joins the IP multicast group `group` (`rdma_join_multicast`) and waits at most
+    /// `timeout` for the join to complete ([`CmEventKind::MulticastJoin`]): returns how to
+    /// send to the group (its address handle attributes, the multicast QP number
+    /// [`MULTICAST_QPN`](crate::MULTICAST_QPN) and the group's Q_Key). On RoCE the kernel
+    /// also joins the IP group on the netdev (IGMP). A UD id (port space
+    /// [`PortSpace::Udp`](super::PortSpace::Udp) or `Ipoib`) bound to a device first
+    /// ([`bind`](Self::bind) to a local address, or [`resolve_addr`](Self::resolve_addr));
+    /// when the id has a QP ([`create_qp`](Self::create_qp)), librdmacm attaches it to the
+    /// group as the join completes, so its receive queue gets the group's datagrams until
+    /// [`leave_multicast`](Self::leave_multicast) (or the id's destruction, which leaves
+    /// every group it joined).
+    ///
+    /// Refused before the call: an id of a connected port space, an id bound to no device,
+    /// an address that is not multicast.
+    #[doc(alias = "rdma_join_multicast")]
+    pub fn join_multicast(&self, group: std::net::IpAddr, timeout: Duration) -> Result<super::UdInfo> {
+        const VERB: Verb = Verb::JoinMulticast;
+        self.multicast_checks(VERB, group)?;
+        let mut addr = SockAddr::new(SocketAddr::new(group, 0));
+        // SAFETY: the id is live and bound to a device; the address is a valid sockaddr for
+        // the call (librdmacm copies it); no user context.
+        let rc = self.locked(|id| unsafe { ffi::rdma_join_multicast(id, addr.as_ffi(), ptr::null_mut()) });
+        conv::rc(VERB, rc)?;
+        let event = self.expect(CmEventKind::MulticastJoin, timeout + RESOLVE_GRACE, VERB)?;
+        event.ud().ok_or_else(|| Error::invalid(VERB, "the MULTICAST_JOIN event carried no UD parameters"))
+    }
+
+    /// Leaves the multicast group `group` joined by [`join_multicast`](Self::join_multicast)
+    /// (`rdma_leave_multicast`): the id's QP is detached from it (no more of its
+    /// datagrams arrive), and on RoCE the netdev leaves the IP group.
+    #[doc(alias = "rdma_leave_multicast")]
+    pub fn leave_multicast(&self, group: std::net::IpAddr) -> Result<()> {
+        const VERB: Verb = Verb::LeaveMulticast;
+        self.multicast_checks(VERB, group)?;
+        let mut addr = SockAddr::new(SocketAddr::new(group, 0));
+        // SAFETY: as for the join.
+        let rc = self.locked(|id| unsafe { ffi::rdma_leave_multicast(id, addr.as_ffi()) });
+        conv::rc(VERB, rc).map_err(|e| match e.errno() {
+            Some(libc::EADDRNOTAVAIL) => e.with_hint("this id has not joined that group"),
+            _ => e,
+        })
+    }
+
+    /// What a join or leave needs, checked before C: a UD id bound to a device, a
+    /// multicast address.
+    fn multicast_checks(&self, verb: Verb, group: std::net::IpAddr) -> Result<()> {
+        if self.port_space().qp_type() != crate::QpType::Ud {
+            return Err(Error::invalid(verb, "multicast is for UD ids (PortSpace::Udp or Ipoib), not connected ones"));
+        }
+        if !group.is_multicast() {
+            return Err(Error::invalid(verb, format!("{group} is not a multicast address")));
+        }
+        if self.verbs().is_null() {
+            return Err(Error::invalid(
+                verb,
+                "the id is bound to no device: bind() it to a local address (or resolve_addr()) first",
+            ));
+        }
+        Ok(())
+    }
+
     /// Waits at most `timeout` for the next event about this id (for a listener:
     /// connection requests among them).
     #[doc(alias = "rdma_get_cm_event")]

@@ -569,3 +569,94 @@ fn our_rdma_client_and_server_as_two_processes_echo_verified_bytes() {
         assert!(status.success() && sout.contains("rdma_server: end 0"), "{status}\n{sout}");
     });
 }
+
+// ---- multicast through rdma_cm --------------------------------------------------------
+
+/// A UD id bound to the test bed's address, with its own PD, CQ and UD QP (which
+/// `create_qp` brings to RTS), and `n` receives of 512 bytes posted.
+struct McMember {
+    id: CmId,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    rq: RecvQueue<Chunk>,
+    pd: ProtectionDomain,
+}
+
+fn mc_member(channel: &EventChannel, n: usize) -> McMember {
+    let id = CmId::new(channel, PortSpace::Udp).unwrap();
+    id.bind(SocketAddr::new(rdma_ip(), 0)).unwrap();
+    let ctx = id.context().unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 32).unwrap();
+    let qp = id.create_qp(QueuePair::builder(&pd, QpType::Ud, &cq, &cq).max_send_wr(8).max_recv_wr(8)).unwrap();
+    let mut rq: RecvQueue<Chunk> = qp.recv_queue().unwrap();
+    for (i, c) in chunks(&pd, n, 512, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
+        rq.post(c, 0..512, i as u64).unwrap();
+    }
+    McMember { id, cq, qp, rq, pd }
+}
+
+/// No completion arrives on `cq` within half a second.
+fn mc_quiet(cq: &mut CompletionQueue, why: &str) {
+    let deadline = Instant::now() + Duration::from_millis(500);
+    let mut wc = [rdma_verbs::WorkCompletion::EMPTY; 2];
+    while Instant::now() < deadline {
+        assert!(cq.poll(&mut wc).unwrap().is_empty(), "{why}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn rdma_cm_joins_a_multicast_group_every_member_gets_the_datagram_and_none_after_they_leave() {
+    isolated(this_test!(), || {
+        let group: std::net::IpAddr = std::net::Ipv4Addr::new(239, 1, 2, 5).into();
+        let channel = EventChannel::new().unwrap();
+        let (mut b, mut c) = (mc_member(&channel, 2), mc_member(&channel, 2));
+        let joined = b.id.join_multicast(group, T).unwrap();
+        let joined_c = c.id.join_multicast(group, T).unwrap();
+        eprintln!("joined {group}: {joined:?}");
+        assert_eq!(joined.qp_num, rdma_verbs::MULTICAST_QPN, "a group is sent to at the multicast QP number");
+        assert_eq!(joined.qkey, joined_c.qkey, "one group, one Q_Key");
+
+        // The sender has not joined: it sends to the group's address with its Q_Key.
+        let mut a = mc_member(&channel, 0);
+        let ah = AddressHandle::new(&a.pd, &joined.ah).unwrap();
+        let mut sq: SendQueue<Chunk> = a.qp.send_queue().unwrap();
+        let send = |sq: &mut SendQueue<Chunk>, a: &mut McMember, data: &[u8]| {
+            let mut src = chunks(&a.pd, 1, 512, AccessFlags::LOCAL_WRITE).pop().unwrap();
+            src[..data.len()].copy_from_slice(data);
+            if let Err(r) = sq.post(SendWr::send_ud(src, 0..data.len(), &ah, joined.qp_num, joined.qkey)) {
+                panic!("{}", r.error);
+            }
+            let mut wc = poll_one(&mut a.cq);
+            sq.complete(&mut wc, |d| assert_eq!(d.status, WcStatus::Success)).unwrap();
+        };
+        let data = pattern(9, 300);
+        send(&mut sq, &mut a, &data);
+        for (name, m) in [("b", &mut b), ("c", &mut c)] {
+            let mut wc = poll_one(&mut m.cq);
+            assert_eq!(wc.opcode(), WcOpcode::Recv);
+            assert_eq!(wc.src_qp(), a.qp.qp_num(), "member {name}: the datagram names its sender");
+            let done = m.rq.complete(&mut wc).unwrap().result().unwrap();
+            assert_eq!(done.byte_len as usize, 40 + data.len(), "member {name}: GRH and payload");
+            assert_eq!(&done.value[40..40 + data.len()], &data[..], "member {name}: the bytes sent");
+        }
+
+        b.id.leave_multicast(group).unwrap();
+        c.id.leave_multicast(group).unwrap();
+        let e = b.id.leave_multicast(group).unwrap_err();
+        assert!(matches!(e, Error::Verb { verb: Verb::LeaveMulticast, .. }), "leaving twice: {e:?}");
+        send(&mut sq, &mut a, &pattern(10, 300));
+        mc_quiet(&mut b.cq, "a member that left received a datagram");
+        mc_quiet(&mut c.cq, "a member that left received a datagram");
+        assert_eq!((b.rq.outstanding(), c.rq.outstanding()), (1, 1));
+
+        // Refused before C: a connected id, an address that is not multicast.
+        let tcp = CmId::new(&channel, PortSpace::Tcp).unwrap();
+        let e = tcp.join_multicast(group, T).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { verb: Verb::JoinMulticast, .. }), "{e:?}");
+        let e = b.id.join_multicast(rdma_ip(), T).unwrap_err();
+        assert!(e.to_string().contains("not a multicast address"), "{e}");
+    });
+}

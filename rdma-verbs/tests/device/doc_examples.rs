@@ -7,6 +7,7 @@
 //! | `doc/quickstart.rs` | the crate (`src/lib.rs`) |
 //! | `doc/qp_connect.rs` | `QueuePair` |
 //! | `doc/cq_wait.rs` | `CompletionQueue` |
+//! | `doc/cq_ex.rs` | `ExtendedCompletion` |
 //! | `doc/handshake.rs` | `Handshake` |
 //! | `doc/cm_client.rs` | `CmId` |
 //! | `doc/async_cq.rs` | `AsyncCq` |
@@ -63,6 +64,17 @@ mod cq_wait {
     #[test]
     #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
     fn the_completion_queue_example_arms_drains_and_waits_until_every_message_arrived() {
+        let _leaks = super::LeakCheck::new();
+        super::run(main);
+    }
+}
+
+mod cq_ex {
+    include!("doc/cq_ex.rs");
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_extended_cq_example_receives_a_send_with_immediate_data_through_poll_extended() {
         let _leaks = super::LeakCheck::new();
         super::run(main);
     }

@@ -26,6 +26,7 @@ mod chain;
 mod cm;
 mod cq;
 mod cq_budget;
+mod cq_ex;
 mod cq_resize;
 mod datapath;
 mod datapath2;

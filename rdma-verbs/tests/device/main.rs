@@ -38,6 +38,7 @@ mod faults;
 mod mr;
 mod prepared;
 mod prepared_recv;
+mod pyverbs_parity;
 mod qp;
 mod recv_chain;
 mod rereg;

@@ -39,6 +39,7 @@ mod faults;
 mod mr;
 mod prepared;
 mod prepared_recv;
+mod pyverbs_parity;
 mod qp;
 mod recv_chain;
 mod rereg;

@@ -273,6 +273,12 @@ unsafe fn extended<T: SendBuf>(qpx: *mut ffi::ibv_qp_ex, wr: &SendWr<T>, seq: u6
         if let (Some(ah), Some((qpn, qkey))) = (&wr.ah, wr.ud()) {
             ffi::ibv_wr_set_ud_addr(qpx, ah.as_raw(), qpn, qkey);
         }
+        if n == 0 {
+            // A zero-length request: an empty SGE list (the pointer is valid, nothing is
+            // read from it).
+            ffi::ibv_wr_set_sge_list(qpx, 0, sges.as_ptr().cast());
+            return;
+        }
         let sge = sges[0].assume_init();
         if wr.is_inline() && n == 1 {
             ffi::ibv_wr_set_inline_data(qpx, sge.addr as *mut std::ffi::c_void, sge.length as usize);
@@ -328,11 +334,11 @@ pub(super) fn check_send<T: SendBuf>(
 #[inline]
 fn ext_takes<T: SendBuf>(ext: Ext, wr: &SendWr<T>, n: usize) -> bool {
     let Some((_, ops)) = ext else { return false };
-    // The quirks only matter for lists: a single SGE never reads them (the queue's claim
-    // has looked them up already, so no post pays for that).
-    n >= 1
-        && ops.contains(wr.op.codes().ops)
-        && (n == 1 || if wr.is_inline() { compat::quirks().wr_inline_list } else { compat::quirks().wr_sge_list })
+    // The quirks only matter for lists of two or more: a single SGE and an empty list
+    // (a zero-length request) never meet them (the queue's claim has looked them up
+    // already, so no post pays for that).
+    ops.contains(wr.op.codes().ops)
+        && (n <= 1 || if wr.is_inline() { compat::quirks().wr_inline_list } else { compat::quirks().wr_sge_list })
 }
 
 /// Why the safe send path refused a work request before calling the provider.

@@ -590,8 +590,10 @@ fn mc_member(channel: &EventChannel, n: usize) -> McMember {
     let cq = CompletionQueue::new(&ctx, 32).unwrap();
     let qp = id.create_qp(QueuePair::builder(&pd, QpType::Ud, &cq, &cq).max_send_wr(8).max_recv_wr(8)).unwrap();
     let mut rq: RecvQueue<Chunk> = qp.recv_queue().unwrap();
-    for (i, c) in chunks(&pd, n, 512, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
-        rq.post(c, 0..512, i as u64).unwrap();
+    if n > 0 {
+        for (i, c) in chunks(&pd, n, 512, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
+            rq.post(c, 0..512, i as u64).unwrap();
+        }
     }
     McMember { id, cq, qp, rq, pd }
 }

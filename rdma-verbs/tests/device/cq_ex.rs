@@ -7,10 +7,11 @@ use rdma_verbs::{
     AccessFlags, Chunk, CompletionQueue, Error, ExtendedCompletion, InitAttr, ProtectionDomain, QpType, QueuePair,
     SendWr, Verb, WcFields, WcOpcode, WcStatus,
 };
+use rdma_verbs::{AddressHandle, AhAttr, WcFlags, GRH_LEN};
 
 use crate::datapath::{chunks, poll_one};
-use crate::open;
 use crate::LeakCheck;
+use crate::{gid_index, open};
 
 /// Two connected RC QPs: A's CQ classic, B's built extended with `fields`.
 fn pair(fields: WcFields) -> (ProtectionDomain, CompletionQueue, QueuePair, CompletionQueue, QueuePair) {
@@ -106,7 +107,8 @@ fn a_failed_completion_on_an_extended_cq_keeps_its_status_qp_and_id() {
 
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
-fn completion_timestamps_on_a_device_without_them_are_a_typed_not_supported_and_a_classic_cq_refuses_poll_extended() {
+fn timestamps_on_a_device_without_them_are_a_typed_not_supported_bad_sizes_are_refused_and_a_classic_cq_refuses_poll_extended(
+) {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let is_rxe = ctx.name().starts_with("rxe");
@@ -121,9 +123,59 @@ fn completion_timestamps_on_a_device_without_them_are_a_typed_not_supported_and_
             assert!(cq.is_extended());
         }
     }
+    // Sizes are checked before C as for a classic CQ.
+    for cqe in [0, ctx.query_device().unwrap().max_cqe + 1] {
+        let e = CompletionQueue::builder(&ctx, cqe).extended(WcFields::empty()).build().unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { verb: Verb::CqBuilderBuild, .. }), "cqe {cqe}: {e:?}");
+    }
     let mut classic = CompletionQueue::new(&ctx, 16).unwrap();
     let mut out = [ExtendedCompletion::EMPTY];
     let e = classic.poll_extended(&mut out).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { verb: Verb::PollExtended, .. }), "{e:?}");
     assert!(e.to_string().contains("CqBuilder::extended"), "{e}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn a_ud_datagram_polled_from_an_extended_cq_names_its_source_qp_and_carries_the_grh_and_bytes() {
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    const QKEY: u32 = 0x1111_2222;
+    let ud = |cq: &CompletionQueue| {
+        let qp = QueuePair::builder(&pd, QpType::Ud, cq, cq).max_send_wr(8).max_recv_wr(8).build().unwrap();
+        qp.ready_ud(&InitAttr { qkey: QKEY, ..InitAttr::default() }).unwrap();
+        qp
+    };
+    let mut cq_a = CompletionQueue::new(&ctx, 32).unwrap();
+    let mut cq_b = CompletionQueue::builder(&ctx, 32).extended(WcFields::empty()).build().unwrap();
+    let (a, b) = (ud(&cq_a), ud(&cq_b));
+    let mut rq = b.recv_queue::<Chunk>().unwrap();
+    rq.post(chunks(&pd, 1, GRH_LEN + 512, AccessFlags::LOCAL_WRITE).remove(0), 0..GRH_LEN + 512, 3).unwrap();
+    let ah = AddressHandle::new(&pd, &AhAttr::global(1, b.local_info(1).unwrap().gid, gid_index())).unwrap();
+    let mut sq = a.send_queue::<Chunk>().unwrap();
+    let mut src = chunks(&pd, 1, 512, AccessFlags::LOCAL_WRITE).remove(0);
+    let data: Vec<u8> = (0..300).map(|i| (i * 7 + 1) as u8).collect();
+    src[..data.len()].copy_from_slice(&data);
+    if let Err(r) = sq.post(SendWr::send_ud(src, 0..data.len(), &ah, b.qp_num(), QKEY).imm(77)) {
+        panic!("{}", r.error);
+    }
+    let mut wc = poll_one(&mut cq_a);
+    sq.complete(&mut wc, |d| assert_eq!(d.status, WcStatus::Success)).unwrap();
+
+    let mut out = [ExtendedCompletion::EMPTY];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let c = loop {
+        assert!(Instant::now() < deadline, "no datagram within 10 s");
+        if let Some(c) = cq_b.poll_extended(&mut out).unwrap().first_mut() {
+            break c;
+        }
+    };
+    assert_eq!(c.status(), WcStatus::Success, "{c:?}");
+    assert_eq!(c.src_qp(), a.qp_num(), "the source QP, read through ibv_wc_read_src_qp");
+    assert!(c.wc_flags().contains(WcFlags::GRH), "{c:?}");
+    assert_eq!(c.imm_data(), Some(77));
+    let done = rq.complete(c).unwrap().result().unwrap();
+    assert_eq!(done.byte_len as usize, GRH_LEN + data.len());
+    assert_eq!(&done.value[GRH_LEN..GRH_LEN + data.len()], &data[..], "the datagram's bytes");
 }

@@ -112,3 +112,129 @@ fn extended_qp_writes_reads_and_atomics_in_one_batch() {
     assert_eq!(u64::from_ne_bytes(done[2].value[..8].try_into().unwrap()), 0);
     assert_eq!(target.atomic_u64(1024).unwrap().load(std::sync::atomic::Ordering::SeqCst), 3);
 }
+
+/// A region of B's that A may write, read and update atomically.
+fn remote_target(pd: &ProtectionDomain) -> rdma_verbs::MemoryRegion<AlignedBuf, rdma_verbs::RemoteWritable> {
+    let access =
+        AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+    pd.register_remote_writable(AlignedBuf::new(4096).unwrap(), access).unwrap()
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn extended_qp_compare_and_swap_swaps_and_write_with_immediate_lands_with_its_immediate() {
+    let _leaks = LeakCheck::new();
+    let (pd, mut a, mut b) = ext_pair::<Chunk>();
+    let target = remote_target(&pd);
+    let remote = target.remote().unwrap();
+    let word = target.atomic_u64(2048).unwrap();
+    word.store(5, std::sync::atomic::Ordering::SeqCst);
+    // ibv_wr_atomic_cmp_swp: 5 -> 42, the old value comes back.
+    let atom = chunks(&pd, 1, 64).remove(0);
+    a.sq.post(SendWr::compare_swap(atom, 0, remote.slice(2048..).unwrap(), 5, 42)).unwrap();
+    let d = sent(&mut a).pop().unwrap();
+    assert_eq!(d.status, WcStatus::Success, "{d:?}");
+    assert_eq!(u64::from_ne_bytes(d.value[..8].try_into().unwrap()), 5, "the old value");
+    assert_eq!(word.load(std::sync::atomic::Ordering::SeqCst), 42, "swapped");
+    // A compare that does not match leaves the word.
+    let atom = chunks(&pd, 1, 64).remove(0);
+    a.sq.post(SendWr::compare_swap(atom, 0, remote.slice(2048..).unwrap(), 5, 7)).unwrap();
+    let d = sent(&mut a).pop().unwrap();
+    assert_eq!(u64::from_ne_bytes(d.value[..8].try_into().unwrap()), 42);
+    assert_eq!(word.load(std::sync::atomic::Ordering::SeqCst), 42, "no swap on a mismatch");
+
+    // ibv_wr_rdma_write_imm: the bytes land, and B's receive completes with the immediate.
+    b.rq.post(chunks(&pd, 1, 64).remove(0), 0..64, 9).unwrap();
+    let mut src = chunks(&pd, 1, 256).remove(0);
+    src.iter_mut().enumerate().for_each(|(i, x)| *x = (i as u8).wrapping_mul(3));
+    a.sq.post(SendWr::write(src, 0..256, remote).imm(0xabcd)).unwrap();
+    assert_eq!(sent(&mut a).pop().unwrap().status, WcStatus::Success);
+    let mut wc = poll_one(&mut b.cq);
+    assert_eq!(wc.opcode(), rdma_verbs::WcOpcode::RecvRdmaWithImm);
+    assert_eq!(wc.imm_data(), Some(0xabcd));
+    let got = b.rq.complete(&mut wc).unwrap();
+    assert_eq!(got.id, 9);
+    let mut landed = [0u8; 256];
+    target.read_at(0, &mut landed).unwrap();
+    assert!(landed.iter().enumerate().all(|(i, &x)| x == (i as u8).wrapping_mul(3)), "the written bytes");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn extended_qp_zero_length_write_read_and_send_complete_and_change_nothing() {
+    let _leaks = LeakCheck::new();
+    let (pd, mut a, mut b) = ext_pair::<Chunk>();
+    let mut target = remote_target(&pd);
+    let remote = target.remote().unwrap();
+    target.write_at(0, &[0x77; 64]).unwrap();
+    let mut c = chunks(&pd, 3, 64);
+    c[1].fill(0x11);
+    let (w, r, s) = (c.remove(0), c.remove(0), c.remove(0));
+    // An empty SGE list through ibv_wr_set_sge_list.
+    a.sq.post_batch([SendWr::write(w, 0..0, remote), SendWr::read(r, 0..0, remote)]).unwrap();
+    let mut done = Vec::new();
+    while done.len() < 2 {
+        done.extend(sent(&mut a));
+    }
+    assert!(done.iter().all(|d| d.status == WcStatus::Success && d.byte_len == 0), "{done:?}");
+    assert!(done[1].value.iter().all(|&x| x == 0x11), "a zero-length READ writes nothing");
+    let mut now = [0u8; 64];
+    target.read_at(0, &mut now).unwrap();
+    assert_eq!(now, [0x77; 64], "a zero-length WRITE writes nothing");
+    // A zero-length SEND consumes a receive of 0 bytes.
+    b.rq.post(chunks(&pd, 1, 64).remove(0), 0..64, 4).unwrap();
+    a.sq.post(SendWr::send(s, 0..0)).unwrap();
+    assert_eq!(sent(&mut a).pop().unwrap().status, WcStatus::Success);
+    let got = b.rq.complete(&mut poll_one(&mut b.cq)).unwrap();
+    assert_eq!((got.status, got.byte_len, got.id), (WcStatus::Success, 0, 4));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn an_extended_ud_qp_sends_datagrams_with_and_without_immediate_and_of_zero_size() {
+    use rdma_verbs::{AddressHandle, AhAttr, CompletionQueue, InitAttr, QpType, QueuePair, GRH_LEN};
+    let _leaks = LeakCheck::new();
+    let ctx = crate::open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    const QKEY: u32 = 0x0bad_cafe;
+    let ud = |cq: &CompletionQueue| {
+        let qp = QueuePair::builder(&pd, QpType::Ud, cq, cq)
+            .max_send_wr(8)
+            .max_recv_wr(8)
+            .extended_send_ops(SendOps::SEND | SendOps::SEND_WITH_IMM)
+            .build()
+            .unwrap();
+        qp.ready_ud(&InitAttr { qkey: QKEY, ..InitAttr::default() }).unwrap();
+        qp
+    };
+    let (mut cq_a, mut cq_b) = (CompletionQueue::new(&ctx, 32).unwrap(), CompletionQueue::new(&ctx, 32).unwrap());
+    let (a, b) = (ud(&cq_a), ud(&cq_b));
+    let mut sq = a.send_queue::<Chunk>().unwrap();
+    assert!(sq.uses_extended_api());
+    let mut rq = b.recv_queue::<Chunk>().unwrap();
+    for (i, c) in chunks(&pd, 3, GRH_LEN + 256).into_iter().enumerate() {
+        rq.post(c, 0..GRH_LEN + 256, i as u64).unwrap();
+    }
+    let ah = AddressHandle::new(&pd, &AhAttr::global(1, b.local_info(1).unwrap().gid, crate::gid_index())).unwrap();
+    let data: Vec<u8> = (0..200).map(|i| (i as u8) ^ 0x3c).collect();
+    let cases: [(usize, Option<u32>); 3] = [(200, None), (120, Some(0x600d)), (0, None)];
+    for (i, (len, imm)) in cases.into_iter().enumerate() {
+        let mut src = chunks(&pd, 1, 256).remove(0);
+        src[..len].copy_from_slice(&data[..len]);
+        let wr = SendWr::send_ud(src, 0..len, &ah, b.qp_num(), QKEY);
+        a_post(&mut sq, if let Some(imm) = imm { wr.imm(imm) } else { wr });
+        let mut wc = poll_one(&mut cq_a);
+        sq.complete(&mut wc, |d| assert_eq!(d.status, WcStatus::Success)).unwrap();
+        let mut wc = poll_one(&mut cq_b);
+        assert_eq!((wc.src_qp(), wc.imm_data()), (a.qp_num(), imm), "datagram {i}");
+        let got = rq.complete(&mut wc).unwrap();
+        assert_eq!((got.status, got.byte_len as usize, got.id), (WcStatus::Success, GRH_LEN + len, i as u64));
+        assert_eq!(&got.value[GRH_LEN..GRH_LEN + len], &data[..len], "datagram {i}'s bytes");
+    }
+}
+
+fn a_post(sq: &mut rdma_verbs::SendQueue<Chunk>, wr: SendWr<Chunk>) {
+    if let Err(r) = sq.post(wr) {
+        panic!("{}", r.error);
+    }
+}

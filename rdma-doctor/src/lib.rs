@@ -51,6 +51,7 @@ pub mod compare;
 pub mod counters;
 mod device;
 pub mod ethtool;
+pub mod fleet;
 pub mod input;
 mod kmsg;
 pub mod known_bad;

@@ -1,0 +1,524 @@
+//! The fleet: `rdma-doctor --fleet HOST...` asks every node's `rdma-doctor --serve` for
+//! its report, in parallel with a bounded time per node, and tabulates the versions that
+//! matter when something breaks (kernel, rdma-core, provider, driver, firmware, device,
+//! port state and rate, MTU), marking each value that differs from the majority of the
+//! nodes or from a saved baseline, the known-bad combinations of each node and each
+//! node's own verdict. Then it has each node probe the RDMA path to its neighbour (a
+//! ring, or every pair with `--mesh`) with `--peer`'s checks, and names the links that
+//! fail.
+//!
+//! A node that cannot be reached, that answers garbage or too slowly, or that runs a
+//! doctor of another version is named in a row of its own and left out of the
+//! comparison and the probes; the others are examined as usual.
+//!
+//! The requests ride on the `--serve` door ([`wire`]): a report request in place of a
+//! probe's hello, answered with the report the node made when `--serve` started, and a
+//! probe request, answered with the node's `--peer` report for the path to another node.
+
+mod gather;
+mod table;
+pub mod wire;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::compare::{self, NodeDifference, NODES_IGNORE, SELF_IGNORE};
+use crate::known_bad::KnownBad;
+use crate::peer::PeerReport;
+use crate::report::{Baseline, Drift, Finding, Report, Severity, Status};
+use crate::saved::check_nodes;
+use crate::verdict::{LayerReport, Outcome};
+
+pub use gather::probe_wait;
+pub use table::to_text;
+use wire::Trouble;
+
+/// The value of the `format` field of a fleet report.
+pub const FLEET_FORMAT: &str = "rdma-doctor-fleet";
+/// The version of the fleet report's JSON (docs/doctor-json.md).
+pub const FLEET_FORMAT_VERSION: u32 = 1;
+/// The most hosts one run asks.
+pub const MAX_HOSTS: usize = 10_000;
+
+/// How a node answered the report request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeState {
+    /// With a report this doctor reads.
+    Answered,
+    /// No TCP connection.
+    Unreachable,
+    /// Not an answer of ours, or over the size limit.
+    Garbage,
+    /// No complete answer within the timeout.
+    Slow,
+    /// A doctor of another protocol or report version.
+    OtherVersion,
+    /// A doctor of ours refused the request.
+    Refused,
+}
+
+impl From<Trouble> for NodeState {
+    fn from(t: Trouble) -> NodeState {
+        match t {
+            Trouble::Unreachable => NodeState::Unreachable,
+            Trouble::Garbage => NodeState::Garbage,
+            Trouble::Slow => NodeState::Slow,
+            Trouble::OtherVersion => NodeState::OtherVersion,
+            Trouble::Refused => NodeState::Refused,
+        }
+    }
+}
+
+impl NodeState {
+    /// The word in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeState::Answered => "answered",
+            NodeState::Unreachable => "UNREACHABLE",
+            NodeState::Garbage => "GARBAGE",
+            NodeState::Slow => "SLOW",
+            NodeState::OtherVersion => "OTHER VERSION",
+            NodeState::Refused => "REFUSED",
+        }
+    }
+}
+
+/// One node of the fleet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetNode {
+    /// The name in the table and the links: its host name when no other node has it,
+    /// else the host as given.
+    pub label: String,
+    /// The host as given (`HOST[:PORT]`).
+    pub given: String,
+    /// The `HOST:PORT` asked.
+    pub address: String,
+    /// How it answered.
+    pub state: NodeState,
+    /// Why it gave no usable answer.
+    pub error: Option<String>,
+    /// How long the answer took, milliseconds.
+    pub elapsed_ms: u64,
+    /// Its report (only its summary and baseline are in the fleet's JSON).
+    #[serde(skip)]
+    pub report: Option<Report>,
+    /// Its host name, its doctor, and when its report was made (Unix time).
+    #[serde(default)]
+    pub hostname: Option<String>,
+    /// The doctor that made its report.
+    #[serde(default)]
+    pub tool: Option<String>,
+    /// When its report was made (Unix time).
+    #[serde(default)]
+    pub report_time_unix: Option<u64>,
+    /// Its own verdict and exit status.
+    #[serde(default)]
+    pub node_status: Option<Status>,
+    /// Its own exit status.
+    #[serde(default)]
+    pub node_exit_code: Option<i32>,
+    /// Its failed layers: `SCOPE LAYER: SUMMARY`.
+    #[serde(default)]
+    pub failed_layers: Vec<String>,
+    /// Its own warnings (findings of severity warning).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+    /// Its `baseline` section: a saved fleet report is a baseline per node.
+    #[serde(default)]
+    pub baseline: Option<Baseline>,
+}
+
+/// A field of a node that differs from the saved baseline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeDrift {
+    /// The node's label.
+    pub node: String,
+    /// The field's path in the `baseline` section (`node`: the node is new, or gone).
+    pub field: String,
+    /// Its saved value (`None`: the field is new).
+    pub expected: Option<Value>,
+    /// Its value now (`None`: the field is gone).
+    pub found: Option<Value>,
+}
+
+/// The path probe from one node to the next.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    /// The prober's label.
+    pub from: String,
+    /// The probed node's label.
+    pub to: String,
+    /// Every check passed (possibly with warnings).
+    pub ok: bool,
+    /// A check warned.
+    pub warning: bool,
+    /// The layer of the first failed check (`collector` when no probe report came back).
+    pub failed_layer: Option<String>,
+    /// The first failed check's words, else the first warning's, else a summary.
+    pub detail: String,
+    /// The usual fix of the first failure.
+    pub fix: Option<String>,
+    /// The prober's `--peer` report.
+    pub probe: Option<PeerReport>,
+}
+
+impl Link {
+    fn failed(from: &FleetNode, to: &FleetNode, layer: &str, detail: String) -> Link {
+        Link {
+            from: from.label.clone(),
+            to: to.label.clone(),
+            ok: false,
+            warning: false,
+            failed_layer: Some(layer.into()),
+            detail,
+            fix: None,
+            probe: None,
+        }
+    }
+
+    fn from_report(from: &FleetNode, to: &FleetNode, report: PeerReport) -> Link {
+        let code = report.exit_code();
+        let first_fail = report.checks.iter().find(|c| !c.ok);
+        let first_warn = report.checks.iter().find(|c| c.ok && c.warning);
+        let (failed_layer, detail, fix) = match (first_fail, first_warn) {
+            (Some(c), _) => (Some(c.layer.clone()), c.detail.clone(), c.fix.clone()),
+            (None, Some(c)) => (None, format!("{}: {}", c.layer, c.detail), c.fix.clone()),
+            (None, None) if report.checks.is_empty() => (Some("none".into()), "no check ran".into(), None),
+            (None, None) => (None, format!("{} checks passed in {} ms", report.checks.len(), report.elapsed_ms), None),
+        };
+        Link {
+            from: from.label.clone(),
+            to: to.label.clone(),
+            ok: code != 1,
+            warning: code == Status::Warnings.exit_code(),
+            failed_layer,
+            detail,
+            fix,
+            probe: Some(report),
+        }
+    }
+}
+
+/// One row of the table: a port of a device of a node (a node without an answer has one
+/// row, with its state).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Row {
+    /// The node's label.
+    pub node: String,
+    /// `kernel.release`.
+    pub kernel: String,
+    /// rdma-core's version.
+    pub rdma_core: String,
+    /// The provider and its version.
+    pub provider: String,
+    /// The kernel driver and its version.
+    pub driver: String,
+    /// The firmware.
+    pub firmware: String,
+    /// The device: name, and its part id (or `hca_type`).
+    pub device: String,
+    /// The port number.
+    pub port: String,
+    /// `ACTIVE`, `DOWN`, ... or the node's state when it gave no answer.
+    pub state: String,
+    /// Rate, Gb/s, with width and speed.
+    pub rate: String,
+    /// Active MTU / netdev MTU.
+    pub mtu: String,
+    /// The node's own verdict: `ok`, `fail: LAYER`, `warn`, `known-bad`.
+    pub doctor: String,
+    /// The columns whose value differs from the majority of the nodes.
+    pub majority_drift: Vec<String>,
+    /// The columns whose value differs from the saved baseline.
+    pub baseline_drift: Vec<String>,
+}
+
+/// What `--fleet` found: docs/doctor-json.md's fleet report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetReport {
+    /// Always [`FLEET_FORMAT`].
+    pub format: String,
+    /// [`FLEET_FORMAT_VERSION`].
+    pub format_version: u32,
+    /// The collector's doctor.
+    pub tool: String,
+    /// When the collector ran (Unix time).
+    pub time_unix: u64,
+    /// The time allowed each node for its report, milliseconds.
+    pub timeout_ms: u64,
+    /// `ring`, `mesh`, or `none` (`--no-probe`, or fewer than two nodes answered).
+    pub topology: String,
+    /// The saved baseline compared with, when one was given.
+    pub compared_with: Option<String>,
+    /// The nodes, in the order given.
+    pub nodes: Vec<FleetNode>,
+    /// The table.
+    pub rows: Vec<Row>,
+    /// Each answering node's link layer per device, judged against the fastest node with
+    /// the same device model (scope `NODE/DEVICE`).
+    pub layers: Vec<LayerReport>,
+    /// Known-bad combinations on any node (scope `NODE/DEVICE`).
+    pub findings: Vec<Finding>,
+    /// The fields where the answering nodes differ.
+    pub differences: Vec<NodeDifference>,
+    /// The fields that differ from the saved baseline, per node.
+    pub baseline_drift: Vec<NodeDrift>,
+    /// The path probes.
+    pub links: Vec<Link>,
+    /// Nodes every probed link of which failed while others passed: the likely fault.
+    pub suspects: Vec<String>,
+    /// The overall result.
+    pub status: Status,
+    /// The doctor's exit status for it.
+    pub exit_code: i32,
+}
+
+impl FleetReport {
+    /// The report as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+}
+
+/// A saved baseline to compare the fleet with.
+#[derive(Debug, Clone)]
+pub enum Reference {
+    /// A saved fleet report: each node against its own saved baseline (by label, else by
+    /// host as given).
+    Fleet(String, Vec<FleetNode>),
+    /// One node's saved report: every node against it, identities ignored.
+    Node(String, Box<Baseline>),
+}
+
+/// Reads a saved fleet report or node report, bounded and strictly.
+pub fn load_reference(path: &std::path::Path) -> Result<Reference, String> {
+    let name = path.display().to_string();
+    let text = crate::input::read_limited(path)?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{name}: {e}"))?;
+    if v.get("format").and_then(Value::as_str) == Some(FLEET_FORMAT) {
+        let version = v.get("format_version").and_then(Value::as_u64);
+        if !version.is_some_and(|n| (1..=u64::from(FLEET_FORMAT_VERSION)).contains(&n)) {
+            return Err(format!(
+                "{name}: fleet format_version {version:?}; this doctor reads 1 to {FLEET_FORMAT_VERSION}"
+            ));
+        }
+        let r: FleetReport = crate::input::parse_strict(&text).map_err(|e| format!("{name}: {e}"))?;
+        return Ok(Reference::Fleet(name, r.nodes.into_iter().filter(|n| n.baseline.is_some()).collect()));
+    }
+    let r = crate::input::parse_report(&text).map_err(|e| format!("{name}: {e}"))?;
+    Ok(Reference::Node(name, Box::new(r.baseline)))
+}
+
+/// One HOST per line; `#` starts a comment; blank lines are skipped.
+pub fn parse_hosts_file(text: &str) -> Result<Vec<String>, String> {
+    let mut hosts = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        match line.split_whitespace().collect::<Vec<_>>()[..] {
+            [] => {}
+            [host] => hosts.push(host.to_owned()),
+            _ => return Err(format!("line {}: one HOST[:PORT] a line, found {line:?}", i + 1)),
+        }
+    }
+    Ok(hosts)
+}
+
+/// What to ask and how.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// The hosts, `HOST[:PORT]`, in order (the ring's order).
+    pub hosts: Vec<String>,
+    /// The port of a host that names none.
+    pub default_port: u16,
+    /// The time allowed each node for its report, and the probes' timeout.
+    pub timeout: Duration,
+    /// Connections at once.
+    pub parallel: usize,
+    /// Every pair rather than a ring.
+    pub mesh: bool,
+    /// Probe the paths at all.
+    pub probe: bool,
+    /// The known-bad list.
+    pub known_bad: Vec<KnownBad>,
+    /// Fields not to compare.
+    pub ignore: Vec<String>,
+    /// A saved baseline.
+    pub reference: Option<Reference>,
+}
+
+/// Asks every node, compares, probes: the fleet report. Refuses only a host list that is
+/// empty, too long, or names a host twice.
+pub fn run(opts: &FleetOptions) -> Result<FleetReport, String> {
+    if opts.hosts.is_empty() || opts.hosts.len() > MAX_HOSTS {
+        return Err(format!("give 1 to {MAX_HOSTS} hosts ({} given)", opts.hosts.len()));
+    }
+    let addresses: Vec<(String, String)> =
+        opts.hosts.iter().map(|h| (h.clone(), wire::with_port(h, opts.default_port))).collect();
+    for (i, (h, a)) in addresses.iter().enumerate() {
+        if let Some((first, _)) = addresses[..i].iter().find(|(_, b)| b == a) {
+            return Err(format!("{h} and {first} are the same node ({a})"));
+        }
+    }
+    let mut nodes = gather::parallel_map(
+        &addresses,
+        opts.parallel,
+        |(h, a)| gather::gather(h, a, opts.timeout),
+        |(h, a)| {
+            let mut n = gather::gather(h, a, Duration::ZERO);
+            n.state = NodeState::Refused;
+            n.error = Some("the collector had no thread for this node".into());
+            n
+        },
+    );
+    summarize(&mut nodes);
+    let answered: Vec<&FleetNode> = nodes.iter().filter(|n| n.report.is_some()).collect();
+    let (links, topology) = match (opts.probe, answered.len() >= 2) {
+        (true, true) => {
+            let t = if opts.mesh { "mesh" } else { "ring" };
+            (gather::probe_links(&answered, opts.mesh, opts.timeout, opts.parallel), t)
+        }
+        _ => (Vec::new(), "none"),
+    };
+    Ok(assess(nodes, links, topology, opts))
+}
+
+/// Labels each node and copies the summary of its report into the node.
+fn summarize(nodes: &mut [FleetNode]) {
+    let names: Vec<String> = nodes.iter().filter_map(|n| n.report.as_ref().map(|r| r.host.hostname.clone())).collect();
+    for n in nodes.iter_mut() {
+        let Some(r) = &n.report else { continue };
+        let host = &r.host.hostname;
+        if !host.is_empty() && names.iter().filter(|h| *h == host).count() == 1 {
+            n.label = host.clone();
+        }
+        n.hostname = Some(host.clone());
+        n.tool = Some(r.tool.clone());
+        n.report_time_unix = Some(r.host.time_unix);
+        n.node_status = Some(r.status);
+        n.node_exit_code = Some(r.exit_code);
+        n.failed_layers = r
+            .layers
+            .iter()
+            .filter(|l| l.outcome == Outcome::Fail)
+            .map(|l| format!("{} {}: {}", l.scope, l.layer.name(), l.summary))
+            .collect();
+        n.warnings = r.findings.iter().filter(|f| f.severity == Severity::Warning).map(|f| f.what.clone()).collect();
+        n.baseline = Some(r.baseline.clone());
+    }
+}
+
+/// Compares the answering nodes with each other and with the saved baseline, checks
+/// each, and settles the result.
+fn assess(nodes: Vec<FleetNode>, links: Vec<Link>, topology: &str, opts: &FleetOptions) -> FleetReport {
+    let labelled: Vec<(String, String, Report)> = nodes
+        .iter()
+        .filter_map(|n| n.report.as_ref().map(|r| (n.label.clone(), n.address.clone(), r.clone())))
+        .collect();
+    let checked = check_nodes(&labelled, &opts.known_bad, &opts.ignore);
+    let baseline_drift = opts.reference.as_ref().map(|r| drift_from(r, &nodes, &opts.ignore)).unwrap_or_default();
+    let suspects = suspects(&links);
+    let rows = table::rows(&nodes, &checked.findings, &checked.differences, &baseline_drift);
+
+    let failed = nodes.iter().any(|n| n.state != NodeState::Answered || n.node_status == Some(Status::LayerFailed))
+        || checked.layers.iter().any(|l| l.outcome == Outcome::Fail)
+        || links.iter().any(|l| !l.ok);
+    let warned = checked.findings.iter().any(|f| f.severity == Severity::Warning)
+        || links.iter().any(|l| l.warning)
+        || nodes.iter().any(|n| n.node_status == Some(Status::Warnings));
+    let status = if failed {
+        Status::LayerFailed
+    } else if !checked.differences.is_empty() || !baseline_drift.is_empty() {
+        Status::Drift
+    } else if warned {
+        Status::Warnings
+    } else {
+        Status::Healthy
+    };
+    let time_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    FleetReport {
+        format: FLEET_FORMAT.into(),
+        format_version: FLEET_FORMAT_VERSION,
+        tool: format!("rdma-doctor {}", env!("CARGO_PKG_VERSION")),
+        time_unix,
+        timeout_ms: u64::try_from(opts.timeout.as_millis()).unwrap_or(u64::MAX),
+        topology: topology.into(),
+        compared_with: opts.reference.as_ref().map(|r| match r {
+            Reference::Fleet(f, _) | Reference::Node(f, _) => f.clone(),
+        }),
+        nodes,
+        rows,
+        layers: checked.layers,
+        findings: checked.findings,
+        differences: checked.differences,
+        baseline_drift,
+        links,
+        suspects,
+        status,
+        exit_code: status.exit_code(),
+    }
+}
+
+/// Every field of every answering node that differs from its saved baseline; a node new
+/// to a saved fleet, or one of it not asked now, is a drift of the field `node`.
+fn drift_from(reference: &Reference, nodes: &[FleetNode], ignore: &[String]) -> Vec<NodeDrift> {
+    let patterns =
+        |base: &[&str]| -> Vec<String> { base.iter().map(|s| s.to_string()).chain(ignore.iter().cloned()).collect() };
+    let value = |b: &Baseline| serde_json::to_value(b).unwrap_or_default();
+    let mut out = Vec::new();
+    let node_drift = |node: &str, expected: Option<&str>, found: Option<&str>| NodeDrift {
+        node: node.to_owned(),
+        field: "node".into(),
+        expected: expected.map(Value::from),
+        found: found.map(Value::from),
+    };
+    for n in nodes {
+        let Some(now) = n.report.as_ref().map(|r| &r.baseline) else { continue };
+        let (saved, ignore) = match reference {
+            Reference::Node(_, b) => (Some(b.as_ref()), patterns(NODES_IGNORE)),
+            Reference::Fleet(_, saved) => {
+                let same =
+                    saved.iter().find(|s| s.label == n.label).or_else(|| saved.iter().find(|s| s.given == n.given));
+                (same.and_then(|s| s.baseline.as_ref()), patterns(SELF_IGNORE))
+            }
+        };
+        match saved {
+            Some(s) => out.extend(compare::drift(&value(s), &value(now), &ignore).into_iter().map(|d: Drift| {
+                NodeDrift { node: n.label.clone(), field: d.field, expected: d.expected, found: d.found }
+            })),
+            None => out.push(node_drift(&n.label, None, Some("not in the saved baseline"))),
+        }
+    }
+    if let Reference::Fleet(_, saved) = reference {
+        for s in saved {
+            if !nodes.iter().any(|n| n.label == s.label || n.given == s.given) {
+                out.push(node_drift(&s.label, Some("in the saved baseline"), None));
+            }
+        }
+    }
+    out
+}
+
+/// The nodes every link of which failed (two links at least) while a link elsewhere passed.
+fn suspects(links: &[Link]) -> Vec<String> {
+    if !links.iter().any(|l| l.ok) {
+        return Vec::new();
+    }
+    let mut by_node: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for l in links {
+        for n in [&l.from, &l.to] {
+            let e = by_node.entry(n).or_default();
+            e.0 += 1;
+            e.1 += usize::from(!l.ok);
+        }
+    }
+    by_node.into_iter().filter(|(_, (all, bad))| *all >= 2 && all == bad).map(|(n, _)| n.to_owned()).collect()
+}

@@ -111,7 +111,9 @@ pub struct Args {
     #[arg(long, value_name = "HOST[:PORT]", conflicts_with_all = ["serve", "compare_nodes", "compare", "save"])]
     pub peer: Option<String>,
     /// Answer `--peer` probes from other nodes until killed: up to 16 at once, each with its
-    /// own QP; a client must say hello within --timeout and end within 24 timeouts
+    /// own QP; a client must say hello within --timeout and end within 24 timeouts. A
+    /// `--fleet` collector gets this node's report (the diagnosis made as it starts) and
+    /// has it probe another node
     #[arg(long, conflicts_with_all = ["compare_nodes", "compare", "save"])]
     pub serve: bool,
     /// The TCP port `--serve` listens on, and `--peer` and `--fleet` connect to when HOST

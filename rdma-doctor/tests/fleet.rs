@@ -303,3 +303,42 @@ fn a_hosts_file_takes_comments_and_refuses_two_hosts_on_a_line() {
     assert_eq!(run(&["--mesh"]).0, 2);
     assert_eq!(run(&["--fleet", "a", "--serve"]).0, 2);
 }
+
+/// The fleet report `scripts/doctor-fleet` saved on the two test-bed nodes (rxe on a
+/// virtual wire), healthy.
+const TEST_BED: &str = include_str!("../testdata/fleet-rxe-two-nodes.json");
+
+#[test]
+fn the_test_beds_saved_fleet_report_is_a_baseline_that_names_the_node_whose_mtu_changed() {
+    let saved: Value = serde_json::from_str(TEST_BED).unwrap();
+    assert_eq!(saved["exit_code"], 0);
+    let bad = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // Two nodes answering with the recorded baselines, under the recorded labels; the
+    // second one's NIC now at MTU 9000 (rxe's active MTU 4096).
+    let addrs: Vec<String> = (0..2)
+        .map(|i| {
+            let node = &saved["nodes"][i];
+            let report = variant(NODE_A, i, |v| {
+                v["host"]["hostname"] = node["label"].clone();
+                v["baseline"] = node["baseline"].clone();
+                if i == 1 {
+                    let port = &mut v["baseline"]["devices"]["rxe0"]["ports"]["1"];
+                    port["active_mtu"] = json!(4096);
+                    port["netdev"]["mtu"] = json!(9000);
+                }
+            });
+            fake_node(Role::Good { report, broken: false }, Arc::clone(&bad))
+        })
+        .collect();
+    let dir = std::env::temp_dir().join(format!("rdma-doctor-fleet-bed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("bed.json");
+    std::fs::write(&file, TEST_BED).unwrap();
+    let (code, text, err) = run(&["--fleet", &addrs[0], &addrs[1], "--compare", file.to_str().unwrap()]);
+    assert_eq!(code, 3, "{text}{err}");
+    assert!(text.contains("1024/1500*  "), "{text}");
+    assert!(text.contains("4096/9000*!"), "{text}");
+    assert!(text.contains("10.98.0.2: devices.rxe0.ports.1.active_mtu: 1024 -> 4096"), "{text}");
+    assert!(!text.contains("10.98.0.1: "), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -45,23 +45,8 @@ pub(crate) fn gather(given: &str, address: &str, timeout: Duration) -> FleetNode
     let start = Instant::now();
     let result = wire::fetch_report(address, timeout);
     let elapsed_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let mut node = FleetNode {
-        label: given.to_owned(),
-        given: given.to_owned(),
-        address: address.to_owned(),
-        state: NodeState::Answered,
-        error: None,
-        elapsed_ms,
-        report: None,
-        hostname: None,
-        tool: None,
-        report_time_unix: None,
-        node_status: None,
-        node_exit_code: None,
-        failed_layers: Vec::new(),
-        warnings: Vec::new(),
-        baseline: None,
-    };
+    let mut node = FleetNode::new(given, address, NodeState::Answered);
+    node.elapsed_ms = elapsed_ms;
     match result {
         Ok(r) => node.report = Some(r),
         Err((trouble, why)) => {

@@ -133,6 +133,29 @@ pub struct FleetNode {
     pub baseline: Option<Baseline>,
 }
 
+impl FleetNode {
+    /// A node asked at `address`, before anything is known of it.
+    pub(crate) fn new(given: &str, address: &str, state: NodeState) -> FleetNode {
+        FleetNode {
+            label: given.to_owned(),
+            given: given.to_owned(),
+            address: address.to_owned(),
+            state,
+            error: None,
+            elapsed_ms: 0,
+            report: None,
+            hostname: None,
+            tool: None,
+            report_time_unix: None,
+            node_status: None,
+            node_exit_code: None,
+            failed_layers: Vec::new(),
+            warnings: Vec::new(),
+            baseline: None,
+        }
+    }
+}
+
 /// A field of a node that differs from the saved baseline.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -373,9 +396,8 @@ pub fn run(opts: &FleetOptions) -> Result<FleetReport, String> {
         opts.parallel,
         |(h, a)| gather::gather(h, a, opts.timeout),
         |(h, a)| {
-            let mut n = gather::gather(h, a, Duration::ZERO);
-            n.state = NodeState::Refused;
-            n.error = Some("the collector had no thread for this node".into());
+            let mut n = FleetNode::new(h, a, NodeState::Refused);
+            n.error = Some("the collector had no thread to ask this node".into());
             n
         },
     );

@@ -144,6 +144,15 @@ pub(super) fn rows(
     out
 }
 
+fn ago(secs: u64) -> String {
+    match secs {
+        0..=119 => format!("{secs} s"),
+        120..=7199 => format!("{} min", secs / 60),
+        7200..=172_799 => format!("{} h", secs / 3600),
+        _ => format!("{} days", secs / 86_400),
+    }
+}
+
 /// Passing links listed one a line up to this many; past it, counted.
 const MAX_PASS_LINES: usize = 16;
 
@@ -200,6 +209,12 @@ pub fn to_text(r: &FleetReport) -> String {
     let baseline =
         r.compared_with.as_deref().map_or(String::new(), |f| format!("; ! differs from the saved baseline {f}"));
     s += &format!("(* differs from the majority of the nodes{baseline})\n");
+    // Each node's report is the one its --serve made when it started.
+    let oldest = r.nodes.iter().filter_map(|n| n.report_time_unix.map(|t| (t, &n.label))).min();
+    if let Some((t, node)) = oldest {
+        let age = r.time_unix.saturating_sub(t);
+        s += &format!("(each node's report is from its --serve's start: the oldest, {node}'s, is {} old)\n", ago(age));
+    }
 
     let silent: Vec<_> = r.nodes.iter().filter(|n| n.state != NodeState::Answered).collect();
     if !silent.is_empty() {

@@ -150,14 +150,33 @@ pub fn with_port(host: &str, port: u16) -> String {
     }
 }
 
+/// The addresses of `address`, resolved within `limit`: a name server that does not answer
+/// costs this node its row, not the collector its bound (the lookup's thread is left to end
+/// on its own).
+fn resolve(address: &str, limit: Duration) -> Result<Vec<SocketAddr>, Failure> {
+    if let Ok(a) = address.parse::<SocketAddr>() {
+        return Ok(vec![a]);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = address.to_owned();
+    let spawned = std::thread::Builder::new().name("fleet resolve".into()).spawn(move || {
+        let _ = tx.send(name.to_socket_addrs().map(|a| a.collect::<Vec<_>>()));
+    });
+    if let Err(e) = spawned {
+        return Err((Trouble::Unreachable, format!("no thread to resolve {address}: {e}")));
+    }
+    match rx.recv_timeout(limit) {
+        Ok(Ok(addrs)) => Ok(addrs),
+        Ok(Err(e)) => Err((Trouble::Unreachable, format!("cannot resolve {address}: {e}"))),
+        Err(_) => Err((Trouble::Unreachable, format!("{address} not resolved within {:.1} s", limit.as_secs_f64()))),
+    }
+}
+
 /// Sends `request` to `address` and reads the answer to its end, all within `limit`.
 fn exchange(address: &str, request: &Request, limit: Duration) -> Result<Value, Failure> {
     let deadline = Instant::now() + limit;
     let left = || deadline.saturating_duration_since(Instant::now());
-    let addrs: Vec<SocketAddr> = address
-        .to_socket_addrs()
-        .map_err(|e| (Trouble::Unreachable, format!("cannot resolve {address}: {e}")))?
-        .collect();
+    let addrs = resolve(address, limit)?;
     let mut stream = None;
     let mut last = format!("{address} resolves to no address");
     for a in addrs {

@@ -36,7 +36,11 @@ pub fn serve(
     let answer = move |mut ctl: Control, hello: String| match wire::parse_request(&hello) {
         None => answer(ctl, &hello, &opts),
         Some(asked) => {
-            let probe = |peer: &str, timeout| super::probe(peer, &PeerOptions { timeout, ..opts.clone() });
+            // At most this node's own timeout: the probe then ends within the door's
+            // deadline for this connection, and the answer gets out.
+            let probe = |peer: &str, asked: std::time::Duration| {
+                super::probe(peer, &PeerOptions { timeout: asked.min(opts.timeout), ..opts.clone() })
+            };
             send_line(&mut ctl, wire::answer(asked, report.as_deref(), probe).trim_end())
         }
     };

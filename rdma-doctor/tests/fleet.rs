@@ -342,3 +342,69 @@ fn the_test_beds_saved_fleet_report_is_a_baseline_that_names_the_node_whose_mtu_
     assert!(!text.contains("10.98.0.1: "), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn no_answer_a_node_can_send_panics_the_collector_or_passes_for_a_report() {
+    // A valid answer, then 300 seeded mutations of it (cut, bytes flipped, bytes inserted),
+    // deep nesting, and huge numbers: each is a usable report or a named failure.
+    let valid = json!({"magic": wire::MAGIC, "version": wire::PROTOCOL_VERSION, "report": variant(NODE_A, 1, |_| {})})
+        .to_string();
+    let mut rng = fastrand::Rng::with_seed(35);
+    let mut payloads: Vec<Vec<u8>> = vec![valid.clone().into_bytes()];
+    for _ in 0..300 {
+        let mut b = valid.clone().into_bytes();
+        match rng.u8(0..3) {
+            0 => b.truncate(rng.usize(0..b.len())),
+            1 => (0..rng.usize(1..8)).for_each(|_| {
+                let at = rng.usize(0..b.len());
+                b[at] = rng.u8(..);
+            }),
+            _ => {
+                let at = rng.usize(0..b.len());
+                let junk: Vec<u8> = (0..rng.usize(1..16)).map(|_| rng.u8(..)).collect();
+                b.splice(at..at, junk);
+            }
+        }
+        payloads.push(b);
+    }
+    payloads.push(vec![b'['; 100_000]);
+    payloads.push(valid.replacen("\"euid\":1000", "\"euid\":1e999999", 1).into_bytes());
+    payloads.push(valid.replacen("\"version\":1", "\"version\":18446744073709551616", 1).into_bytes());
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let count = payloads.len();
+    std::thread::spawn(move || {
+        for (mut s, p) in l.incoming().flatten().zip(payloads) {
+            let mut line = String::new();
+            let _ = BufReader::new((&s).take(4096)).read_line(&mut line);
+            let _ = s.write_all(&p);
+        }
+    });
+    let mut usable = 0;
+    for i in 0..count {
+        match wire::fetch_report(&addr, Duration::from_secs(5)) {
+            Ok(r) => {
+                usable += 1;
+                assert_eq!(r.host.hostname, "node-001", "payload {i}");
+            }
+            Err((_, why)) => assert!(!why.is_empty(), "payload {i}"),
+        }
+    }
+    assert!(usable >= 1, "the valid answer reads");
+}
+
+#[test]
+fn a_serve_of_an_older_doctor_that_answers_with_its_peer_hello_is_named_another_version() {
+    let bad = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let hello = br#"{"magic":"rdma-doctor-peer","version":2,"end":{"host":"old"}}"#.to_vec();
+    let old = fake_node(Role::Garbage([hello, b"\n".to_vec()].concat()), Arc::clone(&bad));
+    let ok = fake_node(Role::Good { report: variant(NODE_A, 1, |_| {}), broken: false }, bad);
+    let (code, text, _) = run(&["--fleet", &ok, &old, "--json"]);
+    assert_eq!(code, 1, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["nodes"][0]["state"], "answered");
+    assert_eq!(v["nodes"][1]["state"], "other_version");
+    let why = v["nodes"][1]["error"].as_str().unwrap();
+    assert!(why.contains("speaks only the peer protocol (version 2)"), "{why}");
+    assert_eq!(v["topology"], "none", "one answering node: nothing to probe");
+}

@@ -99,7 +99,8 @@ pub struct Args {
     /// rule for the device's kind: see the link layer in docs/doctor-json.md)
     #[arg(long, value_name = "GBPS", value_parser = rate, conflicts_with_all = ["compare_nodes", "peer", "serve"])]
     pub expect_rate: Option<f64>,
-    /// Longest wait for one loopback completion, seconds
+    /// Longest wait for one loopback completion, seconds; with --fleet, the time each node
+    /// has to answer, and the timeout of the probes between them
     #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = timeout, conflicts_with = "compare_nodes")]
     pub timeout: Duration,
     /// Skip the loopback tests of the control and data planes and of rdma_cm

@@ -8,7 +8,12 @@
 //! rdma-doctor --compare-nodes A.json B.json [C.json ...] [--json] [--ignore PATTERN]...
 //! rdma-doctor --serve [--peer-port PORT] [--once] [--metrics-port PORT] [-d NAME] [-p PORT] [--timeout SECONDS]
 //! rdma-doctor --peer HOST[:PORT] [--peer-port PORT] [--json] [-d NAME] [-p PORT] [--timeout SECONDS]
+//! rdma-doctor --fleet HOST[:PORT]... | --fleet-file FILE [--mesh | --no-probe] [--parallel N] [--timeout SECONDS]
+//!             [--json] [--save FILE] [--compare FLEET.json|NODE.json] [--known-bad FILE]... [--ignore PATTERN]...
 //! ```
+//!
+//! `--fleet` gathers every node's report from its `--serve`, prints the fleet's table with
+//! what differs and the links probed between neighbours ([`crate::fleet`]).
 //!
 //! `--serve` and `--peer` check the path between two nodes end to end ([`crate::peer`]):
 //! exit 0 when every check passed, 4 when one warned (an MTU mismatch, a check that passed
@@ -47,6 +52,8 @@ netdev's speed; a bond: the sum of its legs; hardware: its supported modes), nam
 #[command(name = "rdma-doctor", version, about = "A layered diagnosis of this node's RDMA stack", after_help = AFTER_HELP)]
 // A flag that the chosen mode would ignore is refused (a usage error), not dropped.
 #[command(group(clap::ArgGroup::new("remote").args(["peer", "serve"]).multiple(false)))]
+#[command(group(clap::ArgGroup::new("fleet_mode").args(["fleet", "fleet_file"]).multiple(true)))]
+#[command(group(clap::ArgGroup::new("ported").args(["peer", "serve", "fleet", "fleet_file"]).multiple(true)))]
 pub struct Args {
     /// Examine only device NAME (default: every device)
     #[arg(short = 'd', long = "ib-dev", value_name = "NAME", conflicts_with = "compare_nodes")]
@@ -68,11 +75,13 @@ pub struct Args {
     /// when the server started, with the counters read at each scrape)
     #[arg(long, value_name = "PORT", requires = "serve")]
     pub metrics_port: Option<u16>,
-    /// Also write the JSON report to FILE (a baseline for --compare)
+    /// Also write the JSON report to FILE (a baseline for --compare; with --fleet, the
+    /// fleet's report)
     #[arg(long, value_name = "FILE", conflicts_with = "compare_nodes")]
     pub save: Option<PathBuf>,
     /// Report every field that drifted from a saved report (read within 10 s: a pipe that
-    /// never ends is refused)
+    /// never ends is refused); with --fleet, a saved fleet report (each node against its
+    /// own row) or one node's report (every node against it)
     #[arg(long, value_name = "FILE", conflicts_with = "compare_nodes")]
     pub compare: Option<PathBuf>,
     /// Compare saved reports of several nodes: the fields where a node differs from the
@@ -90,7 +99,8 @@ pub struct Args {
     /// rule for the device's kind: see the link layer in docs/doctor-json.md)
     #[arg(long, value_name = "GBPS", value_parser = rate, conflicts_with_all = ["compare_nodes", "peer", "serve"])]
     pub expect_rate: Option<f64>,
-    /// Longest wait for one loopback completion, seconds
+    /// Longest wait for one loopback completion, seconds; with --fleet, the time each node
+    /// has to answer, and the timeout of the probes between them
     #[arg(long, value_name = "SECONDS", default_value = "5", value_parser = timeout, conflicts_with = "compare_nodes")]
     pub timeout: Duration,
     /// Skip the loopback tests of the control and data planes and of rdma_cm
@@ -102,20 +112,57 @@ pub struct Args {
     #[arg(long, value_name = "HOST[:PORT]", conflicts_with_all = ["serve", "compare_nodes", "compare", "save"])]
     pub peer: Option<String>,
     /// Answer `--peer` probes from other nodes until killed: up to 16 at once, each with its
-    /// own QP; a client must say hello within --timeout and end within 24 timeouts
+    /// own QP; a client must say hello within --timeout and end within 24 timeouts. A
+    /// `--fleet` collector gets this node's report (the diagnosis made as it starts) and
+    /// has it probe another node
     #[arg(long, conflicts_with_all = ["compare_nodes", "compare", "save"])]
     pub serve: bool,
-    /// The TCP port `--serve` listens on, and `--peer` connects to when HOST names none
-    #[arg(long, value_name = "PORT", default_value_t = crate::peer::DEFAULT_PORT, requires = "remote")]
+    /// The TCP port `--serve` listens on, and `--peer` and `--fleet` connect to when HOST
+    /// names none
+    #[arg(long, value_name = "PORT", default_value_t = crate::peer::DEFAULT_PORT, requires = "ported")]
     pub peer_port: u16,
     /// With --serve: exit after the first probe that completed its hello (status 0 when
     /// this side's checks passed)
     #[arg(long, requires = "serve")]
     pub once: bool,
+    /// Ask the nodes HOST[:PORT] (each running `rdma-doctor --serve`) for their reports,
+    /// each within --timeout, and tabulate kernel, rdma-core, provider, driver, firmware,
+    /// device, port state, rate and MTU, marking what differs from the majority (or from
+    /// --compare's baseline) and known-bad combinations; then have each node probe the
+    /// path to the next (a ring); a node that gives no usable answer is named in its row
+    #[arg(long, value_name = "HOST[:PORT]", num_args = 1.., conflicts_with_all = FLEET_IGNORES)]
+    pub fleet: Vec<String>,
+    /// Read --fleet's hosts from FILE: one HOST[:PORT] a line, `#` starts a comment
+    #[arg(long, value_name = "FILE", conflicts_with_all = FLEET_IGNORES)]
+    pub fleet_file: Option<PathBuf>,
+    /// With --fleet: probe the path between every pair of nodes, not a ring (in rounds
+    /// where each node takes part in one probe at a time)
+    #[arg(long, requires = "fleet_mode")]
+    pub mesh: bool,
+    /// With --fleet: the table only, no path probes
+    #[arg(long, requires = "fleet_mode", conflicts_with = "mesh")]
+    pub no_probe: bool,
+    /// With --fleet: nodes asked at once (reports, and probes within a round)
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=256), requires = "fleet_mode")]
+    pub parallel: u16,
     /// Locked memory programs must register (K, M, G)
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = size, conflicts_with_all = ["compare_nodes", "peer", "serve"])]
     pub memlock_need: u64,
 }
+
+/// The flags `--fleet` has no use for (it diagnoses no device here).
+const FLEET_IGNORES: [&str; 10] = [
+    "serve",
+    "peer",
+    "compare_nodes",
+    "device",
+    "all",
+    "port",
+    "prometheus",
+    "expect_rate",
+    "no_loopback",
+    "memlock_need",
+];
 
 fn timeout(v: &str) -> Result<Duration, String> {
     let secs: f64 = v.parse().map_err(|_| format!("'{v}' is not a valid number"))?;
@@ -204,6 +251,7 @@ pub fn run(
         }
     };
     let result = match (&args.compare_nodes, &args.peer) {
+        _ if !args.fleet.is_empty() || args.fleet_file.is_some() => fleet(&args, out),
         (Some(files), _) => nodes(&args, files, out),
         (None, Some(peer)) => probe_peer(&args, peer, out),
         (None, None) if args.serve => serve(&args, err),
@@ -220,6 +268,32 @@ fn probe_peer(args: &Args, peer: &str, out: &mut dyn Write) -> Result<i32, Strin
     let text = if args.json { report.to_json() + "\n" } else { report.to_text() };
     out.write_all(text.as_bytes()).map_err(|e| format!("writing the report: {e}"))?;
     Ok(report.exit_code())
+}
+
+fn fleet(args: &Args, out: &mut dyn Write) -> Result<i32, String> {
+    let mut hosts = args.fleet.clone();
+    if let Some(f) = &args.fleet_file {
+        let text = crate::input::read_limited(f)?;
+        hosts.extend(crate::fleet::parse_hosts_file(&text).map_err(|e| format!("{}: {e}", f.display()))?);
+    }
+    let opts = crate::fleet::FleetOptions {
+        hosts,
+        default_port: args.peer_port,
+        timeout: args.timeout,
+        parallel: usize::from(args.parallel),
+        mesh: args.mesh,
+        probe: !args.no_probe,
+        known_bad: known_bad::load(&args.known_bad_files())?,
+        ignore: args.ignore.clone(),
+        reference: args.compare.as_deref().map(crate::fleet::load_reference).transpose()?,
+    };
+    let report = crate::fleet::run(&opts)?;
+    if let Some(path) = &args.save {
+        std::fs::write(path, report.to_json() + "\n").map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
+    let text = if args.json { report.to_json() + "\n" } else { crate::fleet::to_text(&report) };
+    out.write_all(text.as_bytes()).map_err(|e| format!("writing the fleet's report: {e}"))?;
+    Ok(report.exit_code)
 }
 
 fn diagnose_here(args: &Args, out: &mut dyn Write) -> Result<i32, String> {
@@ -239,10 +313,12 @@ fn diagnose_here(args: &Args, out: &mut dyn Write) -> Result<i32, String> {
 }
 
 /// `--serve`, and with `--metrics-port` the metrics endpoint on a thread of its own: the
-/// diagnosis runs once before either starts (it captures fd 2 while it opens devices).
+/// diagnosis runs once before either starts (it captures fd 2 while it opens devices);
+/// fleet collectors get its report.
 fn serve(args: &Args, err: &mut dyn Write) -> Result<i32, String> {
+    let report = std::sync::Arc::new(diagnose(&args.options()?)?);
     if let Some(port) = args.metrics_port {
-        let report = diagnose(&args.options()?)?;
+        let report = std::sync::Arc::clone(&report);
         let listener = std::net::TcpListener::bind(("0.0.0.0", port))
             .map_err(|e| format!("listening for metrics on TCP port {port}: {e}"))?;
         let _ = writeln!(err, "rdma-doctor: metrics at http://0.0.0.0:{port}/metrics");
@@ -254,7 +330,7 @@ fn serve(args: &Args, err: &mut dyn Write) -> Result<i32, String> {
             eprintln!("rdma-doctor: the metrics endpoint stopped: {e}");
         });
     }
-    crate::peer::serve(args.peer_port, args.once, &args.peer_options(), err).map_err(|e| e.to_string())
+    crate::peer::serve(args.peer_port, args.once, &args.peer_options(), Some(report), err).map_err(|e| e.to_string())
 }
 
 fn nodes(args: &Args, files: &[PathBuf], out: &mut dyn Write) -> Result<i32, String> {

@@ -25,7 +25,9 @@
 //! Each port's counters and hw_counters are read before and after the probes
 //! ([`counters`]): those that moved are named by what they are evidence of (a lossy path,
 //! a receiver not ready, timeouts, link downs, congestion, discards), and the whole
-//! diagnosis exports as Prometheus metrics ([`metrics`]).
+//! diagnosis exports as Prometheus metrics ([`metrics`]). With `--serve` on every node,
+//! [`fleet`] gathers their reports into one version table, marks what differs, and has
+//! the nodes probe the paths between them.
 //!
 //! It never changes the system: no module is loaded by the doctor, no link touched, no
 //! firmware written (its rdma_cm check is a librdmacm program like any other: on a node
@@ -51,6 +53,7 @@ pub mod compare;
 pub mod counters;
 mod device;
 pub mod ethtool;
+pub mod fleet;
 pub mod input;
 mod kmsg;
 pub mod known_bad;

@@ -2,18 +2,29 @@
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::sync::Arc;
 
 use super::bed::{Bed, BIG, BIG_WRITE_AT};
 use super::door::{self, Limits};
 use super::probe::sized_pattern;
+use crate::report::Report;
+
 use super::{parse_hello, pattern, read_line, send_hello, send_line, Control, End, PeerOptions};
+use crate::fleet::wire;
 use crate::loopback::{same, ADD, ATOMIC_AT, FIRST_VALUE, LEN, SWAP};
 
 /// Serves probes on `port` (every address), up to [`super::MAX_PROBES`] at once, each
 /// with its own QP and bounded by the limits the module describes; returns after the first probe
 /// that completes its hello and ends when `once` (0 when this side's checks passed).
-/// What happens to each connection is logged on `log`.
-pub fn serve(port: u16, once: bool, opts: &PeerOptions, log: &mut dyn Write) -> Result<i32, String> {
+/// What happens to each connection is logged on `log`. A fleet collector's request in
+/// place of a hello ([`crate::fleet::wire`]) gets `report`, or a probe of another node.
+pub fn serve(
+    port: u16,
+    once: bool,
+    opts: &PeerOptions,
+    report: Option<Arc<Report>>,
+    log: &mut dyn Write,
+) -> Result<i32, String> {
     let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("listening on TCP port {port}: {e}"))?;
     let limits = Limits::for_timeout(opts.timeout);
     let _ = writeln!(
@@ -22,7 +33,18 @@ pub fn serve(port: u16, once: bool, opts: &PeerOptions, log: &mut dyn Write) -> 
         limits.probes, limits.exchange
     );
     let opts = opts.clone();
-    door::serve(listener, &limits, once, move |ctl, hello| answer(ctl, &hello, &opts), log)
+    let answer = move |mut ctl: Control, hello: String| match wire::parse_request(&hello) {
+        None => answer(ctl, &hello, &opts),
+        Some(asked) => {
+            // At most this node's own timeout: the probe then ends within the door's
+            // deadline for this connection, and the answer gets out.
+            let probe = |peer: &str, asked: std::time::Duration| {
+                super::probe(peer, &PeerOptions { timeout: asked.min(opts.timeout), ..opts.clone() })
+            };
+            send_line(&mut ctl, wire::answer(asked, report.as_deref(), probe).trim_end())
+        }
+    };
+    door::serve(listener, &limits, once, answer, log)
 }
 
 /// Answers one probe whose hello is `hello`: our hello, the QP, then each request of the

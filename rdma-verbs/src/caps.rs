@@ -18,3 +18,81 @@ pub(crate) fn device_attr_ex(ctx: &Context) -> Result<ffi::ibv_device_attr_ex> {
     conv::errno(Verb::QueryDeviceEx, rc)?;
     Ok(attr)
 }
+
+/// What the device can do beyond [`DeviceAttr`](crate::DeviceAttr)
+/// (`ibv_query_device_ex`): the capabilities the newer verbs depend on, with the most
+/// asked-for typed and the whole C struct in [`raw`](Self::raw). A capability a provider
+/// does not report reads as zero (absent).
+#[derive(Clone)]
+pub struct DeviceAttrEx {
+    /// The classic attributes, as [`Context::query_device`] gives them.
+    pub base: crate::DeviceAttr,
+    /// On-demand paging: `ibv_odp_general_caps` bits (0: no ODP).
+    pub odp_general_caps: u64,
+    /// On-demand paging per transport (`ibv_odp_transport_cap_bits`): RC, UC, UD.
+    pub odp_transport_caps: (u32, u32, u32),
+    /// The bits of a completion timestamp that are valid (0: no timestamps).
+    pub completion_timestamp_mask: u64,
+    /// The device clock in kHz (0: none).
+    pub hca_core_clock_khz: u64,
+    /// `ibv_device_cap_flags` and the extended bits above them.
+    pub device_cap_flags_ex: u64,
+    /// CQ moderation: the most completions and the longest period (microseconds) a CQ
+    /// waits for (both 0: none).
+    pub cq_moderation: (u16, u16),
+    /// The most device memory one allocation may have, in bytes (0: none).
+    pub max_dm_size: u64,
+    /// The number of physical ports, without the 8-bit limit of
+    /// [`DeviceAttr::phys_port_cnt`](crate::DeviceAttr::phys_port_cnt).
+    pub phys_port_cnt: u32,
+    raw: ffi::ibv_device_attr_ex,
+}
+
+impl DeviceAttrEx {
+    /// The whole C struct, for the capabilities not typed here (TSO, RSS, packet pacing,
+    /// tag matching, PCI atomics, XRC ODP).
+    pub fn raw(&self) -> &ffi::ibv_device_attr_ex {
+        &self.raw
+    }
+}
+
+impl std::fmt::Debug for DeviceAttrEx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceAttrEx")
+            .field("odp_general_caps", &format_args!("{:#x}", self.odp_general_caps))
+            .field("completion_timestamp_mask", &format_args!("{:#x}", self.completion_timestamp_mask))
+            .field("hca_core_clock_khz", &self.hca_core_clock_khz)
+            .field("device_cap_flags_ex", &format_args!("{:#x}", self.device_cap_flags_ex))
+            .field("cq_moderation", &self.cq_moderation)
+            .field("max_dm_size", &self.max_dm_size)
+            .field("phys_port_cnt", &self.phys_port_cnt)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// What the device can do, extended (`ibv_query_device_ex`): ODP, timestamps, the
+    /// device clock, CQ moderation, device memory, the port count past 255.
+    #[doc(alias = "ibv_query_device_ex")]
+    pub fn query_device_ex(&self) -> Result<DeviceAttrEx> {
+        let raw = device_attr_ex(self)?;
+        let odp = raw.odp_caps.per_transport_caps;
+        // Providers that predate phys_port_cnt_ex leave it 0: the classic count stands.
+        let phys_port_cnt = match raw.phys_port_cnt_ex {
+            0 => u32::from(raw.orig_attr.phys_port_cnt),
+            n => n,
+        };
+        Ok(DeviceAttrEx {
+            base: crate::DeviceAttr::from_raw(&raw.orig_attr),
+            odp_general_caps: raw.odp_caps.general_caps,
+            odp_transport_caps: (odp.rc_odp_caps, odp.uc_odp_caps, odp.ud_odp_caps),
+            completion_timestamp_mask: raw.completion_timestamp_mask,
+            hca_core_clock_khz: raw.hca_core_clock,
+            device_cap_flags_ex: raw.device_cap_flags_ex,
+            cq_moderation: (raw.cq_mod_caps.max_cq_count, raw.cq_mod_caps.max_cq_period),
+            max_dm_size: raw.max_dm_size,
+            phys_port_cnt,
+            raw,
+        })
+    }
+}

@@ -145,6 +145,8 @@ verbs! {
     ChunkSge = "Chunk::sge", Data;
     /// Polling a CQ's extended completions.
     PollExtended = "CompletionQueue::poll_extended", Data;
+    /// Asking whether a QP writes an operation's data in order.
+    QpDataInOrder = "QueuePair::data_in_order", Control;
     /// An atomic view of 8 bytes of a region.
     MrAtomicU64 = "MemoryRegion::atomic_u64", Data;
     /// Copying bytes into a region.

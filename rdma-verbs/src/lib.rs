@@ -170,6 +170,7 @@ pub use aio::AsyncIoFd;
 pub use aio::TokioFd;
 pub use aio::{AsyncCq, ChannelFd, Readiness};
 pub use buf::{Chunk, ExclusiveBuf, PdId, Segment, SendBuf, MAX_SGE};
+pub use caps::DeviceAttrEx;
 pub use cm::{
     AsyncCmId, AsyncEventChannel, CmEvent, CmEventKind, CmId, ConnInfo, ConnParam, ConnectRequest, EventChannel,
     PortSpace, RejectReason, UdInfo,

@@ -185,6 +185,36 @@ impl QueuePair {
         self.inner.qp_ex.map(NonNull::as_ptr)
     }
 
+    /// Whether the device writes the data of `op` requests (one of [`SendOps`]' RDMA
+    /// WRITE, WRITE with immediate, SEND, SEND with immediate, READ) into memory in order,
+    /// so that a poller may read the last byte and trust the ones before it
+    /// (`ibv_query_qp_data_in_order`). `false` means no such promise: the usual answer,
+    /// and what providers without the query give (rxe among them).
+    ///
+    /// Refused before C: `op` not exactly one of those operations.
+    #[doc(alias = "ibv_query_qp_data_in_order")]
+    pub fn data_in_order(&self, op: SendOps) -> Result<bool> {
+        use ffi::ibv_wr_opcode as O;
+        let code = [
+            (SendOps::RDMA_WRITE, O::IBV_WR_RDMA_WRITE),
+            (SendOps::RDMA_WRITE_WITH_IMM, O::IBV_WR_RDMA_WRITE_WITH_IMM),
+            (SendOps::SEND, O::IBV_WR_SEND),
+            (SendOps::SEND_WITH_IMM, O::IBV_WR_SEND_WITH_IMM),
+            (SendOps::RDMA_READ, O::IBV_WR_RDMA_READ),
+        ]
+        .into_iter()
+        .find_map(|(o, c)| (o == op).then_some(c));
+        let Some(code) = code else {
+            return Err(Error::invalid(
+                Verb::QpDataInOrder,
+                format!("{op:?}: one of RDMA_WRITE, RDMA_WRITE_WITH_IMM, SEND, SEND_WITH_IMM, RDMA_READ"),
+            ));
+        };
+        // SAFETY: the QP is live; no flags (the answer is 0 or 1).
+        let rc = unsafe { ffi::ibv_query_qp_data_in_order(self.as_raw(), code, 0) };
+        Ok(rc > 0)
+    }
+
     /// The current state (`ibv_query_qp` with `IBV_QP_STATE`).
     #[doc(alias = "ibv_query_qp")]
     pub fn state(&self) -> Result<QpState> {

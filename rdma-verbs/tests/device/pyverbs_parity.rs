@@ -541,3 +541,27 @@ fn sends_and_datagrams_land_whole_in_receive_buffers_registered_with_relaxed_ord
         assert_eq!(&got.value[GRH_LEN..], &data[..], "UD round {round}");
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn query_device_ex_agrees_with_query_device_and_reports_what_the_device_lacks_as_zero() {
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    let (base, ex) = (ctx.query_device().unwrap(), ctx.query_device_ex().unwrap());
+    eprintln!("{}: {ex:?}", ctx.name());
+    assert_eq!(
+        (ex.base.node_guid, ex.base.max_qp, ex.base.max_qp_wr, ex.base.max_cqe, ex.base.max_mr_size),
+        (base.node_guid, base.max_qp, base.max_qp_wr, base.max_cqe, base.max_mr_size),
+        "the extended query's classic part is the classic query's"
+    );
+    assert_eq!(ex.phys_port_cnt, u32::from(base.phys_port_cnt), "phys_port_cnt_ex agrees with phys_port_cnt");
+    assert!(ex.phys_port_cnt >= 1);
+    assert_eq!(ex.raw().orig_attr.max_qp as u32, base.max_qp);
+    if ctx.name().starts_with("rxe") {
+        // Linux 6.1's rxe: no ODP, no timestamps or device clock, no device memory, no
+        // CQ moderation.
+        assert_eq!(ex.odp_general_caps, 0, "{ex:?}");
+        assert_eq!((ex.completion_timestamp_mask, ex.hca_core_clock_khz, ex.max_dm_size), (0, 0, 0), "{ex:?}");
+        assert_eq!(ex.cq_moderation, (0, 0), "{ex:?}");
+    }
+}

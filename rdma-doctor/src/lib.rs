@@ -25,7 +25,8 @@
 //! Each port's counters and hw_counters are read before and after the probes
 //! ([`counters`]): those that moved are named by what they are evidence of (a lossy path,
 //! a receiver not ready, timeouts, link downs, congestion, discards), and the whole
-//! diagnosis exports as Prometheus metrics ([`metrics`]).
+//! diagnosis exports as Prometheus metrics ([`metrics`]). `--watch` follows the devices
+//! over time ([`watch`]): async events, link state and rate changes, counter rates.
 //!
 //! It never changes the system: no module is loaded by the doctor, no link touched, no
 //! firmware written (its rdma_cm check is a librdmacm program like any other: on a node
@@ -67,6 +68,7 @@ mod stderr;
 mod text;
 pub mod verdict;
 mod versions;
+pub mod watch;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

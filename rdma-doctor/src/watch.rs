@@ -20,6 +20,9 @@
 //!   port counts its data (`port_xmit_data`), a direction above 90% of the link's rate is
 //!   a note (saturated), and an info line when it falls below 80% again.
 //! - **Devices** that go away or appear.
+//! - **The kernel log** from the moment the watch began (`/dev/kmsg`, where readable):
+//!   each RDMA line, a warning when it reports an errno or is known trouble (`timeout
+//!   event on QP 0x1a2b`): the trace of other programs' QP errors.
 //!
 //! It wakes at each interval, when an event arrives and on a signal (the event queues'
 //! descriptors and a self-pipe of [`signal_hook`] in one `poll`), so it never blocks in
@@ -29,6 +32,7 @@
 //! users (rxe: `rdma link delete` waits until the watcher ends).
 
 mod judge;
+mod kernel_log;
 mod line;
 
 use std::collections::BTreeMap;
@@ -74,6 +78,8 @@ pub struct WatchOptions {
     pub root: PathBuf,
     /// Open each device for its asynchronous events (tests over a recorded tree cannot).
     pub async_events: bool,
+    /// Follow the kernel log (tests over a recorded tree do not).
+    pub kernel_log: bool,
 }
 
 impl WatchOptions {
@@ -86,6 +92,7 @@ impl WatchOptions {
             json: false,
             root: PathBuf::from(crate::counters::SYSFS_ROOT),
             async_events: true,
+            kernel_log: true,
         }
     }
 }
@@ -157,6 +164,8 @@ struct Watcher {
     ports: BTreeMap<(String, u8), PortMemory>,
     counters: BTreeMap<String, DeviceCounters>,
     counters_at: Instant,
+    /// The kernel log, or why it is not followed.
+    log: Result<kernel_log::KernelLog, String>,
 }
 
 impl Watcher {
@@ -169,7 +178,11 @@ impl Watcher {
             ports: BTreeMap::new(),
             counters: BTreeMap::new(),
             counters_at: Instant::now(),
+            log: Err("not asked for".into()),
         };
+        if w.opts.kernel_log {
+            w.log = kernel_log::KernelLog::open();
+        }
         let names = w.listed();
         if names.is_empty() {
             let which = w.opts.device.as_deref().map_or("no RDMA device".to_owned(), |d| format!("no device {d}"));
@@ -248,14 +261,20 @@ impl Watcher {
             devices.insert(name.clone(), json!({"async_events": events.is_some(), "ports": ports}));
         }
         let secs = self.opts.interval.as_secs_f64();
+        let log = match &self.log {
+            Ok(_) => "the kernel log".to_owned(),
+            Err(e) => format!("not the kernel log ({e})"),
+        };
         let message = format!(
-            "{} every {secs} s: async events, link state and rate, counters; Ctrl-C or SIGTERM ends",
+            "{} every {secs} s: async events, link state and rate, counters, {log}; Ctrl-C or SIGTERM ends",
             what.join(", ")
         );
         let details = json!({
             "interval_s": secs,
             "devices": devices,
             "all_devices": self.opts.device.is_none(),
+            "kernel_log": self.log.is_ok(),
+            "kernel_log_error": self.log.as_ref().err(),
             "thresholds": {"load_share": LOAD_SHARE, "load_min_per_s": LOAD_MIN_PER_S, "saturated": SATURATED, "unsaturated": UNSATURATED},
         });
         Draft { kind: Kind::Watching, severity: Level::Info, device: None, port: None, message, details }
@@ -326,6 +345,9 @@ impl Watcher {
                 }
             }
             drafts.extend(events.iter().map(|e| judge::event_line(name, e)));
+        }
+        if let Ok(log) = &mut self.log {
+            drafts.extend(log.lines());
         }
         if tick {
             let now = judge::sample_counters(&self.opts.root, &names);
@@ -446,6 +468,9 @@ fn wait(w: &Watcher, stop: &Stop, timeout: Duration) -> ((bool, bool), Vec<Strin
         w.devices.iter().filter_map(|(n, q)| q.as_ref().map(|q| (n, q))).collect();
     let mut fds = vec![PollFd::new(&stop.wake, PollFlags::IN)];
     fds.extend(queues.iter().map(|(_, q)| PollFd::from_borrowed_fd(q.as_fd(), PollFlags::IN)));
+    if let Ok(log) = &w.log {
+        fds.push(PollFd::new(&log.file, PollFlags::IN));
+    }
     let ts = rustix::event::Timespec::try_from(timeout).ok();
     // EINTR (a signal) and any other failure: look at the flags and the clock again.
     if rustix::event::poll(&mut fds, ts.as_ref()).is_err() {

@@ -51,6 +51,8 @@ pub enum Kind {
     Traffic,
     /// A device appeared or went away.
     Device,
+    /// An RDMA line the kernel logged while the watch ran.
+    KernelLog,
     /// The watcher could not read or open something.
     Error,
     /// The last line: how long, how many lines of each severity, why it ended.

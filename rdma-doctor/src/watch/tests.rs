@@ -281,7 +281,12 @@ fn the_watcher_over_a_recorded_tree_says_what_it_watches_and_sees_state_counters
     t.write("rxe0/ports/1/hw_counters/rcvd_seq_err", "0\n");
     t.write("rxe0/ports/1/hw_counters/sent_pkts", "100\n");
     t.port("rxe1", "4: ACTIVE", "10 Gb/sec (1X FDR10)");
-    let opts = WatchOptions { root: t.0.clone(), async_events: false, ..WatchOptions::new(Duration::from_secs(1)) };
+    let opts = WatchOptions {
+        root: t.0.clone(),
+        async_events: false,
+        kernel_log: false,
+        ..WatchOptions::new(Duration::from_secs(1))
+    };
     let (mut w, first) = Watcher::start(opts.clone()).unwrap();
     assert_eq!(first.len(), 1, "{first:#?}");
     assert_eq!(first[0].kind, Kind::Watching);
@@ -327,4 +332,24 @@ fn the_watcher_over_a_recorded_tree_says_what_it_watches_and_sees_state_counters
     assert!(err.starts_with("nothing to watch: no port 2 on rxe0, rxe1"), "{err}");
     let err = Watcher::start(WatchOptions { root: Path::new("/nonexistent").into(), ..opts }).err().unwrap();
     assert_eq!(err, "nothing to watch: no RDMA device in /nonexistent");
+}
+
+#[test]
+fn kernel_log_lines_warn_when_they_mean_trouble_or_report_an_errno_and_other_rdma_lines_are_notes() {
+    let records = [
+        "4,3,100,-;mlx5_core 0000:03:00.0: timeout event on QP 0x1a2b",
+        "3,4,200,-;infiniband mlx5_0: create_qp:3085:(pid 77): Create QP type 2 failed with error -12",
+        "6,5,300,-;rdma_rxe: loaded",
+        "6,6,400,-;e1000e: eth0 NIC Link is Up",
+    ];
+    let lines = kernel_log::judge(records.iter().copied());
+    let got: Vec<(Kind, Level)> = lines.iter().map(|l| (l.kind, l.severity)).collect();
+    assert_eq!(
+        got,
+        [(Kind::KernelLog, Level::Warning), (Kind::KernelLog, Level::Warning), (Kind::KernelLog, Level::Note)],
+        "{lines:#?}"
+    );
+    assert!(lines[0].message.contains("timeout event on QP 0x1a2b [the device timed out a QP"), "{}", lines[0].message);
+    assert_eq!(lines[1].details["errno"], 12);
+    assert!(lines[2].details["meaning"].is_null());
 }

@@ -86,7 +86,11 @@ impl Watch {
             assert!(Instant::now() < deadline, "the doctor did not end within {START:?} of {signal}");
             std::thread::sleep(Duration::from_millis(20));
         };
-        let rest: Vec<Value> = self.lines.try_iter().map(|(_, v)| v).collect();
+        // The reader thread sends what is left until the pipe's end.
+        let mut rest = Vec::new();
+        while let Ok((_, v)) = self.lines.recv_timeout(Duration::from_secs(10)) {
+            rest.push(v);
+        }
         self.seen.extend(rest.iter().cloned());
         (status, rest, std::mem::take(&mut self.seen))
     }

@@ -34,18 +34,14 @@
 mod judge;
 mod kernel_log;
 mod line;
+mod wake;
 
 use std::collections::BTreeMap;
-use std::io::{ErrorKind, Read, Write};
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
+use std::io::{ErrorKind, Write};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use rdma_verbs::AsyncEvents;
-use rustix::event::{PollFd, PollFlags};
 use serde_json::json;
 
 pub use judge::{LOAD_MIN_PER_S, LOAD_SHARE, SATURATED, UNSATURATED};
@@ -54,6 +50,7 @@ pub use line::{Kind, Level, Line};
 use crate::counters::DeviceCounters;
 use judge::PortMemory;
 use line::Draft;
+use wake::{wait, Stop};
 
 /// The shortest interval accepted, seconds.
 pub const MIN_INTERVAL_S: f64 = 0.1;
@@ -104,56 +101,6 @@ pub fn parse_interval(v: &str) -> Result<Duration, String> {
         return Err(format!("{v}: give an interval from {MIN_INTERVAL_S} to {MAX_INTERVAL_S} seconds"));
     }
     Ok(Duration::from_secs_f64(secs))
-}
-
-/// Ctrl-C and SIGTERM: flags that say which came, and a self-pipe that wakes the `poll`.
-struct Stop {
-    term: Arc<AtomicBool>,
-    int: Arc<AtomicBool>,
-    wake: UnixStream,
-    ids: Vec<signal_hook::SigId>,
-}
-
-impl Stop {
-    fn install() -> std::io::Result<Stop> {
-        use signal_hook::consts::{SIGINT, SIGTERM};
-        let (wake, write) = UnixStream::pair()?;
-        wake.set_nonblocking(true)?;
-        let (term, int) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-        // Flags first: actions run in the order registered, so the flag is set before the
-        // pipe wakes the loop.
-        let ids = vec![
-            signal_hook::flag::register(SIGTERM, Arc::clone(&term))?,
-            signal_hook::flag::register(SIGINT, Arc::clone(&int))?,
-            signal_hook::low_level::pipe::register(SIGTERM, write.try_clone()?)?,
-            signal_hook::low_level::pipe::register(SIGINT, write)?,
-        ];
-        Ok(Stop { term, int, wake, ids })
-    }
-
-    /// The signal that asks the watch to end, if one came.
-    fn requested(&self) -> Option<&'static str> {
-        if self.term.load(Ordering::SeqCst) {
-            Some("SIGTERM")
-        } else if self.int.load(Ordering::SeqCst) {
-            Some("SIGINT")
-        } else {
-            None
-        }
-    }
-
-    fn drain(&mut self) {
-        let mut buf = [0u8; 64];
-        while matches!(self.wake.read(&mut buf), Ok(n) if n > 0) {}
-    }
-}
-
-impl Drop for Stop {
-    fn drop(&mut self) {
-        for id in self.ids.drain(..) {
-            signal_hook::low_level::unregister(id);
-        }
-    }
 }
 
 /// The watcher's state between wake-ups.
@@ -459,33 +406,6 @@ pub fn run(opts: WatchOptions, out: &mut dyn Write) -> Result<i32, String> {
         Err(e) if e.kind() == ErrorKind::BrokenPipe => Ok(0),
         Err(e) => Err(format!("writing: {e}")),
     }
-}
-
-/// Waits until `timeout`, an event or a signal: ((a signal, an event queue readable), the
-/// devices whose queue reported an error or hang-up).
-fn wait(w: &Watcher, stop: &Stop, timeout: Duration) -> ((bool, bool), Vec<String>) {
-    let queues: Vec<(&String, &AsyncEvents)> =
-        w.devices.iter().filter_map(|(n, q)| q.as_ref().map(|q| (n, q))).collect();
-    let mut fds = vec![PollFd::new(&stop.wake, PollFlags::IN)];
-    fds.extend(queues.iter().map(|(_, q)| PollFd::from_borrowed_fd(q.as_fd(), PollFlags::IN)));
-    if let Ok(log) = &w.log {
-        fds.push(PollFd::new(&log.file, PollFlags::IN));
-    }
-    let ts = rustix::event::Timespec::try_from(timeout).ok();
-    // EINTR (a signal) and any other failure: look at the flags and the clock again.
-    if rustix::event::poll(&mut fds, ts.as_ref()).is_err() {
-        return ((false, false), Vec::new());
-    }
-    let bad = PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL;
-    let signal = !fds[0].revents().is_empty();
-    let event = fds[1..].iter().any(|f| f.revents().contains(PollFlags::IN));
-    let broken = queues
-        .iter()
-        .zip(&fds[1..])
-        .filter(|(_, f)| f.revents().intersects(bad) && !f.revents().contains(PollFlags::IN))
-        .map(|((n, _), _)| (*n).clone())
-        .collect();
-    ((signal, event), broken)
 }
 
 #[cfg(test)]

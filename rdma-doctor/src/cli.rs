@@ -10,10 +10,14 @@
 //! rdma-doctor --peer HOST[:PORT] [--peer-port PORT] [--json] [-d NAME] [-p PORT] [--timeout SECONDS]
 //! rdma-doctor --fleet HOST[:PORT]... | --fleet-file FILE [--mesh | --no-probe] [--parallel N] [--timeout SECONDS]
 //!             [--json] [--save FILE] [--compare FLEET.json|NODE.json] [--known-bad FILE]... [--ignore PATTERN]...
+//! rdma-doctor --watch [SECONDS] [--json] [-d NAME] [-p PORT]
 //! ```
 //!
 //! `--fleet` gathers every node's report from its `--serve`, prints the fleet's table with
 //! what differs and the links probed between neighbours ([`crate::fleet`]).
+//!
+//! `--watch` prints a line per event or change until Ctrl-C or SIGTERM ([`crate::watch`]),
+//! then exits 0.
 //!
 //! `--serve` and `--peer` check the path between two nodes end to end ([`crate::peer`]):
 //! exit 0 when every check passed, 4 when one warned (an MTU mismatch, a check that passed
@@ -145,6 +149,14 @@ pub struct Args {
     /// With --fleet: nodes asked at once (reports, and probes within a round)
     #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=256), requires = "fleet_mode")]
     pub parallel: u16,
+    /// Watch the devices until Ctrl-C or SIGTERM, reading counters every SECONDS (default 1,
+    /// 0.1 to 3600): a line per async event, link state or rate change, and counter class
+    /// that moved or passed its rate threshold, worst first; with --json one JSON object a line
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "1",
+          value_parser = crate::watch::parse_interval,
+          conflicts_with_all = ["compare_nodes", "peer", "serve", "prometheus", "save", "compare", "known_bad",
+                                "ignore", "expect_rate", "no_loopback", "timeout", "memlock_need", "fleet", "fleet_file"])]
+    pub watch: Option<Duration>,
     /// Locked memory programs must register (K, M, G)
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = size, conflicts_with_all = ["compare_nodes", "peer", "serve"])]
     pub memlock_need: u64,
@@ -255,6 +267,7 @@ pub fn run(
         (Some(files), _) => nodes(&args, files, out),
         (None, Some(peer)) => probe_peer(&args, peer, out),
         (None, None) if args.serve => serve(&args, err),
+        (None, None) if args.watch.is_some() => Ok(watch(&args, out, err)),
         (None, None) => diagnose_here(&args, out),
     };
     result.unwrap_or_else(|e| {
@@ -331,6 +344,21 @@ fn serve(args: &Args, err: &mut dyn Write) -> Result<i32, String> {
         });
     }
     crate::peer::serve(args.peer_port, args.once, &args.peer_options(), Some(report), err).map_err(|e| e.to_string())
+}
+
+/// `--watch`: 0 after Ctrl-C or SIGTERM; 1 (with the reason) when there is nothing to
+/// watch or the output failed.
+fn watch(args: &Args, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+    let opts = crate::watch::WatchOptions {
+        device: args.device.clone(),
+        port: args.port,
+        json: args.json,
+        ..crate::watch::WatchOptions::new(args.watch.unwrap_or(Duration::from_secs(1)))
+    };
+    crate::watch::run(opts, out).unwrap_or_else(|e| {
+        let _ = writeln!(err, "rdma-doctor: {e}");
+        1
+    })
 }
 
 fn nodes(args: &Args, files: &[PathBuf], out: &mut dyn Write) -> Result<i32, String> {

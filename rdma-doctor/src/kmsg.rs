@@ -54,8 +54,7 @@ impl Window {
         Window { boot_usec: BOOT_WINDOW_USEC, since_usec: now_usec.saturating_sub(RECENT_WINDOW_USEC) }
     }
 
-    /// The whole log.
-    #[cfg(test)]
+    /// The whole log (and what `--watch` reads as it comes).
     pub(crate) fn all() -> Window {
         Window { boot_usec: u64::MAX, since_usec: 0 }
     }

@@ -27,7 +27,8 @@
 //! a receiver not ready, timeouts, link downs, congestion, discards), and the whole
 //! diagnosis exports as Prometheus metrics ([`metrics`]). With `--serve` on every node,
 //! [`fleet`] gathers their reports into one version table, marks what differs, and has
-//! the nodes probe the paths between them.
+//! the nodes probe the paths between them. `--watch` follows the devices over time
+//! ([`watch`]): async events, link state and rate changes, counter rates.
 //!
 //! It never changes the system: no module is loaded by the doctor, no link touched, no
 //! firmware written (its rdma_cm check is a librdmacm program like any other: on a node
@@ -70,6 +71,7 @@ mod stderr;
 mod text;
 pub mod verdict;
 mod versions;
+pub mod watch;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

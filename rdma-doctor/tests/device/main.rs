@@ -25,6 +25,8 @@ mod counters;
 mod induced;
 /// `--serve` and `--peer` on one node, with hostile clients of the server.
 mod peer;
+/// `--watch`: a healthy idle device, a link flap, Ctrl-C and SIGTERM.
+mod watch;
 // The test bed, shared with rdma-verbs' device tests: every test whose doctor runs the
 // rdma_cm check runs in a process of its own (`isolated`), as librdmacm keeps a context of
 // the device open until its process exits, and an open context holds an rxe link that

@@ -36,6 +36,7 @@ mod endpoint;
 mod events;
 mod faults;
 mod mr;
+mod mw;
 mod prepared;
 mod prepared_recv;
 mod qp;

@@ -124,6 +124,13 @@ where
 ///   invalidate of one, a UD QP.
 ///
 /// Windows here are bound at virtual addresses (not zero-based), always signaled.
+///
+/// # Example
+///
+/// A type 2 window bound, written through by RDMA WRITE, and invalidated (a QP connected
+/// to itself plays the peer):
+///
+#[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/mw.rs")), "```")]
 #[doc(alias = "ibv_mw")]
 pub struct MemoryWindow {
     /// Deallocated first (in `teardown`), before `held` is let go.

@@ -265,13 +265,13 @@ verbs! {
     DeallocMw = "ibv_dealloc_mw", Control;
     BindMw = "ibv_bind_mw", Data;
     /// [`SendQueue::bind_mw`](crate::SendQueue::bind_mw) of a type 2 window (and an
-    /// [`MwRequest::bind`](crate::MwRequest::bind) posted), refusing before `ibv_post_send`.
+    /// [`MwRequest::Bind`](crate::MwRequest::Bind) posted), refusing before `ibv_post_send`.
     SendQueueBindMw = "SendQueue::bind_mw", Data;
     /// [`SendQueue::bind_mw`](crate::SendQueue::bind_mw) of a type 1 window, refusing
     /// before `ibv_bind_mw`.
     SendQueueBindMwType1 = "SendQueue::bind_mw (type 1)", Data;
     /// [`SendQueue::invalidate_mw`](crate::SendQueue::invalidate_mw) of a type 2 window (a
-    /// local invalidate, also as an [`MwRequest::local_inv`](crate::MwRequest::local_inv)
+    /// local invalidate, also as an [`MwRequest::LocalInv`](crate::MwRequest::LocalInv)
     /// posted), refusing before `ibv_post_send`.
     SendQueueInvalidateMw = "SendQueue::invalidate_mw", Data;
     /// [`SendQueue::invalidate_mw`](crate::SendQueue::invalidate_mw) of a type 1 window (a

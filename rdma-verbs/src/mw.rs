@@ -331,6 +331,8 @@ pub struct BoundWindow {
     window: MemoryWindow,
     remote: RemoteMr,
     access: AccessFlags,
+    /// The QP whose send queue bound it (a type 2 window is tied to it).
+    qp_num: u32,
 }
 
 /// What a peer needs to reach a bound window: borrowed from the [`BoundWindow`], so it
@@ -372,8 +374,8 @@ impl BoundWindow {
 
     /// The window back, unbound, once `wc` (a receive completion of the QP this window
     /// was bound on) shows that the peer's send with invalidate ended this binding: the
-    /// receive succeeded and invalidated exactly this window's rkey. Anything else is
-    /// refused, with the bound window back.
+    /// receive succeeded, on that QP, and invalidated exactly this window's rkey. Anything
+    /// else is refused, with the bound window back.
     #[allow(clippy::result_large_err)] // the window comes back by value
     pub fn invalidated_by(self, wc: &WorkCompletion) -> Result<MemoryWindow, Refused<BoundWindow>> {
         let verb = Verb::BoundWindowInvalidatedBy;
@@ -381,6 +383,8 @@ impl BoundWindow {
             Some("a type 1 window is never invalidated by a peer: SendQueue::invalidate_mw unbinds it".to_owned())
         } else if !wc.is_success() {
             Some(format!("the completion failed ({})", wc.status()))
+        } else if wc.qp_num() != self.qp_num {
+            Some(format!("the completion is of QP {:#x}; the window was bound on QP {:#x}", wc.qp_num(), self.qp_num))
         } else if invalidated_rkey(wc) != Some(self.remote.rkey) {
             Some(format!(
                 "the completion invalidated {:?}, not this window's rkey {:#x}",
@@ -418,6 +422,7 @@ impl fmt::Debug for BoundWindow {
             .field("len", &self.remote.len)
             .field("rkey", &format_args!("{:#x}", self.remote.rkey))
             .field("access", &self.access)
+            .field("qp_num", &format_args!("{:#x}", self.qp_num))
             .finish()
     }
 }
@@ -767,7 +772,9 @@ impl<T: SendBuf> SendRequest for MwRequest<T> {
                     // bind replaces the binding).
                     *window.held = Some(region);
                     let remote = RemoteMr { addr, len: (range.end - range.start) as u64, rkey };
-                    end.done(id, Op::BindMw.codes().wc, MwDone::Bound(BoundWindow { window, remote, access }))
+                    let qp_num = end.qp_num;
+                    let bound = BoundWindow { window, remote, access, qp_num };
+                    end.done(id, Op::BindMw.codes().wc, MwDone::Bound(bound))
                 } else {
                     if window.ty == MwType::Type1 {
                         // rxe: "user has to undo this if he gets an error wc".

@@ -241,12 +241,17 @@ fn mw_a_completion_that_invalidated_nothing_does_not_unbind_a_window() {
     b.rq.post(dst, 0..64, 9).unwrap();
     let src = chunks(&pd, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
     a.sq.post(SendWr::send(src, 0..16).id(3)).unwrap();
-    let mut wc = poll_one(&mut a.cq);
-    a.sq.complete(&mut wc, |_| ()).unwrap();
+    let mut sent = poll_one(&mut a.cq);
+    a.sq.complete(&mut sent, |_| ()).unwrap();
+    // A completion of another QP (the peer's) says nothing about this window.
+    let refused = bound.invalidated_by(&sent).unwrap_err();
+    assert!(refused.error.to_string().contains("the window was bound on QP"), "{}", refused.error);
+    let bound = refused.into_value();
     let mut wc = poll_one(&mut b.cq);
     b.rq.complete(&mut wc).unwrap();
     let refused = bound.invalidated_by(&wc).unwrap_err();
     assert!(matches!(refused.error, Error::InvalidArgument { verb: Verb::BoundWindowInvalidatedBy, .. }));
+    assert!(refused.error.to_string().contains("not this window's rkey"), "{}", refused.error);
     let bound = refused.into_value();
     // Still bound: the peer still gets in.
     assert_eq!(peer_write(&pd, &mut a, over_the_wire(&bound), 8), WcStatus::Success);

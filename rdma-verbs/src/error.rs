@@ -270,6 +270,25 @@ verbs! {
     /// [`ParentDomain::new`](crate::ParentDomain::new), refusing before
     /// `ibv_alloc_parent_domain`.
     ParentDomainNew = "ParentDomain::new", Control;
+    AllocMw = "ibv_alloc_mw", Control;
+    DeallocMw = "ibv_dealloc_mw", Control;
+    BindMw = "ibv_bind_mw", Data;
+    /// [`SendQueue::bind_mw`](crate::SendQueue::bind_mw) of a type 2 window (and an
+    /// [`MwRequest::Bind`](crate::MwRequest::Bind) posted), refusing before `ibv_post_send`.
+    SendQueueBindMw = "SendQueue::bind_mw", Data;
+    /// [`SendQueue::bind_mw`](crate::SendQueue::bind_mw) of a type 1 window, refusing
+    /// before `ibv_bind_mw`.
+    SendQueueBindMwType1 = "SendQueue::bind_mw (type 1)", Data;
+    /// [`SendQueue::invalidate_mw`](crate::SendQueue::invalidate_mw) of a type 2 window (a
+    /// local invalidate, also as an [`MwRequest::LocalInv`](crate::MwRequest::LocalInv)
+    /// posted), refusing before `ibv_post_send`.
+    SendQueueInvalidateMw = "SendQueue::invalidate_mw", Data;
+    /// [`SendQueue::invalidate_mw`](crate::SendQueue::invalidate_mw) of a type 1 window (a
+    /// bind of length 0), refusing before `ibv_bind_mw`.
+    SendQueueInvalidateMwType1 = "SendQueue::invalidate_mw (type 1)", Data;
+    /// [`BoundWindow::invalidated_by`](crate::BoundWindow::invalidated_by), refusing a
+    /// completion that did not invalidate this window.
+    BoundWindowInvalidatedBy = "BoundWindow::invalidated_by", Data;
 }
 
 impl fmt::Display for Verb {
@@ -299,6 +318,8 @@ impl Verb {
             V::SendQueuePost | V::SendQueuePostBatch | V::AsyncSendQueuePost => Some(V::PostSend),
             V::RecvQueuePost | V::RecvQueuePostBatch | V::AsyncRecvQueuePost => Some(V::PostRecv),
             V::SrqQueuePost => Some(V::PostSrqRecv),
+            V::SendQueueBindMw | V::SendQueueInvalidateMw => Some(V::PostSend),
+            V::SendQueueBindMwType1 | V::SendQueueInvalidateMwType1 => Some(V::BindMw),
             _ => None,
         }
     }

@@ -89,4 +89,5 @@ raw_object! {
     ffi::ibv_srq => ibv_destroy_srq, DestroySrq;
     ffi::ibv_ah => ibv_destroy_ah, DestroyAh;
     ffi::ibv_comp_channel => ibv_destroy_comp_channel, DestroyCompChannel;
+    ffi::ibv_mw => ibv_dealloc_mw, DeallocMw;
 }

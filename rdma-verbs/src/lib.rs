@@ -114,6 +114,8 @@
 //!   remote write and atomics only in a type that never hands out `&[u8]`; [`Chunk`]s,
 //!   the owned pieces of a region that the data path moves; [`MemoryRegion::remote`]
 //!   (what a peer targets) is an error for a region that grants no remote right.
+//!   Memory windows ([`MemoryWindow`], type 1 and 2): a peer's access to part of a region,
+//!   granted and taken back through the QP's one send queue ([`MwSendQueue`]).
 //! - Completions: [`CompletionQueue`] (polling needs `&mut`; completion channels: arm,
 //!   wait with a timeout, ack), [`WorkCompletion`]; [`AsyncCq`] awaits them on any
 //!   executor ([`ChannelFd`] is the descriptor a reactor watches).
@@ -152,6 +154,7 @@ mod error;
 mod event;
 mod handle;
 mod mr;
+mod mw;
 mod pd;
 mod port;
 mod qp;
@@ -188,6 +191,7 @@ pub use mr::{
     page_size, AccessFlags, AccessMode, Advice, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr,
     RemoteWritable, ReregError,
 };
+pub use mw::{BoundWindow, MemoryWindow, MwBind, MwDone, MwRequest, MwSendQueue, MwType, WindowKey};
 pub use pd::ProtectionDomain;
 pub use port::{choose_roce_gid, Gid, GidEntry, GidType, LinkLayer, Mtu, PhysState, PortAttr, PortState};
 pub use qp::{

@@ -115,6 +115,13 @@ pub(crate) enum Op {
     Read,
     CompSwap,
     FetchAdd,
+    /// A SEND that invalidates the receiver's memory window (its rkey in `imm`, see
+    /// [`SendWr::send_inv`]).
+    SendInv,
+    /// A memory window bind and a local invalidate: built by `mw::MwRequest`, never a
+    /// `SendWr`'s operation.
+    BindMw,
+    LocalInv,
 }
 
 /// One operation as each API names it.
@@ -140,6 +147,9 @@ impl Op {
             Op::Read => (O::IBV_WR_RDMA_READ, SendOps::RDMA_READ, WcOpcode::RdmaRead),
             Op::CompSwap => (O::IBV_WR_ATOMIC_CMP_AND_SWP, SendOps::ATOMIC_CMP_AND_SWP, WcOpcode::CompSwap),
             Op::FetchAdd => (O::IBV_WR_ATOMIC_FETCH_AND_ADD, SendOps::ATOMIC_FETCH_AND_ADD, WcOpcode::FetchAdd),
+            Op::SendInv => (O::IBV_WR_SEND_WITH_INV, SendOps::SEND_WITH_INV, WcOpcode::Send),
+            Op::BindMw => (O::IBV_WR_BIND_MW, SendOps::BIND_MW, WcOpcode::BindMw),
+            Op::LocalInv => (O::IBV_WR_LOCAL_INV, SendOps::LOCAL_INV, WcOpcode::LocalInv),
         };
         OpCodes { wr, ops, wc }
     }
@@ -227,7 +237,7 @@ impl<T> SendWr<T> {
             Op::Write | Op::WriteImm | Op::Read => unsafe { (self.target.0.rdma.remote_addr, self.target.0.rdma.rkey) },
             // SAFETY: and the `atomic` variant for these.
             Op::CompSwap | Op::FetchAdd => unsafe { (self.target.0.atomic.remote_addr, self.target.0.atomic.rkey) },
-            Op::Send | Op::SendImm => return None,
+            Op::Send | Op::SendImm | Op::SendInv | Op::BindMw | Op::LocalInv => return None,
         };
         Some(RemoteMr { addr, len: self.remote_len, rkey })
     }
@@ -284,6 +294,22 @@ impl<T: SendBuf> SendWr<T> {
         Self::new(Op::Write, buf, range, Target::rdma(&remote), remote.len)
     }
 
+    /// SEND `range` of `buf` to the peer's next receive, invalidating the peer's memory
+    /// window whose rkey is `rkey` (type 2: the peer bound it on the QP this connects to,
+    /// and learns of the invalidation from the receive's completion, see
+    /// [`BoundWindow::invalidated_by`](crate::BoundWindow::invalidated_by)). Connected QPs
+    /// only; on a QP built with send ops it needs
+    /// [`SendOps::SEND_WITH_INV`](crate::SendOps::SEND_WITH_INV).
+    #[doc(alias = "ibv_wr_send_inv", alias = "IBV_WR_SEND_WITH_INV")]
+    #[inline]
+    pub fn send_inv(buf: T, range: Range<usize>, rkey: u32) -> Self {
+        let mut wr = Self::new(Op::SendInv, buf, range, Target::rdma(&RemoteMr { addr: 0, len: 0, rkey: 0 }), 0);
+        // `invalidate_rkey` shares the C union with `imm_data`, which `classic` writes as
+        // `imm.to_be()`: stored so that this gives the rkey as it is.
+        wr.imm = u32::from_be(rkey);
+        wr
+    }
+
     /// A UD SEND to `remote_qpn` through `ah`, with the receiver's Q_Key.
     #[doc(alias = "ibv_wr_set_ud_addr")]
     pub fn send_ud(buf: T, range: Range<usize>, ah: &AddressHandle, remote_qpn: u32, qkey: u32) -> Self {
@@ -303,7 +329,10 @@ impl<T: SendBuf> SendWr<T> {
             Op::Write => Op::WriteImm,
             op => op,
         };
-        self.imm = imm;
+        // A send with invalidate keeps its rkey where the immediate would go.
+        if self.op != Op::SendInv {
+            self.imm = imm;
+        }
         self
     }
 

@@ -34,7 +34,9 @@ pub use prepared_recv::{PreparedRecv, PreparedRecvQueue};
 pub use recv::{RecvQueue, RecvRequest, SrqQueue};
 pub use recv_chain::{PreparedRecvChain, RecvChainMember, RecvChainQueue};
 pub use request::SendRequest;
+pub(crate) use request::{sealed::Sealed as SendSealed, End, Ext, SendLimits, Token};
 pub use send::SendQueue;
+pub(crate) use tag::wr_id;
 
 /// Most work requests one provider call posts in a batch.
 pub const MAX_BATCH: usize = 64;

@@ -40,14 +40,14 @@ impl SendLimits {
 /// The extended QP of a send queue, when the QP was built with send ops.
 pub type Ext = Option<(NonNull<ffi::ibv_qp_ex>, SendOps)>;
 
-pub(super) mod sealed {
+pub(crate) mod sealed {
     /// Only this crate's requests are posted: a request's C form is trusted to name only
     /// bytes of the buffer it owns.
     pub trait Sealed {}
     /// Makes the trait's methods uncallable outside this crate.
     pub struct Token;
 }
-pub(super) use sealed::Token;
+pub(crate) use sealed::Token;
 
 /// What a [`SendQueue`](super::SendQueue) posts: a [`SendWr`] (checked and built at each
 /// post) or a [`PreparedSend`](super::PreparedSend) request (checked and built once). Sealed.
@@ -150,7 +150,7 @@ impl End {
     /// What comes back of a request: `value`, with the caller's `id`, its operation `op`,
     /// and how it ended.
     #[inline(always)]
-    pub(super) fn done<B>(self, id: u64, op: WcOpcode, value: B) -> Done<B> {
+    pub(crate) fn done<B>(self, id: u64, op: WcOpcode, value: B) -> Done<B> {
         let End { status, byte_len, qp_num, vendor_err } = self;
         Done { id, value, status, byte_len, op, qp_num, vendor_err }
     }
@@ -269,6 +269,10 @@ unsafe fn extended<T: SendBuf>(qpx: *mut ffi::ibv_qp_ex, wr: &SendWr<T>, seq: u6
                 ffi::ibv_wr_atomic_cmp_swp(qpx, r.rkey, r.addr, compare, swap)
             }
             Op::FetchAdd => ffi::ibv_wr_atomic_fetch_add(qpx, r.rkey, r.addr, wr.operands().0),
+            // `imm` holds the rkey so that `to_be` gives it as it is (SendWr::send_inv).
+            Op::SendInv => ffi::ibv_wr_send_inv(qpx, imm),
+            // Never a SendWr's operation: mw::MwRequest builds those.
+            Op::BindMw | Op::LocalInv => {}
         }
         if let (Some(ah), Some((qpn, qkey))) = (&wr.ah, wr.ud()) {
             ffi::ibv_wr_set_ud_addr(qpx, ah.as_raw(), qpn, qkey);

@@ -205,7 +205,7 @@ impl QueuePair {
 
     /// Claims the send side (one poster at a time, whatever it posts) and sets `depth`
     /// entries of the send CQ aside for it.
-    fn send_queue_of<T: SendBuf, R: SendRequest>(&self, depth: u32) -> Result<SendQueue<T, R>> {
+    pub(crate) fn send_queue_of<T: SendBuf, R: SendRequest>(&self, depth: u32) -> Result<SendQueue<T, R>> {
         let depth = depth_of(self, depth)?;
         let claim = Claim::take(&self.inner, |q| &q.send_claimed, "this QP's send side")?;
         let room = CqReservation::take(&self.inner.send_cq, depth.into(), Verb::Claim, "this send queue")?;
@@ -241,7 +241,7 @@ fn depth_of(qp: &QueuePair, asked: u32) -> Result<u32> {
 }
 
 impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
-    pub(super) fn limits(&self) -> &SendLimits {
+    pub(crate) fn limits(&self) -> &SendLimits {
         &self.limits
     }
 
@@ -306,12 +306,19 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     #[inline(always)]
     #[allow(clippy::result_large_err)] // the refused request comes back by value: no allocation
     pub fn post(&mut self, wr: R) -> Result<(), Refused<R>> {
+        self.post_named(Verb::SendQueuePost, wr)
+    }
+
+    /// [`post`](Self::post), its refusals naming `verb` (the method that asked).
+    #[inline(always)]
+    #[allow(clippy::result_large_err)] // as post
+    pub(crate) fn post_named(&mut self, verb: Verb, wr: R) -> Result<(), Refused<R>> {
         // A batch of one: the same two steps as post_batch, without an iterator (which
         // would move the request twice more on its way into the ring).
         let most = if R::CHAIN { MAX_BATCH } else { 1 };
         let room = self.ring.free().min(most);
         let mut chain = Staging::new();
-        let (n, refused) = match self.stage(Verb::SendQueuePost, 0, room, most, wr, &mut chain) {
+        let (n, refused) = match self.stage(verb, 0, room, most, wr, &mut chain) {
             Ok(w) => (w, None),
             Err(r) => (0, Some(r)),
         };
@@ -324,6 +331,38 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let (error, mut unposted) = self.failed(batch, std::iter::empty());
         let wr = unposted.pop().expect("a failed post of one request hands back it or its unposted part");
         Err(Refused::new(error, wr))
+    }
+
+    /// Posts one request with `post` instead of `ibv_post_send`: a provider call that puts
+    /// one work request on this QP's send queue by itself, with the `wr_id` it is given
+    /// (`ibv_bind_mw`). The request takes the next ring slot like any other, so its
+    /// completion is matched, and what it holds kept, as theirs are. `post` gets the QP,
+    /// that `wr_id` and the request in its slot (where it stays until its completion);
+    /// on its error the request comes back. The caller checked the request (`verb` names
+    /// the caller, for a full queue).
+    #[cold]
+    #[allow(clippy::result_large_err)] // the refused request comes back by value
+    pub(crate) fn post_by(
+        &mut self,
+        verb: Verb,
+        wr: R,
+        post: impl FnOnce(*mut ffi::ibv_qp, u64, &mut R) -> Result<()>,
+    ) -> Result<(), Refused<R>> {
+        debug_assert!(!R::CHAIN, "a chain is posted with ibv_post_send");
+        if self.ring.free() == 0 {
+            return Err(Refused::new(queue_full(verb, self.ring.cap), wr));
+        }
+        let seq = self.ring.head;
+        let staged = self.ring.stage(0, wr);
+        match post(self.raw, wr_id(self.tag_bits, seq), staged) {
+            Ok(()) => {
+                self.ring.commit(1);
+                self.items += 1;
+                Ok(())
+            }
+            // SAFETY: staged just above and not committed: read out once.
+            Err(e) => Err(Refused::new(e, unsafe { self.ring.unstage(0) })),
+        }
     }
 
     /// Posts up to [`MAX_BATCH`] C requests with one provider call (one doorbell): that

@@ -55,7 +55,7 @@ impl Drop for Tag {
 /// The `wr_id` of the request (send or receive) with sequence number `seq` of the queue
 /// whose tag bits are `tag` (with `RECV_TAG` on the receive side).
 #[inline(always)]
-pub(super) fn wr_id(tag: u64, seq: u64) -> u64 {
+pub(crate) fn wr_id(tag: u64, seq: u64) -> u64 {
     tag | (seq & LOW_MASK)
 }
 

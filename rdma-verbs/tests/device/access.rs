@@ -13,8 +13,8 @@
 //!
 //! What rxe (Linux 6.1) does not enforce, and so is not tested here: the bounds of a type 1
 //! memory window (it checks the window's rkey but lets writes through anywhere in the
-//! underlying region; see rdma-sys/tests/device/mw.rs). The safe crate has no memory
-//! window API.
+//! underlying region; see rdma-sys/tests/device/mw.rs). The safe crate's windows are
+//! tested in mw.rs.
 
 use rdma_verbs::SendWr;
 use rdma_verbs::{

@@ -15,6 +15,7 @@
 //! | `doc/async_cm.rs` | `AsyncCmId` |
 //! | `doc/prepared.rs` | `SendChainQueue`, `PreparedRecvQueue` |
 //! | `doc/recv_chain.rs` | `RecvChainQueue` |
+//! | `doc/mw.rs` | `MemoryWindow` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -153,6 +154,17 @@ mod recv_chain {
     #[test]
     #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
     fn the_recv_chain_example_fills_a_receive_chain_with_a_send_chain_and_posts_both_again_each_round() {
+        let _leaks = super::LeakCheck::new();
+        super::run(main);
+    }
+}
+
+mod mw {
+    include!("doc/mw.rs");
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_memory_window_example_binds_writes_through_the_window_and_invalidates_it() {
         let _leaks = super::LeakCheck::new();
         super::run(main);
     }

@@ -37,6 +37,7 @@ mod endpoint;
 mod events;
 mod faults;
 mod mr;
+mod mw;
 mod prepared;
 mod prepared_recv;
 mod pyverbs_parity;

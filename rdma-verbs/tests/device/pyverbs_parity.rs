@@ -565,3 +565,23 @@ fn query_device_ex_agrees_with_query_device_and_reports_what_the_device_lacks_as
         assert_eq!(ex.cq_moderation, (0, 0), "{ex:?}");
     }
 }
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn data_in_order_answers_for_each_operation_and_refuses_what_is_not_one() {
+    use rdma_verbs::SendOps;
+    let _leaks = LeakCheck::new();
+    let (_pd, a, _b) = rc_pair::<rdma_verbs::Chunk>(rdma_verbs::QpAccess::empty());
+    for op in
+        [SendOps::RDMA_WRITE, SendOps::RDMA_WRITE_WITH_IMM, SendOps::SEND, SendOps::SEND_WITH_IMM, SendOps::RDMA_READ]
+    {
+        let in_order = a.qp.data_in_order(op).unwrap();
+        eprintln!("{op:?}: data in order {in_order}");
+        // rxe's provider has no such query: libibverbs answers 0, no promise.
+        assert!(!(device_name().starts_with("rxe") && in_order), "{op:?}: rxe promised in-order data");
+    }
+    let e = a.qp.data_in_order(SendOps::RDMA_WRITE | SendOps::SEND).unwrap_err();
+    assert!(matches!(e, rdma_verbs::Error::InvalidArgument { verb: rdma_verbs::Verb::QpDataInOrder, .. }), "{e:?}");
+    let e = a.qp.data_in_order(SendOps::ATOMIC_FETCH_AND_ADD).unwrap_err();
+    assert!(e.to_string().contains("one of RDMA_WRITE"), "{e}");
+}

@@ -192,6 +192,52 @@ impl Context {
         choose_roce_gid(&table).cloned().ok_or_else(|| Error::NoRoceV2Gid { device: self.name().to_owned(), port })
     }
 
+    /// The P_Key at `index` of the port's P_Key table (`ibv_query_pkey`), in host byte
+    /// order: `0xffff` is the default full-membership key, the one rxe has at index 0.
+    ///
+    /// Refused before C ([`Error::InvalidArgument`] naming [`Verb::ContextPkey`]): a port
+    /// the device does not have, an index at or past the port's `pkey_tbl_len`.
+    #[doc(alias = "ibv_query_pkey")]
+    pub fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        self.check_port(Verb::ContextPkey, port)?;
+        let len = self.query_port(port)?.raw.pkey_tbl_len;
+        check_pkey_index(index, len)?;
+        let mut pkey: ffi::__be16 = 0;
+        // SAFETY: the context is open, the port exists and `pkey` is writable.
+        let rc = unsafe { ffi::ibv_query_pkey(self.as_raw(), port, index.into(), &mut pkey) };
+        conv::rc(Verb::QueryPkey, rc)?;
+        Ok(u16::from_be(pkey))
+    }
+
+    /// The index of `pkey` (host byte order) in the port's P_Key table
+    /// (`ibv_get_pkey_index`), or `None` when the table does not hold it. The index is
+    /// what a QP's `pkey_index` attribute takes.
+    #[doc(alias = "ibv_get_pkey_index")]
+    pub fn pkey_index(&self, port: u8, pkey: u16) -> Result<Option<u16>> {
+        self.check_port(Verb::ContextPkey, port)?;
+        // SAFETY: the context is open and the port exists.
+        let rc = unsafe { ffi::ibv_get_pkey_index(self.as_raw(), port, pkey.to_be()) };
+        if rc >= 0 {
+            return Ok(u16::try_from(rc).ok());
+        }
+        // The C function reads the table until a read fails: past its end, that read's
+        // error is ENOENT (no such sysfs file), which means "not in the table".
+        let e = Error::last_os(Verb::GetPkeyIndex);
+        match e.errno() {
+            Some(libc::ENOENT) => Ok(None),
+            _ => Err(e),
+        }
+    }
+
+    /// The kernel's index of this device (`ibv_get_device_index`), the number `rdma dev`
+    /// prints before the name and netlink uses; `None` where the kernel does not say.
+    #[doc(alias = "ibv_get_device_index")]
+    pub fn device_index(&self) -> Option<u32> {
+        // SAFETY: the context is open, so its device is valid.
+        let idx = unsafe { ffi::ibv_get_device_index((*self.as_raw()).device) };
+        u32::try_from(idx).ok()
+    }
+
     fn check_port(&self, verb: Verb, port: u8) -> Result<()> {
         let ports = self.inner.ports;
         if port == 0 || port > ports {
@@ -204,8 +250,34 @@ impl Context {
     }
 }
 
+/// The check of [`Context::query_pkey`] on `index` against the table's `len`.
+fn check_pkey_index(index: u16, len: u16) -> Result<()> {
+    if index >= len {
+        return Err(Error::invalid(
+            Verb::ContextPkey,
+            format!("P_Key index {index} is past the port's table of {len} entries (pkey_tbl_len)"),
+        ));
+    }
+    Ok(())
+}
+
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context").field("name", &self.inner.name).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pkey_index_past_the_table_is_refused_before_c_naming_query_pkey() {
+        assert!(check_pkey_index(0, 1).is_ok());
+        assert!(check_pkey_index(63, 64).is_ok());
+        let e = check_pkey_index(1, 1).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument { verb: Verb::ContextPkey, .. }), "{e}");
+        assert!(e.to_string().contains("pkey_tbl_len"), "{e}");
+        assert!(check_pkey_index(0, 0).is_err());
     }
 }

@@ -150,12 +150,14 @@ mod dm;
 mod endpoint;
 mod error;
 mod event;
+mod fork;
 mod handle;
 mod mr;
 mod pd;
 mod port;
 mod qp;
 mod queue;
+mod rate;
 mod srq;
 mod td;
 mod wc;
@@ -163,7 +165,7 @@ pub mod wire;
 mod wr;
 mod xrc;
 
-pub use ah::{AddressHandle, AhAttr, Remote, DEFAULT_HOP_LIMIT, GRH_LEN};
+pub use ah::{udp_sport_from_flow_label, AddressHandle, AhAttr, Remote, DEFAULT_HOP_LIMIT, GRH_LEN};
 #[cfg(feature = "async-io")]
 pub use aio::AsyncIoFd;
 #[cfg(feature = "tokio")]
@@ -183,6 +185,7 @@ pub use dm::DeviceMemory;
 pub use endpoint::{Connection, Handshake, UdPeer};
 pub use error::{Error, Plane, Refused, Result, Verb, WireError};
 pub use event::{AsyncEvent, AsyncEventKind, AsyncEvents, EventSource};
+pub use fork::{fork_init, fork_status, ForkStatus};
 pub use mr::{
     page_size, AccessFlags, AccessMode, Advice, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr,
     RemoteWritable, ReregError,
@@ -200,6 +203,7 @@ pub use queue::{
     RecvChainMember, RecvChainQueue, RecvQueue, RecvRequest, SendChainQueue, SendQueue, SendRequest, SrqQueue,
     MAX_BATCH,
 };
+pub use rate::Rate;
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{WcFlags, WorkCompletion};

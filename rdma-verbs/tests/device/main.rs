@@ -42,6 +42,7 @@ mod prepared_recv;
 mod qp;
 mod recv_chain;
 mod rereg;
+mod rest;
 mod tools;
 mod ud_more;
 

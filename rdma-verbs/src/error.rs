@@ -305,8 +305,7 @@ verbs! {
     CreateWq = "ibv_create_wq", Control;
     ModifyWq = "ibv_modify_wq", Control;
     DestroyWq = "ibv_destroy_wq", Control;
-    /// [`WorkQueue::new`](crate::WorkQueue::new) and
-    /// [`WorkQueue::set_state`](crate::WorkQueue::set_state), refusing before the C call.
+    /// [`WorkQueue::new`](crate::WorkQueue::new), refusing before `ibv_create_wq`.
     WorkQueueCheck = "WorkQueue::new", Control;
     CreateRwqIndTable = "ibv_create_rwq_ind_table", Control;
     DestroyRwqIndTable = "ibv_destroy_rwq_ind_table", Control;
@@ -647,6 +646,13 @@ impl Error {
             }
             _ => Error::verb(verb, errno),
         }
+    }
+
+    /// NULL from a create verb: its errno (`EIO` when none was set), as
+    /// [`verb_or_not_supported`](Self::verb_or_not_supported) reads it.
+    pub(crate) fn last_os_or_not_supported(verb: Verb, capability: &'static str) -> Self {
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        Self::verb_or_not_supported(verb, if errno == 0 { libc::EIO } else { errno }, capability)
     }
 
     /// The errno, for errors that came from C.

@@ -143,6 +143,7 @@ mod codes;
 pub mod compat;
 mod context;
 mod conv;
+mod counters;
 mod cq;
 mod cq_ex;
 mod device;
@@ -150,6 +151,7 @@ mod dm;
 mod endpoint;
 mod error;
 mod event;
+mod flow;
 mod fork;
 mod handle;
 mod mr;
@@ -162,6 +164,7 @@ mod srq;
 mod td;
 mod wc;
 pub mod wire;
+mod wq;
 mod wr;
 mod xrc;
 
@@ -178,6 +181,7 @@ pub use cm::{
 };
 pub use codes::{QpType, WcOpcode, WcStatus};
 pub use context::Context;
+pub use counters::{CounterKind, Counters};
 pub use cq::{CompletionQueue, CqBuilder};
 pub use cq_ex::{ExtendedCompletion, WcFields};
 pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
@@ -185,10 +189,11 @@ pub use dm::DeviceMemory;
 pub use endpoint::{Connection, Handshake, UdPeer};
 pub use error::{Error, Plane, Refused, Result, Verb, WireError};
 pub use event::{AsyncEvent, AsyncEventKind, AsyncEvents, EventSource};
+pub use flow::{Flow, FlowSpec};
 pub use fork::{fork_init, fork_status, ForkStatus};
 pub use mr::{
-    page_size, AccessFlags, AccessMode, Advice, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr,
-    RemoteWritable, ReregError,
+    page_size, AccessFlags, AccessMode, Advice, AlignedBuf, DmabufRegion, Local, MemoryRegion, NullRegion,
+    RegisterableBuffer, RemoteMr, RemoteWritable, ReregError,
 };
 pub use pd::ProtectionDomain;
 pub use port::{choose_roce_gid, Gid, GidEntry, GidType, LinkLayer, Mtu, PhysState, PortAttr, PortState};
@@ -196,7 +201,7 @@ pub use qp::{
     random_psn, InitAttr, QpAccess, QpAttrs, QpCaps, QpState, QueuePair, QueuePairBuilder, RemoteQpInfo, RtrAttr,
     RtsAttr, SendOps, DEFAULT_MAX_WR, DEFAULT_QKEY, MAX_PSN,
 };
-pub use qp::{MulticastMembership, MULTICAST_QPN};
+pub use qp::{Ece, MulticastMembership, RateLimit, MULTICAST_QPN};
 pub use queue::{AsyncRecvQueue, AsyncSendQueue, Ticket, Tickets};
 pub use queue::{
     PreparedRecv, PreparedRecvChain, PreparedRecvQueue, PreparedSend, PreparedSendChain, PreparedSendQueue,
@@ -207,5 +212,6 @@ pub use rate::Rate;
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{WcFlags, WorkCompletion};
+pub use wq::{RssTable, WorkQueue, WqState};
 pub use wr::{Done, PostError, SendWr};
 pub use xrc::XrcDomain;

@@ -19,6 +19,7 @@ mod buffer;
 mod iova;
 mod odp;
 mod rereg;
+mod special;
 
 use access::effective_access;
 pub(crate) use access::remote_descriptor;
@@ -27,6 +28,7 @@ pub use buffer::{page_size, AlignedBuf, RegisterableBuffer};
 use iova::check_iova;
 pub use odp::Advice;
 pub use rereg::ReregError;
+pub use special::{DmabufRegion, NullRegion};
 
 /// What a peer needs to target a region with RDMA READ, WRITE or atomics: its remote
 /// address, length and rkey. Plain data; [`to_bytes`](RemoteMr::to_bytes) and

@@ -111,3 +111,87 @@ fn a_peers_write_at_the_chosen_iova_lands_every_byte() {
     assert!(matches!(&e, Error::InvalidArgument { verb: Verb::PdRegisterAtIova, .. }), "{e}");
     drop((a, b, target));
 }
+
+/// Each object rxe lacks refuses with a typed NotSupported naming who found out and the
+/// bit or errno it came from; the objects around it stay whole.
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn rxe_refuses_rate_limits_null_regions_the_clock_dmabuf_counters_flows_work_queues_rss_and_ece_by_bit_or_errno() {
+    use rdma_verbs::{
+        CompletionQueue, Counters, Ece, Flow, FlowSpec, QpType, QueuePair, RateLimit, RssTable, WorkQueue,
+    };
+    let _leaks = LeakCheck::new();
+    let ctx = crate::open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let ud = QueuePair::builder(&pd, QpType::Ud, &cq, &cq).max_send_wr(2).max_recv_wr(2).build().unwrap();
+    let rc = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(2).max_recv_wr(2).build().unwrap();
+    let not_supported = |e: &Error, verb: Verb, errno: Option<i32>, what: &str| {
+        assert!(
+            matches!(e, Error::NotSupported { verb: v, errno: n, capability } if *v == verb && *n == errno && capability.contains(what)),
+            "{e:?}"
+        );
+        eprintln!("{e}");
+    };
+
+    // The QP rate limit: packet_pacing_caps.qp_rate_limit_max is 0.
+    let e = rc.set_rate_limit(RateLimit::kbps(10_000)).unwrap_err();
+    not_supported(&e, Verb::QpSetRateLimit, None, "qp_rate_limit_max 0");
+
+    // The null region: no alloc_null_mr in the provider.
+    let e = pd.alloc_null_region().unwrap_err();
+    not_supported(&e, Verb::AllocNullMr, Some(libc::EOPNOTSUPP), "alloc_null_mr");
+
+    // The device clock: rxe reports hca_core_clock 0 (or, if it reported one, has no
+    // query_rt_values).
+    let e = ctx.raw_clock().unwrap_err();
+    assert!(matches!(&e, Error::NotSupported { verb: Verb::QueryRtValuesEx, .. }), "{e:?}");
+    eprintln!("{e}");
+
+    // A dmabuf region: any descriptor (a memfd here: the test bed has no /dev/udmabuf)
+    // is refused by the provider before the kernel looks at it, and the descriptor is
+    // closed with the refusal.
+    // SAFETY: a NUL-terminated name and no flags.
+    let fd = unsafe { libc::memfd_create(c"rdma-verbs-dmabuf".as_ptr(), 0) };
+    assert!(fd >= 0);
+    // SAFETY: a new descriptor nobody else owns.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: the memfd just created.
+    assert_eq!(unsafe { libc::ftruncate(std::os::fd::AsRawFd::as_raw_fd(&fd), 4096) }, 0);
+    let e = pd.register_dmabuf(fd, 0, 4096, 0, AccessFlags::LOCAL_WRITE).unwrap_err();
+    not_supported(&e, Verb::RegDmabufMr, Some(libc::EOPNOTSUPP), "reg_dmabuf_mr");
+
+    // Counters: no create_counters in the provider.
+    let e = Counters::new(&ctx).unwrap_err();
+    not_supported(&e, Verb::CreateCounters, Some(libc::EOPNOTSUPP), "create_counters");
+
+    // Flows: checked before C, then refused by the device's capability bit.
+    let spec = FlowSpec::new(1)
+        .eth_dst([0x02, 0, 0, 0, 0, 1])
+        .ipv4(None, Some(std::net::Ipv4Addr::new(10, 99, 0, 1)))
+        .udp(None, Some(4791));
+    let e = Flow::new(&rc, &spec).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument { verb: Verb::FlowNew, .. }), "{e:?}");
+    let e = Flow::new(&ud, &spec).unwrap_err();
+    not_supported(&e, Verb::FlowNew, None, "IBV_DEVICE_MANAGED_FLOW_STEERING");
+
+    // Work queues and RSS tables: max_wq_type_rq 0, max_rwq_indirection_table_size 0.
+    let e = WorkQueue::new(&pd, &cq, 0, 1).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument { verb: Verb::WorkQueueCheck, .. }), "{e:?}");
+    let e = WorkQueue::new(&pd, &cq, 64, 1).unwrap_err();
+    not_supported(&e, Verb::WorkQueueCheck, None, "max_wq_type_rq 0");
+    let e = RssTable::new(&ctx, &[]).unwrap_err();
+    not_supported(&e, Verb::RssTableNew, None, "max_rwq_indirection_table_size 0");
+
+    // ECE: checked before C, then the provider has no set_ece / query_ece.
+    let e = rc.set_ece(Ece { vendor_id: 0, options: 1 }).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArgument { verb: Verb::SetEce, .. }), "{e:?}");
+    let e = rc.set_ece(Ece { vendor_id: 0x2c9, options: 1 }).unwrap_err();
+    not_supported(&e, Verb::SetEce, Some(libc::EOPNOTSUPP), "ECE");
+    let e = rc.query_ece().unwrap_err();
+    not_supported(&e, Verb::QueryEce, Some(libc::EOPNOTSUPP), "ECE");
+
+    // Everything around the refusals is whole: a region registers in the PD.
+    pd.register(AlignedBuf::new(64).unwrap(), AccessFlags::LOCAL_WRITE).unwrap();
+    drop((ud, rc, cq));
+}

@@ -313,6 +313,8 @@ verbs! {
     RssTableNew = "RssTable::new", Control;
     SetEce = "ibv_set_ece", Control;
     QueryEce = "ibv_query_ece", Control;
+    /// [`QueuePair::set_ece`](crate::QueuePair::set_ece), refusing before `ibv_set_ece`.
+    QpSetEce = "QueuePair::set_ece", Control;
 }
 
 impl fmt::Display for Verb {

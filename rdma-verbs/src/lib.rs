@@ -125,6 +125,13 @@
 //!   prepared); rdma_cm's [`CmId`] and [`EventChannel`], awaited with [`AsyncCmId`] and
 //!   [`AsyncEventChannel`].
 //! - The data path: the queues above, [`SendWr`], [`Done`].
+//! - The rest of verbs.h: the P_Key table ([`Context::query_pkey`]), fork safety
+//!   ([`fork_init`]), static rates ([`Rate`]), regions at a chosen I/O address
+//!   ([`ProtectionDomain::register_at_iova`]), and what some devices have and rxe lacks,
+//!   each refused with [`Error::NotSupported`] naming the capability bit or errno: XRC
+//!   ([`XrcDomain`]), [`DeviceMemory`], [`ThreadDomain`] and [`ParentDomain`], the QP's
+//!   [`RateLimit`] and [`Ece`], [`NullRegion`], [`DmabufRegion`], [`Counters`], [`Flow`]s,
+//!   [`WorkQueue`]s and [`RssTable`]s.
 #![warn(missing_docs)]
 
 pub use rdma_verbs_sys as ffi;

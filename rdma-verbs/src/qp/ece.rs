@@ -19,7 +19,7 @@ pub struct Ece {
 fn check_ece(ece: &Ece) -> Result<()> {
     if ece.vendor_id == 0 || ece.vendor_id > 0x00ff_ffff {
         return Err(Error::invalid(
-            Verb::SetEce,
+            Verb::QpSetEce,
             format!("vendor id {:#x} is not an IEEE OUI (24 bits, not 0)", ece.vendor_id),
         ));
     }
@@ -35,7 +35,8 @@ impl QueuePair {
     /// Sets the ECE options this side offers (`ibv_set_ece`), before the QP goes to RTR
     /// (the active side) or with the peer's options (the passive side), as ibv_set_ece(3)
     /// describes. A vendor id that is 0 or wider than 24 bits is
-    /// [`Error::InvalidArgument`] before C (the bits mean nothing without a vendor). A
+    /// [`Error::InvalidArgument`] naming [`Verb::QpSetEce`] before C (the bits mean nothing
+    /// without a vendor; C would say `EOPNOTSUPP`, which reads as "no ECE"). A
     /// provider without ECE (rxe) gives [`Error::NotSupported`] naming [`Verb::SetEce`] and
     /// `EOPNOTSUPP`.
     #[doc(alias = "ibv_set_ece")]
@@ -71,7 +72,7 @@ mod tests {
     fn options_need_a_vendor_and_eopnotsupp_is_not_supported() {
         assert!(check_ece(&Ece { vendor_id: 0x2c9, options: 1 }).is_ok());
         let e = check_ece(&Ece { vendor_id: 0, options: 1 }).unwrap_err();
-        assert!(matches!(&e, Error::InvalidArgument { verb: Verb::SetEce, .. }), "{e}");
+        assert!(matches!(&e, Error::InvalidArgument { verb: Verb::QpSetEce, .. }), "{e}");
         assert!(check_ece(&Ece { vendor_id: 0x100_0000, options: 0 }).is_err());
         let e = ece_error(Verb::QueryEce, -libc::EOPNOTSUPP);
         assert!(matches!(&e, Error::NotSupported { verb: Verb::QueryEce, errno: Some(libc::EOPNOTSUPP), .. }), "{e}");

@@ -185,7 +185,7 @@ fn rxe_refuses_rate_limits_null_regions_the_clock_dmabuf_counters_flows_work_que
 
     // ECE: checked before C, then the provider has no set_ece / query_ece.
     let e = rc.set_ece(Ece { vendor_id: 0, options: 1 }).unwrap_err();
-    assert!(matches!(&e, Error::InvalidArgument { verb: Verb::SetEce, .. }), "{e:?}");
+    assert!(matches!(&e, Error::InvalidArgument { verb: Verb::QpSetEce, .. }), "{e:?}");
     let e = rc.set_ece(Ece { vendor_id: 0x2c9, options: 1 }).unwrap_err();
     not_supported(&e, Verb::SetEce, Some(libc::EOPNOTSUPP), "ECE");
     let e = rc.query_ece().unwrap_err();

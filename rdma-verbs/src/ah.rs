@@ -331,6 +331,25 @@ impl fmt::Debug for AddressHandle {
     }
 }
 
+/// The UDP source port RoCE v2 uses for a packet of this 20-bit IPv6 flow label
+/// (`ibv_flow_label_to_udp_sport`): the label's low 14 bits, XORed with its top 6, in
+/// the range 0xc000..=0xffff. Switches spread flows over paths by this port, so a
+/// program that picks flow labels picks paths.
+///
+/// A label wider than 20 bits is [`Error::InvalidArgument`] naming
+/// [`Verb::UdpSportFromFlowLabel`] (the C function would drop the high bits silently).
+#[doc(alias = "ibv_flow_label_to_udp_sport")]
+pub fn udp_sport_from_flow_label(flow_label: u32) -> Result<u16> {
+    if flow_label > 0xf_ffff {
+        return Err(Error::invalid(
+            Verb::UdpSportFromFlowLabel,
+            format!("flow label {flow_label:#x} is wider than 20 bits"),
+        ));
+    }
+    let low = (flow_label & 0x3fff) ^ (flow_label >> 14);
+    Ok((low | 0xc000) as u16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,5 +384,17 @@ mod tests {
             e.to_string().starts_with("ibv_create_ah: invalid argument (refused before the call): sgid_index 300"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_flow_label_gives_the_port_libibverbs_gives_and_wider_labels_are_refused() {
+        for fl in [0u32, 1, 0x3fff, 0x4000, 0x12345, 0xfc000, 0xf_ffff] {
+            assert_eq!(udp_sport_from_flow_label(fl).unwrap(), ffi::ibv_flow_label_to_udp_sport(fl), "{fl:#x}");
+        }
+        assert_eq!(udp_sport_from_flow_label(0).unwrap(), 0xc000);
+        assert_eq!(udp_sport_from_flow_label(0x4001).unwrap(), 0xc000);
+        assert_eq!(udp_sport_from_flow_label(0x3fff).unwrap(), 0xffff);
+        let e = udp_sport_from_flow_label(0x10_0000).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument { verb: Verb::UdpSportFromFlowLabel, .. }), "{e}");
     }
 }

@@ -68,10 +68,22 @@ where
     A: AccessMode,
 {
     /// Cuts the region into chunks of `chunk_len` bytes (the last one may be shorter).
-    /// The region is kept registered until the last chunk is dropped.
+    /// The region is kept registered until the last chunk is dropped. A region registered
+    /// at a chosen I/O virtual address
+    /// ([`register_at_iova`](crate::ProtectionDomain::register_at_iova)) is refused (and
+    /// dropped): a chunk's device address is its address in this process.
     pub fn into_chunks(self, chunk_len: usize) -> Result<Vec<Chunk<A>>> {
         if chunk_len == 0 {
             return Err(Error::invalid(Verb::IntoChunks, "chunk length 0"));
+        }
+        if self.addr() != self.as_ptr() as u64 {
+            // A chunk keeps one address for the CPU and the device (it stays small enough
+            // to move in registers); such a region is served through its own sge().
+            return Err(Error::invalid(
+                Verb::IntoChunks,
+                "the region was registered at a chosen I/O virtual address (register_at_iova): its chunks \
+                 would carry the wrong device address; use MemoryRegion::sge and remote",
+            ));
         }
         let (base, len, lkey, rkey) = (self.as_ptr(), self.len(), self.lkey(), self.rkey());
         let pd = self.pd().as_raw() as usize;

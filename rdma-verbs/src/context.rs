@@ -192,6 +192,81 @@ impl Context {
         choose_roce_gid(&table).cloned().ok_or_else(|| Error::NoRoceV2Gid { device: self.name().to_owned(), port })
     }
 
+    /// The P_Key at `index` of the port's P_Key table (`ibv_query_pkey`), in host byte
+    /// order: `0xffff` is the default full-membership key, the one rxe has at index 0.
+    ///
+    /// Refused before C ([`Error::InvalidArgument`] naming [`Verb::ContextPkey`]): a port
+    /// the device does not have, an index at or past the port's `pkey_tbl_len`.
+    #[doc(alias = "ibv_query_pkey")]
+    pub fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        self.check_port(Verb::ContextPkey, port)?;
+        let len = self.query_port(port)?.raw.pkey_tbl_len;
+        check_pkey_index(index, len)?;
+        let mut pkey: ffi::__be16 = 0;
+        // SAFETY: the context is open, the port exists and `pkey` is writable.
+        let rc = unsafe { ffi::ibv_query_pkey(self.as_raw(), port, index.into(), &mut pkey) };
+        conv::rc(Verb::QueryPkey, rc)?;
+        Ok(u16::from_be(pkey))
+    }
+
+    /// The index of `pkey` (host byte order) in the port's P_Key table
+    /// (`ibv_get_pkey_index`), or `None` when the table does not hold it. The index is
+    /// what a QP's `pkey_index` attribute takes.
+    #[doc(alias = "ibv_get_pkey_index")]
+    pub fn pkey_index(&self, port: u8, pkey: u16) -> Result<Option<u16>> {
+        self.check_port(Verb::ContextPkey, port)?;
+        // SAFETY: the context is open and the port exists.
+        let rc = unsafe { ffi::ibv_get_pkey_index(self.as_raw(), port, pkey.to_be()) };
+        if rc >= 0 {
+            return Ok(u16::try_from(rc).ok());
+        }
+        // The C function reads the table until a read fails: past its end, that read's
+        // error is ENOENT (no such sysfs file), which means "not in the table".
+        let e = Error::last_os(Verb::GetPkeyIndex);
+        match e.errno() {
+            Some(libc::ENOENT) => Ok(None),
+            _ => Err(e),
+        }
+    }
+
+    /// The kernel's index of this device (`ibv_get_device_index`), the number `rdma dev`
+    /// prints before the name and netlink uses; `None` where the kernel does not say.
+    #[doc(alias = "ibv_get_device_index")]
+    pub fn device_index(&self) -> Option<u32> {
+        // SAFETY: the context is open, so its device is valid.
+        let idx = unsafe { ffi::ibv_get_device_index((*self.as_raw()).device) };
+        u32::try_from(idx).ok()
+    }
+
+    /// The device's free-running clock now, in its own cycles (`ibv_query_rt_values_ex`
+    /// with `IBV_VALUES_MASK_RAW_CLOCK`): the clock of completion timestamps, which
+    /// `hca_core_clock` (kHz, `ibv_query_device_ex`) turns into time.
+    ///
+    /// The device's `hca_core_clock` is read first: 0 (rxe) gives [`Error::NotSupported`]
+    /// naming [`Verb::QueryRtValuesEx`] and the field, before the call; a provider without
+    /// the verb gives the same with `EOPNOTSUPP`.
+    #[doc(alias = "ibv_query_rt_values_ex")]
+    pub fn raw_clock(&self) -> Result<u64> {
+        let khz = crate::caps::device_attr_ex(self)?.hca_core_clock;
+        check_core_clock(khz)?;
+        // SAFETY: plain data, for which all zeros is valid.
+        let mut values: ffi::ibv_values_ex = unsafe { std::mem::zeroed() };
+        values.comp_mask = ffi::ibv_values_mask::IBV_VALUES_MASK_RAW_CLOCK.0;
+        // SAFETY: the context is open and `values` is writable.
+        let rc = unsafe { ffi::ibv_query_rt_values_ex(self.as_raw(), &mut values) };
+        if rc != 0 {
+            return Err(Error::verb_or_not_supported(
+                Verb::QueryRtValuesEx,
+                rc.abs(),
+                "the device clock: the provider has no query_rt_values",
+            ));
+        }
+        // The raw clock comes in a timespec: providers put the cycles in tv_nsec (mlx5)
+        // or split them as seconds and nanoseconds; either way this sum is the count.
+        let t = values.raw_clock;
+        Ok((t.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(t.tv_nsec as u64))
+    }
+
     fn check_port(&self, verb: Verb, port: u8) -> Result<()> {
         let ports = self.inner.ports;
         if port == 0 || port > ports {
@@ -204,8 +279,53 @@ impl Context {
     }
 }
 
+/// A device whose `hca_core_clock` is 0 has no clock to read.
+fn check_core_clock(khz: u64) -> Result<()> {
+    if khz == 0 {
+        return Err(Error::not_supported(
+            Verb::QueryRtValuesEx,
+            "the device clock: the device reports hca_core_clock 0 (ibv_query_device_ex)",
+        ));
+    }
+    Ok(())
+}
+
+/// The check of [`Context::query_pkey`] on `index` against the table's `len`.
+fn check_pkey_index(index: u16, len: u16) -> Result<()> {
+    if index >= len {
+        return Err(Error::invalid(
+            Verb::ContextPkey,
+            format!("P_Key index {index} is past the port's table of {len} entries (pkey_tbl_len)"),
+        ));
+    }
+    Ok(())
+}
+
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Context").field("name", &self.inner.name).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pkey_index_past_the_table_is_refused_before_c_naming_query_pkey() {
+        assert!(check_pkey_index(0, 1).is_ok());
+        assert!(check_pkey_index(63, 64).is_ok());
+        let e = check_pkey_index(1, 1).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument { verb: Verb::ContextPkey, .. }), "{e}");
+        assert!(e.to_string().contains("pkey_tbl_len"), "{e}");
+        assert!(check_pkey_index(0, 0).is_err());
+    }
+
+    #[test]
+    fn a_device_without_a_core_clock_has_no_clock_to_read() {
+        let e = check_core_clock(0).unwrap_err();
+        assert!(matches!(&e, Error::NotSupported { verb: Verb::QueryRtValuesEx, errno: None, .. }), "{e}");
+        assert!(e.to_string().contains("hca_core_clock 0"), "{e}");
+        assert!(check_core_clock(156_250).is_ok());
     }
 }

@@ -111,6 +111,14 @@ impl<'list> Device<'list> {
         unsafe { Context::from_device(self.raw, self.name()) }
     }
 
+    /// The kernel's index of the device (`ibv_get_device_index`), the number `rdma dev`
+    /// prints before the name; `None` where the kernel does not say.
+    #[doc(alias = "ibv_get_device_index")]
+    pub fn index(&self) -> Option<u32> {
+        // SAFETY: the device is valid while the list lives.
+        u32::try_from(unsafe { ffi::ibv_get_device_index(self.raw) }).ok()
+    }
+
     /// The raw device pointer.
     pub fn as_raw(&self) -> *mut ffi::ibv_device {
         self.raw

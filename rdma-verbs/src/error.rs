@@ -289,6 +289,53 @@ verbs! {
     /// [`BoundWindow::invalidated_by`](crate::BoundWindow::invalidated_by), refusing a
     /// completion that did not invalidate this window.
     BoundWindowInvalidatedBy = "BoundWindow::invalidated_by", Data;
+    RegMrIova = "ibv_reg_mr_iova", Control;
+    /// [`ProtectionDomain::register_at_iova`](crate::ProtectionDomain::register_at_iova),
+    /// refusing before `ibv_reg_mr_iova`.
+    PdRegisterAtIova = "ProtectionDomain::register_at_iova", Control;
+    QueryPkey = "ibv_query_pkey", Control;
+    GetPkeyIndex = "ibv_get_pkey_index", Control;
+    /// [`Context::query_pkey`](crate::Context::query_pkey) and
+    /// [`pkey_index`](crate::Context::pkey_index), refusing before the C call.
+    ContextPkey = "Context::query_pkey", Control;
+    ForkInit = "ibv_fork_init", Control;
+    /// [`udp_sport_from_flow_label`](crate::udp_sport_from_flow_label), refusing a label
+    /// wider than 20 bits.
+    UdpSportFromFlowLabel = "udp_sport_from_flow_label", Control;
+    ModifyQpRateLimit = "ibv_modify_qp_rate_limit", Control;
+    /// [`QueuePair::set_rate_limit`](crate::QueuePair::set_rate_limit), refusing before
+    /// `ibv_modify_qp_rate_limit`.
+    QpSetRateLimit = "QueuePair::set_rate_limit", Control;
+    AllocNullMr = "ibv_alloc_null_mr", Control;
+    QueryRtValuesEx = "ibv_query_rt_values_ex", Control;
+    RegDmabufMr = "ibv_reg_dmabuf_mr", Control;
+    /// [`ProtectionDomain::register_dmabuf`](crate::ProtectionDomain::register_dmabuf),
+    /// refusing before `ibv_reg_dmabuf_mr`.
+    PdRegisterDmabuf = "ProtectionDomain::register_dmabuf", Control;
+    CreateCounters = "ibv_create_counters", Control;
+    DestroyCounters = "ibv_destroy_counters", Control;
+    ReadCounters = "ibv_read_counters", Control;
+    AttachCountersPointFlow = "ibv_attach_counters_point_flow", Control;
+    /// [`Counters::read`](crate::Counters::read) and
+    /// [`FlowSpec::count`](crate::FlowSpec::count), refusing before the C call.
+    CountersCheck = "Counters::read", Control;
+    CreateFlow = "ibv_create_flow", Control;
+    DestroyFlow = "ibv_destroy_flow", Control;
+    /// [`Flow::new`](crate::Flow::new), refusing before `ibv_create_flow`.
+    FlowNew = "Flow::new", Control;
+    CreateWq = "ibv_create_wq", Control;
+    ModifyWq = "ibv_modify_wq", Control;
+    DestroyWq = "ibv_destroy_wq", Control;
+    /// [`WorkQueue::new`](crate::WorkQueue::new), refusing before `ibv_create_wq`.
+    WorkQueueCheck = "WorkQueue::new", Control;
+    CreateRwqIndTable = "ibv_create_rwq_ind_table", Control;
+    DestroyRwqIndTable = "ibv_destroy_rwq_ind_table", Control;
+    /// [`RssTable::new`](crate::RssTable::new), refusing before `ibv_create_rwq_ind_table`.
+    RssTableNew = "RssTable::new", Control;
+    SetEce = "ibv_set_ece", Control;
+    QueryEce = "ibv_query_ece", Control;
+    /// [`QueuePair::set_ece`](crate::QueuePair::set_ece), refusing before `ibv_set_ece`.
+    QpSetEce = "QueuePair::set_ece", Control;
 }
 
 impl fmt::Display for Verb {
@@ -327,12 +374,14 @@ impl Verb {
     fn hint(self, errno: i32) -> Option<&'static str> {
         use Verb as V;
         Some(match (self, errno) {
-            (V::RegMr | V::RegMrIova2, libc::ENOMEM | libc::EAGAIN) => {
+            (V::RegMr | V::RegMrIova2 | V::RegMrIova, libc::ENOMEM | libc::EAGAIN) => {
                 "the locked-memory limit is too low for this registration: raise `ulimit -l` \
                  (memlock in /etc/security/limits.conf, LimitMEMLOCK= for systemd services)"
             }
-            (V::RegMr | V::RegMrIova2, libc::EFAULT) => "the buffer is not mapped memory of this process",
-            (V::RegMr | V::RegMrIova2, libc::EINVAL) => {
+            (V::RegMr | V::RegMrIova2 | V::RegMrIova, libc::EFAULT) => {
+                "the buffer is not mapped memory of this process"
+            }
+            (V::RegMr | V::RegMrIova2 | V::RegMrIova, libc::EINVAL) => {
                 "remote write or atomic access also needs local write access, or the device refuses these flags"
             }
             (V::OpenDevice, libc::EACCES | libc::EPERM) => {
@@ -622,6 +671,13 @@ impl Error {
             }
             _ => Error::verb(verb, errno),
         }
+    }
+
+    /// NULL from a create verb: its errno (`EIO` when none was set), as
+    /// [`verb_or_not_supported`](Self::verb_or_not_supported) reads it.
+    pub(crate) fn last_os_or_not_supported(verb: Verb, capability: &'static str) -> Self {
+        let errno = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        Self::verb_or_not_supported(verb, if errno == 0 { libc::EIO } else { errno }, capability)
     }
 
     /// The errno, for errors that came from C.

@@ -127,6 +127,13 @@
 //!   prepared); rdma_cm's [`CmId`] and [`EventChannel`], awaited with [`AsyncCmId`] and
 //!   [`AsyncEventChannel`].
 //! - The data path: the queues above, [`SendWr`], [`Done`].
+//! - The rest of verbs.h: the P_Key table ([`Context::query_pkey`]), fork safety
+//!   ([`fork_init`]), static rates ([`Rate`]), regions at a chosen I/O address
+//!   ([`ProtectionDomain::register_at_iova`]), and what some devices have and rxe lacks,
+//!   each refused with [`Error::NotSupported`] naming the capability bit or errno: XRC
+//!   ([`XrcDomain`]), [`DeviceMemory`], [`ThreadDomain`] and [`ParentDomain`], the QP's
+//!   [`RateLimit`] and [`Ece`], [`NullRegion`], [`DmabufRegion`], [`Counters`], [`Flow`]s,
+//!   [`WorkQueue`]s and [`RssTable`]s.
 #![warn(missing_docs)]
 
 pub use rdma_verbs_sys as ffi;
@@ -145,6 +152,7 @@ mod codes;
 pub mod compat;
 mod context;
 mod conv;
+mod counters;
 mod cq;
 mod cq_ex;
 mod device;
@@ -152,6 +160,8 @@ mod dm;
 mod endpoint;
 mod error;
 mod event;
+mod flow;
+mod fork;
 mod handle;
 mod mr;
 mod mw;
@@ -159,14 +169,16 @@ mod pd;
 mod port;
 mod qp;
 mod queue;
+mod rate;
 mod srq;
 mod td;
 mod wc;
 pub mod wire;
+mod wq;
 mod wr;
 mod xrc;
 
-pub use ah::{AddressHandle, AhAttr, Remote, DEFAULT_HOP_LIMIT, GRH_LEN};
+pub use ah::{udp_sport_from_flow_label, AddressHandle, AhAttr, Remote, DEFAULT_HOP_LIMIT, GRH_LEN};
 #[cfg(feature = "async-io")]
 pub use aio::AsyncIoFd;
 #[cfg(feature = "tokio")]
@@ -180,6 +192,7 @@ pub use cm::{
 };
 pub use codes::{QpType, WcOpcode, WcStatus};
 pub use context::Context;
+pub use counters::{CounterKind, Counters};
 pub use cq::{CompletionQueue, CqBuilder};
 pub use cq_ex::{ExtendedCompletion, WcFields};
 pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
@@ -187,9 +200,11 @@ pub use dm::DeviceMemory;
 pub use endpoint::{Connection, Handshake, UdPeer};
 pub use error::{Error, Plane, Refused, Result, Verb, WireError};
 pub use event::{AsyncEvent, AsyncEventKind, AsyncEvents, EventSource};
+pub use flow::{Flow, FlowSpec};
+pub use fork::{fork_init, fork_status, ForkStatus};
 pub use mr::{
-    page_size, AccessFlags, AccessMode, Advice, AlignedBuf, Local, MemoryRegion, RegisterableBuffer, RemoteMr,
-    RemoteWritable, ReregError,
+    page_size, AccessFlags, AccessMode, Advice, AlignedBuf, DmabufRegion, Local, MemoryRegion, NullRegion,
+    RegisterableBuffer, RemoteMr, RemoteWritable, ReregError,
 };
 pub use mw::{BoundWindow, MemoryWindow, MwBind, MwDone, MwRequest, MwSendQueue, MwType, WindowKey};
 pub use pd::ProtectionDomain;
@@ -198,15 +213,17 @@ pub use qp::{
     random_psn, InitAttr, QpAccess, QpAttrs, QpCaps, QpState, QueuePair, QueuePairBuilder, RemoteQpInfo, RtrAttr,
     RtsAttr, SendOps, DEFAULT_MAX_WR, DEFAULT_QKEY, MAX_PSN,
 };
-pub use qp::{MulticastMembership, MULTICAST_QPN};
+pub use qp::{Ece, MulticastMembership, RateLimit, MULTICAST_QPN};
 pub use queue::{AsyncRecvQueue, AsyncSendQueue, Ticket, Tickets};
 pub use queue::{
     PreparedRecv, PreparedRecvChain, PreparedRecvQueue, PreparedSend, PreparedSendChain, PreparedSendQueue,
     RecvChainMember, RecvChainQueue, RecvQueue, RecvRequest, SendChainQueue, SendQueue, SendRequest, SrqQueue,
     MAX_BATCH,
 };
+pub use rate::Rate;
 pub use srq::{SharedReceiveQueue, SrqAttr};
 pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{WcFlags, WorkCompletion};
+pub use wq::{RssTable, WorkQueue, WqState};
 pub use wr::{Done, PostError, SendWr};
 pub use xrc::XrcDomain;

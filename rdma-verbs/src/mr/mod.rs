@@ -16,15 +16,19 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 mod access;
 mod buffer;
+mod iova;
 mod odp;
 mod rereg;
+mod special;
 
 use access::effective_access;
 pub(crate) use access::remote_descriptor;
 pub use access::{AccessFlags, AccessMode, Local, RemoteWritable};
 pub use buffer::{page_size, AlignedBuf, RegisterableBuffer};
+use iova::check_iova;
 pub use odp::Advice;
 pub use rereg::ReregError;
+pub use special::{DmabufRegion, NullRegion};
 
 /// What a peer needs to target a region with RDMA READ, WRITE or atomics: its remote
 /// address, length and rkey. Plain data; [`to_bytes`](RemoteMr::to_bytes) and
@@ -148,6 +152,9 @@ pub struct MemoryRegion<B: RegisterableBuffer, A: AccessMode = Local> {
     parts: ManuallyDrop<B::Parts>,
     lkey: u32,
     rkey: u32,
+    /// The address the device knows the first byte by: `ptr`, or the I/O virtual address
+    /// the region was registered at ([`ProtectionDomain::register_at_iova`]).
+    iova: u64,
     access: AccessFlags,
     _buf: PhantomData<(B, fn() -> A)>,
 }
@@ -203,8 +210,13 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
     /// [`ProtectionDomain`] call this; it exists for code generic over the mode.
     #[doc(alias = "ibv_reg_mr")]
     pub fn new(pd: &ProtectionDomain, buf: B, access: AccessFlags) -> Result<Self> {
+        Self::new_at(pd, buf, access, None)
+    }
+
+    /// [`new`](Self::new), at `iova` when given (`ibv_reg_mr_iova`).
+    fn new_at(pd: &ProtectionDomain, buf: B, access: AccessFlags, iova: Option<u64>) -> Result<Self> {
         let (ptr, len, parts) = buf.disassemble();
-        match Self::register_raw(pd, ptr, len, access) {
+        match Self::register_raw(pd, ptr, len, access, iova) {
             Ok((raw, access)) => {
                 // SAFETY: `raw` is the live region ibv_reg_mr just returned.
                 let (lkey, rkey) = unsafe { ((*raw.as_ptr()).lkey, (*raw.as_ptr()).rkey) };
@@ -216,6 +228,7 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
                     parts: ManuallyDrop::new(parts),
                     lkey,
                     rkey,
+                    iova: iova.unwrap_or(ptr.as_ptr() as u64),
                     access,
                     _buf: PhantomData,
                 })
@@ -234,6 +247,7 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
         ptr: NonNull<u8>,
         len: usize,
         access: AccessFlags,
+        iova: Option<u64>,
     ) -> Result<(Owned<ffi::ibv_mr>, AccessFlags)> {
         let access = effective_access::<A>(access)?;
         if len == 0 {
@@ -244,12 +258,20 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
         odp::check_access(pd, access)?;
         // Every bit is kept: the C parameter is an int holding the flag bits.
         let bits = access.bits() as std::ffi::c_int;
-        // SAFETY: the PD is live; `ptr` addresses `len` bytes that stay allocated and
-        // are reached only through the region until it is deregistered (the
-        // RegisterableBuffer contract).
-        let raw = unsafe { ffi::ibv_reg_mr(pd.as_raw(), ptr.as_ptr().cast(), len, bits) };
+        let (raw, verb) = match iova {
+            // SAFETY: the PD is live; `ptr` addresses `len` bytes that stay allocated and
+            // are reached only through the region until it is deregistered (the
+            // RegisterableBuffer contract).
+            None => (unsafe { ffi::ibv_reg_mr(pd.as_raw(), ptr.as_ptr().cast(), len, bits) }, Verb::RegMr),
+            Some(iova) => {
+                check_iova(iova, len, ptr.as_ptr() as u64)?;
+                // SAFETY: as for ibv_reg_mr; the I/O virtual address is a number the
+                // device translates, it points at nothing of ours.
+                (unsafe { ffi::ibv_reg_mr_iova(pd.as_raw(), ptr.as_ptr().cast(), len, iova, bits) }, Verb::RegMrIova)
+            }
+        };
         // SAFETY: a new region that only this Owned deregisters.
-        let raw = unsafe { Owned::new(raw, Verb::RegMr)? };
+        let raw = unsafe { Owned::new(raw, verb)? };
         Ok((raw, access))
     }
 
@@ -265,10 +287,14 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
         self.rkey
     }
 
-    /// The start address of the registered memory.
+    /// The address the device knows the first byte by: the start address of the memory,
+    /// or, for a region registered with
+    /// [`register_at_iova`](ProtectionDomain::register_at_iova), that I/O virtual address.
+    /// Scatter/gather entries and [`remote`](Self::remote) use it; [`as_ptr`](Self::as_ptr)
+    /// is where the bytes are in this process.
     #[inline]
     pub fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
+        self.iova
     }
 
     /// The length in bytes (never zero).

@@ -196,6 +196,8 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
                     parts: ManuallyDrop::new(parts2),
                     lkey,
                     rkey,
+                    // ibv_rereg_mr gives the new buffer its own address as I/O address.
+                    iova: ptr2.as_ptr() as u64,
                     access,
                     _buf: PhantomData,
                 };
@@ -241,6 +243,7 @@ impl<B: RegisterableBuffer, A: AccessMode> MemoryRegion<B, A> {
             parts: ManuallyDrop::new(parts),
             lkey,
             rkey,
+            iova: me.iova,
             access,
             _buf: PhantomData,
         }

@@ -19,14 +19,18 @@ use std::sync::{Arc, Mutex};
 
 mod attr;
 mod builder;
+mod ece;
 mod multicast;
+mod rate_limit;
 
 pub use attr::*;
 pub(crate) use attr::{check_transition, fits, mask_names, required_mask, Mask};
 use builder::CapRequest;
 pub(crate) use builder::Creator;
 pub use builder::QueuePairBuilder;
+pub use ece::Ece;
 pub use multicast::{MulticastMembership, MULTICAST_QPN};
+pub use rate_limit::RateLimit;
 
 /// A queue pair (`struct ibv_qp`). Verbs on it are thread-safe, so it is `Send + Sync`;
 /// it keeps its protection domain, both completion queues and its SRQ alive, and is

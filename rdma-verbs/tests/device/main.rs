@@ -44,6 +44,7 @@ mod pyverbs_parity;
 mod qp;
 mod recv_chain;
 mod rereg;
+mod rest;
 mod tools;
 mod ud_more;
 

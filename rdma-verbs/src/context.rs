@@ -2,6 +2,7 @@
 
 use std::ffi::CStr;
 use std::fmt;
+use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -100,6 +101,61 @@ impl Context {
             RawContext::Owned(raw) => raw.destroy(),
             RawContext::Borrowed { .. } => Ok(()),
         })
+    }
+
+    /// The command descriptor of this context (`ibv_context::cmd_fd`), to share the context
+    /// with another process: send a duplicate of it (`try_clone_to_owned`, or over a UNIX
+    /// socket with `SCM_RIGHTS`) and [`import`](Context::import) it there. The two contexts
+    /// then name the same kernel objects, by the handles
+    /// [`ProtectionDomain::handle`](crate::ProtectionDomain::handle) and
+    /// [`MemoryRegion::handle`](crate::MemoryRegion::handle) give.
+    pub fn cmd_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the context is open, and libibverbs keeps `cmd_fd` open until it closes the
+        // context, which `self` keeps from happening for the borrow's lifetime.
+        unsafe { BorrowedFd::borrow_raw((*self.as_raw()).cmd_fd) }
+    }
+
+    /// Imports a context another one shared ([`cmd_fd`](Context::cmd_fd), duplicated, maybe
+    /// received from another process), with `ibv_import_device`: the new context names
+    /// the same kernel objects, and closing it (drop, [`destroy`](Context::destroy)) closes
+    /// `fd` and destroys none of them.
+    ///
+    /// A descriptor that is not a character device is refused before C
+    /// ([`Error::InvalidArgument`] naming [`Verb::ContextImport`]) and closed. Once the call
+    /// is made the descriptor is libibverbs': on success the context owns it; on failure
+    /// libibverbs has closed it or not depending on where it failed (it closes it when the
+    /// provider's import fails, not when the provider has none), so this function never
+    /// closes it afterwards, and a failed import may leave it open until the process exits.
+    /// A provider without import (rxe, and every one but mlx5 in rdma-core 44) gives
+    /// [`Error::NotSupported`] naming [`Verb::ImportDevice`] and `EOPNOTSUPP`.
+    #[doc(alias = "ibv_import_device")]
+    pub fn import(fd: OwnedFd) -> Result<Context> {
+        // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open (we own it) and `st` is a writable stat.
+        let rc = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) };
+        if rc != 0 || st.st_mode & libc::S_IFMT != libc::S_IFCHR {
+            return Err(Error::invalid(
+                Verb::ContextImport,
+                "the descriptor is not a character device (a context's cmd_fd is /dev/infiniband/uverbsN)",
+            ));
+        }
+        let fd = fd.into_raw_fd();
+        // SAFETY: `fd` is an open descriptor we hand over to libibverbs (see above).
+        let raw = unsafe { ffi::ibv_import_device(fd) };
+        if raw.is_null() {
+            return Err(Error::last_os_or_not_supported(
+                Verb::ImportDevice,
+                "the import of a context (the provider has no import_context)",
+            ));
+        }
+        // SAFETY: a new context that only this Owned closes (ibv_close_device, which closes `fd`).
+        let raw = unsafe { Owned::new(raw, Verb::ImportDevice)? };
+        // SAFETY: the context is live; libibverbs sets `device`, whose name is a
+        // NUL-terminated array inside the device struct.
+        let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name((*raw.as_ptr()).device)) };
+        let name = name.to_string_lossy().into_owned();
+        Self::with_raw(RawContext::Owned(raw), name)
     }
 
     /// The device name.
@@ -327,5 +383,22 @@ mod tests {
         assert!(matches!(&e, Error::NotSupported { verb: Verb::QueryRtValuesEx, errno: None, .. }), "{e}");
         assert!(e.to_string().contains("hca_core_clock 0"), "{e}");
         assert!(check_core_clock(156_250).is_ok());
+    }
+
+    #[test]
+    fn importing_a_descriptor_that_is_not_a_character_device_is_refused_before_c_and_closes_it() {
+        use std::io::Write;
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: pipe(2) just opened both, and nothing else owns them.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let e = Context::import(read).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument { verb: Verb::ContextImport, .. }), "{e}");
+        assert!(e.to_string().contains("not a character device"), "{e}");
+        // The read end was closed: writing to the pipe finds no reader.
+        let e = std::fs::File::from(write).write(b"x").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
     }
 }

@@ -336,6 +336,12 @@ verbs! {
     QueryEce = "ibv_query_ece", Control;
     /// [`QueuePair::set_ece`](crate::QueuePair::set_ece), refusing before `ibv_set_ece`.
     QpSetEce = "QueuePair::set_ece", Control;
+    ImportDevice = "ibv_import_device", Control;
+    /// [`Context::import`](crate::Context::import), refusing a descriptor that is not a
+    /// character device before `ibv_import_device`.
+    ContextImport = "Context::import", Control;
+    ImportPd = "ibv_import_pd", Control;
+    ImportMr = "ibv_import_mr", Control;
 }
 
 impl fmt::Display for Verb {

@@ -91,3 +91,51 @@ raw_object! {
     ffi::ibv_comp_channel => ibv_destroy_comp_channel, DestroyCompChannel;
     ffi::ibv_mw => ibv_dealloc_mw, DeallocMw;
 }
+
+/// A C object imported from another context's handle (`ibv_import_pd`, `ibv_import_mr`).
+pub(crate) trait ImportedObject {
+    /// Releases the local handle (`ibv_unimport_*`) without destroying the kernel object.
+    ///
+    /// # Safety
+    /// `raw` must be a live imported object, unimported at most once.
+    unsafe fn unimport(raw: *mut Self);
+}
+
+/// Owns one imported C object: unimports it on drop, never destroys the kernel object,
+/// which belongs to the process that created it.
+pub(crate) struct Imported<T: ImportedObject>(NonNull<T>);
+
+impl<T: ImportedObject> Imported<T> {
+    /// Takes ownership of what an import verb returned; NULL becomes `err()`.
+    ///
+    /// # Safety
+    /// `raw` must be NULL or a live imported object that nothing else unimports.
+    pub(crate) unsafe fn new(raw: *mut T, err: impl FnOnce() -> Error) -> Result<Self> {
+        NonNull::new(raw).map(Imported).ok_or_else(err)
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut T {
+        self.0.as_ptr()
+    }
+}
+
+impl<T: ImportedObject> Drop for Imported<T> {
+    fn drop(&mut self) {
+        // SAFETY: drop runs once, and `new`'s caller promised nothing else unimports it.
+        unsafe { T::unimport(self.0.as_ptr()) }
+    }
+}
+
+impl ImportedObject for ffi::ibv_pd {
+    unsafe fn unimport(raw: *mut Self) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { ffi::ibv_unimport_pd(raw) }
+    }
+}
+
+impl ImportedObject for ffi::ibv_mr {
+    unsafe fn unimport(raw: *mut Self) {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { ffi::ibv_unimport_mr(raw) }
+    }
+}

@@ -202,6 +202,7 @@ pub use error::{Error, Plane, Refused, Result, Verb, WireError};
 pub use event::{AsyncEvent, AsyncEventKind, AsyncEvents, EventSource};
 pub use flow::{Flow, FlowSpec};
 pub use fork::{fork_init, fork_status, ForkStatus};
+pub use mr::ImportedRegion;
 pub use mr::{
     page_size, AccessFlags, AccessMode, Advice, AlignedBuf, DmabufRegion, Local, MemoryRegion, NullRegion,
     RegisterableBuffer, RemoteMr, RemoteWritable, ReregError,

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 mod access;
 mod buffer;
+mod import;
 mod iova;
 mod odp;
 mod rereg;
@@ -25,6 +26,7 @@ use access::effective_access;
 pub(crate) use access::remote_descriptor;
 pub use access::{AccessFlags, AccessMode, Local, RemoteWritable};
 pub use buffer::{page_size, AlignedBuf, RegisterableBuffer};
+pub use import::ImportedRegion;
 use iova::check_iova;
 pub use odp::Advice;
 pub use rereg::ReregError;

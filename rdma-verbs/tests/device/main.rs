@@ -36,6 +36,7 @@ mod doc_examples;
 mod endpoint;
 mod events;
 mod faults;
+mod import;
 mod mr;
 mod mw;
 mod prepared;

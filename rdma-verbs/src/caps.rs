@@ -56,6 +56,39 @@ impl DeviceAttrEx {
     }
 }
 
+/// The capabilities of [`DeviceAttrEx`] that each list the QP types they cover (their
+/// `supported_qpts` mask, one bit per `ibv_qp_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpTypeCap {
+    /// TCP segmentation offload (`tso_caps`).
+    Tso,
+    /// Receive-side scaling (`rss_caps`).
+    Rss,
+    /// Packet pacing, the QP rate limit (`packet_pacing_caps`).
+    PacketPacing,
+}
+
+impl DeviceAttrEx {
+    /// The `supported_qpts` mask of `cap`: bit `t` set for each `ibv_qp_type` `t` it covers.
+    pub fn supported_qpts(&self, cap: QpTypeCap) -> u32 {
+        match cap {
+            QpTypeCap::Tso => self.raw.tso_caps.supported_qpts,
+            QpTypeCap::Rss => self.raw.rss_caps.supported_qpts,
+            QpTypeCap::PacketPacing => self.raw.packet_pacing_caps.supported_qpts,
+        }
+    }
+
+    /// Whether `cap` covers QPs of type `qp_type` (`ibv_is_qpt_supported` over its
+    /// `supported_qpts`). `qp_type` is the C enum, so that types without a [`QpType`]
+    /// (raw packet, XRC) can be asked about; a value past bit 31 is not covered.
+    ///
+    /// [`QpType`]: crate::QpType
+    #[doc(alias = "ibv_is_qpt_supported")]
+    pub fn qp_type_supported(&self, cap: QpTypeCap, qp_type: ffi::ibv_qp_type) -> bool {
+        ffi::ibv_is_qpt_supported(self.supported_qpts(cap), qp_type) != 0
+    }
+}
+
 impl std::fmt::Debug for DeviceAttrEx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceAttrEx")
@@ -75,14 +108,19 @@ impl Context {
     /// device clock, CQ moderation, device memory, the port count past 255.
     #[doc(alias = "ibv_query_device_ex")]
     pub fn query_device_ex(&self) -> Result<DeviceAttrEx> {
-        let raw = device_attr_ex(self)?;
+        Ok(DeviceAttrEx::from_raw(device_attr_ex(self)?))
+    }
+}
+
+impl DeviceAttrEx {
+    fn from_raw(raw: ffi::ibv_device_attr_ex) -> DeviceAttrEx {
         let odp = raw.odp_caps.per_transport_caps;
         // Providers that predate phys_port_cnt_ex leave it 0: the classic count stands.
         let phys_port_cnt = match raw.phys_port_cnt_ex {
             0 => u32::from(raw.orig_attr.phys_port_cnt),
             n => n,
         };
-        Ok(DeviceAttrEx {
+        DeviceAttrEx {
             base: crate::DeviceAttr::from_raw(&raw.orig_attr),
             odp_general_caps: raw.odp_caps.general_caps,
             odp_transport_caps: (odp.rc_odp_caps, odp.uc_odp_caps, odp.ud_odp_caps),
@@ -93,6 +131,36 @@ impl Context {
             max_dm_size: raw.max_dm_size,
             phys_port_cnt,
             raw,
-        })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ffi::ibv_qp_type as T;
+
+    #[test]
+    fn each_capability_covers_the_qp_types_of_its_own_mask() {
+        // SAFETY: a plain C struct of integers, for which all zeros is valid.
+        let mut raw: ffi::ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+        raw.tso_caps.supported_qpts = (1 << T::IBV_QPT_RAW_PACKET.0) | (1 << T::IBV_QPT_UD.0);
+        raw.rss_caps.supported_qpts = 1 << T::IBV_QPT_RAW_PACKET.0;
+        raw.packet_pacing_caps.supported_qpts = 1 << T::IBV_QPT_RC.0;
+        let attr = DeviceAttrEx::from_raw(raw);
+        assert_eq!(attr.supported_qpts(QpTypeCap::Tso), 0x110);
+        assert!(attr.qp_type_supported(QpTypeCap::Tso, T::IBV_QPT_RAW_PACKET));
+        assert!(attr.qp_type_supported(QpTypeCap::Tso, T::IBV_QPT_UD));
+        assert!(!attr.qp_type_supported(QpTypeCap::Tso, T::IBV_QPT_RC));
+        assert!(attr.qp_type_supported(QpTypeCap::Rss, T::IBV_QPT_RAW_PACKET));
+        assert!(!attr.qp_type_supported(QpTypeCap::Rss, T::IBV_QPT_UD));
+        assert!(attr.qp_type_supported(QpTypeCap::PacketPacing, T::IBV_QPT_RC));
+        assert!(!attr.qp_type_supported(QpTypeCap::PacketPacing, T::IBV_QPT_RAW_PACKET));
+        // A type past bit 31 is not covered, even by a full mask.
+        raw.tso_caps.supported_qpts = u32::MAX;
+        let attr = DeviceAttrEx::from_raw(raw);
+        assert!(attr.qp_type_supported(QpTypeCap::Tso, T::IBV_QPT_XRC_RECV));
+        assert!(!attr.qp_type_supported(QpTypeCap::Tso, T(32)));
+        assert!(!attr.qp_type_supported(QpTypeCap::Tso, T::IBV_QPT_DRIVER), "IBV_QPT_DRIVER is 255");
     }
 }

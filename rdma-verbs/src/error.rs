@@ -342,6 +342,21 @@ verbs! {
     ContextImport = "Context::import", Control;
     ImportPd = "ibv_import_pd", Control;
     ImportMr = "ibv_import_mr", Control;
+    OpenQp = "ibv_open_qp", Control;
+    /// [`XrcDomain::open_qp`](crate::XrcDomain::open_qp), refusing before `ibv_open_qp`.
+    XrcDomainOpenQp = "XrcDomain::open_qp", Control;
+    CreateSrqEx = "ibv_create_srq_ex", Control;
+    /// [`SharedReceiveQueue::xrc`](crate::SharedReceiveQueue::xrc), refusing before
+    /// `ibv_create_srq_ex`.
+    SrqXrc = "SharedReceiveQueue::xrc", Control;
+    GetSrqNum = "ibv_get_srq_num", Control;
+    /// [`SharedReceiveQueue::srq_num`](crate::SharedReceiveQueue::srq_num), refusing
+    /// before `ibv_get_srq_num`.
+    SrqNum = "SharedReceiveQueue::srq_num", Control;
+    RegDmMr = "ibv_reg_dm_mr", Control;
+    /// [`DeviceMemory::register`](crate::DeviceMemory::register), refusing before
+    /// `ibv_reg_dm_mr`.
+    DeviceMemoryRegister = "DeviceMemory::register", Control;
 }
 
 impl fmt::Display for Verb {

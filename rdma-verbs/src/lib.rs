@@ -131,7 +131,8 @@
 //!   ([`fork_init`]), static rates ([`Rate`]), regions at a chosen I/O address
 //!   ([`ProtectionDomain::register_at_iova`]), and what some devices have and rxe lacks,
 //!   each refused with [`Error::NotSupported`] naming the capability bit or errno: XRC
-//!   ([`XrcDomain`]), [`DeviceMemory`], [`ThreadDomain`] and [`ParentDomain`], the QP's
+//!   ([`XrcDomain`], its SRQs [`SharedReceiveQueue::xrc`] and opened [`XrcRecvQp`]s),
+//!   [`DeviceMemory`] and its [`DmRegion`]s, [`ThreadDomain`] and [`ParentDomain`], the QP's
 //!   [`RateLimit`] and [`Ece`], [`NullRegion`], [`DmabufRegion`], [`Counters`], [`Flow`]s,
 //!   [`WorkQueue`]s and [`RssTable`]s.
 #![warn(missing_docs)]
@@ -185,7 +186,7 @@ pub use aio::AsyncIoFd;
 pub use aio::TokioFd;
 pub use aio::{AsyncCq, ChannelFd, Readiness};
 pub use buf::{Chunk, ExclusiveBuf, PdId, Segment, SendBuf, MAX_SGE};
-pub use caps::DeviceAttrEx;
+pub use caps::{DeviceAttrEx, QpTypeCap};
 pub use cm::{
     AsyncCmId, AsyncEventChannel, CmEvent, CmEventKind, CmId, ConnInfo, ConnParam, ConnectRequest, EventChannel,
     PortSpace, RejectReason, UdInfo,
@@ -196,7 +197,7 @@ pub use counters::{CounterKind, Counters};
 pub use cq::{CompletionQueue, CqBuilder};
 pub use cq_ex::{ExtendedCompletion, WcFields};
 pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
-pub use dm::DeviceMemory;
+pub use dm::{DeviceMemory, DmRegion};
 pub use endpoint::{Connection, Handshake, UdPeer};
 pub use error::{Error, Plane, Refused, Result, Verb, WireError};
 pub use event::{AsyncEvent, AsyncEventKind, AsyncEvents, EventSource};
@@ -227,4 +228,4 @@ pub use td::{ParentDomain, ThreadDomain};
 pub use wc::{WcFlags, WorkCompletion};
 pub use wq::{RssTable, WorkQueue, WqState};
 pub use wr::{Done, PostError, SendWr};
-pub use xrc::XrcDomain;
+pub use xrc::{XrcDomain, XrcRecvQp};

@@ -4,12 +4,13 @@
 use std::ffi::c_int;
 use std::fmt;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::Arc;
 
 use crate::caps::device_attr_ex;
 use crate::context::Context;
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
-use crate::handle::{Owned, RawObject};
+use crate::handle::{destroy_shared, Owned, RawObject};
 
 impl RawObject for ffi::ibv_xrcd {
     const DESTROY: Verb = Verb::CloseXrcd;
@@ -27,16 +28,36 @@ impl RawObject for ffi::ibv_xrcd {
 /// naming [`Verb::XrcDomainOpen`] and that bit, before any C call; `oflags` other than
 /// `O_CREAT` / `O_EXCL`, or no file without `O_CREAT`, are [`Error::InvalidArgument`]
 /// before C, as ibv_open_xrcd(3) requires.
+///
+/// A clone is another handle to the same domain: the XRC SRQs
+/// ([`SharedReceiveQueue::xrc`](crate::SharedReceiveQueue::xrc)) and the receive QPs
+/// opened in it ([`open_qp`](XrcDomain::open_qp)) hold one, so the domain is closed after
+/// the last of them.
+#[derive(Clone)]
 pub struct XrcDomain {
+    inner: Arc<XrcdInner>,
+}
+
+struct XrcdInner {
     raw: Owned<ffi::ibv_xrcd>,
     ctx: Context,
 }
 
 // SAFETY: the XRCD is a kernel object reached through a pointer libibverbs lets any thread
 // use and close; the context is Send and Sync.
-unsafe impl Send for XrcDomain {}
-// SAFETY: &XrcDomain gives only the raw pointer and the context.
-unsafe impl Sync for XrcDomain {}
+unsafe impl Send for XrcdInner {}
+// SAFETY: &XrcdInner gives only the raw pointer and the context.
+unsafe impl Sync for XrcdInner {}
+
+/// Refuses before C, naming `verb`, when the device of `ctx` has no XRC
+/// (`IBV_DEVICE_XRC` missing in `device_cap_flags`): what every XRC method checks first.
+pub(crate) fn require_xrc(ctx: &Context, verb: Verb) -> Result<()> {
+    let flags = device_attr_ex(ctx)?.orig_attr.device_cap_flags;
+    match xrc_refusal(flags) {
+        Some(why) => Err(Error::not_supported(verb, why)),
+        None => Ok(()),
+    }
+}
 
 /// Why a device with `device_cap_flags` cannot open an XRC domain, or `None`.
 fn xrc_refusal(device_cap_flags: u32) -> Option<&'static str> {
@@ -74,10 +95,7 @@ impl XrcDomain {
     #[doc(alias = "ibv_open_xrcd")]
     pub fn open(ctx: &Context, file: Option<BorrowedFd<'_>>, oflags: c_int) -> Result<XrcDomain> {
         check_open(file.is_some(), oflags)?;
-        let flags = device_attr_ex(ctx)?.orig_attr.device_cap_flags;
-        if let Some(why) = xrc_refusal(flags) {
-            return Err(Error::not_supported(Verb::XrcDomainOpen, why));
-        }
+        require_xrc(ctx, Verb::XrcDomainOpen)?;
         use ffi::ibv_xrcd_init_attr_mask as M;
         let mut attr = ffi::ibv_xrcd_init_attr {
             comp_mask: M::IBV_XRCD_INIT_ATTR_FD.0 | M::IBV_XRCD_INIT_ATTR_OFLAGS.0,
@@ -93,29 +111,117 @@ impl XrcDomain {
         }
         // SAFETY: a new XRCD that only this Owned closes.
         let raw = unsafe { Owned::new(raw, Verb::OpenXrcd)? };
-        Ok(XrcDomain { raw, ctx: ctx.clone() })
+        Ok(XrcDomain { inner: Arc::new(XrcdInner { raw, ctx: ctx.clone() }) })
     }
 
     /// The context the domain belongs to.
     pub fn context(&self) -> &Context {
-        &self.ctx
+        &self.inner.ctx
     }
 
     /// The raw domain, valid while `self` lives.
     pub fn as_raw(&self) -> *mut ffi::ibv_xrcd {
+        self.inner.raw.as_ptr()
+    }
+
+    /// Closes the domain now (`ibv_close_xrcd`) and reports the result; `EBUSY`, closing
+    /// nothing yet, while another handle, an XRC SRQ or an opened QP holds it.
+    #[doc(alias = "ibv_close_xrcd")]
+    pub fn close(self) -> Result<()> {
+        destroy_shared(self.inner, Verb::CloseXrcd, |inner| inner.raw.destroy())
+    }
+
+    /// Opens the XRC receive QP numbered `qp_num` that a process sharing this domain
+    /// created (`ibv_open_qp` with `IBV_QPT_XRC_RECV`): the opener gets the QP's async
+    /// events and keeps it alive; the QP is destroyed when its last opener and its creator
+    /// are done.
+    ///
+    /// Refused before C: a `qp_num` wider than the 24 bits of a QP number
+    /// ([`Error::InvalidArgument`] naming [`Verb::XrcDomainOpenQp`]), and a device without
+    /// XRC ([`Error::NotSupported`] naming it and `IBV_DEVICE_XRC`); a provider without
+    /// `open_qp` gives [`Error::NotSupported`] naming [`Verb::OpenQp`] and `EOPNOTSUPP`.
+    #[doc(alias = "ibv_open_qp")]
+    pub fn open_qp(&self, qp_num: u32) -> Result<XrcRecvQp> {
+        check_qp_num(qp_num)?;
+        require_xrc(self.context(), Verb::XrcDomainOpenQp)?;
+        use ffi::ibv_qp_open_attr_mask as M;
+        let mut attr = ffi::ibv_qp_open_attr {
+            comp_mask: M::IBV_QP_OPEN_ATTR_NUM.0 | M::IBV_QP_OPEN_ATTR_XRCD.0 | M::IBV_QP_OPEN_ATTR_TYPE.0,
+            qp_num,
+            xrcd: self.as_raw(),
+            qp_context: std::ptr::null_mut(),
+            qp_type: ffi::ibv_qp_type::IBV_QPT_XRC_RECV,
+        };
+        // SAFETY: the context and the domain are live and `attr` is readable.
+        let raw = unsafe { ffi::ibv_open_qp(self.context().as_raw(), &mut attr) };
+        if raw.is_null() {
+            return Err(Error::last_os_or_not_supported(Verb::OpenQp, "XRC: the provider has no open_qp"));
+        }
+        // SAFETY: a new handle to the QP that only this Owned closes (ibv_destroy_qp).
+        let raw = unsafe { Owned::new(raw, Verb::OpenQp)? };
+        // SAFETY: the live QP just opened.
+        let qp_num = unsafe { (*raw.as_ptr()).qp_num };
+        Ok(XrcRecvQp { raw, qp_num, xrcd: self.clone() })
+    }
+}
+
+/// A QP number is 24 bits.
+fn check_qp_num(qp_num: u32) -> Result<()> {
+    if qp_num > 0x00ff_ffff {
+        return Err(Error::invalid(
+            Verb::XrcDomainOpenQp,
+            format!("QP number {qp_num:#x} is wider than the 24 bits of a QP number"),
+        ));
+    }
+    Ok(())
+}
+
+impl fmt::Debug for XrcDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("XrcDomain").field("raw", &self.as_raw()).finish()
+    }
+}
+
+/// An XRC receive QP opened in an [`XrcDomain`] ([`XrcDomain::open_qp`]): a handle to a
+/// QP another process (or this one) created. Closed on drop (`ibv_destroy_qp`, which
+/// destroys the QP itself only when no other handle is left), before the domain it holds
+/// is released.
+pub struct XrcRecvQp {
+    raw: Owned<ffi::ibv_qp>,
+    qp_num: u32,
+    xrcd: XrcDomain,
+}
+
+// SAFETY: the QP handle is a kernel object libibverbs lets any thread use and close.
+unsafe impl Send for XrcRecvQp {}
+// SAFETY: &XrcRecvQp gives only the QP number, the raw pointer and the domain.
+unsafe impl Sync for XrcRecvQp {}
+
+impl XrcRecvQp {
+    /// The QP number, as the provider reports it for the opened QP.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// The domain it was opened in.
+    pub fn xrcd(&self) -> &XrcDomain {
+        &self.xrcd
+    }
+
+    /// The raw QP, valid while `self` lives.
+    pub fn as_raw(&self) -> *mut ffi::ibv_qp {
         self.raw.as_ptr()
     }
 
-    /// Closes the domain now (`ibv_close_xrcd`) and reports the result.
-    #[doc(alias = "ibv_close_xrcd")]
+    /// Closes this handle now (`ibv_destroy_qp`) and reports the result.
     pub fn close(self) -> Result<()> {
         self.raw.destroy()
     }
 }
 
-impl fmt::Debug for XrcDomain {
+impl fmt::Debug for XrcRecvQp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("XrcDomain").field("raw", &self.raw.as_ptr()).finish()
+        f.debug_struct("XrcRecvQp").field("qp_num", &format_args!("{:#x}", self.qp_num)).finish()
     }
 }
 
@@ -133,6 +239,15 @@ mod tests {
         assert!(e.to_string().contains("O_CREAT"), "{e}");
         assert!(check_open(true, libc::O_RDWR | libc::O_CREAT).is_err());
         assert!(check_open(true, libc::O_EXCL).is_err());
+    }
+
+    #[test]
+    fn a_qp_number_wider_than_24_bits_is_refused_before_c_naming_open_qp() {
+        assert!(check_qp_num(0).is_ok());
+        assert!(check_qp_num(0x00ff_ffff).is_ok());
+        let e = check_qp_num(0x0100_0000).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument { verb: Verb::XrcDomainOpenQp, .. }), "{e}");
+        assert!(e.to_string().contains("XrcDomain::open_qp") && e.to_string().contains("0x1000000"), "{e}");
     }
 
     #[test]

@@ -48,6 +48,7 @@ mod rereg;
 mod rest;
 mod tools;
 mod ud_more;
+mod xrc_dm;
 
 // The test bed, shared with rdma-doctor's device tests (rdma-test-support).
 pub use rdma_test_support::{device_name, example, gid_index, open, LeakCheck, ResourceCounts};

@@ -357,6 +357,35 @@ verbs! {
     /// [`DeviceMemory::register`](crate::DeviceMemory::register), refusing before
     /// `ibv_reg_dm_mr`.
     DeviceMemoryRegister = "DeviceMemory::register", Control;
+    SetOption = "rdma_set_option", Control;
+    /// [`CmId::set_option`](crate::CmId::set_option), refusing before `rdma_set_option`.
+    CmSetOption = "CmId::set_option", Control;
+    JoinMulticastEx = "rdma_join_multicast_ex", Control;
+    /// [`CmId::join_multicast_ex`](crate::CmId::join_multicast_ex), refusing before
+    /// `rdma_join_multicast_ex`.
+    CmJoinMulticastEx = "CmId::join_multicast_ex", Control;
+    SetLocalEce = "rdma_set_local_ece", Control;
+    /// [`CmId::set_local_ece`](crate::CmId::set_local_ece), refusing before
+    /// `rdma_set_local_ece`.
+    CmSetLocalEce = "CmId::set_local_ece", Control;
+    GetRemoteEce = "rdma_get_remote_ece", Control;
+    /// [`CmId::remote_ece`](crate::CmId::remote_ece), refusing before `rdma_get_remote_ece`.
+    CmRemoteEce = "CmId::remote_ece", Control;
+    RejectEce = "rdma_reject_ece", Control;
+    InitQpAttr = "rdma_init_qp_attr", Control;
+    /// [`CmId::qp_attr`](crate::CmId::qp_attr), refusing before `rdma_init_qp_attr`.
+    CmQpAttr = "CmId::qp_attr", Control;
+    /// [`CmId::modify_qp`](crate::CmId::modify_qp), refusing before `rdma_init_qp_attr`
+    /// and `ibv_modify_qp`.
+    CmModifyQp = "CmId::modify_qp", Control;
+    /// [`CmId::connect_with`](crate::CmId::connect_with), refusing before `rdma_connect`.
+    CmConnectWith = "CmId::connect_with", Control;
+    /// [`CmId::accept_with`](crate::CmId::accept_with), refusing before `rdma_accept`.
+    CmAcceptWith = "CmId::accept_with", Control;
+    Establish = "rdma_establish", Control;
+    /// [`CmId::establish`](crate::CmId::establish), refusing before `rdma_establish`.
+    CmEstablish = "CmId::establish", Control;
+    Notify = "rdma_notify", Control;
 }
 
 impl fmt::Display for Verb {

@@ -191,6 +191,7 @@ pub use cm::{
     AsyncCmId, AsyncEventChannel, CmEvent, CmEventKind, CmId, ConnInfo, ConnParam, ConnectRequest, EventChannel,
     PortSpace, RejectReason, UdInfo,
 };
+pub use cm::{CmNotify, CmOption, CmQpAttr, JoinMode};
 pub use codes::{QpType, WcOpcode, WcStatus};
 pub use context::Context;
 pub use counters::{CounterKind, Counters};

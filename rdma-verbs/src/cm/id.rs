@@ -303,20 +303,20 @@ impl CmId {
     }
 
     /// Runs `f` on the raw id under the CM lock.
-    fn locked<T>(&self, f: impl FnOnce(*mut ffi::rdma_cm_id) -> T) -> T {
+    pub(super) fn locked<T>(&self, f: impl FnOnce(*mut ffi::rdma_cm_id) -> T) -> T {
         let _cm = self.inner.channel.lock();
         f(self.as_raw())
     }
 
     /// The verbs context librdmacm bound the id to, or NULL.
-    fn verbs(&self) -> *mut ffi::ibv_context {
+    pub(super) fn verbs(&self) -> *mut ffi::ibv_context {
         // SAFETY: the id is live; its fields are read under the CM lock.
         self.locked(|id| unsafe { (*id).verbs })
     }
 
     /// Whether the id's device speaks the InfiniBand transport (InfiniBand and RoCE),
     /// whose CM messages bound the private data. Unbound ids count as InfiniBand.
-    fn ib_transport(&self) -> bool {
+    pub(super) fn ib_transport(&self) -> bool {
         let verbs = self.verbs();
         if verbs.is_null() {
             return true;
@@ -515,7 +515,7 @@ impl CmId {
         })
     }
 
-    fn conn_param(&self, verb: Verb, p: &ConnParam<'_>, op: PrivateDataOp) -> Result<ffi::rdma_conn_param> {
+    pub(super) fn conn_param(&self, verb: Verb, p: &ConnParam<'_>, op: PrivateDataOp) -> Result<ffi::rdma_conn_param> {
         check_private_data(verb, p.private_data, self.inner.ps, op, self.ib_transport())?;
         for (name, v) in [("retry_count", p.retry_count), ("rnr_retry_count", p.rnr_retry_count)] {
             if v > 7 {
@@ -535,7 +535,7 @@ impl CmId {
         })
     }
 
-    fn require_qp(&self, verb: Verb) -> Result<()> {
+    pub(super) fn require_qp(&self, verb: Verb) -> Result<()> {
         // SAFETY: the id is live; its fields are read under the CM lock.
         if self.locked(|id| unsafe { (*id).qp.is_null() }) {
             return Err(Error::invalid(verb, "the id has no QP: make it with create_qp() first"));
@@ -688,7 +688,7 @@ impl CmId {
 
     /// What a join or leave needs, checked before C: a UD id bound to a device, a
     /// multicast address.
-    fn multicast_checks(&self, verb: Verb, group: std::net::IpAddr) -> Result<()> {
+    pub(super) fn multicast_checks(&self, verb: Verb, group: std::net::IpAddr) -> Result<()> {
         if self.port_space().qp_type() != crate::QpType::Ud {
             return Err(Error::invalid(verb, "multicast is for UD ids (PortSpace::Udp or Ipoib), not connected ones"));
         }
@@ -714,7 +714,7 @@ impl CmId {
 
     /// The next event of this id, which must be `kind`: any other becomes the error it
     /// stands for.
-    fn expect(&self, kind: CmEventKind, timeout: Duration, verb: Verb) -> Result<CmEvent> {
+    pub(super) fn expect(&self, kind: CmEventKind, timeout: Duration, verb: Verb) -> Result<CmEvent> {
         let serial = self.inner.serial;
         let event = self.inner.channel.wait(|d| d.target == serial, timeout, verb)?;
         event.expect(kind, verb)

@@ -10,11 +10,15 @@ mod aio;
 mod channel;
 mod event;
 mod id;
+mod options;
+mod user_qp;
 
 pub use aio::{AsyncCmId, AsyncEventChannel};
 pub use channel::EventChannel;
 pub use event::{CmEvent, CmEventKind, ConnInfo, ConnectRequest, RejectReason, UdInfo};
 pub use id::CmId;
+pub use options::{CmOption, JoinMode};
+pub use user_qp::{CmNotify, CmQpAttr};
 
 use crate::error::{Error, Result, Verb};
 use crate::ffi;

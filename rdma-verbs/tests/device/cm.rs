@@ -57,7 +57,7 @@ fn librdmacm_keeps_one_device_context_open_from_its_first_use_to_the_end_of_the_
     });
 }
 
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
+pub(crate) fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed)).collect()
 }
 
@@ -114,7 +114,7 @@ impl Side {
 }
 
 /// A listener on RDMA_IP, on a port the kernel picks.
-fn listener(channel: &EventChannel) -> (CmId, SocketAddr) {
+pub(crate) fn listener(channel: &EventChannel) -> (CmId, SocketAddr) {
     let id = CmId::new(channel, PortSpace::Tcp).unwrap();
     id.bind(SocketAddr::new(rdma_ip(), 0)).unwrap();
     id.listen(4).unwrap();
@@ -125,7 +125,7 @@ fn listener(channel: &EventChannel) -> (CmId, SocketAddr) {
 }
 
 /// A client id with its address and route resolved to `server`.
-fn resolved(channel: &EventChannel, server: SocketAddr) -> CmId {
+pub(crate) fn resolved(channel: &EventChannel, server: SocketAddr) -> CmId {
     let id = CmId::new(channel, PortSpace::Tcp).unwrap();
     id.resolve_addr(None, server, T).unwrap();
     id.resolve_route(T).unwrap();
@@ -599,7 +599,7 @@ fn mc_member(channel: &EventChannel, n: usize) -> McMember {
 }
 
 /// No completion arrives on `cq` within half a second.
-fn mc_quiet(cq: &mut CompletionQueue, why: &str) {
+pub(crate) fn mc_quiet(cq: &mut CompletionQueue, why: &str) {
     let deadline = Instant::now() + Duration::from_millis(500);
     let mut wc = [rdma_verbs::WorkCompletion::EMPTY; 2];
     while Instant::now() < deadline {

@@ -24,6 +24,7 @@ mod awaited;
 mod basics;
 mod chain;
 mod cm;
+mod cm_more;
 mod cq;
 mod cq_budget;
 mod cq_ex;

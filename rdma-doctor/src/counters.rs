@@ -56,6 +56,10 @@ pub struct PortCounters {
     pub counters: BTreeMap<String, Counter>,
     /// `ports/N/hw_counters`: the driver's.
     pub hw_counters: BTreeMap<String, Counter>,
+    /// The statistics of the netdev under a RoCE port ([`crate::netstat`]); `None` for
+    /// an InfiniBand port, and in reports before version 5.
+    #[serde(default)]
+    pub netdev: Option<crate::netstat::NetdevCounters>,
 }
 
 /// What a moved counter is evidence of.
@@ -225,6 +229,7 @@ pub fn read_device(root: &Path, name: &str) -> DeviceCounters {
             let p = PortCounters {
                 counters: read_dir(&dir.join("counters")),
                 hw_counters: read_dir(&dir.join("hw_counters")),
+                netdev: None,
             };
             out.ports.insert(port, p);
         }
@@ -232,9 +237,18 @@ pub fn read_device(root: &Path, name: &str) -> DeviceCounters {
     out
 }
 
-/// The counters of each device of `names` on this node.
+/// The counters of each device of `names` on this node, with the statistics of the netdev
+/// under each RoCE port ([`crate::netstat`]).
 pub fn sample(names: &[String]) -> BTreeMap<String, DeviceCounters> {
-    names.iter().map(|n| (n.clone(), read_device(Path::new(SYSFS_ROOT), n))).collect()
+    let (ib, net) = (Path::new(SYSFS_ROOT), Path::new(crate::netstat::NET_ROOT));
+    names
+        .iter()
+        .map(|n| {
+            let mut d = read_device(ib, n);
+            crate::netstat::attach(&mut d, ib, net, n, &crate::ethtool_stats::query);
+            (n.clone(), d)
+        })
+        .collect()
 }
 
 /// Every counter readable in both samples whose value changed, in the order device, port
@@ -249,6 +263,7 @@ pub fn changes(
         let Some(b) = before.get(dev) else { continue };
         let mut diff =
             |port: Option<&String>, set: &str, was: &BTreeMap<String, Counter>, now: &BTreeMap<String, Counter>| {
+                let netdev = set.starts_with("netdev ");
                 for (name, c) in now {
                     let (Some(old), Some(new)) = (was.get(name).and_then(|c| c.value), c.value) else { continue };
                     if old != new {
@@ -260,7 +275,7 @@ pub fn changes(
                             source: c.source.clone(),
                             before: old,
                             after: new,
-                            class: CounterClass::of(name),
+                            class: if netdev { crate::netstat::class_of(name) } else { CounterClass::of(name) },
                         });
                     }
                 }
@@ -270,6 +285,13 @@ pub fn changes(
             let Some(pb) = b.ports.get(port) else { continue };
             diff(Some(port), "counters", &pb.counters, &pa.counters);
             diff(Some(port), "hw_counters", &pb.hw_counters, &pa.hw_counters);
+            // The same netdev in both samples: one that changed is not compared.
+            if let (Some(nb), Some(na)) = (&pb.netdev, &pa.netdev) {
+                if nb.name == na.name {
+                    diff(Some(port), &format!("netdev {} statistics", na.name), &nb.statistics, &na.statistics);
+                    diff(Some(port), &format!("netdev {} ethtool", na.name), &nb.ethtool, &na.ethtool);
+                }
+            }
         }
     }
     out
@@ -294,10 +316,17 @@ pub fn findings(changes: &[CounterChange], netdevs: &BTreeMap<String, String>, d
                 .iter()
                 .map(|c| {
                     let port = c.port.as_ref().map(|p| format!("port {p} ")).unwrap_or_default();
-                    format!("{port}{} +{} ({} -> {})", c.name, c.after - c.before, c.before, c.after)
+                    let netdev = c.set.strip_prefix("netdev ").and_then(|s| s.split(' ').next());
+                    let netdev = netdev.map(|n| format!("{n} ")).unwrap_or_default();
+                    format!("{port}{netdev}{} +{} ({} -> {})", c.name, c.after - c.before, c.before, c.after)
                 })
                 .collect();
             let files: Vec<&str> = moved.iter().map(|c| c.source.as_str()).collect();
+            // A port's own netdev, where its statistics moved, else the device's.
+            let netdev = moved
+                .iter()
+                .find_map(|c| c.set.strip_prefix("netdev ").and_then(|s| s.split(' ').next()))
+                .or(netdevs.get(&dev).map(String::as_str));
             Finding {
                 severity: if class.warns() { Severity::Warning } else { Severity::Note },
                 scope: dev.clone(),
@@ -307,7 +336,7 @@ pub fn findings(changes: &[CounterChange], netdevs: &BTreeMap<String, String>, d
                     list.join(", "),
                     class.meaning()
                 ),
-                advice: Some(next_step(class, &dev, netdevs.get(&dev).map(String::as_str), &files)),
+                advice: Some(next_step(class, &dev, netdev, &files)),
                 source: Some(files.join(" ")),
                 layer: Some(class.layer()),
             }
@@ -318,7 +347,13 @@ pub fn findings(changes: &[CounterChange], netdevs: &BTreeMap<String, String>, d
 /// A command to paste: watch the counters that moved, with the netdev's own statistics
 /// where the class has them.
 fn next_step(class: CounterClass, dev: &str, netdev: Option<&str>, files: &[&str]) -> String {
-    let watch = format!("watch -n1 -d grep -H . {}", files.join(" "));
+    // `ethtool -S` statistics are not files: the ethtool command below greps them.
+    let files: Vec<&str> = files.iter().copied().filter(|f| f.starts_with('/')).collect();
+    let watch = match (files.is_empty(), netdev) {
+        (false, _) => format!("watch -n1 -d grep -H . {}", files.join(" ")),
+        (true, Some(n)) => format!("watch -n1 -d \"ethtool -S {n} | grep -iE 'pause|discard|drop|err|crc|ecn|prio'\""),
+        (true, None) => String::new(),
+    };
     let ethtool = |what: &str| match netdev {
         Some(n) => format!("ethtool -S {n} | grep -iE '{what}'; "),
         None => String::new(),
@@ -422,7 +457,7 @@ mod tests {
             BTreeMap::from([("mlx5_0".to_owned(), read_device(&fixtures().join("mlx5-after"), "mlx5_0"))]);
         r.observations.counter_changes = changes(&before, &r.observations.counters);
         let json = r.to_json();
-        assert!(json.contains("\"format_version\": 4") && json.contains("hw_counters/out_of_sequence"));
+        assert!(json.contains("\"format_version\": 5") && json.contains("hw_counters/out_of_sequence"));
         assert_eq!(crate::input::parse_report(&json).unwrap(), r);
         let typo = json.replacen("\"before\": ", "\"befor\": ", 1);
         assert!(crate::input::parse_report(&typo).unwrap_err().contains("befor"));

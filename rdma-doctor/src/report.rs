@@ -15,7 +15,7 @@ pub const FORMAT: &str = "rdma-doctor";
 /// one (version 2 added the `rdma_cm` layer and `layers[].command`; version 3
 /// `layers[].command_is_check`; version 4 `observations.counters`,
 /// `observations.counter_changes` and `observations.link_references`).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Everything one run found on one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -201,3 +201,28 @@ fn a_peer_probe_records_the_counters_of_its_device_that_moved_while_it_ran() {
     assert!(r.checks.iter().filter(|c| c.layer == "counters").all(|c| c.ok), "{:#?}", r.checks);
     assert!(matches!(out.status.code(), Some(0 | 4)), "{text}");
 }
+
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn a_healthy_run_records_the_netdevs_statistics_with_their_files_and_none_warns() {
+    isolated(this_test!(), || {
+        let name = device_name();
+        let r = super::run(&super::options());
+        let c = r.observations.counters.get(&name).unwrap_or_else(|| panic!("no counters recorded: {r:#?}"));
+        let port = c.ports.get("1").expect("port 1's counters");
+        let nd = port.netdev.as_ref().unwrap_or_else(|| panic!("rxe's port is RoCE: its netdev's statistics: {c:#?}"));
+        eprintln!("{}", serde_json::to_string_pretty(nd).unwrap());
+        let dropped = nd.statistics.get("rx_dropped").unwrap_or_else(|| panic!("{nd:#?}"));
+        assert_eq!(dropped.source, format!("/sys/class/net/{}/statistics/rx_dropped", nd.name), "{dropped:?}");
+        assert!(dropped.value.is_some() && dropped.error.is_none(), "{dropped:?}");
+        assert!(nd.statistics.contains_key("rx_crc_errors") && nd.statistics.contains_key("tx_carrier_errors"));
+        // A driver's ethtool statistics, where it has any, name their command.
+        for (n, s) in &nd.ethtool {
+            assert_eq!(s.source, format!("ethtool -S {}: {n}", nd.name));
+        }
+        let warned: Vec<_> = r.findings.iter().filter(|f| f.severity != Severity::Note).collect();
+        assert!(warned.is_empty(), "{warned:#?}");
+        assert_eq!((r.status, r.exit_code), (Status::Healthy, 0), "{:#?}", r.findings);
+        assert_eq!(rdma_doctor::input::parse_report(&r.to_json()).unwrap(), r);
+    });
+}

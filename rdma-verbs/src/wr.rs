@@ -204,7 +204,8 @@ pub struct SendWr<T> {
     pub(crate) range: Range<usize>,
     pub(crate) id: u64,
     pub(crate) target: Target,
-    /// The remote region's length (RDMA and atomics), for the range check.
+    /// The remote region's length (RDMA and atomics), for the range check; `u64::MAX`
+    /// for an operation without a remote side (SENDs), which no range exceeds.
     pub(crate) remote_len: u64,
     /// A UD request's address handle, kept alive until the completion.
     pub(crate) ah: Option<AddressHandle>,
@@ -277,6 +278,9 @@ impl<T: SendBuf> SendWr<T> {
     #[inline(always)]
     fn new(op: Op, buf: T, range: Range<usize>, target: Target, remote_len: u64) -> Self {
         let flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 as u8;
+        // No remote side, no bound: the range check then needs no test of the operation
+        // (`op` is a constant at every constructor, so this folds away).
+        let remote_len = if op.has_remote() { remote_len } else { u64::MAX };
         SendWr { buf, range, id: 0, target, remote_len, ah: None, imm: 0, op, flags }
     }
 

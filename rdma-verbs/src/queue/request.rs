@@ -323,7 +323,8 @@ pub(super) fn check_send<T: SendBuf>(
     if wr.is_inline() && len > max_inline as usize {
         return Err(refused(verb, SendRefusal::Inline { len, max: max_inline }));
     }
-    if wr.op.has_remote() && len as u64 > wr.remote_len {
+    // A SEND's remote_len is u64::MAX (SendWr::new): one comparison for every operation.
+    if len as u64 > wr.remote_len {
         return Err(refused(verb, SendRefusal::Remote { len, remote: wr.remote_len }));
     }
     if wr.op.is_atomic() && wr.remote().is_some_and(|r| r.addr % 8 != 0 || r.len < 8) {

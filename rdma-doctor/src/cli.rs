@@ -129,14 +129,14 @@ pub struct Args {
     /// this side's checks passed)
     #[arg(long, requires = "serve")]
     pub once: bool,
-    /// Ask the nodes HOST[:PORT] (each running `rdma-doctor --serve`) for their reports,
+    /// Ask the nodes HOST or HOST:PORT (each running `rdma-doctor --serve`) for their reports,
     /// each within --timeout, and tabulate kernel, rdma-core, provider, driver, firmware,
     /// device, port state, rate and MTU, marking what differs from the majority (or from
     /// --compare's baseline) and known-bad combinations; then have each node probe the
     /// path to the next (a ring); a node that gives no usable answer is named in its row
     #[arg(long, value_name = "HOST[:PORT]", num_args = 1.., conflicts_with_all = FLEET_IGNORES)]
     pub fleet: Vec<String>,
-    /// Read --fleet's hosts from FILE: one HOST[:PORT] a line, `#` starts a comment
+    /// Read --fleet's hosts from FILE: one HOST or HOST:PORT a line, `#` starts a comment
     #[arg(long, value_name = "FILE", conflicts_with_all = FLEET_IGNORES)]
     pub fleet_file: Option<PathBuf>,
     /// With --fleet: probe the path between every pair of nodes, not a ring (in rounds

@@ -235,9 +235,9 @@ pub struct Row {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FleetReport {
-    /// Always [`FLEET_FORMAT`].
+    /// Always [`FLEET_FORMAT`](super::FLEET_FORMAT).
     pub format: String,
-    /// [`FLEET_FORMAT_VERSION`].
+    /// [`FLEET_FORMAT_VERSION`](super::FLEET_FORMAT_VERSION).
     pub format_version: u32,
     /// The collector's doctor.
     pub tool: String,

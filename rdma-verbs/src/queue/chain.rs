@@ -172,6 +172,7 @@ impl<T: SendBuf> SendRequest for PreparedSendChain<T> {
     type Back = PreparedSendChain<T>;
 
     const CHAIN: bool = true;
+    const EXTENDED: bool = false;
 
     #[inline(always)]
     fn width(&self) -> usize {

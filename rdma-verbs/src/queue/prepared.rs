@@ -221,6 +221,9 @@ impl<T: SendBuf> super::request::sealed::Sealed for PreparedSend<T> {}
 impl<T: SendBuf> SendRequest for PreparedSend<T> {
     type Back = PreparedSend<T>;
 
+    /// Never: its prebuilt C request goes through `ibv_post_send` on every QP.
+    const EXTENDED: bool = false;
+
     /// Whether this QP takes it: certainly when it was checked against the same limits
     /// (prepared here, or for a QP alike), else when what it needs fits.
     #[inline(always)]

@@ -67,6 +67,13 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
     #[doc(hidden)]
     const CHAIN: bool = false;
 
+    /// Whether a request of this kind may ever go the extended API's way
+    /// ([`ext_takes`](Self::ext_takes) can hold). A kind that never does (a prebuilt C
+    /// request, a chain) says so here, and its posts compile to the classic way alone,
+    /// with no test of the QP's extended API.
+    #[doc(hidden)]
+    const EXTENDED: bool = true;
+
     /// How many C requests it posts (1 unless [`CHAIN`](Self::CHAIN)).
     #[doc(hidden)]
     #[inline(always)]

@@ -313,9 +313,17 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     #[inline(always)]
     #[allow(clippy::result_large_err)] // as post
     pub(crate) fn post_named(&mut self, verb: Verb, wr: R) -> Result<(), Refused<R>> {
-        // A batch of one: the same two steps as post_batch, without an iterator (which
-        // would move the request twice more on its way into the ring).
-        let most = if R::CHAIN { MAX_BATCH } else { 1 };
+        // One C request posted the classic way (every request on a classic QP, a prepared
+        // one on any): straight through, with no batch state.
+        if !R::CHAIN {
+            match self.ext {
+                Some((qpx, _)) if R::EXTENDED => return self.post_one_extended(verb, wr, qpx.as_ptr()),
+                _ => return self.post_one_classic(verb, wr),
+            }
+        }
+        // A chain: a batch of one, the same two steps as post_batch without an iterator
+        // (which would move the request twice more on its way into the ring).
+        let most = MAX_BATCH;
         let room = self.ring.free().min(most);
         let mut chain = Staging::new();
         let (n, refused) = match self.stage(verb, 0, room, most, wr, &mut chain) {
@@ -331,6 +339,91 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let (error, mut unposted) = self.failed(batch, std::iter::empty());
         let wr = unposted.pop().expect("a failed post of one request hands back it or its unposted part");
         Err(Refused::new(error, wr))
+    }
+
+    /// [`post`](Self::post) of a request of one C request that goes through
+    /// `ibv_post_send`: the steps of `stage` and `post_staged` for a batch of one, with
+    /// nothing kept for a batch (the chain, the extended API's counts, the batch's
+    /// outcome), and each refusal out of line.
+    #[inline(always)]
+    #[allow(clippy::result_large_err)] // as post
+    fn post_one_classic(&mut self, verb: Verb, wr: R) -> Result<(), Refused<R>> {
+        debug_assert!(!R::CHAIN && (!R::EXTENDED || self.ext.is_none()));
+        let SendQueue { ring, scratch, limits, key, tag_bits, raw, .. } = self;
+        if ring.free() == 0 {
+            return Err(full(verb, ring.cap, wr));
+        }
+        let seq = ring.head;
+        let SendScratch { sges, raws, .. } = &mut **scratch;
+        // Into the ring first and checked there, as `stage` does.
+        let staged = ring.stage(0, wr);
+        let k = match staged.check(verb, limits, *key, &mut sges[0], TOKEN()) {
+            Ok(k) => k,
+            // SAFETY: staged just above, neither committed nor taken back.
+            Err(e) => return Err(Refused::new(e, unsafe { ring.unstage(0) })),
+        };
+        let (first, _) = staged.c_request(*tag_bits, seq, &mut sges[0], k, &mut raws[0], TOKEN());
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: as in post_staged: one valid C request (its `next` NULL) in the scratch
+        // space or in the heap block of the request the ring now holds, its SGEs naming
+        // bytes of the buffer the ring keeps until the completion; a UD request's address
+        // handle is kept with it.
+        let rc = unsafe { ffi::ibv_post_send(*raw, first, &mut bad) };
+        if rc != 0 {
+            // SAFETY: staged above and not committed: read out once.
+            return Err(provider_refused(rc, unsafe { ring.unstage(0) }));
+        }
+        ring.commit(1);
+        self.items += 1;
+        Ok(())
+    }
+
+    /// [`post`](Self::post) of a request of one C request on a QP built with send ops
+    /// (`qpx`): through the extended API when it takes the request (`ibv_wr_start`, the
+    /// request's operation and SGEs, `ibv_wr_complete`), else through `ibv_post_send`, as
+    /// `post_staged` chooses for a batch of one; straight through, as
+    /// [`post_one_classic`](Self::post_one_classic).
+    #[inline(always)]
+    #[allow(clippy::result_large_err)] // as post
+    fn post_one_extended(&mut self, verb: Verb, wr: R, qpx: *mut ffi::ibv_qp_ex) -> Result<(), Refused<R>> {
+        debug_assert!(!R::CHAIN && R::EXTENDED);
+        let SendQueue { ring, scratch, limits, key, tag_bits, raw, ext, .. } = self;
+        if ring.free() == 0 {
+            return Err(full(verb, ring.cap, wr));
+        }
+        let seq = ring.head;
+        let SendScratch { sges, raws, .. } = &mut **scratch;
+        let staged = ring.stage(0, wr);
+        let k = match staged.check(verb, limits, *key, &mut sges[0], TOKEN()) {
+            Ok(k) => k,
+            // SAFETY: staged just above, neither committed nor taken back.
+            Err(e) => return Err(Refused::new(e, unsafe { ring.unstage(0) })),
+        };
+        let rc = if staged.ext_takes(*ext, k, TOKEN()) {
+            // SAFETY: `qpx` is this queue's extended QP, posted to by this queue alone
+            // (&mut, claimed), so the batch opened here is ours; the request was checked
+            // and the extended API takes it (`ext_takes`); its SGEs name bytes of the
+            // buffer the ring keeps until the completion.
+            unsafe {
+                ffi::ibv_wr_start(qpx);
+                staged.extended(qpx, wr_id(*tag_bits, seq), &sges[0], k, TOKEN());
+                ffi::ibv_wr_complete(qpx)
+            }
+        } else {
+            let (first, _) = staged.c_request(*tag_bits, seq, &mut sges[0], k, &mut raws[0], TOKEN());
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: as in post_one_classic.
+            unsafe { ffi::ibv_post_send(*raw, first, &mut bad) }
+        };
+        if rc != 0 {
+            // A failed ibv_wr_complete posts nothing of its batch, a failed ibv_post_send
+            // of one request nothing.
+            // SAFETY: staged above and not committed: read out once.
+            return Err(provider_refused(rc, unsafe { ring.unstage(0) }));
+        }
+        ring.commit(1);
+        self.items += 1;
+        Ok(())
     }
 
     /// Posts one request with `post` instead of `ibv_post_send`: a provider call that puts
@@ -437,25 +530,24 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             return Err(refusal(e, wr));
         }
         let SendScratch { sges, raws, counts } = &mut **scratch;
+        let seq = ring.head + n as u64;
         // Into the ring first, then checked there: the request is written once, where it
         // stays, and a refused one is read back out (the cold path). A chain's other C
-        // requests leave their slots empty.
+        // requests leave their slots empty. The staged request is used through this one
+        // borrow (its slot found once).
         let staged = ring.stage(n, wr);
         let k = match staged.check(verb, limits, *key, &mut sges[n], TOKEN()) {
             Ok(k) => k,
             // SAFETY: staged just above, neither committed nor taken back.
             Err(e) => return Err(refusal(e, unsafe { ring.unstage(n) })),
         };
-        if ext.is_none() || R::CHAIN {
-            let seq = ring.head + n as u64;
-            // SAFETY: staged above.
-            let (first, last) =
-                unsafe { ring.staged(n) }.c_request(*tag_bits, seq, &mut sges[n], k, &mut raws[n], TOKEN());
+        // A kind that never goes the extended way (prepared, chains) compiles to the
+        // first branch alone.
+        if !R::EXTENDED || ext.is_none() {
+            let (first, last) = staged.c_request(*tag_bits, seq, &mut sges[n], k, &mut raws[n], TOKEN());
             chain.classic.link_span(first, last);
-            chain.all_ext &= !R::CHAIN;
+            chain.all_ext &= R::EXTENDED;
         } else {
-            // SAFETY: staged above.
-            let staged = unsafe { ring.staged(n) };
             chain.all_ext &= staged.ext_takes(*ext, k, TOKEN());
             counts[n] = k as u8;
         }
@@ -471,10 +563,10 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let SendScratch { sges, raws, counts } = &mut **scratch;
         let (posted, failure) = if n == 0 {
             (0, None)
-        } else if ext.is_some() && chain.all_ext {
+        } else if R::EXTENDED && ext.is_some() && chain.all_ext {
             post_extended(ext, ring, tag, n, sges, counts)
         } else {
-            if ext.is_some() && !R::CHAIN {
+            if R::EXTENDED && ext.is_some() {
                 // A batch the extended API does not take whole goes the classic way.
                 let head = ring.head;
                 for i in 0..n {
@@ -724,6 +816,20 @@ fn member_failed(first: &mut Option<End>, end: End) {
 }
 
 /// A refusal of one request, boxed (the failure path only).
+/// A post refused because the queue is full (out of line: the fast path only branches).
+#[cold]
+#[inline(never)]
+fn full<R>(verb: Verb, depth: u64, wr: R) -> Refused<R> {
+    Refused::new(queue_full(verb, depth), wr)
+}
+
+/// A post the provider refused with `rc` (`ibv_post_send`'s return), the request back.
+#[cold]
+#[inline(never)]
+fn provider_refused<R>(rc: i32, wr: R) -> Refused<R> {
+    Refused::new(Error::verb(Verb::PostSend, rc.abs()), wr)
+}
+
 #[cold]
 #[inline(never)]
 fn refusal<R>(error: Error, wr: R) -> Box<Refused<R>> {

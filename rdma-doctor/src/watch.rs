@@ -172,14 +172,7 @@ impl Watcher {
                     let message = format!(
                         "cannot open {name} for its asynchronous events (ports and counters are still watched): {e}"
                     );
-                    drafts.push(Draft::new(
-                        Kind::Error,
-                        Level::Warning,
-                        name,
-                        None,
-                        message,
-                        json!({"error": e.to_string()}),
-                    ));
+                    drafts.push(events_lost(name, message, &e.to_string()));
                     None
                 }
             }
@@ -251,14 +244,7 @@ impl Watcher {
             if let Some(slot) = self.devices.get_mut(name) {
                 *slot = None;
                 let message = format!("{name}'s event queue failed; its events are no longer watched");
-                drafts.push(Draft::new(
-                    Kind::Error,
-                    Level::Warning,
-                    name,
-                    None,
-                    message,
-                    json!({"error": "poll: error or hang-up"}),
-                ));
+                drafts.push(events_lost(name, message, "poll: error or hang-up"));
             }
         }
         let names: Vec<String> = self.devices.keys().cloned().collect();
@@ -271,8 +257,7 @@ impl Watcher {
                         Ok(None) => break,
                         Err(e) => {
                             let message = format!("reading {name}'s events failed; they are no longer watched: {e}");
-                            let details = json!({"error": e.to_string()});
-                            drafts.push(Draft::new(Kind::Error, Level::Warning, name, None, message, details));
+                            drafts.push(events_lost(name, message, &e.to_string()));
                             self.devices.insert(name.clone(), None);
                             break;
                         }
@@ -310,6 +295,12 @@ impl Watcher {
         }
         drafts
     }
+}
+
+/// The warning that device `name`'s asynchronous events are not (or no longer) watched:
+/// `message` says why, `error` goes into the details.
+fn events_lost(name: &str, message: String, error: &str) -> Draft {
+    Draft::new(Kind::Error, Level::Warning, name, None, message, json!({ "error": error }))
 }
 
 /// Prints lines and counts them.

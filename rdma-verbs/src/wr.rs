@@ -105,24 +105,52 @@ impl SharedReceiveQueue {
     }
 }
 
-/// What a send request does: the crate's one opcode table is [`Op::codes`].
+/// What a send request does: the crate's one opcode table is [`Op::codes`]. Each
+/// discriminant is the operation's C opcode (`ibv_wr_opcode`), whose bit is also its
+/// extended send op (`IBV_QP_EX_WITH_*`): both come out of the value with no table
+/// (checked at compile time below).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub(crate) enum Op {
-    Send,
-    SendImm,
-    Write,
-    WriteImm,
-    Read,
-    CompSwap,
-    FetchAdd,
-    /// A SEND that invalidates the receiver's memory window (its rkey in `imm`, see
-    /// [`SendWr::send_inv`]).
-    SendInv,
+    Write = 0,
+    WriteImm = 1,
+    Send = 2,
+    SendImm = 3,
+    Read = 4,
+    CompSwap = 5,
+    FetchAdd = 6,
     /// A memory window bind and a local invalidate: built by `mw::MwRequest`, never a
     /// `SendWr`'s operation.
-    BindMw,
-    LocalInv,
+    LocalInv = 7,
+    BindMw = 8,
+    /// A SEND that invalidates the receiver's memory window (its rkey in `imm`, see
+    /// [`SendWr::send_inv`]).
+    SendInv = 9,
 }
+
+// Each operation's discriminant is its C opcode, and its bit its extended send op.
+const _: () = {
+    use ffi::ibv_qp_create_send_ops_flags as F;
+    use ffi::ibv_wr_opcode as O;
+    let table = [
+        (Op::Write, O::IBV_WR_RDMA_WRITE, F::IBV_QP_EX_WITH_RDMA_WRITE),
+        (Op::WriteImm, O::IBV_WR_RDMA_WRITE_WITH_IMM, F::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM),
+        (Op::Send, O::IBV_WR_SEND, F::IBV_QP_EX_WITH_SEND),
+        (Op::SendImm, O::IBV_WR_SEND_WITH_IMM, F::IBV_QP_EX_WITH_SEND_WITH_IMM),
+        (Op::Read, O::IBV_WR_RDMA_READ, F::IBV_QP_EX_WITH_RDMA_READ),
+        (Op::CompSwap, O::IBV_WR_ATOMIC_CMP_AND_SWP, F::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP),
+        (Op::FetchAdd, O::IBV_WR_ATOMIC_FETCH_AND_ADD, F::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD),
+        (Op::LocalInv, O::IBV_WR_LOCAL_INV, F::IBV_QP_EX_WITH_LOCAL_INV),
+        (Op::BindMw, O::IBV_WR_BIND_MW, F::IBV_QP_EX_WITH_BIND_MW),
+        (Op::SendInv, O::IBV_WR_SEND_WITH_INV, F::IBV_QP_EX_WITH_SEND_WITH_INV),
+    ];
+    let mut i = 0;
+    while i < table.len() {
+        let (op, wr, ops) = table[i];
+        assert!(op as u32 == wr.0 && 1 << (op as u32) == ops.0);
+        i += 1;
+    }
+};
 
 /// One operation as each API names it.
 pub(crate) struct OpCodes {
@@ -138,20 +166,18 @@ impl Op {
     /// This operation in each API: the crate's one opcode table.
     #[inline(always)]
     pub(crate) fn codes(self) -> OpCodes {
-        use ffi::ibv_wr_opcode as O;
-        let (wr, ops, wc) = match self {
-            Op::Send => (O::IBV_WR_SEND, SendOps::SEND, WcOpcode::Send),
-            Op::SendImm => (O::IBV_WR_SEND_WITH_IMM, SendOps::SEND_WITH_IMM, WcOpcode::Send),
-            Op::Write => (O::IBV_WR_RDMA_WRITE, SendOps::RDMA_WRITE, WcOpcode::RdmaWrite),
-            Op::WriteImm => (O::IBV_WR_RDMA_WRITE_WITH_IMM, SendOps::RDMA_WRITE_WITH_IMM, WcOpcode::RdmaWrite),
-            Op::Read => (O::IBV_WR_RDMA_READ, SendOps::RDMA_READ, WcOpcode::RdmaRead),
-            Op::CompSwap => (O::IBV_WR_ATOMIC_CMP_AND_SWP, SendOps::ATOMIC_CMP_AND_SWP, WcOpcode::CompSwap),
-            Op::FetchAdd => (O::IBV_WR_ATOMIC_FETCH_AND_ADD, SendOps::ATOMIC_FETCH_AND_ADD, WcOpcode::FetchAdd),
-            Op::SendInv => (O::IBV_WR_SEND_WITH_INV, SendOps::SEND_WITH_INV, WcOpcode::Send),
-            Op::BindMw => (O::IBV_WR_BIND_MW, SendOps::BIND_MW, WcOpcode::BindMw),
-            Op::LocalInv => (O::IBV_WR_LOCAL_INV, SendOps::LOCAL_INV, WcOpcode::LocalInv),
+        let wc = match self {
+            Op::Send | Op::SendImm | Op::SendInv => WcOpcode::Send,
+            Op::Write | Op::WriteImm => WcOpcode::RdmaWrite,
+            Op::Read => WcOpcode::RdmaRead,
+            Op::CompSwap => WcOpcode::CompSwap,
+            Op::FetchAdd => WcOpcode::FetchAdd,
+            Op::BindMw => WcOpcode::BindMw,
+            Op::LocalInv => WcOpcode::LocalInv,
         };
-        OpCodes { wr, ops, wc }
+        // The discriminant is the C opcode and the send op's bit (checked above).
+        let ops = SendOps::from_bits_retain(1 << (self as u32));
+        OpCodes { wr: ffi::ibv_wr_opcode(self as u32), ops, wc }
     }
 
     pub(crate) fn is_atomic(self) -> bool {

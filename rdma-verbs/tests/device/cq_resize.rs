@@ -5,21 +5,8 @@ use std::time::Duration;
 use rdma_verbs::ffi;
 use rdma_verbs::{AccessFlags, CompletionQueue, Error, QpAccess, QpType, QueuePair, SendWr, Verb, WcStatus};
 
-use crate::datapath::{chunks, poll_one, rc_pair};
+use crate::datapath::{chunks, poll_one, random_bytes, rc_pair};
 use crate::LeakCheck;
-
-/// Pseudo-random bytes (xorshift), so that a datagram in the wrong buffer does not match.
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
@@ -33,7 +20,7 @@ fn resizing_a_cq_up_keeps_its_pending_completions_and_each_is_polled_with_its_by
             panic!("{}", r.error);
         }
     }
-    let payloads: Vec<Vec<u8>> = (0..N).map(|i| bytes(100 + i as u64, 10 + i * 100)).collect();
+    let payloads: Vec<Vec<u8>> = (0..N).map(|i| random_bytes(100 + i as u64, 10 + i * 100)).collect();
     for (i, (mut c, data)) in chunks(&pd, N, LEN, AccessFlags::LOCAL_WRITE).into_iter().zip(&payloads).enumerate() {
         c[..data.len()].copy_from_slice(data);
         if let Err(r) = a.sq.post(SendWr::send(c, 0..data.len()).id(i as u64)) {

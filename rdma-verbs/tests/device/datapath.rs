@@ -67,6 +67,20 @@ pub fn poll_one(cq: &mut CompletionQueue) -> WorkCompletion {
     }
 }
 
+/// Pseudo-random bytes (xorshift, from `seed`): no short period, so data in the wrong
+/// place, or a shifted copy, does not compare equal.
+pub fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 fn send_done<T: rdma_verbs::SendBuf>(side: &mut Side<T>) -> Vec<Done<T>> {
     let mut wc = poll_one(&mut side.cq);
     let mut out = Vec::new();

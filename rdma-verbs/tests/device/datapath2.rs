@@ -15,7 +15,7 @@ use rdma_verbs::{
 };
 use rdma_verbs::{Done, ExclusiveBuf, RecvQueue, SendBuf, SendQueue, SendWr};
 
-use crate::datapath::{chunks, poll_one, rc_pair, Side};
+use crate::datapath::{chunks, poll_one, random_bytes, rc_pair, Side};
 use crate::{gid_index, open, LeakCheck};
 
 /// Bytes of the global route header in front of every UD receive on RoCE.
@@ -78,20 +78,6 @@ fn target(pd: &ProtectionDomain, len: usize) -> rdma_verbs::MemoryRegion<Aligned
     let mut t = pd.register_remote_writable(AlignedBuf::new(len).unwrap(), access).unwrap();
     t.write_at(0, &vec![UNTOUCHED; len]).unwrap();
     t
-}
-
-/// Pseudo-random bytes (xorshift): no short period, so a shifted copy does not compare equal.
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }
 
 /// Compares without printing megabytes: names the first differing byte.
@@ -203,7 +189,7 @@ fn send_of_0_1_4095_4096_4097_bytes_and_4_mib_arrives_byte_exact() {
     let mut src = chunks(&pd, 1, big, AccessFlags::LOCAL_WRITE).pop().unwrap();
     let mut dst = chunks(&pd, 1, big + 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
     for (i, n) in SIZES.into_iter().chain([big]).enumerate() {
-        let data = bytes(i as u64 + 1, n);
+        let data = random_bytes(i as u64 + 1, n);
         src[..n].copy_from_slice(&data);
         dst.fill(UNTOUCHED);
         let dst_len = dst.len();
@@ -233,7 +219,7 @@ fn rdma_write_of_0_1_4095_4096_4097_bytes_and_4_mib_lands_byte_exact_at_an_odd_o
     let remote = t.remote().unwrap().slice(off as u64..).unwrap();
     let mut src = chunks(&pd, 1, big, AccessFlags::LOCAL_WRITE).pop().unwrap();
     for (i, n) in SIZES.into_iter().chain([big]).enumerate() {
-        let data = bytes(i as u64 + 100, n);
+        let data = random_bytes(i as u64 + 100, n);
         src[..n].copy_from_slice(&data);
         t.write_at(0, &vec![UNTOUCHED; off + n + slack]).unwrap();
         posted(a.sq.post(SendWr::write(src, 0..n, remote).id(i as u64)));
@@ -259,7 +245,7 @@ fn a_message_gathered_from_two_regions_is_scattered_into_two_other_regions_by_se
     let (mut x, mut y, mut p, mut q) = (one(3000), one(5000), one(2500), one(6000));
     let lkeys = [x.lkey(), y.lkey(), p.lkey(), q.lkey()];
     assert!((1..4).all(|i| !lkeys[..i].contains(&lkeys[i])), "four regions, four lkeys: {lkeys:?}");
-    let data = bytes(7, 8000);
+    let data = random_bytes(7, 8000);
     x.copy_from_slice(&data[..3000]);
     y.copy_from_slice(&data[3000..]);
     p.fill(UNTOUCHED);
@@ -285,7 +271,7 @@ fn a_message_gathered_from_two_regions_is_scattered_into_two_other_regions_by_se
     untouched(&read_back(&t, 7000, 1192), "target past the WRITE");
 
     // RDMA READ 8000 remote bytes into bytes 100..8100 of p|q.
-    let tdata = bytes(8, 8192);
+    let tdata = random_bytes(8, 8192);
     t.write_at(0, &tdata).unwrap();
     p.fill(UNTOUCHED);
     q.fill(UNTOUCHED);
@@ -311,7 +297,7 @@ fn a_message_gathered_from_two_regions_is_scattered_into_two_other_regions_by_se
     assert!(text.contains("max_send_sge"), "{text}");
     assert_eq!(sq8.outstanding(), 0);
     let mut segs: [Chunk; 8] = chunks(&pd, 8, 100, AccessFlags::LOCAL_WRITE).try_into().unwrap();
-    let wdata = bytes(9, max * 100);
+    let wdata = random_bytes(9, max * 100);
     for (s, d) in segs.iter_mut().zip(wdata.chunks(100)) {
         s.copy_from_slice(d);
     }
@@ -333,7 +319,7 @@ fn send_with_imm_and_write_with_imm_deliver_the_immediate_and_write_with_imm_con
 
     // SEND with immediate: each value arrives in host order, with the payload.
     for (i, imm) in [Some(0), Some(1), Some(0x1234_5678), Some(u32::MAX), None].into_iter().enumerate() {
-        let data = bytes(20 + i as u64, 100 + i);
+        let data = random_bytes(20 + i as u64, 100 + i);
         src[..data.len()].copy_from_slice(&data);
         dst.fill(UNTOUCHED);
         posted(b.rq.post(dst, 0..4096, i as u64));
@@ -355,7 +341,7 @@ fn send_with_imm_and_write_with_imm_deliver_the_immediate_and_write_with_imm_con
     // through a receive, whose buffer the write does not touch.
     let t = target(&pd, 2048);
     for (i, (n, imm)) in [(1000usize, 0xcafe_babe_u32), (0, 7)].into_iter().enumerate() {
-        let data = bytes(30 + i as u64, n);
+        let data = random_bytes(30 + i as u64, n);
         src[..n].copy_from_slice(&data);
         dst.fill(UNTOUCHED);
         posted(b.rq.post(dst, 0..4096, 50 + i as u64));
@@ -402,12 +388,12 @@ fn ud_datagrams_arrive_after_a_40_byte_grh_from_the_senders_qp_and_a_wrong_qkey_
     let mut srcs = chunks(&pd, 4, mtu, AccessFlags::LOCAL_WRITE);
     // First a datagram with the wrong Q_Key: it leaves, and the receiver drops it.
     let mut wrong = srcs.pop().unwrap();
-    wrong.copy_from_slice(&bytes(40, mtu));
+    wrong.copy_from_slice(&random_bytes(40, mtu));
     posted(sq.post(SendWr::send_ud(wrong, 0..64, &ah, b.qp_num(), qkey ^ 1)));
     sent_one(&mut sq, &mut cq_a);
 
     let sizes = [1, 100, mtu];
-    let payloads: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| bytes(41 + i as u64, n)).collect();
+    let payloads: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| random_bytes(41 + i as u64, n)).collect();
     for (i, (mut src, data)) in srcs.into_iter().zip(&payloads).enumerate() {
         src[..data.len()].copy_from_slice(data);
         let wr = SendWr::send_ud(src, 0..data.len(), &ah, b.qp_num(), qkey).id(i as u64);
@@ -460,7 +446,7 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
         c.fill(UNTOUCHED);
         posted(srqq.post(c, 0..512, 100 + i as u64));
     }
-    let msgs = [bytes(51, 300), bytes(52, 200)];
+    let msgs = [random_bytes(51, 300), random_bytes(52, 200)];
     let mut send = |sq: &mut SendQueue<Chunk>, msg: &[u8]| {
         let mut c = chunks(&pd, 1, 512, AccessFlags::LOCAL_WRITE).pop().unwrap();
         c[..msg.len()].copy_from_slice(msg);
@@ -505,7 +491,7 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
     assert_eq!(srqq.outstanding(), 6);
 
     // The pool is shared: one QP may take more than "its half". Five more messages on s2.
-    let round2: Vec<Vec<u8>> = (0..5).map(|i| bytes(60 + i, 64 + i as usize)).collect();
+    let round2: Vec<Vec<u8>> = (0..5).map(|i| random_bytes(60 + i, 64 + i as usize)).collect();
     for m in &round2 {
         send(&mut sq2, m);
     }
@@ -541,7 +527,7 @@ fn an_srq_queue_refuses_a_receive_completion_of_a_qp_on_another_srq() {
     posted(qb.post(bufs.pop().unwrap(), 0..256, 2));
     let mut sq = sa.send_queue::<Chunk>().unwrap();
     let mut src = bufs.pop().unwrap();
-    let msg = bytes(70, 128);
+    let msg = random_bytes(70, 128);
     src[..128].copy_from_slice(&msg);
     posted(sq.post(SendWr::send(src, 0..128)));
     sent_one(&mut sq, &mut scq);
@@ -582,7 +568,7 @@ fn a_receive_queue_claimed_again_refuses_the_completion_of_a_receive_its_predece
     let mut rq2 = b_qp.recv_queue::<Chunk>().unwrap();
     posted(rq2.post(bufs.pop().unwrap(), 0..256, 2));
 
-    let msgs = [bytes(80, 100), bytes(81, 90)];
+    let msgs = [random_bytes(80, 100), random_bytes(81, 90)];
     let mut send = |msg: &[u8], mut src: Chunk| {
         src[..msg.len()].copy_from_slice(msg);
         posted(a.sq.post(SendWr::send(src, 0..msg.len())));
@@ -614,7 +600,7 @@ fn a_receive_queue_claimed_again_refuses_the_completion_of_a_receive_its_predece
 /// Message `i` of a stream: its number, then bytes that depend on it.
 fn message(seed: u64, i: u64, len: usize) -> Vec<u8> {
     let mut m = i.to_le_bytes().to_vec();
-    m.extend(bytes(seed * 1_000_003 + i, len - 8));
+    m.extend(random_bytes(seed * 1_000_003 + i, len - 8));
     m
 }
 
@@ -871,7 +857,7 @@ fn inline_sends_up_to_max_inline_data_arrive_and_one_byte_more_is_refused_before
     let mut dsts = chunks(&pd, 3, max + 64, AccessFlags::LOCAL_WRITE);
 
     for (i, n) in [1, max].into_iter().enumerate() {
-        let data = bytes(90 + i as u64, n);
+        let data = random_bytes(90 + i as u64, n);
         let mut src = srcs.pop().unwrap();
         src[..n].copy_from_slice(&data);
         let mut dst = dsts.pop().unwrap();
@@ -897,7 +883,7 @@ fn inline_sends_up_to_max_inline_data_arrive_and_one_byte_more_is_refused_before
     assert_eq!(a.sq.outstanding(), 0);
     quiet(&mut b.rcq);
     // The queue still works: the same size without inline goes through.
-    let data = bytes(99, max + 1);
+    let data = random_bytes(99, max + 1);
     let mut src = srcs.pop().unwrap();
     src[..max + 1].copy_from_slice(&data);
     posted(a.sq.post(SendWr::send(src, 0..max + 1)));
@@ -914,7 +900,7 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     let _leaks = LeakCheck::new();
     let (pd, mut a, mut b) = rc_pair::<Chunk>(QpAccess::REMOTE_READ | QpAccess::REMOTE_WRITE);
     let mut t = target(&pd, 8192);
-    let tdata = bytes(110, 8192);
+    let tdata = random_bytes(110, 8192);
     t.write_at(0, &tdata).unwrap();
     let remote = t.remote().unwrap();
     let mut bufs = chunks(&pd, 5, 4096, AccessFlags::LOCAL_WRITE);
@@ -948,7 +934,7 @@ fn out_of_range_posts_are_refused_before_c_and_the_queues_stay_usable() {
     };
     assert_eq!((c.addr(), b.rq.outstanding()), (addr, 0));
     posted(b.rq.post(c, 0..4096, 7));
-    let msg = bytes(111, 3000);
+    let msg = random_bytes(111, 3000);
     let mut src = d.value;
     src[..3000].copy_from_slice(&msg);
     posted(a.sq.post(SendWr::send(src, 0..3000)));
@@ -1025,7 +1011,7 @@ fn full_queues_refuse_before_c_and_take_the_refused_work_once_completions_free_a
     };
     assert_eq!(b.rq.outstanding(), depth);
     let mut src = chunks(&pd, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
-    src.copy_from_slice(&bytes(120, 64));
+    src.copy_from_slice(&random_bytes(120, 64));
     posted(a.sq.post(SendWr::send(src, 0..64)));
     let src = sent_one(&mut a.sq, &mut a.cq).value;
     let (_, first) = received(&mut b.rq, &mut b.cq);
@@ -1071,7 +1057,7 @@ fn completions_are_taken_only_by_the_queue_that_posted_them() {
     let _leaks = LeakCheck::new();
     let (pd, mut a, mut b) = rc_pair::<Chunk>(QpAccess::empty());
     let mut bufs = chunks(&pd, 4, 256, AccessFlags::LOCAL_WRITE);
-    let (msg_ab, msg_ba) = (bytes(130, 200), bytes(131, 150));
+    let (msg_ab, msg_ba) = (random_bytes(130, 200), random_bytes(131, 150));
     posted(a.rq.post(bufs.pop().unwrap(), 0..256, 10));
     posted(b.rq.post(bufs.pop().unwrap(), 0..256, 20));
     let (mut s1, mut s2) = (bufs.pop().unwrap(), bufs.pop().unwrap());
@@ -1175,7 +1161,7 @@ fn a_fenced_write_batched_after_a_read_of_the_same_bytes_lets_the_read_return_th
     let _leaks = LeakCheck::new();
     let (pd, mut a, _b) = rc_pair::<Chunk>(QpAccess::REMOTE_READ | QpAccess::REMOTE_WRITE);
     let mut t = target(&pd, 1024);
-    let (old, new) = (bytes(140, 1024), bytes(141, 1024));
+    let (old, new) = (random_bytes(140, 1024), random_bytes(141, 1024));
     t.write_at(0, &old).unwrap();
     let mut bufs = chunks(&pd, 2, 1024, AccessFlags::LOCAL_WRITE);
     let (mut src, rd) = (bufs.pop().unwrap(), bufs.pop().unwrap());

@@ -16,7 +16,7 @@ use rdma_verbs::{
     Verb, WcStatus, GRH_LEN,
 };
 
-use crate::datapath::{chunks, poll_one, rc_pair};
+use crate::datapath::{chunks, poll_one, random_bytes, rc_pair};
 use crate::{device_name, gid_index, open, LeakCheck, ResourceCounts};
 
 const QKEY: u32 = 0x2468_1357;
@@ -48,19 +48,6 @@ fn sysfs_gid(index: u32) -> Gid {
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
-}
-
-/// Pseudo-random bytes (xorshift), so that data in the wrong place does not match.
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 // ---- device, port, GIDs ----------------------------------------------------------------
@@ -328,7 +315,7 @@ fn each_datagram_wakes_the_receivers_armed_cq_channel_and_poll_then_gets_its_byt
         r.fill(0xee);
         b.rq.post(r, 0..GRH_LEN + LEN, round).unwrap_or_else(|r| panic!("{}", r.error));
         b.cq.arm(false).unwrap();
-        let data = bytes(round + 1, LEN);
+        let data = random_bytes(round + 1, LEN);
         let mut s = chunks(&pd, 1, LEN, AccessFlags::LOCAL_WRITE).pop().unwrap();
         s.copy_from_slice(&data);
         a.sq.post(SendWr::send_ud(s, 0..LEN, &ah, b.qp.qp_num(), QKEY)).unwrap_or_else(|r| panic!("{}", r.error));
@@ -403,7 +390,7 @@ fn posts_to_a_qp_reset_after_rts_are_refused_with_einval_and_hand_the_buffers_ba
     assert!(refused.value.iter().all(|&x| x == 0x5a), "the receive buffer comes back untouched");
 
     let mut s = chunks(&pd, 1, 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
-    s.copy_from_slice(&bytes(7, 64));
+    s.copy_from_slice(&random_bytes(7, 64));
     let refused = a.sq.post(SendWr::send_ud(s, 0..64, &ah, b.qp.qp_num(), QKEY)).unwrap_err();
     assert_eq!((refused.error.verb_name(), refused.error.errno()), (Some("ibv_post_send"), Some(libc::EINVAL)));
     assert_eq!(a.sq.outstanding(), 0, "nothing was posted");
@@ -507,7 +494,7 @@ fn sends_and_datagrams_land_whole_in_receive_buffers_registered_with_relaxed_ord
         assert!(r.access().contains(AccessFlags::RELAXED_ORDERING));
         let r = r.into_chunks(LEN).unwrap().pop().unwrap();
         b.rq.post(r, 0..LEN, round).unwrap_or_else(|r| panic!("{}", r.error));
-        let data = bytes(round + 100, LEN);
+        let data = random_bytes(round + 100, LEN);
         let mut s = chunks(&pd, 1, LEN, AccessFlags::LOCAL_WRITE).pop().unwrap();
         s.copy_from_slice(&data);
         a.sq.post(SendWr::send(s, 0..LEN)).unwrap_or_else(|r| panic!("{}", r.error));
@@ -528,7 +515,7 @@ fn sends_and_datagrams_land_whole_in_receive_buffers_registered_with_relaxed_ord
         let r = pd.register(AlignedBuf::new(GRH_LEN + LEN).unwrap(), ro).unwrap();
         let r = r.into_chunks(GRH_LEN + LEN).unwrap().pop().unwrap();
         v.rq.post(r, 0..GRH_LEN + LEN, round).unwrap_or_else(|r| panic!("{}", r.error));
-        let data = bytes(round + 200, LEN);
+        let data = random_bytes(round + 200, LEN);
         let mut s = chunks(&pd, 1, LEN, AccessFlags::LOCAL_WRITE).pop().unwrap();
         s.copy_from_slice(&data);
         u.sq.post(SendWr::send_ud(s, 0..LEN, &ah, v.qp.qp_num(), QKEY)).unwrap_or_else(|r| panic!("{}", r.error));

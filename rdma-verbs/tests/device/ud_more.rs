@@ -10,24 +10,11 @@ use rdma_verbs::{
 };
 use rdma_verbs::{Done, RecvQueue, SendQueue};
 
-use crate::datapath::{chunks, poll_one};
+use crate::datapath::{chunks, poll_one, random_bytes};
 use crate::{gid_index, open, LeakCheck};
 
 const QKEY: u32 = 0x1357_2468;
 const UNTOUCHED: u8 = 0xee;
-
-/// Pseudo-random bytes (xorshift).
-fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 /// A UD QP ready to send and receive with [`QKEY`], its CQ and both of its queues.
 struct Ud {
@@ -106,7 +93,7 @@ fn a_receiver_replies_through_an_ah_built_from_the_datagrams_completion_and_the_
 
     let a_info = a.qp.local_info(1).unwrap();
     let to_b = AddressHandle::new(&pd, &AhAttr::global(1, b.qp.local_info(1).unwrap().gid, gid_index())).unwrap();
-    let ask = bytes(1, 300);
+    let ask = random_bytes(1, 300);
     let send_wc = send(&pd, &mut a, &to_b, b.qp.qp_num(), &ask);
     let (wc, got) = received(&mut b, &ask, a.qp.qp_num());
 
@@ -122,7 +109,7 @@ fn a_receiver_replies_through_an_ah_built_from_the_datagrams_completion_and_the_
     }
     let reply_ah = AddressHandle::from_completion(&pd, 1, &wc, &got.value[..GRH_LEN]).unwrap();
     assert_eq!(reply_ah.attr(), &attr);
-    let reply = bytes(2, 200);
+    let reply = random_bytes(2, 200);
     send(&pd, &mut b, &reply_ah, wc.src_qp(), &reply);
     received(&mut a, &reply, b.qp.qp_num());
 
@@ -201,14 +188,14 @@ fn a_datagram_to_a_multicast_group_reaches_both_members_and_none_after_they_deta
     let mc = c.qp.attach_multicast(group, 0xc001).unwrap();
     let ah = AddressHandle::new(&pd, &AhAttr::global(1, group, gid_index())).unwrap();
 
-    let data = bytes(3, 200);
+    let data = random_bytes(3, 200);
     send(&pd, &mut a, &ah, MULTICAST_QPN, &data);
     received(&mut b, &data, a.qp.qp_num());
     received(&mut c, &data, a.qp.qp_num());
 
     mb.detach().unwrap();
     mc.detach().unwrap();
-    send(&pd, &mut a, &ah, MULTICAST_QPN, &bytes(4, 200));
+    send(&pd, &mut a, &ah, MULTICAST_QPN, &random_bytes(4, 200));
     quiet(&mut b.cq, "a detached member received a datagram");
     quiet(&mut c.cq, "a detached member received a datagram");
     assert_eq!((b.rq.outstanding(), c.rq.outstanding()), (1, 1));

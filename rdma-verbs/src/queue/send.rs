@@ -837,9 +837,9 @@ fn refusal<R>(error: Error, wr: R) -> Box<Refused<R>> {
 }
 
 /// Posts the `n` requests staged in `ring` through the extended API in one batch; returns
-/// how many went in (all or none) and the error. Out of line: inlined into every post
-/// (scripts/instructions, 2026-12-04) it saved an extended QP 12 instructions a single
-/// post but cost it 10 a request in batches, and a classic QP's SEND 4.
+/// how many went in (all or none) and the error. A batch's way (a single request goes
+/// through `post_one_extended`). Out of line: inlined into every post (scripts/instructions,
+/// 2026-12-04) it cost a batch 10 instructions a request.
 #[cold]
 fn post_extended<R: SendRequest>(
     ext: Ext,

@@ -119,9 +119,10 @@ pub(crate) enum Op {
     Read = 4,
     CompSwap = 5,
     FetchAdd = 6,
-    /// A memory window bind and a local invalidate: built by `mw::MwRequest`, never a
+    /// A local invalidate of a memory window: built by `mw::MwRequest`, never a
     /// `SendWr`'s operation.
     LocalInv = 7,
+    /// A memory window bind: as `LocalInv`, built by `mw::MwRequest` only.
     BindMw = 8,
     /// A SEND that invalidates the receiver's memory window (its rkey in `imm`, see
     /// [`SendWr::send_inv`]).

@@ -313,8 +313,9 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     #[inline(always)]
     #[allow(clippy::result_large_err)] // as post
     pub(crate) fn post_named(&mut self, verb: Verb, wr: R) -> Result<(), Refused<R>> {
-        // One C request posted the classic way (every request on a classic QP, a prepared
-        // one on any): straight through, with no batch state.
+        // A request of one C request (anything but a chain): straight through, with no
+        // batch state; on a QP built with send ops, the extended API's way for a kind that
+        // may go it.
         if !R::CHAIN {
             match self.ext {
                 Some((qpx, _)) if R::EXTENDED => return self.post_one_extended(verb, wr, qpx.as_ptr()),
@@ -815,7 +816,6 @@ fn member_failed(first: &mut Option<End>, end: End) {
     first.get_or_insert(end);
 }
 
-/// A refusal of one request, boxed (the failure path only).
 /// A post refused because the queue is full (out of line: the fast path only branches).
 #[cold]
 #[inline(never)]
@@ -830,6 +830,7 @@ fn provider_refused<R>(rc: i32, wr: R) -> Refused<R> {
     Refused::new(Error::verb(Verb::PostSend, rc.abs()), wr)
 }
 
+/// A refusal of one request, boxed (the failure path only).
 #[cold]
 #[inline(never)]
 fn refusal<R>(error: Error, wr: R) -> Box<Refused<R>> {

@@ -47,6 +47,8 @@ pub(super) struct Stats {
     pub wc_errors: u64,
     pub other_errors: u64,
     pub flushed: u64,
+    /// Of `other_errors`, the operations reported hung (no completion for `--stuck-secs`).
+    pub hung: u64,
 }
 
 impl Stats {
@@ -64,6 +66,7 @@ impl Stats {
         self.wc_errors += o.wc_errors;
         self.other_errors += o.other_errors;
         self.flushed += o.flushed;
+        self.hung += o.hung;
     }
 
     pub fn errors(&self) -> u64 {
@@ -385,6 +388,7 @@ impl Initiator {
         }
         if oldest > stuck && !self.hung {
             self.hung = true;
+            self.stats.hung += 1;
             self.fail(format!("hung: an operation has not finished after {:.1} s", oldest.as_secs_f64()));
         }
     }

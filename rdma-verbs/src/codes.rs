@@ -78,7 +78,8 @@ impl WcStatus {
             }
             WcStatus::LocQpOpErr => {
                 "the work request does not fit this QP: too many SGEs, inline data too large, \
-                 or an opcode the QP type does not support"
+                 or an opcode the QP type does not support; on rxe also a send while the port's \
+                 link is down"
             }
             WcStatus::LocProtErr => {
                 "an SGE is not covered by its lkey: wrong lkey, address range outside the MR, \

@@ -106,10 +106,17 @@ fn run(args: &[&str]) -> (i32, String, String) {
     (code, String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap())
 }
 
-/// A local port nothing listens on.
-fn closed_port() -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
+/// A local port nothing listens on and none of `taken` is: bound and let go. Made after
+/// the fake nodes' listeners, so that none of them can be handed the same port later (a
+/// port let go early was once given to the next fake node, and two nodes had one address).
+fn closed_port(taken: &[String]) -> String {
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        if !taken.contains(&addr) {
+            return addr;
+        }
+    }
 }
 
 struct Fleet {
@@ -126,7 +133,8 @@ fn hundred() -> Fleet {
     for i in 0..100 {
         let role = match i {
             5 => {
-                addrs.push(closed_port());
+                // Filled in after the loop, when every listener is bound.
+                addrs.push(String::new());
                 continue;
             }
             6 => Role::Garbage(vec![b'x'; 5 << 20]),
@@ -146,6 +154,7 @@ fn hundred() -> Fleet {
         };
         addrs.push(fake_node(role, Arc::clone(&bad)));
     }
+    addrs[5] = closed_port(&addrs);
     bad.lock().unwrap().push(addrs[31].clone());
     Fleet { addrs }
 }

@@ -318,8 +318,8 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         // may go it.
         if !R::CHAIN {
             match self.ext {
-                Some((qpx, _)) if R::EXTENDED => return self.post_one_extended(verb, wr, qpx.as_ptr()),
-                _ => return self.post_one_classic(verb, wr),
+                Some((qpx, _)) if R::EXTENDED => return self.post_one(verb, wr, Some(qpx.as_ptr())),
+                _ => return self.post_one(verb, wr, None),
             }
         }
         // A chain: a batch of one, the same two steps as post_batch without an iterator
@@ -342,15 +342,18 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         Err(Refused::new(error, wr))
     }
 
-    /// [`post`](Self::post) of a request of one C request that goes through
-    /// `ibv_post_send`: the steps of `stage` and `post_staged` for a batch of one, with
-    /// nothing kept for a batch (the chain, the extended API's counts, the batch's
-    /// outcome), and each refusal out of line.
+    /// [`post`](Self::post) of a request of one C request: the steps of `stage` and
+    /// `post_staged` for a batch of one, with nothing kept for a batch (the chain, the
+    /// extended API's counts, the batch's outcome), and each refusal out of line. With
+    /// `qpx` (a QP built with send ops, for a kind that may go its way) through the
+    /// extended API when it takes the request (`ibv_wr_start`, the request's operation
+    /// and SGEs, `ibv_wr_complete`), else through `ibv_post_send`, as `post_staged`
+    /// chooses for a batch of one.
     #[inline(always)]
     #[allow(clippy::result_large_err)] // as post
-    fn post_one_classic(&mut self, verb: Verb, wr: R) -> Result<(), Refused<R>> {
-        debug_assert!(!R::CHAIN && (!R::EXTENDED || self.ext.is_none()));
-        let SendQueue { ring, scratch, limits, key, tag_bits, raw, .. } = self;
+    fn post_one(&mut self, verb: Verb, wr: R, qpx: Option<*mut ffi::ibv_qp_ex>) -> Result<(), Refused<R>> {
+        debug_assert!(!R::CHAIN && (qpx.is_none() || R::EXTENDED));
+        let SendQueue { ring, scratch, limits, key, tag_bits, raw, ext, .. } = self;
         if ring.free() == 0 {
             return Err(full(verb, ring.cap, wr));
         }
@@ -363,62 +366,28 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             // SAFETY: staged just above, neither committed nor taken back.
             Err(e) => return Err(Refused::new(e, unsafe { ring.unstage(0) })),
         };
-        let (first, _) = staged.c_request(*tag_bits, seq, &mut sges[0], k, &mut raws[0], TOKEN());
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: as in post_staged: one valid C request (its `next` NULL) in the scratch
-        // space or in the heap block of the request the ring now holds, its SGEs naming
-        // bytes of the buffer the ring keeps until the completion; a UD request's address
-        // handle is kept with it.
-        let rc = unsafe { ffi::ibv_post_send(*raw, first, &mut bad) };
-        if rc != 0 {
-            // SAFETY: staged above and not committed: read out once.
-            return Err(provider_refused(rc, unsafe { ring.unstage(0) }));
-        }
-        ring.commit(1);
-        self.items += 1;
-        Ok(())
-    }
-
-    /// [`post`](Self::post) of a request of one C request on a QP built with send ops
-    /// (`qpx`): through the extended API when it takes the request (`ibv_wr_start`, the
-    /// request's operation and SGEs, `ibv_wr_complete`), else through `ibv_post_send`, as
-    /// `post_staged` chooses for a batch of one; straight through, as
-    /// [`post_one_classic`](Self::post_one_classic).
-    #[inline(always)]
-    #[allow(clippy::result_large_err)] // as post
-    fn post_one_extended(&mut self, verb: Verb, wr: R, qpx: *mut ffi::ibv_qp_ex) -> Result<(), Refused<R>> {
-        debug_assert!(!R::CHAIN && R::EXTENDED);
-        let SendQueue { ring, scratch, limits, key, tag_bits, raw, ext, .. } = self;
-        if ring.free() == 0 {
-            return Err(full(verb, ring.cap, wr));
-        }
-        let seq = ring.head;
-        let SendScratch { sges, raws, .. } = &mut **scratch;
-        let staged = ring.stage(0, wr);
-        let k = match staged.check(verb, limits, *key, &mut sges[0], TOKEN()) {
-            Ok(k) => k,
-            // SAFETY: staged just above, neither committed nor taken back.
-            Err(e) => return Err(Refused::new(e, unsafe { ring.unstage(0) })),
-        };
-        let rc = if staged.ext_takes(*ext, k, TOKEN()) {
+        let rc = match qpx {
             // SAFETY: `qpx` is this queue's extended QP, posted to by this queue alone
             // (&mut, claimed), so the batch opened here is ours; the request was checked
             // and the extended API takes it (`ext_takes`); its SGEs name bytes of the
-            // buffer the ring keeps until the completion.
-            unsafe {
+            // buffer the ring keeps until the completion. A failed ibv_wr_complete posts
+            // nothing of its batch.
+            Some(qpx) if staged.ext_takes(*ext, k, TOKEN()) => unsafe {
                 ffi::ibv_wr_start(qpx);
                 staged.extended(qpx, wr_id(*tag_bits, seq), &sges[0], k, TOKEN());
                 ffi::ibv_wr_complete(qpx)
+            },
+            _ => {
+                let (first, _) = staged.c_request(*tag_bits, seq, &mut sges[0], k, &mut raws[0], TOKEN());
+                let mut bad = std::ptr::null_mut();
+                // SAFETY: as in post_staged: one valid C request (its `next` NULL) in the
+                // scratch space or in the heap block of the request the ring now holds,
+                // its SGEs naming bytes of the buffer the ring keeps until the completion;
+                // a UD request's address handle is kept with it.
+                unsafe { ffi::ibv_post_send(*raw, first, &mut bad) }
             }
-        } else {
-            let (first, _) = staged.c_request(*tag_bits, seq, &mut sges[0], k, &mut raws[0], TOKEN());
-            let mut bad = std::ptr::null_mut();
-            // SAFETY: as in post_one_classic.
-            unsafe { ffi::ibv_post_send(*raw, first, &mut bad) }
         };
         if rc != 0 {
-            // A failed ibv_wr_complete posts nothing of its batch, a failed ibv_post_send
-            // of one request nothing.
             // SAFETY: staged above and not committed: read out once.
             return Err(provider_refused(rc, unsafe { ring.unstage(0) }));
         }
@@ -839,7 +808,7 @@ fn refusal<R>(error: Error, wr: R) -> Box<Refused<R>> {
 
 /// Posts the `n` requests staged in `ring` through the extended API in one batch; returns
 /// how many went in (all or none) and the error. A batch's way (a single request goes
-/// through `post_one_extended`). Out of line: inlined into every post (scripts/instructions,
+/// through `post_one`). Out of line: inlined into every post (scripts/instructions,
 /// 2026-12-04) it cost a batch 10 instructions a request.
 #[cold]
 fn post_extended<R: SendRequest>(

@@ -75,8 +75,9 @@ impl std::fmt::Debug for ChannelFd {
 /// becomes readable when the armed CQ raises an event. An async runtime's reactor can
 /// watch it like a socket; that is all a runtime has to supply ([`Readiness`]), so the
 /// core here names no executor. The adapters are thin and behind cargo features:
-/// `tokio` ([`AsyncCq::tokio`], over `tokio::io::unix::AsyncFd`) and `async-io`
-/// ([`AsyncCq::async_io`], over `async_io::Async`, which smol and async-std use).
+/// `tokio` (`AsyncCq::tokio`, over `tokio::io::unix::AsyncFd`) and `async-io`
+/// (`AsyncCq::async_io`, over `async_io::Async`, which smol and async-std use), each
+/// among this type's methods where its feature is on.
 ///
 /// Awaiting completions costs nothing when they are already there: the CQ is polled
 /// first, as a busy-polling loop would. Only when it is empty is it armed, polled again

@@ -26,8 +26,8 @@ type Make<Rt> = Arc<dyn Fn(ChannelFd) -> io::Result<Rt> + Send + Sync>;
 /// An [`EventChannel`] whose events are awaited instead of waited for on a thread.
 ///
 /// The channel's descriptor is non-blocking; the runtime's reactor watches it (the
-/// tokio and async-io adapters are [`tokio`](Self::tokio) and [`async_io`](Self::async_io),
-/// behind the cargo features of those names; another runtime brings its own
+/// tokio and async-io adapters are the methods `tokio` and `async_io`, behind the cargo
+/// features of those names; another runtime brings its own
 /// [`Readiness`] through [`with_readiness`](Self::with_readiness)). Awaiting costs nothing
 /// when an event is there: the channel's queue (events another waiter already read for
 /// someone else) is looked at first, then the descriptor is read until it would block,

@@ -44,14 +44,24 @@ where
 /// A chunk the device only reads (a SEND or RDMA WRITE source) can be posted many times
 /// at once as an `Arc<Chunk>`: shared, so nobody can write it while any post holds it.
 pub struct Chunk<A: AccessMode = Local> {
+    // 32 bytes: what a post reads on every request (its bytes and lkey) inline, what all
+    // the region's chunks share behind one thin pointer. Chunks move on every post and
+    // completion, and a move of 32 bytes is half the instructions of one of 48
+    // (scripts/instructions).
     ptr: NonNull<u8>,
     len: usize,
     lkey: u32,
-    rkey: u32,
+    region: Arc<Region>,
+    _mode: PhantomData<A>,
+}
+
+/// What every chunk of a region shares: the region (kept registered and its buffer
+/// allocated while a chunk lives), its protection domain and its rkey.
+struct Region {
     /// The protection domain it is registered in, as an identity (never dereferenced).
     pd: usize,
-    _region: Arc<dyn KeepAlive>,
-    _mode: PhantomData<A>,
+    rkey: u32,
+    mr: Box<dyn KeepAlive>,
 }
 
 // SAFETY: a chunk is exclusive access to bytes nobody else can reach (the region is
@@ -87,7 +97,7 @@ where
         }
         let (base, len, lkey, rkey) = (self.as_ptr(), self.len(), self.lkey(), self.rkey());
         let pd = self.pd().as_raw() as usize;
-        let region: Arc<dyn KeepAlive> = Arc::new(self);
+        let region = Arc::new(Region { pd, rkey, mr: Box::new(self) });
         let mut chunks = Vec::with_capacity(len.div_ceil(chunk_len));
         let mut off = 0;
         while off < len {
@@ -97,9 +107,7 @@ where
                 ptr: unsafe { NonNull::new_unchecked(base.add(off)) },
                 len: n,
                 lkey,
-                rkey,
-                pd,
-                _region: Arc::clone(&region),
+                region: Arc::clone(&region),
                 _mode: PhantomData,
             });
             off += n;
@@ -136,7 +144,13 @@ impl<A: AccessMode> Chunk<A> {
     /// What a peer needs to reach this chunk. Fails, as [`MemoryRegion::remote`] does,
     /// when the region grants no remote access.
     pub fn remote(&self) -> Result<RemoteMr> {
-        crate::mr::remote_descriptor(Verb::MrRemote, self.addr(), self.len as u64, self.rkey, self._region.access())
+        crate::mr::remote_descriptor(
+            Verb::MrRemote,
+            self.addr(),
+            self.len as u64,
+            self.region.rkey,
+            self.region.mr.access(),
+        )
     }
 
     /// A scatter/gather entry for `range` of this chunk, bounds checked.
@@ -228,7 +242,7 @@ impl<A: AccessMode> Segment for Chunk<A> {
     }
     #[inline]
     fn seg_pd(&self) -> PdId {
-        PdId(self.pd)
+        PdId(self.region.pd)
     }
     #[inline]
     fn seg_sge(&self, verb: Verb, range: Range<usize>) -> Result<ffi::ibv_sge> {
@@ -243,7 +257,7 @@ impl<A: AccessMode> Segment for Arc<Chunk<A>> {
     }
     #[inline]
     fn seg_pd(&self) -> PdId {
-        PdId(self.pd)
+        PdId(self.region.pd)
     }
     #[inline]
     fn seg_sge(&self, verb: Verb, range: Range<usize>) -> Result<ffi::ibv_sge> {

@@ -370,8 +370,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             // SAFETY: `qpx` is this queue's extended QP, posted to by this queue alone
             // (&mut, claimed), so the batch opened here is ours; the request was checked
             // and the extended API takes it (`ext_takes`); its SGEs name bytes of the
-            // buffer the ring keeps until the completion. A failed ibv_wr_complete posts
-            // nothing of its batch.
+            // buffer the ring keeps until the completion.
             Some(qpx) if staged.ext_takes(*ext, k, TOKEN()) => unsafe {
                 ffi::ibv_wr_start(qpx);
                 staged.extended(qpx, wr_id(*tag_bits, seq), &sges[0], k, TOKEN());
@@ -388,6 +387,8 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             }
         };
         if rc != 0 {
+            // A failed ibv_wr_complete posts nothing of its batch, a failed ibv_post_send
+            // of one request nothing.
             // SAFETY: staged above and not committed: read out once.
             return Err(provider_refused(rc, unsafe { ring.unstage(0) }));
         }

@@ -435,19 +435,29 @@ fn wr(op: Op, buf: Chunk, target: RemoteMr) -> SendWr<Chunk> {
 }
 
 /// SendQueue: every round builds its requests anew (`post`, or `post_batch` for K > 1),
-/// and `complete` hands each source back.
+/// and `complete` hands each source back. The operation is chosen once, outside the
+/// loop, as a user's loop names its `SendWr::write` or `SendWr::send` (and as the raw
+/// ways choose their opcode).
+fn sends_safe(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
+    let target = lo.target;
+    match op {
+        Op::Write => sends_safe_of(lo, rounds, k, |b| SendWr::write(b, 0..LEN, target)),
+        Op::Send => sends_safe_of(lo, rounds, k, |b| SendWr::send(b, 0..LEN)),
+    }
+}
+
+/// [`sends_safe`] for the requests that `wr` builds.
 // Each way is compiled on its own (out of line): inlined into one `run`, a way's count
 // moved by a few instructions whenever another way changed.
 #[inline(never)]
-fn sends_safe(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
+fn sends_safe_of(lo: &mut Loopback, rounds: usize, k: usize, wr: impl Fn(Chunk) -> SendWr<Chunk>) -> Res<()> {
     let mut sq = lo.a.send_queue::<Chunk>()?;
     let mut bufs: Vec<Chunk> = lo.srcs.drain(..k).collect();
-    let target = lo.target;
     if k == 1 {
         let mut buf = bufs.pop();
         for _ in 0..rounds {
             let b = buf.take().ok_or("the source did not come back")?;
-            sq.post(wr(op, b, target)).map_err(rdma_verbs::Error::from)?;
+            sq.post(wr(b)).map_err(rdma_verbs::Error::from)?;
             drain(&mut lo.cq_a, &mut lo.wcs, 1, |wc| {
                 sq.complete(wc, |d| buf = Some(d.value))?;
                 Ok(())
@@ -455,7 +465,7 @@ fn sends_safe(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
         }
     } else {
         for _ in 0..rounds {
-            sq.post_batch(bufs.drain(..).map(|b| wr(op, b, target))).map_err(rdma_verbs::Error::from)?;
+            sq.post_batch(bufs.drain(..).map(&wr)).map_err(rdma_verbs::Error::from)?;
             drain(&mut lo.cq_a, &mut lo.wcs, k, |wc| {
                 sq.complete(wc, |d| bufs.push(d.value))?;
                 Ok(())

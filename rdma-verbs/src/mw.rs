@@ -252,7 +252,7 @@ impl fmt::Debug for MemoryWindow {
     }
 }
 
-/// The C request of a type 2 bind, built in the request's ring slot: the bind union is
+/// The C request of a type 2 bind, built in the request itself: the bind union is
 /// the one part of a C request the queue's scratch requests never carry.
 struct CRequest(ffi::ibv_send_wr);
 
@@ -681,7 +681,8 @@ impl<T: SendBuf> SendRequest for MwRequest<T> {
         match self {
             MwRequest::Wr(wr) => wr.c_request(tag, seq, sges, n, out, t),
             MwRequest::Bind(b) => {
-                // Built in the request itself (it stays in its ring slot until completion).
+                // Built in the request itself, which the queue does not move between
+                // building its C request and posting it.
                 let info = b.info();
                 let c = &mut b.c.0;
                 c.next = ptr::null_mut();

@@ -89,6 +89,16 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
         unreachable!("a request of one C request is never split")
     }
 
+    /// Moves this checked request into `slot`, its ring slot, where it stays until its
+    /// completion. A kind whose requests callers build in registers writes it field by
+    /// field: a move of the whole request made the compiler build it on the stack first
+    /// and copy it from there (scripts/instructions).
+    #[doc(hidden)]
+    #[inline(always)]
+    fn keep(self, slot: &mut MaybeUninit<Self>, _: Token) -> &mut Self {
+        slot.write(self)
+    }
+
     /// Checks the request against the QP and writes its SGEs (if it builds them) into
     /// `sges`; returns how many.
     #[doc(hidden)]
@@ -177,6 +187,26 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
     type Back = T;
 
     #[inline(always)]
+    fn keep(self, slot: &mut MaybeUninit<Self>, _: Token) -> &mut Self {
+        let SendWr { buf, range, id, target, remote_len, ah, imm, op, flags } = self;
+        let p = slot.as_mut_ptr();
+        // SAFETY: `p` points at the slot, valid for writes; each field is written once,
+        // so the slot then holds the whole request (and nothing is dropped in between).
+        unsafe {
+            (&raw mut (*p).buf).write(buf);
+            (&raw mut (*p).range).write(range);
+            (&raw mut (*p).id).write(id);
+            (&raw mut (*p).target).write(target);
+            (&raw mut (*p).remote_len).write(remote_len);
+            (&raw mut (*p).ah).write(ah);
+            (&raw mut (*p).imm).write(imm);
+            (&raw mut (*p).op).write(op);
+            (&raw mut (*p).flags).write(flags);
+            slot.assume_init_mut()
+        }
+    }
+
+    #[inline(always)]
     fn check(&self, verb: Verb, limits: &SendLimits, _key: u64, sges: &mut Sges, _: Token) -> Result<usize> {
         check_send(verb, limits, self, sges)
     }
@@ -195,12 +225,12 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
         (wr, wr)
     }
 
-    #[inline]
+    #[inline(always)]
     fn ext_takes(&self, ext: Ext, n: usize, _: Token) -> bool {
         ext_takes(ext, self, n)
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn extended(&self, qpx: *mut ffi::ibv_qp_ex, wr_id: u64, sges: &Sges, n: usize, _: Token) {
         // SAFETY: the caller's contract.
         unsafe { extended(qpx, self, wr_id, sges, n) }
@@ -256,7 +286,7 @@ pub(super) fn classic<'o, T: SendBuf>(
 ///
 /// # Safety
 /// `qpx` is this queue's extended QP, inside `ibv_wr_start`; `ext_takes(wr, n)` holds.
-#[inline]
+#[inline(always)]
 unsafe fn extended<T: SendBuf>(qpx: *mut ffi::ibv_qp_ex, wr: &SendWr<T>, seq: u64, sges: &Sges, n: usize) {
     // SAFETY: the caller's contract; `sges[..n]` were written by check().
     unsafe {
@@ -343,7 +373,7 @@ pub(super) fn check_send<T: SendBuf>(
 /// Whether the extended API of a QP built with `ext` takes this request (checked, `n`
 /// SGEs): its operation is among the send ops, and the loaded rdma-core has no known bug
 /// for its SGE or inline list ([`compat::quirks`]).
-#[inline]
+#[inline(always)]
 fn ext_takes<T: SendBuf>(ext: Ext, wr: &SendWr<T>, n: usize) -> bool {
     let Some((_, ops)) = ext else { return false };
     // The quirks only matter for lists of two or more: a single SGE and an empty list

@@ -317,10 +317,11 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         // batch state; on a QP built with send ops, the extended API's way for a kind that
         // may go it.
         if !R::CHAIN {
-            match self.ext {
-                Some((qpx, _)) if R::EXTENDED => return self.post_one(verb, wr, Some(qpx.as_ptr())),
-                _ => return self.post_one(verb, wr, None),
-            }
+            let qpx = match self.ext {
+                Some((qpx, _)) if R::EXTENDED => Some(qpx.as_ptr()),
+                _ => None,
+            };
+            return self.post_one(verb, wr, qpx);
         }
         // A chain: a batch of one, the same two steps as post_batch without an iterator
         // (which would move the request twice more on its way into the ring).
@@ -351,7 +352,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// chooses for a batch of one.
     #[inline(always)]
     #[allow(clippy::result_large_err)] // as post
-    fn post_one(&mut self, verb: Verb, wr: R, qpx: Option<*mut ffi::ibv_qp_ex>) -> Result<(), Refused<R>> {
+    fn post_one(&mut self, verb: Verb, mut wr: R, qpx: Option<*mut ffi::ibv_qp_ex>) -> Result<(), Refused<R>> {
         debug_assert!(!R::CHAIN && (qpx.is_none() || R::EXTENDED));
         let SendQueue { ring, scratch, limits, key, tag_bits, raw, ext, .. } = self;
         if ring.free() == 0 {
@@ -359,39 +360,41 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         }
         let seq = ring.head;
         let SendScratch { sges, raws, .. } = &mut **scratch;
-        // Into the ring first and checked there, as `stage` does.
-        let staged = ring.stage(0, wr);
-        let k = match staged.check(verb, limits, *key, &mut sges[0], TOKEN()) {
+        // Checked and built where the caller built it (its constant fields fold into the
+        // checks), and moved into the ring once posted, as `stage` does.
+        let k = match wr.check(verb, limits, *key, &mut sges[0], TOKEN()) {
             Ok(k) => k,
-            // SAFETY: staged just above, neither committed nor taken back.
-            Err(e) => return Err(Refused::new(e, unsafe { ring.unstage(0) })),
+            Err(e) => return Err(Refused::new(e, wr)),
         };
         let rc = match qpx {
             // SAFETY: `qpx` is this queue's extended QP, posted to by this queue alone
             // (&mut, claimed), so the batch opened here is ours; the request was checked
             // and the extended API takes it (`ext_takes`); its SGEs name bytes of the
-            // buffer the ring keeps until the completion.
-            Some(qpx) if staged.ext_takes(*ext, k, TOKEN()) => unsafe {
+            // buffer it owns, which the ring keeps from the post to the completion.
+            Some(qpx) if wr.ext_takes(*ext, k, TOKEN()) => unsafe {
                 ffi::ibv_wr_start(qpx);
-                staged.extended(qpx, wr_id(*tag_bits, seq), &sges[0], k, TOKEN());
+                wr.extended(qpx, wr_id(*tag_bits, seq), &sges[0], k, TOKEN());
                 ffi::ibv_wr_complete(qpx)
             },
             _ => {
-                let (first, _) = staged.c_request(*tag_bits, seq, &mut sges[0], k, &mut raws[0], TOKEN());
+                let (first, _) = wr.c_request(*tag_bits, seq, &mut sges[0], k, &mut raws[0], TOKEN());
                 let mut bad = std::ptr::null_mut();
                 // SAFETY: as in post_staged: one valid C request (its `next` NULL) in the
-                // scratch space or in the heap block of the request the ring now holds,
-                // its SGEs naming bytes of the buffer the ring keeps until the completion;
-                // a UD request's address handle is kept with it.
+                // scratch space or in the request (its heap block, or a bind's own C
+                // request: the request moves only after the post), its SGEs naming bytes
+                // of the buffer the request owns, which the ring keeps from the post to
+                // the completion; a UD request's address handle is kept with it.
                 unsafe { ffi::ibv_post_send(*raw, first, &mut bad) }
             }
         };
         if rc != 0 {
             // A failed ibv_wr_complete posts nothing of its batch, a failed ibv_post_send
             // of one request nothing.
-            // SAFETY: staged above and not committed: read out once.
-            return Err(provider_refused(rc, unsafe { ring.unstage(0) }));
+            return Err(provider_refused(rc, wr));
         }
+        // Posted: into the ring until its completion. Nothing in between can fail or
+        // unwind, and until then only this function holds the request.
+        wr.keep(ring.slot(seq), TOKEN());
         ring.commit(1);
         self.items += 1;
         Ok(())
@@ -502,16 +505,15 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         }
         let SendScratch { sges, raws, counts } = &mut **scratch;
         let seq = ring.head + n as u64;
-        // Into the ring first, then checked there: the request is written once, where it
-        // stays, and a refused one is read back out (the cold path). A chain's other C
-        // requests leave their slots empty. The staged request is used through this one
-        // borrow (its slot found once).
-        let staged = ring.stage(n, wr);
-        let k = match staged.check(verb, limits, *key, &mut sges[n], TOKEN()) {
+        // Checked where the caller built it (its constant fields fold into the checks),
+        // then moved into its ring slot, where it stays, and its C request built there (a
+        // bind's is built inside the request); a refused one goes back as it came. A
+        // chain's other C requests leave their slots empty.
+        let k = match wr.check(verb, limits, *key, &mut sges[n], TOKEN()) {
             Ok(k) => k,
-            // SAFETY: staged just above, neither committed nor taken back.
-            Err(e) => return Err(refusal(e, unsafe { ring.unstage(n) })),
+            Err(e) => return Err(refusal(e, wr)),
         };
+        let staged = wr.keep(ring.slot(seq), TOKEN());
         // A kind that never goes the extended way (prepared, chains) compiles to the
         // first branch alone.
         if !R::EXTENDED || ext.is_none() {

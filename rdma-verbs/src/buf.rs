@@ -13,9 +13,11 @@ use crate::ffi;
 use crate::mr::{AccessFlags, AccessMode, Local, MemoryRegion, RegisterableBuffer, RemoteMr};
 
 /// A memory region behind its chunks: kept registered, its buffer allocated, while a chunk
-/// lives; asked for its access flags only when a chunk hands out a remote descriptor.
+/// lives; asked for its access flags and rkey only when a chunk hands out a remote
+/// descriptor.
 trait KeepAlive: Send + Sync {
     fn access(&self) -> AccessFlags;
+    fn rkey(&self) -> u32;
 }
 
 impl<B, A> KeepAlive for MemoryRegion<B, A>
@@ -26,6 +28,9 @@ where
 {
     fn access(&self) -> AccessFlags {
         MemoryRegion::access(self)
+    }
+    fn rkey(&self) -> u32 {
+        MemoryRegion::rkey(self)
     }
 }
 
@@ -56,11 +61,11 @@ pub struct Chunk<A: AccessMode = Local> {
 }
 
 /// What every chunk of a region shares: the region (kept registered and its buffer
-/// allocated while a chunk lives), its protection domain and its rkey.
+/// allocated while a chunk lives) and its protection domain.
 struct Region {
-    /// The protection domain it is registered in, as an identity (never dereferenced).
+    /// The protection domain it is registered in, as an identity (never dereferenced):
+    /// a copy of what `mr` knows, read by every post's check without a call.
     pd: usize,
-    rkey: u32,
     mr: Box<dyn KeepAlive>,
 }
 
@@ -95,9 +100,9 @@ where
                  would carry the wrong device address; use MemoryRegion::sge and remote",
             ));
         }
-        let (base, len, lkey, rkey) = (self.as_ptr(), self.len(), self.lkey(), self.rkey());
+        let (base, len, lkey) = (self.as_ptr(), self.len(), self.lkey());
         let pd = self.pd().as_raw() as usize;
-        let region = Arc::new(Region { pd, rkey, mr: Box::new(self) });
+        let region = Arc::new(Region { pd, mr: Box::new(self) });
         let mut chunks = Vec::with_capacity(len.div_ceil(chunk_len));
         let mut off = 0;
         while off < len {
@@ -148,7 +153,7 @@ impl<A: AccessMode> Chunk<A> {
             Verb::MrRemote,
             self.addr(),
             self.len as u64,
-            self.region.rkey,
+            self.region.mr.rkey(),
             self.region.mr.access(),
         )
     }
@@ -235,35 +240,26 @@ pub trait Segment: sealed::Sealed {
     fn seg_sge(&self, verb: Verb, range: Range<usize>) -> Result<ffi::ibv_sge>;
 }
 
-impl<A: AccessMode> Segment for Chunk<A> {
-    #[inline]
-    fn seg_len(&self) -> usize {
-        self.len
-    }
-    #[inline]
-    fn seg_pd(&self) -> PdId {
-        PdId(self.region.pd)
-    }
-    #[inline]
-    fn seg_sge(&self, verb: Verb, range: Range<usize>) -> Result<ffi::ibv_sge> {
-        self.sge_for(verb, range)
-    }
+/// A chunk is a segment whether it is owned or shared.
+macro_rules! chunk_segment {
+    ($($chunk:ty),*) => {$(
+        impl<A: AccessMode> Segment for $chunk {
+            #[inline]
+            fn seg_len(&self) -> usize {
+                self.len
+            }
+            #[inline]
+            fn seg_pd(&self) -> PdId {
+                PdId(self.region.pd)
+            }
+            #[inline]
+            fn seg_sge(&self, verb: Verb, range: Range<usize>) -> Result<ffi::ibv_sge> {
+                self.sge_for(verb, range)
+            }
+        }
+    )*};
 }
-
-impl<A: AccessMode> Segment for Arc<Chunk<A>> {
-    #[inline]
-    fn seg_len(&self) -> usize {
-        self.len
-    }
-    #[inline]
-    fn seg_pd(&self) -> PdId {
-        PdId(self.region.pd)
-    }
-    #[inline]
-    fn seg_sge(&self, verb: Verb, range: Range<usize>) -> Result<ffi::ibv_sge> {
-        self.sge_for(verb, range)
-    }
-}
+chunk_segment!(Chunk<A>, Arc<Chunk<A>>);
 
 /// A buffer the device may read: the source of a SEND or an RDMA WRITE. An array of
 /// segments is one logical buffer, their bytes in order, and becomes an SGE list: a
@@ -332,10 +328,11 @@ fn single<S: Segment>(
     Ok(1)
 }
 
-impl<A: AccessMode> SendBuf for Chunk<A> {
+/// One segment (a chunk, owned or shared) is a buffer of one SGE.
+impl<S: Segment + Send + 'static> SendBuf for S {
     #[inline]
     fn total_len(&self) -> usize {
-        self.len
+        self.seg_len()
     }
     #[inline]
     fn sges(
@@ -349,23 +346,6 @@ impl<A: AccessMode> SendBuf for Chunk<A> {
     }
 }
 impl<A: AccessMode> ExclusiveBuf for Chunk<A> {}
-
-impl<A: AccessMode> SendBuf for Arc<Chunk<A>> {
-    #[inline]
-    fn total_len(&self) -> usize {
-        self.len
-    }
-    #[inline]
-    fn sges(
-        &self,
-        verb: Verb,
-        range: Range<usize>,
-        pd: PdId,
-        out: &mut [MaybeUninit<ffi::ibv_sge>; MAX_SGE],
-    ) -> Result<usize> {
-        single(verb, self, range, pd, out)
-    }
-}
 
 impl<S: Segment + Send + 'static, const N: usize> SendBuf for [S; N] {
     fn total_len(&self) -> usize {

@@ -35,10 +35,20 @@ impl Quirks {
     }
 }
 
+static QUIRKS: OnceLock<Quirks> = OnceLock::new();
+
 /// The quirks of the libibverbs this process loaded (computed once).
 pub fn quirks() -> &'static Quirks {
-    static QUIRKS: OnceLock<Quirks> = OnceLock::new();
     QUIRKS.get_or_init(|| Quirks::of_release(loaded_release()))
+}
+
+/// The quirks if they were computed already, for the data path: a send queue's claim
+/// computes them (it reads the file system), so a post only loads them, with no call
+/// that could unwind (an unwind edge kept the posted request on the stack,
+/// scripts/instructions).
+#[inline]
+pub(crate) fn quirks_known() -> Option<&'static Quirks> {
+    QUIRKS.get()
 }
 
 /// The rdma-core release of the loaded libibverbs, from its file name

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::ops::Range;
 
 use super::claim::{bury, Claim, ClaimOwner};
@@ -387,15 +388,18 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     #[inline(always)]
     #[allow(clippy::result_large_err)] // the refused buffer comes back by value
     pub fn post(&mut self, buf: T, range: Range<usize>, id: u64) -> Result<(), Refused<T>> {
+        // Without drop glue until it is moved (into the refusal or the ring), as a send
+        // queue holds its request: an unwind from a refusal's message would leak it.
+        let buf = ManuallyDrop::new(buf);
         if self.ring.free() == 0 {
-            return Err(Refused::new(queue_full(Verb::RecvQueuePost, self.ring.cap), buf));
+            return Err(Refused::new(queue_full(Verb::RecvQueuePost, self.ring.cap), ManuallyDrop::into_inner(buf)));
         }
         let wr_id = self.wr_id(self.ring.head);
         // Built in the scratch space (every field written), not on the stack.
         let RecvScratch { sges, raws } = &mut *self.scratch;
         let wr = match fill_recv(
             Verb::RecvQueuePost,
-            &buf,
+            &*buf,
             range,
             wr_id,
             (self.max_sge, self.pd),
@@ -403,16 +407,16 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
             &mut raws[0],
         ) {
             Ok(wr) => wr,
-            Err(e) => return Err(Refused::new(e, buf)),
+            Err(e) => return Err(Refused::new(e, ManuallyDrop::into_inner(buf))),
         };
         let mut bad = std::ptr::null_mut();
         // SAFETY: the QP is alive (claim); the SGEs name bytes of `buf`, which the ring
         // owns until the completion and nobody else can reach (ExclusiveBuf).
         let rc = unsafe { ffi::ibv_post_recv(self.raw, wr, &mut bad) };
         if let Err(e) = conv::errno(Verb::PostRecv, rc) {
-            return Err(Refused::new(e, buf));
+            return Err(Refused::new(e, ManuallyDrop::into_inner(buf)));
         }
-        self.ring.push((buf, id));
+        self.ring.push((ManuallyDrop::into_inner(buf), id));
         Ok(())
     }
 

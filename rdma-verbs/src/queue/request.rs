@@ -377,10 +377,11 @@ pub(super) fn check_send<T: SendBuf>(
 fn ext_takes<T: SendBuf>(ext: Ext, wr: &SendWr<T>, n: usize) -> bool {
     let Some((_, ops)) = ext else { return false };
     // The quirks only matter for lists of two or more: a single SGE and an empty list
-    // (a zero-length request) never meet them (the queue's claim has looked them up
-    // already, so no post pays for that).
+    // (a zero-length request) never meet them. The queue's claim has looked them up
+    // already (not known: the classic way, which takes every list).
     ops.contains(wr.op.codes().ops)
-        && (n <= 1 || if wr.is_inline() { compat::quirks().wr_inline_list } else { compat::quirks().wr_sge_list })
+        && (n <= 1
+            || compat::quirks_known().is_some_and(|q| if wr.is_inline() { q.wr_inline_list } else { q.wr_sge_list }))
 }
 
 /// Why the safe send path refused a work request before calling the provider.

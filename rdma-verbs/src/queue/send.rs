@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 
 use super::claim::{bury, Claim, ClaimOwner};
 use super::request::{zeroed_wr, End, Ext, SendLimits, SendRequest, TOKEN};
@@ -352,7 +353,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// chooses for a batch of one.
     #[inline(always)]
     #[allow(clippy::result_large_err)] // as post
-    fn post_one(&mut self, verb: Verb, mut wr: R, qpx: Option<*mut ffi::ibv_qp_ex>) -> Result<(), Refused<R>> {
+    fn post_one(&mut self, verb: Verb, wr: R, qpx: Option<*mut ffi::ibv_qp_ex>) -> Result<(), Refused<R>> {
         debug_assert!(!R::CHAIN && (qpx.is_none() || R::EXTENDED));
         let SendQueue { ring, scratch, limits, key, tag_bits, raw, ext, .. } = self;
         if ring.free() == 0 {
@@ -361,10 +362,16 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let seq = ring.head;
         let SendScratch { sges, raws, .. } = &mut **scratch;
         // Checked and built where the caller built it (its constant fields fold into the
-        // checks), and moved into the ring once posted, as `stage` does.
+        // checks), and moved into the ring once posted, as `stage` does. Held without
+        // drop glue meanwhile: every way out below moves it (into the refusal or the
+        // ring). An unwind from a call in between (a refusal's message, the provider's
+        // missing operation) would leak it rather than drop it: with its drop on that
+        // edge, the compiler kept the whole request on the stack and copied it into its
+        // slot from there (scripts/instructions: 17 instructions a post).
+        let mut wr = ManuallyDrop::new(wr);
         let k = match wr.check(verb, limits, *key, &mut sges[0], TOKEN()) {
             Ok(k) => k,
-            Err(e) => return Err(Refused::new(e, wr)),
+            Err(e) => return Err(Refused::new(e, ManuallyDrop::into_inner(wr))),
         };
         let rc = match qpx {
             // SAFETY: `qpx` is this queue's extended QP, posted to by this queue alone
@@ -390,11 +397,11 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         if rc != 0 {
             // A failed ibv_wr_complete posts nothing of its batch, a failed ibv_post_send
             // of one request nothing.
-            return Err(provider_refused(rc, wr));
+            return Err(provider_refused(rc, ManuallyDrop::into_inner(wr)));
         }
         // Posted: into the ring until its completion. Nothing in between can fail or
         // unwind, and until then only this function holds the request.
-        wr.keep(ring.slot(seq), TOKEN());
+        ManuallyDrop::into_inner(wr).keep(ring.slot(seq), TOKEN());
         ring.commit(1);
         self.items += 1;
         Ok(())
@@ -492,6 +499,9 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         chain: &mut Staging,
     ) -> Result<usize, Box<Refused<R>>> {
         let SendQueue { ring, scratch, limits, key, ext, tag_bits, .. } = self;
+        // Without drop glue until it is moved (into the refusal or its slot), as in
+        // `post_one`.
+        let wr = ManuallyDrop::new(wr);
         let w = wr.width();
         if n + w > room {
             let e = if n + w > most {
@@ -501,7 +511,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             } else {
                 queue_full(verb, ring.cap)
             };
-            return Err(refusal(e, wr));
+            return Err(refusal(e, ManuallyDrop::into_inner(wr)));
         }
         let SendScratch { sges, raws, counts } = &mut **scratch;
         let seq = ring.head + n as u64;
@@ -511,9 +521,9 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         // chain's other C requests leave their slots empty.
         let k = match wr.check(verb, limits, *key, &mut sges[n], TOKEN()) {
             Ok(k) => k,
-            Err(e) => return Err(refusal(e, wr)),
+            Err(e) => return Err(refusal(e, ManuallyDrop::into_inner(wr))),
         };
-        let staged = wr.keep(ring.slot(seq), TOKEN());
+        let staged = ManuallyDrop::into_inner(wr).keep(ring.slot(seq), TOKEN());
         // A kind that never goes the extended way (prepared, chains) compiles to the
         // first branch alone.
         if !R::EXTENDED || ext.is_none() {

@@ -401,6 +401,39 @@ fn posts_to_a_qp_reset_after_rts_are_refused_with_einval_and_hand_the_buffers_ba
 
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn a_batch_posted_to_a_qp_reset_after_rts_is_refused_with_einval_and_every_request_comes_back_whole_in_order() {
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let (mut a, b) = (ud(&pd, false), ud(&pd, false));
+    let ah = to(&pd, &b);
+    a.qp.reset().unwrap();
+    // Four requests that differ in every field a request keeps: buffer bytes, range, id,
+    // immediate data and signaling. The provider refuses the batch at its first request.
+    let (mut wrs, mut shown) = (Vec::new(), Vec::new());
+    for (i, mut s) in chunks(&pd, 4, 64, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {
+        s.copy_from_slice(&random_bytes(20 + i as u64, 64));
+        let wr = SendWr::send_ud(s, i..16 * (i + 1), &ah, b.qp.qp_num(), QKEY)
+            .imm(0x100 + i as u32)
+            .signaled(i % 2 == 0)
+            .id(100 + i as u64);
+        shown.push(format!("{wr:?}"));
+        wrs.push(wr);
+    }
+    let refused = a.sq.post_batch(wrs).unwrap_err();
+    assert_eq!((refused.error.verb_name(), refused.error.errno()), (Some("ibv_post_send"), Some(libc::EINVAL)));
+    assert_eq!(a.sq.outstanding(), 0, "nothing was posted");
+    let back: Vec<String> = refused.value.iter().map(|w| format!("{w:?}")).collect();
+    assert_eq!(back, shown, "every request comes back as it was built, in order");
+    for (i, wr) in refused.value.into_iter().enumerate() {
+        assert_eq!(&wr.into_buf()[..], &random_bytes(20 + i as u64, 64)[..], "request {i}'s buffer, untouched");
+    }
+    let mut wc = [rdma_verbs::WorkCompletion::EMPTY; 8];
+    assert!(a.cq.poll(&mut wc).unwrap().is_empty(), "and nothing completes");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
 fn a_receive_with_more_sges_than_the_qp_takes_is_refused_before_c_and_one_within_fills_them() {
     let _leaks = LeakCheck::new();
     let ctx = open();

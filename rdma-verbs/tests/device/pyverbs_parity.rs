@@ -372,15 +372,21 @@ fn extended_rc_uc_and_ud_qps_start_in_reset_with_their_caps_and_walk_to_init_or_
     }
 }
 
+/// Two UD QPs of `pd`, A moved from RTS back to RESET, and an address handle to B.
+fn reset_ud_pair(pd: &ProtectionDomain) -> (Ud, Ud, AddressHandle) {
+    let (a, b) = (ud(pd, false), ud(pd, false));
+    let ah = to(pd, &b);
+    a.qp.reset().unwrap();
+    (a, b, ah)
+}
+
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
 fn posts_to_a_qp_reset_after_rts_are_refused_with_einval_and_hand_the_buffers_back() {
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let (mut a, b) = (ud(&pd, false), ud(&pd, false));
-    let ah = to(&pd, &b);
-    a.qp.reset().unwrap();
+    let (mut a, b, ah) = reset_ud_pair(&pd);
     assert_eq!(a.qp.state().unwrap(), QpState::Reset);
 
     let mut r = chunks(&pd, 1, GRH_LEN + 64, AccessFlags::LOCAL_WRITE).pop().unwrap();
@@ -405,9 +411,7 @@ fn a_batch_posted_to_a_qp_reset_after_rts_is_refused_with_einval_and_every_reque
     let _leaks = LeakCheck::new();
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
-    let (mut a, b) = (ud(&pd, false), ud(&pd, false));
-    let ah = to(&pd, &b);
-    a.qp.reset().unwrap();
+    let (mut a, b, ah) = reset_ud_pair(&pd);
     // Four requests that differ in every field a request keeps: buffer bytes, range, id,
     // immediate data and signaling. The provider refuses the batch at its first request.
     let (mut wrs, mut shown) = (Vec::new(), Vec::new());

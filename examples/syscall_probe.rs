@@ -27,6 +27,9 @@
 //!                ibv_poll_cq called directly, each completion's status checked
 //!        rawbuilt  the same loop with the C requests (and SGEs) built at every post,
 //!                the work a request built at each post does in C
+//!        floor   (write and send) rawbuilt plus the least any safe API that owns what
+//!                it posts adds: each source kept in a slot named by its wr_id until its
+//!                completion, and handed back (a floor, not an API)
 //!        extsafe, extprepared  safe and prepared again, A built with extended send
 //!                ops (SendQueue then posts through ibv_wr_*; prepared requests through
 //!                ibv_post_send)
@@ -59,7 +62,7 @@ use rdma_verbs::{
 
 /// The phase's names, for the usage errors.
 const PHASES: &str = "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, chain, raw, rawbuilt, \
-     extsafe, extprepared, extraw) | \
+     floor, extsafe, extprepared, extraw) | \
                       send-batch N K | prepared-send-batch N K";
 /// Receives pre-posted for the SEND phases, B's receive queue depth, and the most
 /// receives the `recv` phase posts.
@@ -89,6 +92,9 @@ enum Way {
     Chain,
     Raw,
     RawBuilt,
+    /// RawBuilt plus the least that any safe API owning what it posts adds (a floor, not
+    /// an API: `sends_floor`).
+    Floor,
     /// The safe ways again, on a QP built with extended send ops (`ibv_wr_*`).
     ExtSafe,
     ExtPrepared,
@@ -156,6 +162,7 @@ fn parse(args: &Args) -> Result<Phase, String> {
         "chain" => Way::Chain,
         "raw" => Way::Raw,
         "rawbuilt" => Way::RawBuilt,
+        "floor" => Way::Floor,
         "extsafe" => Way::ExtSafe,
         "extprepared" => Way::ExtPrepared,
         "extraw" => Way::ExtRaw,
@@ -622,6 +629,77 @@ fn sends_raw_built(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()
     Ok(())
 }
 
+/// [`sends_raw_built`] plus the least that any safe API which owns what it posts must add,
+/// written in plain Rust over the raw verbs: each source moved into a slot (its index the
+/// `wr_id`) until its completion, after a check that the range fits it; each completion's
+/// `wr_id` matched to the oldest outstanding slot, and the source handed back. It leaves
+/// out what the safe queues also do (the protection domain and the QP's limits checked,
+/// a completion of another queue or QP refused, the caller's id, operation and status
+/// handed back, a refused request returned): a floor under every safe design, not one.
+#[inline(never)]
+fn sends_floor(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
+    let (qp, cq, target) = (lo.a.as_raw(), lo.cq_a.as_raw(), lo.target);
+    let mut bufs: Vec<Chunk> = lo.srcs.drain(..k).collect();
+    let mut slots: [Option<Chunk>; SEND_DEPTH] = std::array::from_fn(|_| None);
+    let mut sges = [ffi::ibv_sge { addr: 0, length: 0, lkey: 0 }; SEND_DEPTH];
+    // SAFETY: ibv_send_wr is plain data; all-zero is a valid value.
+    let mut wrs: [ffi::ibv_send_wr; SEND_DEPTH] = unsafe { std::mem::zeroed() };
+    let (opcode, rdma) = match op {
+        Op::Write => (
+            ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: target.addr, rkey: target.rkey },
+        ),
+        Op::Send => (ffi::ibv_wr_opcode::IBV_WR_SEND, ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1::default()),
+    };
+    let (mut head, mut tail) = (0u64, 0u64);
+    for _ in 0..rounds {
+        let (wp, sp) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
+        for i in 0..k {
+            // Popped, not drained: a drain's setup and teardown cost more than the pops.
+            let b = bufs.pop().ok_or("a source did not come back")?;
+            if LEN > b.len() {
+                return Err("the range does not fit the source".into());
+            }
+            sges[i] = ffi::ibv_sge { addr: b.addr(), length: LEN as u32, lkey: b.lkey() };
+            // SAFETY: plain data, all-zero valid; the fields a request needs are set below.
+            let mut w: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+            w.wr_id = head;
+            w.next = if i + 1 < k { wp.wrapping_add(i + 1) } else { std::ptr::null_mut() };
+            (w.sg_list, w.num_sge) = (sp.wrapping_add(i), 1);
+            (w.opcode, w.send_flags) = (opcode, ffi::ibv_send_flags::IBV_SEND_SIGNALED.0);
+            w.wr.rdma = rdma;
+            wrs[i] = w;
+            slots[head as usize % SEND_DEPTH] = Some(b);
+            head += 1;
+        }
+        post_send(qp, wp)?;
+        settle();
+        let (mut got, mut waiting) = (0, Waiting::default());
+        while got < k {
+            let wcs = &mut lo.raw_wcs;
+            // SAFETY: the CQ is the probe's, alive for the run; `wcs` has room for 16.
+            let n = unsafe { ffi::ibv_poll_cq(cq, wcs.len() as i32, wcs.as_mut_ptr()) };
+            let Ok(n) = usize::try_from(n) else { return Err(format!("ibv_poll_cq: {n}").into()) };
+            for wc in &wcs[..n] {
+                if wc.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+                    return Err(format!("wr_id {} failed with status {}", wc.wr_id, wc.status.0).into());
+                }
+                if wc.wr_id != tail || tail == head {
+                    return Err(format!("wr_id {} is not the oldest outstanding request", wc.wr_id).into());
+                }
+                let b = slots[tail as usize % SEND_DEPTH].take().ok_or("an empty slot")?;
+                bufs.push(b);
+                tail += 1;
+            }
+            got += n;
+            if n == 0 {
+                waiting.empty_poll(got, k)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The extended API as a C programmer uses it on a QP built with send ops: each round
 /// `ibv_wr_start`, for each request its `wr_id`, flags, operation and SGE, then
 /// `ibv_wr_complete` (one doorbell); completions polled and checked.
@@ -823,6 +901,7 @@ fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
             Way::Chain => sends_chain(lo, op, WARMUP + n, k),
             Way::Raw => sends_raw(lo, op, WARMUP + n, k),
             Way::RawBuilt => sends_raw_built(lo, op, WARMUP + n, k),
+            Way::Floor => sends_floor(lo, op, WARMUP + n, k),
             Way::ExtSafe => sends_safe(lo, op, WARMUP + n, k),
             Way::ExtPrepared => sends_prepared(lo, op, WARMUP + n, k),
             Way::ExtRaw => sends_raw_ext(lo, op, WARMUP + n, k),

@@ -653,6 +653,9 @@ impl<T: SendBuf> SendSealed for MwRequest<T> {}
 impl<T: SendBuf> SendRequest for MwRequest<T> {
     type Back = MwDone<T>;
 
+    // A bind's C request is built inside the request: where it is posted from.
+    const BUILD_IN_SLOT: bool = true;
+
     fn check(&self, verb: Verb, limits: &SendLimits, key: u64, sges: &mut Sges, t: Token) -> Result<usize> {
         match self {
             MwRequest::Wr(wr) => wr.check(verb, limits, key, sges, t),

@@ -170,6 +170,8 @@ impl<T: SendBuf> super::request::sealed::Sealed for PreparedSendChain<T> {}
 
 impl<T: SendBuf> SendRequest for PreparedSendChain<T> {
     type Back = PreparedSendChain<T>;
+    // Stamped in its slot: cheaper than before the move (scripts/instructions).
+    const BUILD_IN_SLOT: bool = true;
 
     const CHAIN: bool = true;
     const EXTENDED: bool = false;

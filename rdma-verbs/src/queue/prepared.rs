@@ -220,6 +220,8 @@ impl<T: SendBuf> super::request::sealed::Sealed for PreparedSend<T> {}
 
 impl<T: SendBuf> SendRequest for PreparedSend<T> {
     type Back = PreparedSend<T>;
+    // Stamped in its slot: cheaper than before the move (scripts/instructions).
+    const BUILD_IN_SLOT: bool = true;
 
     /// Never: its prebuilt C request goes through `ibv_post_send` on every QP.
     const EXTENDED: bool = false;

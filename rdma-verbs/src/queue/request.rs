@@ -74,6 +74,14 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
     #[doc(hidden)]
     const EXTENDED: bool = true;
 
+    /// Whether a batch builds its C request in its ring slot, after the move: a kind whose
+    /// C request lives inside the request (a memory-window bind) must, and a prepared
+    /// one is cheaper so (its stamp reads its heap block's address from the slot). A
+    /// `SendWr` is built where the caller built it, before the move (its C request goes
+    /// into the queue's scratch space): the build then reads it from registers.
+    #[doc(hidden)]
+    const BUILD_IN_SLOT: bool = false;
+
     /// How many C requests it posts (1 unless [`CHAIN`](Self::CHAIN)).
     #[doc(hidden)]
     #[inline(always)]

@@ -501,7 +501,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let SendQueue { ring, scratch, limits, key, ext, tag_bits, .. } = self;
         // Without drop glue until it is moved (into the refusal or its slot), as in
         // `post_one`.
-        let wr = ManuallyDrop::new(wr);
+        let mut wr = ManuallyDrop::new(wr);
         let w = wr.width();
         if n + w > room {
             let e = if n + w > most {
@@ -516,23 +516,30 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let SendScratch { sges, raws, counts } = &mut **scratch;
         let seq = ring.head + n as u64;
         // Checked where the caller built it (its constant fields fold into the checks),
-        // then moved into its ring slot, where it stays, and its C request built there (a
-        // bind's is built inside the request); a refused one goes back as it came. A
+        // then built and moved into its ring slot, where it stays (in the order its kind
+        // says: `SendRequest::BUILD_IN_SLOT`); a refused one goes back as it came. A
         // chain's other C requests leave their slots empty.
         let k = match wr.check(verb, limits, *key, &mut sges[n], TOKEN()) {
             Ok(k) => k,
             Err(e) => return Err(refusal(e, ManuallyDrop::into_inner(wr))),
         };
-        let staged = ManuallyDrop::into_inner(wr).keep(ring.slot(seq), TOKEN());
         // A kind that never goes the extended way (prepared, chains) compiles to the
-        // first branch alone.
-        if !R::EXTENDED || ext.is_none() {
-            let (first, last) = staged.c_request(*tag_bits, seq, &mut sges[n], k, &mut raws[n], TOKEN());
-            chain.classic.link_span(first, last);
-            chain.all_ext &= R::EXTENDED;
+        // classic branch alone.
+        let mut build = |r: &mut R| {
+            if !R::EXTENDED || ext.is_none() {
+                let (first, last) = r.c_request(*tag_bits, seq, &mut sges[n], k, &mut raws[n], TOKEN());
+                chain.classic.link_span(first, last);
+                chain.all_ext &= R::EXTENDED;
+            } else {
+                chain.all_ext &= r.ext_takes(*ext, k, TOKEN());
+                counts[n] = k as u8;
+            }
+        };
+        if R::BUILD_IN_SLOT {
+            build(ManuallyDrop::into_inner(wr).keep(ring.slot(seq), TOKEN()));
         } else {
-            chain.all_ext &= staged.ext_takes(*ext, k, TOKEN());
-            counts[n] = k as u8;
+            build(&mut wr);
+            ManuallyDrop::into_inner(wr).keep(ring.slot(seq), TOKEN());
         }
         Ok(w)
     }

@@ -249,10 +249,12 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
         let wr = slot.as_mut_ptr();
         // SAFETY: the caller's contract: `slot` holds a request, read out here once. Of its
         // fields only `buf` (moved out) and `ah` (dropped in place) own anything; the rest
-        // are plain values, read by copy.
+        // are plain values, read by copy. The address handle goes first: read before a
+        // call that might drop it, the buffer was spilled to the stack and copied back
+        // (scripts/instructions).
         unsafe {
-            let buf = std::ptr::read(&raw const (*wr).buf);
             std::ptr::drop_in_place(&raw mut (*wr).ah);
+            let buf = std::ptr::read(&raw const (*wr).buf);
             end.done((*wr).id, (*wr).op.codes().wc, buf)
         }
     }

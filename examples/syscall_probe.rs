@@ -27,13 +27,14 @@
 //!                ibv_poll_cq called directly, each completion's status checked
 //!        rawbuilt  the same loop with the C requests (and SGEs) built at every post,
 //!                the work a request built at each post does in C
-//!        floor   (write and send) rawbuilt plus the bookkeeping any API that owns what
-//!                it posts must do, by hand in safe Rust: each source kept in a slot named
-//!                by its wr_id until its completion, and handed back (a measure, not an API)
+//!        floor   rawbuilt plus the bookkeeping any API that owns what it posts must do,
+//!                by hand in safe Rust: each buffer kept in a slot named by its wr_id
+//!                until its completion, and handed back (a measure, not an API)
 //!        extsafe, extprepared  safe and prepared again, A built with extended send
 //!                ops (SendQueue then posts through ibv_wr_*; prepared requests through
 //!                ibv_post_send)
 //!        extraw  C on that QP: ibv_wr_start, each request's op and SGE, ibv_wr_complete
+//!        extfloor  extraw plus the floor's bookkeeping
 //! syscall_probe send-batch N K           send-safe    (names scripts/syscalls uses)
 //! syscall_probe prepared-send-batch N K  send-prepared
 //! ```
@@ -62,7 +63,7 @@ use rdma_verbs::{
 
 /// The phase's names, for the usage errors.
 const PHASES: &str = "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, chain, raw, rawbuilt, \
-     floor, extsafe, extprepared, extraw) | \
+     floor, extsafe, extprepared, extraw, extfloor) | \
                       send-batch N K | prepared-send-batch N K";
 /// Receives pre-posted for the SEND phases, B's receive queue depth, and the most
 /// receives the `recv` phase posts.
@@ -101,12 +102,14 @@ enum Way {
     /// What a C programmer writes on that QP: `ibv_wr_start`, per request the op and its
     /// SGE, `ibv_wr_complete` (the extended API builds every request at each post).
     ExtRaw,
+    /// ExtRaw plus the floor's bookkeeping (`sends_floor_ext`).
+    ExtFloor,
 }
 
 impl Way {
     /// Whether A is built with extended send ops.
     fn extended(self) -> bool {
-        matches!(self, Way::ExtSafe | Way::ExtPrepared | Way::ExtRaw)
+        matches!(self, Way::ExtSafe | Way::ExtPrepared | Way::ExtRaw | Way::ExtFloor)
     }
 }
 
@@ -166,6 +169,7 @@ fn parse(args: &Args) -> Result<Phase, String> {
         "extsafe" => Way::ExtSafe,
         "extprepared" => Way::ExtPrepared,
         "extraw" => Way::ExtRaw,
+        "extfloor" => Way::ExtFloor,
         _ => return Err(usage()),
     };
     let k = args.k.ok_or_else(usage)?;
@@ -637,8 +641,8 @@ fn sends_raw_built(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()
 /// limits checked, a completion of another queue or QP refused, the caller's id, operation
 /// and status handed back, a refused request returned). A measure of what keeping buffers
 /// costs by itself, not a lower bound: how it is written moves it (the same bookkeeping in
-/// a struct, its hand-back through `drain_raw` with a closure, cost 481 a single WRITE,
-/// against 438 written as here).
+/// a struct, its hand-back through a closure, cost 481 a single WRITE, against 438 written
+/// as here).
 #[inline(never)]
 fn sends_floor(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
     let (qp, cq, target) = (lo.a.as_raw(), lo.cq_a.as_raw(), lo.target);
@@ -676,29 +680,85 @@ fn sends_floor(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
             head += 1;
         }
         post_send(qp, wp)?;
-        settle();
-        let (mut got, mut waiting) = (0, Waiting::default());
-        while got < k {
-            let wcs = &mut lo.raw_wcs;
-            // SAFETY: the CQ is the probe's, alive for the run; `wcs` has room for 16.
-            let n = unsafe { ffi::ibv_poll_cq(cq, wcs.len() as i32, wcs.as_mut_ptr()) };
-            let Ok(n) = usize::try_from(n) else { return Err(format!("ibv_poll_cq: {n}").into()) };
-            for wc in &wcs[..n] {
-                if wc.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
-                    return Err(format!("wr_id {} failed with status {}", wc.wr_id, wc.status.0).into());
-                }
-                if wc.wr_id != tail || tail == head {
-                    return Err(format!("wr_id {} is not the oldest outstanding request", wc.wr_id).into());
-                }
-                let b = slots[tail as usize % SEND_DEPTH].take().ok_or("an empty slot")?;
-                bufs.push(b);
-                tail += 1;
+        floor_drain(cq, &mut lo.raw_wcs, k, &mut slots, head, &mut tail, &mut bufs)?;
+    }
+    Ok(())
+}
+
+/// The floors' hand-back: polls `cq` until `want` completions came, each checked (its
+/// status; its `wr_id` the oldest outstanding of those below `head`, from `tail` on) and
+/// its buffer moved from its slot back into `bufs`. Plain arguments, no closure: written
+/// with a struct and a closure the same work cost 43 more a single WRITE.
+#[inline(always)]
+fn floor_drain(
+    cq: *mut ffi::ibv_cq,
+    wcs: &mut RawWcs,
+    want: usize,
+    slots: &mut [Option<Chunk>; SEND_DEPTH],
+    head: u64,
+    tail: &mut u64,
+    bufs: &mut Vec<Chunk>,
+) -> Res<()> {
+    settle();
+    let (mut got, mut waiting) = (0, Waiting::default());
+    while got < want {
+        // SAFETY: the CQ is the probe's, alive for the run; `wcs` has room for 16.
+        let n = unsafe { ffi::ibv_poll_cq(cq, wcs.len() as i32, wcs.as_mut_ptr()) };
+        let Ok(n) = usize::try_from(n) else { return Err(format!("ibv_poll_cq: {n}").into()) };
+        for wc in &wcs[..n] {
+            if wc.status != ffi::ibv_wc_status::IBV_WC_SUCCESS {
+                return Err(format!("wr_id {} failed with status {}", wc.wr_id, wc.status.0).into());
             }
-            got += n;
-            if n == 0 {
-                waiting.empty_poll(got, k)?;
+            if wc.wr_id != *tail || *tail == head {
+                return Err(format!("wr_id {} is not the oldest outstanding request", wc.wr_id).into());
             }
+            bufs.push(slots[*tail as usize % SEND_DEPTH].take().ok_or("an empty slot")?);
+            *tail += 1;
         }
+        got += n;
+        if n == 0 {
+            waiting.empty_poll(got, want)?;
+        }
+    }
+    Ok(())
+}
+
+/// [`sends_raw_ext`] plus the bookkeeping of [`sends_floor`].
+#[inline(never)]
+fn sends_floor_ext(lo: &mut Loopback, op: Op, rounds: usize, k: usize) -> Res<()> {
+    let qpx = lo.a.as_raw_ex().ok_or("A was built without extended send ops")?;
+    let (cq, target) = (lo.cq_a.as_raw(), lo.target);
+    let mut bufs: Vec<Chunk> = lo.srcs.drain(..k).collect();
+    let mut slots: [Option<Chunk>; SEND_DEPTH] = std::array::from_fn(|_| None);
+    let (mut head, mut tail) = (0u64, 0u64);
+    for _ in 0..rounds {
+        // SAFETY: A's extended QP, alive for the run and posted to by this loop alone.
+        unsafe { ffi::ibv_wr_start(qpx) };
+        for _ in 0..k {
+            let b = bufs.pop().ok_or("a source did not come back")?;
+            if LEN > b.len() {
+                return Err("the range does not fit the source".into());
+            }
+            // SAFETY: inside this round's ibv_wr_start; the SGE names registered bytes of
+            // a source that its slot keeps until its completion.
+            unsafe {
+                (*qpx).wr_id = head;
+                (*qpx).wr_flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                match op {
+                    Op::Write => ffi::ibv_wr_rdma_write(qpx, target.rkey, target.addr),
+                    Op::Send => ffi::ibv_wr_send(qpx),
+                }
+                ffi::ibv_wr_set_sge(qpx, b.lkey(), b.addr(), LEN as u32);
+            }
+            slots[head as usize % SEND_DEPTH] = Some(b);
+            head += 1;
+        }
+        // SAFETY: closes this round's batch.
+        let rc = unsafe { ffi::ibv_wr_complete(qpx) };
+        if rc != 0 {
+            return Err(format!("ibv_wr_complete: {}", std::io::Error::from_raw_os_error(rc)).into());
+        }
+        floor_drain(cq, &mut lo.raw_wcs, k, &mut slots, head, &mut tail, &mut bufs)?;
     }
     Ok(())
 }
@@ -877,6 +937,36 @@ fn recvs_raw_built(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
     Ok(())
 }
 
+/// [`recvs_raw_built`] plus the bookkeeping of [`sends_floor`].
+#[inline(never)]
+fn recvs_floor(lo: &mut Loopback, rounds: usize, k: usize) -> Res<()> {
+    let mut feed = RawSends::new(Op::Send, &lo.srcs[..k], lo.target);
+    let mut bufs: Vec<Chunk> = lo.dsts.drain(..k).collect();
+    let mut slots: [Option<Chunk>; SEND_DEPTH] = std::array::from_fn(|_| None);
+    let mut sges = [ffi::ibv_sge { addr: 0, length: 0, lkey: 0 }; SEND_DEPTH];
+    let empty = ffi::ibv_recv_wr { wr_id: 0, next: std::ptr::null_mut(), sg_list: std::ptr::null_mut(), num_sge: 0 };
+    let mut wrs = [empty; SEND_DEPTH];
+    let (mut head, mut tail) = (0u64, 0u64);
+    for _ in 0..rounds {
+        let (wp, sp) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
+        for i in 0..k {
+            let b = bufs.pop().ok_or("a buffer did not come back")?;
+            if LEN > b.len() {
+                return Err("the range does not fit the buffer".into());
+            }
+            sges[i] = ffi::ibv_sge { addr: b.addr(), length: LEN as u32, lkey: b.lkey() };
+            let next = if i + 1 < k { wp.wrapping_add(i + 1) } else { std::ptr::null_mut() };
+            wrs[i] = ffi::ibv_recv_wr { wr_id: head, next, sg_list: sp.wrapping_add(i), num_sge: 1 };
+            slots[head as usize % SEND_DEPTH] = Some(b);
+            head += 1;
+        }
+        post_recv(lo.b.as_raw(), wp)?;
+        feed.round(&lo.a, &lo.cq_a, &mut lo.raw_wcs)?;
+        floor_drain(lo.cq_b.as_raw(), &mut lo.raw_wcs, k, &mut slots, head, &mut tail, &mut bufs)?;
+    }
+    Ok(())
+}
+
 fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
     match phase {
         Phase::Poll { n } => {
@@ -905,6 +995,7 @@ fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
             Way::Raw => sends_raw(lo, op, WARMUP + n, k),
             Way::RawBuilt => sends_raw_built(lo, op, WARMUP + n, k),
             Way::Floor => sends_floor(lo, op, WARMUP + n, k),
+            Way::ExtFloor => sends_floor_ext(lo, op, WARMUP + n, k),
             Way::ExtSafe => sends_safe(lo, op, WARMUP + n, k),
             Way::ExtPrepared => sends_prepared(lo, op, WARMUP + n, k),
             Way::ExtRaw => sends_raw_ext(lo, op, WARMUP + n, k),
@@ -914,6 +1005,7 @@ fn run(phase: Phase, lo: &mut Loopback) -> Res<()> {
         Phase::Recvs { way: Way::Chain, n, k } => recvs_chain(lo, WARMUP + n, k),
         Phase::Recvs { way: Way::Raw, n, k } => recvs_raw(lo, WARMUP + n, k),
         Phase::Recvs { way: Way::RawBuilt, n, k } => recvs_raw_built(lo, WARMUP + n, k),
+        Phase::Recvs { way: Way::Floor, n, k } => recvs_floor(lo, WARMUP + n, k),
         Phase::Recvs { way, .. } => Err(format!("receives have no {way:?} way").into()),
     }
 }

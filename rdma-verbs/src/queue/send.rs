@@ -82,8 +82,9 @@ use crate::wr::{Done, SendWr};
 ///
 /// 1. [`SendQueue::post_batch`] (or `post`, a batch of one) takes each request, checks it
 ///    against the QP ([`SendRequest`]: SGE count, inline size, remote range, transport,
-///    protection domain), moves it into the next slot of the queue's ring, and builds or
-///    stamps its C request with a `wr_id` that names this queue and the slot.
+///    protection domain), builds or stamps its C request with a `wr_id` that names this
+///    queue and the request's slot, and moves it into that slot of the queue's ring
+///    (a single post, once the provider took it).
 /// 2. The C requests are linked into one chain and handed to the provider in one
 ///    `ibv_post_send` (one doorbell). What the provider refuses is taken back out of the
 ///    ring and handed back, in order, in a [`Refused`](crate::Refused).
@@ -482,10 +483,10 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         Err(Refused::new(error, unposted))
     }
 
-    /// Step one of every post: checks `wr`, moves it into the ring (into the slot of its
-    /// first C request, `n` places past the head), and (on a QP
-    /// without the extended API, or for a chain) builds or stamps its C request(s) and
-    /// appends them to `chain`. `room` is how many C requests this post may stage, `most`
+    /// Step one of every post: checks `wr`, (on a QP without the extended API, or for a
+    /// chain) builds or stamps its C request(s) and appends them to `chain`, and moves it
+    /// into the ring (into the slot of its first C request, `n` places past the head;
+    /// a kind with [`SendRequest::BUILD_IN_SLOT`] is moved before it is built). `room` is how many C requests this post may stage, `most`
     /// the longest post allowed, `verb` the post method (a refusal names it). Returns how
     /// many C requests it staged.
     #[inline(always)]

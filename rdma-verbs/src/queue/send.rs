@@ -486,9 +486,10 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// Step one of every post: checks `wr`, (on a QP without the extended API, or for a
     /// chain) builds or stamps its C request(s) and appends them to `chain`, and moves it
     /// into the ring (into the slot of its first C request, `n` places past the head;
-    /// a kind with [`SendRequest::BUILD_IN_SLOT`] is moved before it is built). `room` is how many C requests this post may stage, `most`
-    /// the longest post allowed, `verb` the post method (a refusal names it). Returns how
-    /// many C requests it staged.
+    /// a kind with [`SendRequest::BUILD_IN_SLOT`] is moved before it is built). `room`
+    /// is how many C requests this post may stage, `most` the longest post allowed,
+    /// `verb` the post method (a refusal names it). Returns how many C requests it
+    /// staged.
     #[inline(always)]
     fn stage(
         &mut self,

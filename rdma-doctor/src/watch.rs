@@ -13,8 +13,12 @@
 //!   read at every wake-up: a port that leaves ACTIVE is critical, one that comes back is
 //!   info; a port whose rate drops (or that comes back slower than it last ran) warns.
 //! - **Counters** (the port counters and hw_counters of [`crate::counters`]) every
-//!   interval, as rates per second by class: a class that should stay at zero (lossy,
-//!   timeouts, link downs, discards) warns at its first move; RNR and congestion, which
+//!   interval, as rates per second by class: link downs and discards warn at their first
+//!   move; loss and ACK timeouts, which should stay at zero too, warn at 0.5% of the
+//!   port's packets or when they move in three intervals in a row, and a smaller blip
+//!   (one lost packet in thousands) is a note ([`judge::LOSS_SHARE`],
+//!   [`judge::LOSS_STREAK`]; where the port counts no packets, at their first move);
+//!   RNR and congestion, which
 //!   healthy fabrics show under load, are notes until their rate passes 1% of the port's
 //!   packets and 10 a second ([`judge::LOAD_SHARE`], [`judge::LOAD_MIN_PER_S`]). Where the
 //!   port counts its data (`port_xmit_data`), a direction above 90% of the link's rate is
@@ -44,7 +48,7 @@ use std::time::{Duration, Instant, SystemTime};
 use rdma_verbs::AsyncEvents;
 use serde_json::json;
 
-pub use judge::{LOAD_MIN_PER_S, LOAD_SHARE, SATURATED, UNSATURATED};
+pub use judge::{LOAD_MIN_PER_S, LOAD_SHARE, LOSS_SHARE, LOSS_STREAK, SATURATED, UNSATURATED};
 pub use line::{Kind, Level, Line};
 
 use crate::counters::DeviceCounters;
@@ -111,6 +115,8 @@ struct Watcher {
     ports: BTreeMap<(String, u8), PortMemory>,
     counters: BTreeMap<String, DeviceCounters>,
     counters_at: Instant,
+    /// How many intervals in a row each class of counters has moved.
+    streaks: judge::Streaks,
     /// The kernel log, or why it is not followed.
     log: Result<kernel_log::KernelLog, String>,
 }
@@ -125,6 +131,7 @@ impl Watcher {
             ports: BTreeMap::new(),
             counters: BTreeMap::new(),
             counters_at: Instant::now(),
+            streaks: BTreeMap::new(),
             log: Err("not asked for".into()),
         };
         if w.opts.kernel_log {
@@ -215,7 +222,7 @@ impl Watcher {
             "all_devices": self.opts.device.is_none(),
             "kernel_log": self.log.is_ok(),
             "kernel_log_error": self.log.as_ref().err(),
-            "thresholds": {"load_share": LOAD_SHARE, "load_min_per_s": LOAD_MIN_PER_S, "saturated": SATURATED, "unsaturated": UNSATURATED},
+            "thresholds": {"load_share": LOAD_SHARE, "load_min_per_s": LOAD_MIN_PER_S, "loss_share": LOSS_SHARE, "loss_streak": LOSS_STREAK, "saturated": SATURATED, "unsaturated": UNSATURATED},
         });
         Draft { kind: Kind::Watching, severity: Level::Info, device: None, port: None, message, details }
     }
@@ -290,7 +297,7 @@ impl Watcher {
                 changes.retain(|c| c.port.as_deref().is_none_or(|q| q == p.to_string()));
             }
             let rates = self.ports.iter().map(|(k, m)| (k.clone(), m.last.rate_gbps)).collect();
-            drafts.extend(judge::counter_lines(&changes, elapsed, &rates, &mut self.ports));
+            drafts.extend(judge::counter_lines(&changes, elapsed, &rates, &mut self.ports, &mut self.streaks));
             self.counters = now;
         }
         drafts

@@ -18,6 +18,14 @@ pub const LOAD_SHARE: f64 = 0.01;
 /// ... and at least this many events a second (where the port counts no packets, this
 /// alone is the threshold).
 pub const LOAD_MIN_PER_S: f64 = 10.0;
+/// Loss and ACK timeouts should stay at 0, but a single interval's blip (a burst, one
+/// lost packet) is a note: a warning at this share of the port's packets (0.5%)...
+pub const LOSS_SHARE: f64 = 0.005;
+/// ... or when the class moved in this many intervals in a row, however little. Where
+/// the port counts no packets, any move warns.
+pub const LOSS_STREAK: u32 = 3;
+/// How many intervals in a row each device, port and class has moved.
+pub type Streaks = BTreeMap<(String, Option<u8>, CounterClass), u32>;
 /// A direction of a port is saturated at this share of the link's rate (a note)...
 pub const SATURATED: f64 = 0.90;
 /// ... and no longer below this one (hysteresis: a link at 89-91% does not flicker).
@@ -223,12 +231,14 @@ const TICKS: [&str; 1] = ["port_xmit_wait"];
 
 /// The lines for the counters that moved between two samples `elapsed_s` apart: one per
 /// device, port and class, and the traffic lines of ports whose data rate crossed
-/// saturation (`rates`: each port's link rate in Gb/s; `mem`: each port's memory).
+/// saturation (`rates`: each port's link rate in Gb/s; `mem`: each port's memory;
+/// `streaks`: how long each class has been moving, updated here).
 pub fn counter_lines(
     changes: &[CounterChange],
     elapsed_s: f64,
     rates: &BTreeMap<(String, u8), f64>,
     mem: &mut BTreeMap<(String, u8), PortMemory>,
+    streaks: &mut Streaks,
 ) -> Vec<Draft> {
     let elapsed_s = if elapsed_s.is_finite() && elapsed_s > 0.0 { elapsed_s } else { 1.0 };
     let port_of = |c: &CounterChange| c.port.as_deref().and_then(|p| p.parse::<u8>().ok());
@@ -244,22 +254,45 @@ pub fn counter_lines(
             groups.entry((c.device.clone(), port_of(c), class)).or_default().push(c);
         }
     }
+    streaks.retain(|k, _| groups.contains_key(k));
     let mut out = Vec::new();
     for ((dev, port, class), moved) in groups {
+        let streak = streaks.entry((dev.clone(), port, class)).or_default();
+        *streak += 1;
+        let streak = *streak;
         let events: u64 = moved.iter().filter(|c| !TICKS.contains(&c.name.as_str())).map(|c| c.after - c.before).sum();
         let rate = events as f64 / elapsed_s;
         // A device-level counter's packets are the device's, whichever port.
         let pkts = packets.get(&(dev.clone(), port)).or_else(|| packets.get(&(dev.clone(), None))).copied();
         let pkts_per_s = pkts.map(|p| p as f64 / elapsed_s);
-        let threshold = pkts_per_s.map_or(LOAD_MIN_PER_S, |p| (p * LOAD_SHARE).max(LOAD_MIN_PER_S));
+        // Loss and timeouts: a share of the packets, once there are packets to share.
+        let blips = matches!(class, CounterClass::Lossy | CounterClass::Timeout);
+        let loss_threshold = pkts_per_s.filter(|p| blips && *p > 0.0).map(|p| p * LOSS_SHARE);
+        let threshold = match loss_threshold {
+            Some(t) => t,
+            None => pkts_per_s.map_or(LOAD_MIN_PER_S, |p| (p * LOAD_SHARE).max(LOAD_MIN_PER_S)),
+        };
         let above = rate >= threshold;
-        let level = if class.warns() || above { Level::Warning } else { Level::Note };
+        let warns = match loss_threshold {
+            Some(_) => above || streak >= LOSS_STREAK,
+            None => class.warns() || above,
+        };
+        let level = if warns { Level::Warning } else { Level::Note };
         let list: Vec<String> = moved.iter().map(|c| format!("{} +{}", c.name, c.after - c.before)).collect();
         let share = match pkts_per_s {
             Some(p) if p > 0.0 => format!(", {:.2}% of {p:.0} packets/s", 100.0 * rate / p),
             _ => String::new(),
         };
-        let judged = if class.warns() {
+        let judged = if loss_threshold.is_some() && above {
+            format!("should stay at 0; above the {:.1}% that warns", 100.0 * LOSS_SHARE)
+        } else if loss_threshold.is_some() && warns {
+            format!("should stay at 0; {streak} intervals in a row")
+        } else if loss_threshold.is_some() {
+            format!(
+                "should stay at 0; a blip: a warning at {:.1}% or {LOSS_STREAK} intervals in a row",
+                100.0 * LOSS_SHARE
+            )
+        } else if class.warns() {
             "should stay at 0".to_owned()
         } else if above {
             format!("above the {threshold:.0}/s normal under load")
@@ -285,8 +318,9 @@ pub fn counter_lines(
             "interval_s": elapsed_s,
             "rate_per_s": rate,
             "packets_per_s": pkts_per_s,
-            "threshold_per_s": if class.warns() { None } else { Some(threshold) },
-            "above_threshold": !class.warns() && above,
+            "threshold_per_s": if class.warns() && loss_threshold.is_none() { None } else { Some(threshold) },
+            "above_threshold": (!class.warns() || loss_threshold.is_some()) && above,
+            "intervals_in_a_row": streak,
             "meaning": class.meaning(),
         });
         out.push(Draft::new(Kind::Counters, level, &dev, port, message, details));

@@ -12,7 +12,8 @@ use serde_json::Value;
 pub enum Level {
     /// Context: the watch began or ended, a port came up, a rate rose.
     Info,
-    /// Worth knowing, not a fault: congestion or RNR below their thresholds, a GID change.
+    /// Worth knowing, not a fault: congestion or RNR below their thresholds, a blip of loss,
+    /// a GID change.
     Note,
     /// A fault on a working link: counters that should stay still moved, a rate dropped,
     /// a QP or CQ error.

@@ -303,19 +303,34 @@ unsafe fn extended<T: SendBuf>(qpx: *mut ffi::ibv_qp_ex, wr: &SendWr<T>, seq: u6
         (*qpx).wr_id = seq;
         // rxe (rdma-core 44) wants IBV_SEND_INLINE here as well as set_inline_data.
         (*qpx).wr_flags = wr.send_flags();
-        let r = wr.remote().unwrap_or(RemoteMr { addr: 0, len: 0, rkey: 0 });
+        // Read in each arm, where the operation is known: its match inside `remote` then
+        // folds away (read once before this match, it cost a batched WRITE 10
+        // instructions more: scripts/instructions).
+        let r = || wr.remote().unwrap_or(RemoteMr { addr: 0, len: 0, rkey: 0 });
         let imm = wr.imm.to_be();
         match wr.op {
             Op::Send => ffi::ibv_wr_send(qpx),
             Op::SendImm => ffi::ibv_wr_send_imm(qpx, imm),
-            Op::Write => ffi::ibv_wr_rdma_write(qpx, r.rkey, r.addr),
-            Op::WriteImm => ffi::ibv_wr_rdma_write_imm(qpx, r.rkey, r.addr, imm),
-            Op::Read => ffi::ibv_wr_rdma_read(qpx, r.rkey, r.addr),
+            Op::Write => {
+                let r = r();
+                ffi::ibv_wr_rdma_write(qpx, r.rkey, r.addr)
+            }
+            Op::WriteImm => {
+                let r = r();
+                ffi::ibv_wr_rdma_write_imm(qpx, r.rkey, r.addr, imm)
+            }
+            Op::Read => {
+                let r = r();
+                ffi::ibv_wr_rdma_read(qpx, r.rkey, r.addr)
+            }
             Op::CompSwap => {
-                let (compare, swap) = wr.operands();
+                let (r, (compare, swap)) = (r(), wr.operands());
                 ffi::ibv_wr_atomic_cmp_swp(qpx, r.rkey, r.addr, compare, swap)
             }
-            Op::FetchAdd => ffi::ibv_wr_atomic_fetch_add(qpx, r.rkey, r.addr, wr.operands().0),
+            Op::FetchAdd => {
+                let r = r();
+                ffi::ibv_wr_atomic_fetch_add(qpx, r.rkey, r.addr, wr.operands().0)
+            }
             // `imm` holds the rkey so that `to_be` gives it as it is (SendWr::send_inv).
             Op::SendInv => ffi::ibv_wr_send_inv(qpx, imm),
             // Never a SendWr's operation: mw::MwRequest builds those.

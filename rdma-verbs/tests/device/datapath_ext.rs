@@ -238,3 +238,108 @@ fn a_post(sq: &mut rdma_verbs::SendQueue<Chunk>, wr: SendWr<Chunk>) {
         panic!("{}", r.error);
     }
 }
+
+/// A batch on the extended QP with a request the extended API does not take (an SGE list
+/// before rdma-core 64) goes the classic way whole; on later releases the list goes the
+/// extended way too. Either way every request lands, byte for byte, and the queue posts
+/// again after.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn an_extended_batch_with_a_request_the_wr_api_does_not_take_lands_whole_the_classic_way() {
+    let _leaks = LeakCheck::new();
+    let q = quirks();
+    eprintln!("rdma-core release {:?}: ibv_wr_set_sge_list of several SGEs works: {}", q.release, q.wr_sge_list);
+    let (pd, mut a, _b) = ext_pair::<[Chunk; 2]>();
+    let target = remote_target(&pd);
+    let remote = target.remote().unwrap();
+    let pair = |fill: u8| {
+        let (mut x, mut y) = (chunks(&pd, 1, 1024).remove(0), chunks(&pd, 1, 1024).remove(0));
+        x.iter_mut().enumerate().for_each(|(i, b)| *b = fill.wrapping_add(i as u8));
+        y.iter_mut().enumerate().for_each(|(i, b)| *b = fill.wrapping_add(100).wrapping_add(i as u8));
+        [x, y]
+    };
+    for round in 0..2u8 {
+        let at = |off: u64| remote.slice(off..off + 64).unwrap();
+        // One SGE, then two (the range spans both chunks), then one again.
+        let ranges = [0..64, 1000..1064, 8..72];
+        let pairs = [pair(round), pair(round + 10), pair(round + 20)];
+        let expect: Vec<Vec<u8>> = pairs
+            .iter()
+            .zip(&ranges)
+            .map(|(p, r)| p[0].iter().chain(p[1].iter()).copied().skip(r.start).take(r.len()).collect())
+            .collect();
+        let wrs: Vec<_> = pairs
+            .into_iter()
+            .zip(ranges)
+            .zip([0, 512, 1024])
+            .map(|((p, r), off)| SendWr::write(p, r, at(off)))
+            .collect();
+        assert_eq!(a.sq.post_batch(wrs).unwrap(), 3);
+        let mut done = Vec::new();
+        while done.len() < 3 {
+            done.extend(sent(&mut a));
+        }
+        assert!(done.iter().all(|d| d.status == WcStatus::Success), "{done:?}");
+        for (off, want) in [0usize, 512, 1024].into_iter().zip(&expect) {
+            let mut landed = vec![0u8; 64];
+            target.read_at(off, &mut landed).unwrap();
+            assert_eq!(&landed, want, "round {round}: the bytes written at {off}");
+        }
+    }
+}
+
+/// A request our checks refuse in the middle of a batch on the extended QP: the requests
+/// before it are posted (one `ibv_wr_*` batch) and land; it and the rest come back in
+/// order, and the queue's next batch lands too.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn a_request_refused_inside_an_extended_batch_comes_back_with_the_rest_and_the_ones_before_land() {
+    let _leaks = LeakCheck::new();
+    let (pd, mut a, _b) = ext_pair::<Chunk>();
+    let target = remote_target(&pd);
+    let remote = target.remote().unwrap();
+    let src = |fill: u8| {
+        let mut c = chunks(&pd, 1, 256).remove(0);
+        c.fill(fill);
+        c
+    };
+    let small = remote.slice(0..16).unwrap();
+    let wrs = vec![
+        SendWr::write(src(1), 0..64, remote.slice(0..64).unwrap()).id(1),
+        SendWr::write(src(2), 0..64, remote.slice(64..128).unwrap()).id(2),
+        // 64 bytes into a 16-byte remote region: refused before any C call.
+        SendWr::write(src(3), 0..64, small).id(3),
+        SendWr::write(src(4), 0..64, remote.slice(192..256).unwrap()).id(4),
+    ];
+    let refused = a.sq.post_batch(wrs).unwrap_err();
+    let text = refused.error.to_string();
+    assert!(text.contains("SendQueue::post_batch") && text.contains("16"), "{text}");
+    let back: Vec<String> = refused.value.iter().map(|w| format!("{w:?}")).collect();
+    assert_eq!(back.len(), 2, "{back:?}");
+    assert!(
+        back[0].contains("id: 3") && back[1].contains("id: 4"),
+        "the refused request and the rest, in order: {back:?}"
+    );
+    let mut done = Vec::new();
+    while done.len() < 2 {
+        done.extend(sent(&mut a));
+    }
+    assert_eq!(
+        done.iter().map(|d| (d.id, d.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    // The rest again, the refused one fixed: the queue posts on.
+    let mut again = refused.value;
+    again[0] = SendWr::write(src(3), 0..64, remote.slice(128..192).unwrap()).id(3);
+    assert_eq!(a.sq.post_batch(again).unwrap(), 2);
+    let mut done = Vec::new();
+    while done.len() < 2 {
+        done.extend(sent(&mut a));
+    }
+    assert!(done.iter().all(|d| d.status == WcStatus::Success), "{done:?}");
+    let mut landed = [0u8; 256];
+    target.read_at(0, &mut landed).unwrap();
+    for (i, fill) in [1u8, 2, 3, 4].into_iter().enumerate() {
+        assert!(landed[i * 64..(i + 1) * 64].iter().all(|&x| x == fill), "bytes {}..{}: {fill}", i * 64, (i + 1) * 64);
+    }
+}

@@ -9,6 +9,10 @@
 //!   no rdma-core needed at all (nothing is linked).
 //!
 //! One line of the build script's output (`cargo build -vv` shows it) says which.
+//!
+//! With the feature `dlopen`, nothing is linked: the bindings' `extern "C"` functions become
+//! a table of function pointers per library, filled when the library is first loaded, and
+//! wrappers of the same names that call through it (`dlopen_bindings`).
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -51,20 +55,24 @@ fn main() {
     println!("cargo:rerun-if-env-changed=DOCS_RS");
     println!("cargo:rerun-if-env-changed=LIBCLANG_PATH");
     println!("cargo::rustc-check-cfg=cfg(rdma_verbs_sys_pregenerated)");
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("bindings.rs");
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let out = out_dir.join("bindings.rs");
+    let dlopen = env::var_os("CARGO_FEATURE_DLOPEN").is_some();
     let pregenerated = std::fs::read_to_string("src/bindings.rs").expect("read src/bindings.rs");
     let (pre_verbs, pre_rdmacm) = pregenerated_from(&pregenerated);
 
     if env::var_os("DOCS_RS").is_some() {
         // docs.rs has no rdma-core: document the checked-in bindings and link nothing.
         use_pregenerated(&out, &pregenerated, "DOCS_RS is set (a documentation build: nothing is linked)");
+        finish_dlopen(dlopen, &out_dir);
         return;
     }
 
     let mut include_paths = Vec::new();
     let mut installed = Vec::new();
     for (lib, min) in MIN_GENERATE {
-        match pkg_config::Config::new().atleast_version(min).probe(lib) {
+        // With `dlopen` the libraries are found at run time: pkg-config only finds headers.
+        match pkg_config::Config::new().atleast_version(min).cargo_metadata(!dlopen).probe(lib) {
             Ok(found) => {
                 include_paths.extend(found.include_paths);
                 installed.push(found.version);
@@ -112,6 +120,115 @@ fn main() {
         }
         Err(Generate::Failed(why)) => fail(&format!("bindgen could not parse the rdma-core headers: {why}")),
     }
+    finish_dlopen(dlopen, &out_dir);
+}
+
+/// With `dlopen`, writes `bindings_dl.rs` (what lib.rs then includes) from `bindings.rs`,
+/// which stays as bindgen made it for the crate's comparison test.
+fn finish_dlopen(dlopen: bool, out_dir: &Path) {
+    if !dlopen {
+        return;
+    }
+    let plain = std::fs::read_to_string(out_dir.join("bindings.rs")).expect("read the bindings just written");
+    std::fs::write(out_dir.join("bindings_dl.rs"), dlopen_bindings(&plain)).expect("write bindings_dl.rs");
+    println!("rdma-verbs-sys: feature `dlopen`: libibverbs and librdmacm are loaded at run time, not linked");
+}
+
+/// The exported `ibv_query_port`, which lib.rs declares under another name when linking
+/// (see there); the table needs it too.
+const COMPAT_DECLS: &str = r#"unsafe extern "C" {
+    #[link_name = "ibv_query_port"]
+    pub fn ibv_query_port_compat(
+        context: *mut ibv_context,
+        port_num: u8,
+        port_attr: *mut _compat_ibv_port_attr,
+    ) -> ::std::os::raw::c_int;
+}"#;
+
+/// The bindings with every `extern "C"` function replaced by a field of its library's
+/// table (`LibibverbsFns`, `LibrdmacmFns`: `rdma_*` functions are librdmacm's, the rest
+/// libibverbs') and a wrapper of the same name and signature that calls through it
+/// (`crate::dl::libibverbs()` / `librdmacm()`).
+fn dlopen_bindings(plain: &str) -> String {
+    use quote::{format_ident, quote};
+    let mut file = syn::parse_file(plain).expect("parse the generated bindings");
+    let compat = syn::parse_file(COMPAT_DECLS).expect("parse the compat declarations");
+    let mut decls = Vec::new();
+    file.items.retain(|item| match item {
+        syn::Item::ForeignMod(m) => {
+            decls.extend(m.items.iter().cloned());
+            false
+        }
+        _ => true,
+    });
+    for item in compat.items {
+        if let syn::Item::ForeignMod(m) = item {
+            decls.extend(m.items);
+        }
+    }
+    let mut tables = [("ibverbs", Vec::new(), Vec::new()), ("rdmacm", Vec::new(), Vec::new())];
+    let mut wrappers = Vec::new();
+    for decl in decls {
+        let syn::ForeignItem::Fn(f) = decl else {
+            panic!("the bindings declare a foreign item that is not a function: {}", quote!(#decl));
+        };
+        assert!(f.sig.variadic.is_none(), "variadic function {} in the bindings", f.sig.ident);
+        let name = &f.sig.ident;
+        let symbol = f
+            .attrs
+            .iter()
+            .find(|a| a.path().is_ident("link_name"))
+            .and_then(|a| match &a.meta {
+                syn::Meta::NameValue(nv) => match &nv.value {
+                    syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => Some(s.value()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .unwrap_or_else(|| name.to_string());
+        let inputs = &f.sig.inputs;
+        let output = &f.sig.output;
+        let args: Vec<_> = inputs
+            .iter()
+            .map(|a| match a {
+                syn::FnArg::Typed(t) => t.pat.clone(),
+                syn::FnArg::Receiver(_) => panic!("a receiver in a C function"),
+            })
+            .collect();
+        let lib = if symbol.starts_with("rdma_") { 1 } else { 0 };
+        let getter = format_ident!("lib{}", tables[lib].0);
+        let sym = syn::LitByteStr::new(format!("{symbol}\0").as_bytes(), proc_macro2::Span::call_site());
+        tables[lib].1.push(quote! { pub #name: unsafe extern "C" fn(#inputs) #output });
+        tables[lib].2.push(quote! {
+            #name: *unsafe { lib.get::<unsafe extern "C" fn(#inputs) #output>(#sym) }.map_err(|_| #symbol)?
+        });
+        wrappers.push(quote! {
+            #[inline]
+            pub unsafe fn #name(#inputs) #output {
+                unsafe { (crate::dl::#getter().#name)(#(#args),*) }
+            }
+        });
+    }
+    let mut out = quote!(#file).to_string();
+    for (lib, fields, inits) in &tables {
+        let table = format_ident!("Lib{lib}Fns");
+        out += &quote! {
+            /// The functions of one library, resolved when it was loaded.
+            pub struct #table { #(#fields,)* }
+            impl #table {
+                /// Resolves every function, or names the first symbol the library lacks.
+                pub(crate) fn resolve(lib: &::libloading::Library) -> ::core::result::Result<Self, &'static str> {
+                    Ok(Self { #(#inits,)* })
+                }
+            }
+        }
+        .to_string();
+    }
+    for w in wrappers {
+        out += &w.to_string();
+        out.push('\n');
+    }
+    out
 }
 
 fn use_pregenerated(out: &Path, pregenerated: &str, why: &str) {

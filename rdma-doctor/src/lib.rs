@@ -59,6 +59,7 @@ pub mod fleet;
 pub mod input;
 mod kmsg;
 pub mod known_bad;
+mod libraries_layer;
 pub mod loopback;
 pub mod metrics;
 mod modules_layer;
@@ -154,6 +155,9 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     let reference = opts.compare.as_ref().map(|r| &r.baseline);
 
     let (host, kernel) = collect::host_and_kernel();
+    // Loaded first (a no-op where linked): every use of a library below finds it loaded or
+    // gets its load error, never a panic.
+    let libraries = libraries_layer::load_all();
     let sysfs_devices = device::sysfs_devices();
     // libibverbs says why a provider did not load only on stderr: listing and opening run
     // with fd 2 captured (`stderr`).
@@ -191,6 +195,7 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     want.providers = providers;
     want.kernel_rdma = collect::kernel_has_rdma(&baseline.kernel.release);
     want.rdma_cm_node = rdma_cm::node();
+    want.libraries = libraries;
     let mut run = |name: &str, port: u8| match contexts.get(name) {
         Some(ctx) => loopback::run(ctx, port, opts.timeout),
         None => LoopbackReport { setup_error: Some(format!("{name} is not open")), ..LoopbackReport::default() },

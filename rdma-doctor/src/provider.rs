@@ -131,7 +131,8 @@ fn configs_naming(dir: &Path, provider: &str) -> Vec<String> {
 /// The directory of providers next to the libibverbs this process loaded, then the
 /// usual ones.
 fn provider_dirs() -> Vec<PathBuf> {
-    let loaded = crate::versions::object_of(rdma_verbs::ffi::ibv_get_device_list as *const std::ffi::c_void);
+    let loaded =
+        rdma_verbs::ffi::dl::address(rdma_verbs::ffi::dl::Library::Ibverbs).and_then(crate::versions::object_of);
     let mut dirs: Vec<PathBuf> = loaded.and_then(|p| p.parent().map(|d| d.join("libibverbs"))).into_iter().collect();
     for d in ["/usr/lib/x86_64-linux-gnu/libibverbs", "/usr/lib64/libibverbs", "/usr/lib/libibverbs"] {
         let d = PathBuf::from(d);

@@ -14,8 +14,9 @@ pub const FORMAT: &str = "rdma-doctor";
 /// The version of the JSON format this crate writes; it reads this one and every older
 /// one (version 2 added the `rdma_cm` layer and `layers[].command`; version 3
 /// `layers[].command_is_check`; version 4 `observations.counters`,
-/// `observations.counter_changes` and `observations.link_references`).
-pub const FORMAT_VERSION: u32 = 5;
+/// `observations.counter_changes` and `observations.link_references`; version 6 the
+/// `libraries` layer).
+pub const FORMAT_VERSION: u32 = 6;
 
 /// Everything one run found on one node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

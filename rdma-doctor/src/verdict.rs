@@ -25,6 +25,8 @@ use crate::report::{Baseline, DeviceFacts, Memlock, Observations, PortFacts};
 pub enum Layer {
     /// ib_core, ib_uverbs and a device driver are loaded and nothing failed to probe.
     KernelModules,
+    /// libibverbs and librdmacm load, with every function this build needs (scope `host`).
+    Libraries,
     /// The kernel enumerated the device (`/sys/class/infiniband`).
     Device,
     /// `/dev/infiniband/uverbsN` exists, this user can open it, and the kernel lets this
@@ -68,6 +70,7 @@ impl Layer {
     pub fn name(self) -> &'static str {
         match self {
             Layer::KernelModules => "kernel_modules",
+            Layer::Libraries => "libraries",
             Layer::Device => "device",
             Layer::DeviceNodes => "device_nodes",
             Layer::Provider => "provider",
@@ -244,6 +247,8 @@ pub struct Expectations {
     pub kernel_rdma: KernelRdma,
     /// `/dev/infiniband/rdma_cm` as found (for the rdma_cm layer).
     pub rdma_cm_node: CmNode,
+    /// Whether libibverbs and librdmacm loaded (empty: not looked at, taken as loaded).
+    pub libraries: Vec<crate::libraries_layer::LibraryState>,
 }
 
 /// Whether the running kernel has RDMA at all.
@@ -288,12 +293,21 @@ pub fn evaluate(
     let mut out = vec![crate::modules_layer::check(facts, seen, &want.kernel_rdma)];
     let mut runs = BTreeMap::new();
     let host_ok = out[0].outcome == Outcome::Pass;
+    if !want.libraries.is_empty() {
+        out.push(crate::libraries_layer::check(&want.libraries));
+    }
     let devices: Vec<String> = if want.devices.is_empty() { vec![NO_DEVICE.to_owned()] } else { want.devices.clone() };
     for name in &devices {
         let mut failed: Option<Layer> = if host_ok { None } else { Some(Layer::KernelModules) };
         for layer in Layer::DEVICE_LAYERS {
             if let Some(above) = failed {
                 out.push(LayerReport::skipped(name, layer, format!("not checked: the {} layer failed", above.name())));
+                continue;
+            }
+            // A library that did not load skips only the layers that need it (not a failure
+            // of theirs): the kernel's own layers below it are checked all the same.
+            if let Some(why) = crate::libraries_layer::needs(&want.libraries, layer) {
+                out.push(LayerReport::skipped(name, layer, why));
                 continue;
             }
             let r = match facts.devices.get(name) {
@@ -348,7 +362,7 @@ fn check(
             planes(layer, name, port, run, &pingpong(name, port, ports.first().map(|(_, p)| *p)))
         }
         Layer::RdmaCm => crate::cm_layer::check(name, &ports, facts, &want.rdma_cm_node, probes.rdma_cm),
-        Layer::KernelModules => unreachable!("a host layer"),
+        Layer::KernelModules | Layer::Libraries => unreachable!("a host layer"),
     }
 }
 

@@ -55,13 +55,19 @@ pub(crate) fn so_version(path: &Path) -> Option<String> {
 /// to it, and the rdma-core release both belong to.
 pub(crate) fn libraries() -> BTreeMap<String, VersionFact> {
     let mut out = BTreeMap::new();
-    let verbs = object_of(ffi::ibv_get_device_list as *const c_void);
+    let verbs = ffi::dl::address(ffi::dl::Library::Ibverbs).and_then(object_of);
     let verbs_fact = match &verbs {
         Some(p) => VersionFact {
             version: so_version(p),
             source: format!("file name of the libibverbs this process loaded: {}", p.display()),
         },
-        None => VersionFact { version: None, source: "dladdr found no library for ibv_get_device_list".into() },
+        None => VersionFact {
+            version: None,
+            source: match ffi::dl::load(ffi::dl::Library::Ibverbs) {
+                Err(e) => e.to_string(),
+                Ok(()) => "no mapped file holds libibverbs' ibv_get_device_list".into(),
+            },
+        },
     };
     // rdma-core names its libraries ABI.MINOR.RELEASE.PATCH: libibverbs.so.1.14.44.0 is
     // rdma-core 44.0.

@@ -113,7 +113,7 @@ fn compare_nodes_json_prints_the_comparison_as_json() {
     assert_eq!(code, 3, "{out}{err}");
     let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
     assert_eq!(v["format"], "rdma-doctor-nodes");
-    assert_eq!(v["format_version"], 5);
+    assert_eq!(v["format_version"], rdma_doctor::FORMAT_VERSION);
     assert_eq!((v["status"].as_str(), v["exit_code"].as_i64()), (Some("drift"), Some(3)));
     let labels: Vec<&str> = v["nodes"].as_array().unwrap().iter().map(|n| n["label"].as_str().unwrap()).collect();
     assert_eq!(labels, ["node-a", "node-b", "node-c"]);

@@ -15,6 +15,11 @@
 //! call the provider's function pointers exactly as the C inlines do, so the data path
 //! costs what it costs in C.
 //!
+//! With the feature `dlopen`, nothing is linked: the libraries are loaded when first
+//! needed, and [`dl::load`] says which one is missing, unreadable or too old. Call it (the
+//! safe crate does, in `devices` and `Context::open` and when it makes an rdma_cm event
+//! channel) before any other function of that library.
+//!
 //! C enums are transparent newtypes with associated constants
 //! (`ibv_wc_status::IBV_WC_SUCCESS`), never Rust enums: a provider may hand back a
 //! value this crate has never heard of, and that must stay plain data.
@@ -30,10 +35,15 @@
     clippy::undocumented_unsafe_blocks
 )]
 mod bindings {
+    #[cfg(not(feature = "dlopen"))]
     include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+    // The same items, with each C function a wrapper over `dl`'s tables (build.rs).
+    #[cfg(feature = "dlopen")]
+    include!(concat!(env!("OUT_DIR"), "/bindings_dl.rs"));
 }
 pub use bindings::*;
 
+pub mod dl;
 pub mod inline;
 pub use inline::*;
 
@@ -45,6 +55,7 @@ pub const PREGENERATED: bool = cfg!(rdma_verbs_sys_pregenerated);
 /// context is embedded in a `verbs_context` (every provider since rdma-core 13).
 pub const VERBS_ABI_IS_EXTENDED: *mut core::ffi::c_void = usize::MAX as *mut core::ffi::c_void;
 
+#[cfg(not(feature = "dlopen"))]
 extern "C" {
     /// The exported `ibv_query_port` symbol, which fills the old (compat)
     /// port attribute layout. Call [`inline::ibv_query_port`] instead, as C

@@ -54,7 +54,7 @@ pub(crate) fn quirks_known() -> Option<&'static Quirks> {
 /// The rdma-core release of the loaded libibverbs, from its file name
 /// (`libibverbs.so.1.<abi>.<release>.0`), found through `dladdr` on one of its symbols.
 pub fn loaded_release() -> Option<u32> {
-    let path = loaded_object(ffi::ibv_get_device_list as *const c_void)?;
+    let path = loaded_object(ffi::dl::address(ffi::dl::Library::Ibverbs)?)?;
     release_of(&path)
 }
 

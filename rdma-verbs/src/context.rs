@@ -140,6 +140,7 @@ impl Context {
                 "the descriptor is not a character device (a context's cmd_fd is /dev/infiniband/uverbsN)",
             ));
         }
+        ffi::dl::load(ffi::dl::Library::Ibverbs)?;
         let fd = fd.into_raw_fd();
         // SAFETY: `fd` is an open descriptor we hand over to libibverbs (see above).
         let raw = unsafe { ffi::ibv_import_device(fd) };

@@ -21,9 +21,12 @@ pub struct DeviceList {
 }
 
 /// Lists the RDMA devices of this host. An empty list is not an error; see
-/// [`Context::open`] for a call that fails with a hint when nothing is there.
+/// [`Context::open`] for a call that fails with a hint when nothing is there. With the
+/// feature `dlopen`, a libibverbs that cannot be loaded is [`Error::Library`].
 #[doc(alias = "ibv_get_device_list")]
 pub fn devices() -> Result<DeviceList> {
+    // With the feature `dlopen`, the library is loaded here; linked, this is a no-op.
+    ffi::dl::load(ffi::dl::Library::Ibverbs)?;
     let mut n = 0;
     // SAFETY: `n` is a valid out-pointer; the list is freed by DeviceList's Drop.
     let raw = unsafe { ffi::ibv_get_device_list(&mut n) };

@@ -511,6 +511,14 @@ pub enum Error {
         /// What is wrong with it.
         what: Cow<'static, str>,
     },
+    /// A user-space library of rdma-core (libibverbs or librdmacm) is missing, unreadable
+    /// or older than this program needs. Only a build with the feature `dlopen` sees this
+    /// (a linked program does not start at all): [`devices`](crate::devices),
+    /// [`Context::open`](crate::Context::open) and [`EventChannel::new`](crate::cm::EventChannel::new)
+    /// return it, before any C call. The message names the library and the packages that
+    /// install it.
+    #[error("{0}")]
+    Library(#[from] crate::ffi::dl::LoadError),
     /// The host has no RDMA device at all.
     #[error(
         "no RDMA device found (is an RDMA kernel driver loaded? for SoftRoCE: \

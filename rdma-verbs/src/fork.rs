@@ -37,6 +37,10 @@ impl ForkStatus {
 /// Whether registered memory is safe across `fork()` (`ibv_is_fork_initialized`).
 #[doc(alias = "ibv_is_fork_initialized")]
 pub fn fork_status() -> ForkStatus {
+    // Without libibverbs (feature `dlopen`) nothing can be registered, and nothing protected.
+    if ffi::dl::load(ffi::dl::Library::Ibverbs).is_err() {
+        return ForkStatus::Disabled;
+    }
     // SAFETY: no arguments; the call reads libibverbs' state and asks the kernel (netlink)
     // whether it copies pinned pages on fork.
     ForkStatus::from_raw(unsafe { ffi::ibv_is_fork_initialized() })
@@ -59,6 +63,7 @@ pub fn fork_init() -> Result<ForkStatus> {
     if matches!(status, ForkStatus::Unneeded | ForkStatus::Enabled) {
         return Ok(status);
     }
+    ffi::dl::load(ffi::dl::Library::Ibverbs)?;
     // SAFETY: no arguments; libibverbs sets its own state under its own rules.
     let rc = unsafe { ffi::ibv_fork_init() };
     match rc {

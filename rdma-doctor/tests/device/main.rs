@@ -23,6 +23,8 @@ mod counters;
 /// Faults induced for real on the test bed: providers, the rdma cgroup, the kernel log,
 /// memlock.
 mod induced;
+/// libibverbs and librdmacm hidden in a mount namespace, and both present.
+mod libraries;
 /// `--serve` and `--peer` on one node, with hostile clients of the server.
 mod peer;
 /// `--watch`: a healthy idle device, a link flap, Ctrl-C and SIGTERM.
@@ -69,7 +71,8 @@ fn healthy_device_passes_every_layer_and_the_loopback_verifies_write_read_send_a
         let r = run(&options());
 
         let layers: Vec<(Layer, Outcome)> = r.layers.iter().map(|l| (l.layer, l.outcome)).collect();
-        assert_eq!(layers.len(), 1 + Layer::DEVICE_LAYERS.len(), "{layers:?}");
+        // kernel_modules and libraries (scope host), then the device's.
+        assert_eq!(layers.len(), 2 + Layer::DEVICE_LAYERS.len(), "{layers:?}");
         for l in &r.layers {
             assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
         }

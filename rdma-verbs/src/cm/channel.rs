@@ -307,6 +307,10 @@ impl EventChannel {
     #[doc(alias = "rdma_create_event_channel")]
     pub fn new() -> Result<EventChannel> {
         const VERB: Verb = Verb::CreateEventChannel;
+        // With the feature `dlopen`, both libraries are loaded here (a CM id's context is
+        // libibverbs'); linked, these are no-ops.
+        ffi::dl::load(ffi::dl::Library::Ibverbs)?;
+        ffi::dl::load(ffi::dl::Library::Rdmacm)?;
         // SAFETY: no arguments; returns NULL with errno set on failure.
         let raw = unsafe { ffi::rdma_create_event_channel() };
         let Some(raw) = NonNull::new(raw) else {

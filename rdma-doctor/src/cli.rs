@@ -157,6 +157,15 @@ pub struct Args {
           conflicts_with_all = ["compare_nodes", "peer", "serve", "prometheus", "save", "compare", "known_bad",
                                 "ignore", "expect_rate", "no_loopback", "timeout", "memlock_need", "fleet", "fleet_file"])]
     pub watch: Option<Duration>,
+    /// Slurm's HealthCheckProgram (through a wrapper, as it takes no arguments): diagnose
+    /// this node, and with --peer the path to HOST, then drain the node in Slurm
+    /// (`scontrol`) with the failed layer and its cause as the reason, or resume it when
+    /// it is healthy and rdma-doctor drained it (never a node drained for another reason)
+    #[arg(long, conflicts_with_all = ["serve", "fleet", "fleet_file", "compare_nodes", "watch", "prometheus", "json", "save"])]
+    pub health_check: bool,
+    /// With --health-check: the node's name in Slurm (default: this host's short name)
+    #[arg(long, value_name = "NAME", requires = "health_check")]
+    pub slurm_node: Option<String>,
     /// Locked memory programs must register (K, M, G)
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = size, conflicts_with_all = ["compare_nodes", "peer", "serve"])]
     pub memlock_need: u64,
@@ -263,6 +272,7 @@ pub fn run(
         }
     };
     let result = match (&args.compare_nodes, &args.peer) {
+        _ if args.health_check => health(&args, out),
         _ if !args.fleet.is_empty() || args.fleet_file.is_some() => fleet(&args, out),
         (Some(files), _) => nodes(&args, files, out),
         (None, Some(peer)) => probe_peer(&args, peer, out),
@@ -274,6 +284,12 @@ pub fn run(
         let _ = writeln!(err, "rdma-doctor: {e}");
         EXIT_USAGE
     })
+}
+
+fn health(args: &Args, out: &mut dyn Write) -> Result<i32, String> {
+    let peer_opts = args.peer_options();
+    let peer = args.peer.as_deref().map(|host| (host, &peer_opts));
+    crate::health::run(&args.options()?, peer, args.slurm_node.as_deref(), out)
 }
 
 fn probe_peer(args: &Args, peer: &str, out: &mut dyn Write) -> Result<i32, String> {

@@ -457,7 +457,10 @@ mod tests {
             BTreeMap::from([("mlx5_0".to_owned(), read_device(&fixtures().join("mlx5-after"), "mlx5_0"))]);
         r.observations.counter_changes = changes(&before, &r.observations.counters);
         let json = r.to_json();
-        assert!(json.contains(&format!("\"format_version\": {}", crate::report::FORMAT_VERSION)) && json.contains("hw_counters/out_of_sequence"));
+        assert!(
+            json.contains(&format!("\"format_version\": {}", crate::report::FORMAT_VERSION))
+                && json.contains("hw_counters/out_of_sequence")
+        );
         assert_eq!(crate::input::parse_report(&json).unwrap(), r);
         let typo = json.replacen("\"before\": ", "\"befor\": ", 1);
         assert!(crate::input::parse_report(&typo).unwrap_err().contains("befor"));

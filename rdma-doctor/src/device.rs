@@ -168,9 +168,37 @@ fn sysfs_ports(dir: &Path) -> BTreeMap<String, PortFacts> {
                 speed,
                 rate_gbps,
                 netdev,
+                gids: sysfs_gids(&p),
                 ..PortFacts::default()
             },
         );
+    }
+    out
+}
+
+/// A port's GID table as sysfs shows it (`gids/N`, `gid_attrs/types/N`,
+/// `gid_attrs/ndevs/N`), empty entries left out: the same facts as libibverbs' table.
+fn sysfs_gids(port: &Path) -> BTreeMap<String, GidFacts> {
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(port.join("gids")) else { return out };
+    for e in entries.flatten() {
+        let index = e.file_name().to_string_lossy().into_owned();
+        let Some(gid) = read_trimmed(&e.path()).and_then(|g| g.parse::<std::net::Ipv6Addr>().ok()) else { continue };
+        if gid.is_unspecified() {
+            continue;
+        }
+        let gid_type = match read_trimmed(&port.join("gid_attrs/types").join(&index)).as_deref() {
+            Some("RoCE v2") => "RoCE v2".to_owned(),
+            // sysfs says `IB/RoCE v1` for both; on an Ethernet port it is RoCE v1.
+            Some(t) if t.contains("RoCE v1") => {
+                let ib = read_trimmed(&port.join("link_layer")).as_deref() == Some("InfiniBand");
+                if ib { "IB" } else { "RoCE v1" }.to_owned()
+            }
+            Some(t) => t.to_owned(),
+            None => continue,
+        };
+        let netdev = read_trimmed(&port.join("gid_attrs/ndevs").join(&index));
+        out.insert(index, GidFacts { gid: gid.to_string(), gid_type, netdev });
     }
     out
 }

@@ -56,6 +56,7 @@ mod device;
 pub mod ethtool;
 pub mod ethtool_stats;
 pub mod fleet;
+pub mod health;
 pub mod input;
 mod kmsg;
 pub mod known_bad;

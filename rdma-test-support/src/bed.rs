@@ -60,3 +60,17 @@ pub fn example(name: &str) -> PathBuf {
     );
     path
 }
+
+/// The file the dynamic loader resolves for `soname` (`ldconfig -p`, the x86-64 entry),
+/// symlinks followed: the one to hide (a bind mount of /dev/null over it in a private
+/// mount namespace makes loading it fail with "file too short").
+pub fn resolved_library(soname: &str) -> std::path::PathBuf {
+    let out = std::process::Command::new("ldconfig").arg("-p").output().expect("run ldconfig -p");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{soname} ")) && l.contains("x86-64"))
+        .unwrap_or_else(|| panic!("ldconfig -p lists no {soname}: {text}"));
+    let path = line.rsplit("=> ").next().expect("a path after =>").trim();
+    std::fs::canonicalize(path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}

@@ -12,7 +12,7 @@ mod bed;
 mod leaks;
 mod process;
 
-pub use bed::{device_name, example, gid_index, open, rdma_ip};
+pub use bed::{device_name, example, gid_index, open, rdma_ip, resolved_library};
 pub use leaks::{bind_an_id_and_drop_it, cm_leak_check, LeakCheck, ResourceCounts};
 pub use process::{in_own_process, isolated};
 

@@ -4,25 +4,10 @@
 //! doctor still starts (it loads them at run time), names the library, its layer and its
 //! packages, and checks the kernel's layers all the same. And healthy with both present.
 
-use std::path::PathBuf;
-
 use rdma_doctor::{Layer, Outcome, Report};
-use rdma_test_support::{device_name, LeakCheck};
+use rdma_test_support::{device_name, resolved_library as resolved, LeakCheck};
 
 use crate::doctor_command;
-
-/// The file the dynamic loader resolves for `soname` (`ldconfig -p`), symlinks followed:
-/// the one to hide.
-fn resolved(soname: &str) -> PathBuf {
-    let out = std::process::Command::new("ldconfig").arg("-p").output().expect("run ldconfig -p");
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find(|l| l.trim_start().starts_with(&format!("{soname} ")) && l.contains("x86-64"))
-        .unwrap_or_else(|| panic!("ldconfig -p lists no {soname}: {text}"));
-    let path = line.rsplit("=> ").next().expect("a path after =>").trim();
-    std::fs::canonicalize(path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 fn layer(r: &Report, scope: &str, layer: Layer) -> rdma_doctor::LayerReport {
     r.layers

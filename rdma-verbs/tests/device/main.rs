@@ -38,6 +38,8 @@ mod endpoint;
 mod events;
 mod faults;
 mod import;
+/// libibverbs and librdmacm hidden: Error::Library with `dlopen`, no start when linked.
+mod library;
 mod mr;
 mod mw;
 mod prepared;

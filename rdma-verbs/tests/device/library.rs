@@ -14,7 +14,8 @@ const HIDDEN: &str = "RDMA_VERBS_TEST_HIDDEN";
 
 /// In the child: what the safe API says with `library` unusable.
 fn child(library: Library) {
-    let refused = |what: &str, e: Error| {
+    let refused = |what: &str, e: Option<Error>| {
+        let e = e.unwrap_or_else(|| panic!("{what}: succeeded with {} hidden", library.soname()));
         let Error::Library(load) = &e else { panic!("{what}: not Error::Library: {e:?}") };
         assert_eq!(load.library(), library, "{what}: {e}");
         let text = e.to_string();
@@ -23,9 +24,9 @@ fn child(library: Library) {
     };
     match library {
         Library::Ibverbs => {
-            refused("devices", rdma_verbs::devices().err().expect("devices() without libibverbs"));
-            refused("Context::open", Context::open(None).err().expect("Context::open without libibverbs"));
-            refused("EventChannel::new", rdma_verbs::EventChannel::new().err().expect("a channel without libibverbs"));
+            refused("devices", rdma_verbs::devices().err());
+            refused("Context::open", Context::open(None).err());
+            refused("EventChannel::new", rdma_verbs::EventChannel::new().err());
             assert_eq!(rdma_verbs::fork_status(), rdma_verbs::ForkStatus::Disabled);
         }
         Library::Rdmacm => {
@@ -33,7 +34,7 @@ fn child(library: Library) {
             let ctx =
                 Context::open(Some(&rdma_test_support::device_name())).expect("open the device without librdmacm");
             rdma_verbs::ProtectionDomain::new(&ctx).expect("a PD without librdmacm");
-            refused("EventChannel::new", rdma_verbs::EventChannel::new().err().expect("a channel without librdmacm"));
+            refused("EventChannel::new", rdma_verbs::EventChannel::new().err());
         }
     }
 }

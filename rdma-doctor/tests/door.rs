@@ -150,9 +150,11 @@ fn a_probe_request_towards_a_node_outside_the_allow_list_is_refused_and_one_insi
     let v: Value = serde_json::from_slice(&got).unwrap();
     assert_eq!(v["probe"]["checks"][0]["layer"], "control channel", "{v}");
     assert_eq!(v["probe"]["checks"][0]["ok"], false, "{v}");
-    assert!(
-        rdma_doctor::peer::peer_admitted("localhost:1", 1, &AllowList::parse(&["127.0.0.0/8".into()]).unwrap()).is_ok()
-    );
+    assert_eq!(v["probe"]["peer"], closed.as_str(), "{v}");
+    let local = AllowList::parse(&["127.0.0.0/8".into()]).unwrap();
+    let at = rdma_doctor::peer::peer_admitted("localhost:1", 1, &local).unwrap().unwrap();
+    assert!(at.ip().is_loopback() && at.port() == 1, "{at}");
+    assert_eq!(rdma_doctor::peer::peer_admitted("anything:1", 1, &AllowList::default()), Ok(None));
 }
 
 #[test]

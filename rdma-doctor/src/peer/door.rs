@@ -269,9 +269,9 @@ where
                 Heard::Hello(line) => {
                     idle = false;
                     let Some(w) = waiting.remove(i) else { continue };
-                    let proven = match (&limits.secret, &w.challenge) {
-                        (Some(secret), Some(challenge)) => secret.verify(challenge, &line),
-                        _ => Some(line),
+                    let proven = match &limits.secret {
+                        Some(secret) => w.challenge.as_ref().and_then(|c| secret.verify(c, &line)),
+                        None => Some(line),
                     };
                     match proven {
                         Some(hello) => start(w, hello, limits, &running, &answer, &done_tx, log),

@@ -50,8 +50,13 @@ pub fn serve(
             // At most this node's own timeout: the probe then ends within the door's
             // deadline for this connection, and the answer gets out.
             let probe = |peer: &str, asked: std::time::Duration| {
-                peer_admitted(peer, opts.tcp_port, &allow)?;
-                Ok(super::probe(peer, &PeerOptions { timeout: asked.min(opts.timeout), ..opts.clone() }))
+                let popts = PeerOptions { timeout: asked.min(opts.timeout), ..opts.clone() };
+                // The address checked is the one probed: a name that resolves anew cannot
+                // lead the probe elsewhere.
+                Ok(match peer_admitted(peer, opts.tcp_port, &allow)? {
+                    None => super::probe(peer, &popts),
+                    Some(at) => super::PeerReport { peer: peer.to_owned(), ..super::probe(&at.to_string(), &popts) },
+                })
             };
             send_line(&mut ctl, wire::answer(asked, report, probe).trim_end())
         }
@@ -60,10 +65,11 @@ pub fn serve(
 }
 
 /// Whether a fleet's probe request may name `peer` (`HOST[:PORT]`): every address it
-/// resolves to is in `allow` (any, with no `--allow`).
-pub fn peer_admitted(peer: &str, port: u16, allow: &AllowList) -> Result<(), String> {
+/// resolves to is in `allow`. `Some` of the first of them, to be probed; `None` with no
+/// `--allow` (any peer, resolved by the probe).
+pub fn peer_admitted(peer: &str, port: u16, allow: &AllowList) -> Result<Option<SocketAddr>, String> {
     if allow.is_open() {
-        return Ok(());
+        return Ok(None);
     }
     let addrs: Vec<SocketAddr> = wire::with_port(peer, port)
         .to_socket_addrs()
@@ -72,7 +78,7 @@ pub fn peer_admitted(peer: &str, port: u16, allow: &AllowList) -> Result<(), Str
     match addrs.iter().find(|a| !allow.admits(a.ip())) {
         _ if addrs.is_empty() => Err(format!("refused: the peer {peer} resolves to no address")),
         Some(a) => Err(format!("refused: the peer {peer} ({}) is outside this node's --allow ({allow})", a.ip())),
-        None => Ok(()),
+        None => Ok(addrs.first().copied()),
     }
 }
 

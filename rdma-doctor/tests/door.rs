@@ -218,6 +218,9 @@ fn a_fleet_run_over_two_doors_with_allow_and_secret_gets_every_report_and_probe_
     // Flags that need --serve, and a secret nobody else may read.
     assert_eq!(run(&["--allow", "10.0.0.0/8"]).0, 2);
     assert_eq!(run(&["--listen", "127.0.0.1"]).0, 2);
+    // A network with host bits set is refused before --serve diagnoses or listens.
+    let (code, text) = run(&["--serve", "--allow", "10.0.0.1/8"]);
+    assert!(code == 2 && text.contains("did you mean 10.0.0.0/8"), "{text}");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let (code, text) = run(&["--fleet", &a, "--secret-file", file]);
     assert!(code == 2 && text.contains("chmod 600"), "{text}");

@@ -7,8 +7,9 @@
 //!             [--timeout SECONDS] [--no-loopback] [--memlock-need BYTES] [--prometheus]
 //! rdma-doctor --compare-nodes A.json B.json [C.json ...] [--json] [--ignore PATTERN]...
 //! rdma-doctor --serve [--peer-port PORT] [--once] [--metrics-port PORT] [-d NAME] [-p PORT] [--timeout SECONDS]
-//! rdma-doctor --peer HOST[:PORT] [--peer-port PORT] [--json] [-d NAME] [-p PORT] [--timeout SECONDS]
-//! rdma-doctor --fleet HOST[:PORT]... | --fleet-file FILE [--mesh | --no-probe] [--parallel N] [--timeout SECONDS]
+//!             [--listen ADDRESS] [--allow CIDR]... [--secret-file FILE]
+//! rdma-doctor --peer HOST[:PORT] [--peer-port PORT] [--json] [-d NAME] [-p PORT] [--timeout SECONDS] [--secret-file FILE]
+//! rdma-doctor --fleet HOST[:PORT]... | --fleet-file FILE [--mesh | --no-probe] [--parallel N] [--timeout SECONDS] [--secret-file FILE]
 //!             [--json] [--save FILE] [--compare FLEET.json|NODE.json] [--known-bad FILE]... [--ignore PATTERN]...
 //! rdma-doctor --watch [SECONDS] [--json] [-d NAME] [-p PORT]
 //! ```
@@ -24,7 +25,9 @@
 //! on its retry), 1 when one failed.
 //!
 //! `--prometheus` prints the diagnosis as metrics, and `--serve --metrics-port PORT`
-//! answers `GET /metrics` with them ([`crate::metrics`]).
+//! answers `GET /metrics` with them ([`crate::metrics`]). `--serve` diagnoses again for the
+//! requests it gets ([`crate::fresh`]); `--listen`, `--allow` and `--secret-file` say who
+//! may ask ([`crate::gate`]).
 //!
 //! Exit status (docs/doctor-json.md): 0 every layer passed and nothing drifted; 1 a
 //! layer failed; 2 usage error (a flag the chosen mode would ignore, a rate that is not a
@@ -75,10 +78,24 @@ pub struct Args {
     /// text: counters, each layer's verdict, the versions, the known-bad flag, link rates
     #[arg(long, conflicts_with_all = ["json", "serve", "peer", "compare_nodes"])]
     pub prometheus: bool,
-    /// With --serve: also answer HTTP `GET /metrics` on TCP port PORT (the diagnosis made
-    /// when the server started, with the counters read at each scrape)
+    /// With --serve: also answer HTTP `GET /metrics` on TCP port PORT (a diagnosis at most
+    /// 2 s old whose ports are as they are now, with the counters read at each scrape;
+    /// --listen and --allow apply, --secret-file does not)
     #[arg(long, value_name = "PORT", requires = "serve")]
     pub metrics_port: Option<u16>,
+    /// With --serve: listen on this address only (default: every address), for the probes
+    /// and the metrics
+    #[arg(long, value_name = "ADDRESS", requires = "serve")]
+    pub listen: Option<std::net::IpAddr>,
+    /// With --serve: admit only clients from CIDR (`10.0.0.0/8`, or one address; repeat
+    /// for more), checked before a byte is read; a fleet's probe request may name only a
+    /// node it admits (default: every address)
+    #[arg(long, value_name = "CIDR", requires = "serve")]
+    pub allow: Vec<String>,
+    /// The shared secret (a file only its owner can read, at least 16 bytes): --serve asks
+    /// each client to prove it, --fleet and --peer prove it (an HMAC over a challenge)
+    #[arg(long, value_name = "FILE", requires = "ported")]
+    pub secret_file: Option<PathBuf>,
     /// Also write the JSON report to FILE (a baseline for --compare; with --fleet, the
     /// fleet's report)
     #[arg(long, value_name = "FILE", conflicts_with = "compare_nodes")]
@@ -117,8 +134,8 @@ pub struct Args {
     pub peer: Option<String>,
     /// Answer `--peer` probes from other nodes until killed: up to 16 at once, each with its
     /// own QP; a client must say hello within --timeout and end within 24 timeouts. A
-    /// `--fleet` collector gets this node's report (the diagnosis made as it starts) and
-    /// has it probe another node
+    /// `--fleet` collector gets this node's report (diagnosed for the request, or at most
+    /// 2 s before it with every port as it is now) and has it probe another node
     #[arg(long, conflicts_with_all = ["compare_nodes", "compare", "save"])]
     pub serve: bool,
     /// The TCP port `--serve` listens on, and `--peer` and `--fleet` connect to when HOST
@@ -233,13 +250,19 @@ impl Args {
         })
     }
 
-    fn peer_options(&self) -> crate::peer::PeerOptions {
-        crate::peer::PeerOptions {
+    /// The options of a probe or a server; reads the `--secret-file`.
+    fn peer_options(&self) -> Result<crate::peer::PeerOptions, String> {
+        Ok(crate::peer::PeerOptions {
             device: self.device.clone(),
             port: self.port,
             timeout: self.timeout,
             tcp_port: self.peer_port,
-        }
+            secret: self.secret()?,
+        })
+    }
+
+    fn secret(&self) -> Result<Option<crate::gate::Secret>, String> {
+        self.secret_file.as_deref().map(crate::gate::Secret::load).transpose()
     }
 
     /// `--known-bad` files, then those of `RDMA_DOCTOR_KNOWN_BAD`.
@@ -293,7 +316,7 @@ fn health(args: &Args, out: &mut dyn Write) -> Result<i32, String> {
 }
 
 fn probe_peer(args: &Args, peer: &str, out: &mut dyn Write) -> Result<i32, String> {
-    let report = crate::peer::probe(peer, &args.peer_options());
+    let report = crate::peer::probe(peer, &args.peer_options()?);
     let text = if args.json { report.to_json() + "\n" } else { report.to_text() };
     out.write_all(text.as_bytes()).map_err(|e| format!("writing the report: {e}"))?;
     Ok(report.exit_code())
@@ -315,6 +338,7 @@ fn fleet(args: &Args, out: &mut dyn Write) -> Result<i32, String> {
         known_bad: known_bad::load(&args.known_bad_files())?,
         ignore: args.ignore.clone(),
         reference: args.compare.as_deref().map(crate::fleet::load_reference).transpose()?,
+        secret: args.secret()?,
     };
     let report = crate::fleet::run(&opts)?;
     if let Some(path) = &args.save {
@@ -331,7 +355,7 @@ fn diagnose_here(args: &Args, out: &mut dyn Write) -> Result<i32, String> {
         std::fs::write(path, report.to_json() + "\n").map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
     let text = if args.prometheus {
-        crate::metrics::encode_report(&report, &report.observations.counters)
+        crate::metrics::encode_report(&report, &report.observations.counters, Duration::ZERO)
     } else if args.json {
         report.to_json() + "\n"
     } else {
@@ -341,25 +365,32 @@ fn diagnose_here(args: &Args, out: &mut dyn Write) -> Result<i32, String> {
     Ok(report.exit_code)
 }
 
-/// `--serve`, and with `--metrics-port` the metrics endpoint on a thread of its own: the
-/// diagnosis runs once before either starts (it captures fd 2 while it opens devices);
-/// fleet collectors get its report.
+/// `--serve`, and with `--metrics-port` the metrics endpoint on a thread of its own. The
+/// first diagnosis runs before either starts, the others as requests need them
+/// ([`crate::fresh`]), one at a time.
 fn serve(args: &Args, err: &mut dyn Write) -> Result<i32, String> {
-    let report = std::sync::Arc::new(diagnose(&args.options()?)?);
+    let opts = args.peer_options()?;
+    let door = crate::peer::ServeOptions {
+        listen: args.listen.unwrap_or(crate::peer::ServeOptions::default().listen),
+        allow: crate::gate::AllowList::parse(&args.allow)?,
+    };
+    let reports = std::sync::Arc::new(crate::fresh::Reports::diagnosing(args.options()?)?);
     if let Some(port) = args.metrics_port {
-        let report = std::sync::Arc::clone(&report);
-        let listener = std::net::TcpListener::bind(("0.0.0.0", port))
-            .map_err(|e| format!("listening for metrics on TCP port {port}: {e}"))?;
-        let _ = writeln!(err, "rdma-doctor: metrics at http://0.0.0.0:{port}/metrics");
-        let devices: Vec<String> = report.baseline.devices.keys().cloned().collect();
+        let at = std::net::SocketAddr::new(door.listen, port);
+        let listener =
+            std::net::TcpListener::bind(at).map_err(|e| format!("listening for metrics on TCP {at}: {e}"))?;
+        let _ = writeln!(err, "rdma-doctor: metrics at http://{at}/metrics to {}", door.allow);
+        let (reports, allow) = (std::sync::Arc::clone(&reports), door.allow.clone());
         std::thread::spawn(move || {
-            let e = crate::metrics::serve(listener, || {
-                crate::metrics::encode_report(&report, &crate::counters::sample(&devices))
+            let e = crate::metrics::serve(listener, &allow, || {
+                let fresh = reports.get()?;
+                let devices: Vec<String> = fresh.report.baseline.devices.keys().cloned().collect();
+                Ok(crate::metrics::encode_report(&fresh.report, &crate::counters::sample(&devices), fresh.age))
             });
             eprintln!("rdma-doctor: the metrics endpoint stopped: {e}");
         });
     }
-    crate::peer::serve(args.peer_port, args.once, &args.peer_options(), Some(report), err).map_err(|e| e.to_string())
+    crate::peer::serve(&door, args.once, &opts, Some(reports), err)
 }
 
 /// `--watch`: 0 after Ctrl-C or SIGTERM; 1 (with the reason) when there is nothing to

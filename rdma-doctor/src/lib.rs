@@ -56,6 +56,8 @@ mod device;
 pub mod ethtool;
 pub mod ethtool_stats;
 pub mod fleet;
+pub mod fresh;
+pub mod gate;
 pub mod health;
 pub mod input;
 mod kmsg;

@@ -15,8 +15,16 @@
 //! | `rdma_doctor_link_reference_gbps` | device, port | the rate it is judged against (absent without one; the report's `observations.link_references` says where it came from) |
 //! | `rdma_doctor_exit_code` | | the doctor's exit status for the report |
 //! | `rdma_doctor_report_time_seconds` | | when the diagnosis ran (Unix time) |
+//! | `rdma_doctor_report_age_seconds` | | how long before this answer the diagnosis started |
 //!
-//! Unreadable counters are left out.
+//! Unreadable counters are left out. The series of a metric come out in the order of
+//! their label values (the same order at every scrape).
+//!
+//! The endpoint serves each scrape a report from [`crate::fresh::Reports`] (at most
+//! [`crate::fresh::MAX_AGE`] old, diagnosed again when a port changed) with the counters
+//! read for the scrape. It admits only the clients of its allow-list, and closes the others
+//! before it reads a byte; it takes no secret (a Prometheus scraper cannot answer a
+//! challenge).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -31,6 +39,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::counters::DeviceCounters;
+use crate::gate::AllowList;
 use crate::report::{Report, Severity};
 use crate::verdict::Outcome;
 
@@ -49,8 +58,8 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 }
 
 /// The metrics of `report`, with the counters of `counters` (the report's own, or a fresh
-/// sample for a scrape).
-pub fn encode_report(report: &Report, counters: &BTreeMap<String, DeviceCounters>) -> String {
+/// sample for a scrape); `age` is how long ago its diagnosis started.
+pub fn encode_report(report: &Report, counters: &BTreeMap<String, DeviceCounters>, age: Duration) -> String {
     let mut registry = Registry::default();
     let port_counter = Family::<Labels, Counter>::default();
     let port_hw = Family::<Labels, Counter>::default();
@@ -142,19 +151,54 @@ pub fn encode_report(report: &Report, counters: &BTreeMap<String, DeviceCounters
     let time = Gauge::<i64>::default();
     time.set(i64::try_from(report.host.time_unix).unwrap_or(i64::MAX));
     registry.register("rdma_doctor_report_time_seconds", "When the diagnosis ran, Unix time", time);
+    let age_gauge = FloatGauge::default();
+    age_gauge.set(age.as_secs_f64());
+    registry.register(
+        "rdma_doctor_report_age_seconds",
+        "How long before this answer the diagnosis started, seconds",
+        age_gauge,
+    );
 
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut text, &registry);
-    text
+    in_stable_order(&text)
 }
 
-/// Answers `GET /metrics` on `listener` with `metrics()`, one connection at a time on the
-/// calling thread, until the listener fails. Each request head is read up to
-/// [`MAX_REQUEST_BYTES`] within [`REQUEST_TIMEOUT`]; anything else gets 400, 404 or 405.
-pub fn serve(listener: TcpListener, metrics: impl Fn() -> String) -> std::io::Error {
+/// `text` with each metric's series sorted: a family keeps its series in a hash map, whose
+/// order changes from one encoding to the next. The comment lines (`# HELP`, `# TYPE`,
+/// `# EOF`) stay where they are; every series here is one line (no histograms).
+fn in_stable_order(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut series: Vec<&str> = Vec::new();
+    let flush = |series: &mut Vec<&str>, out: &mut String| {
+        series.sort_unstable();
+        for l in series.drain(..) {
+            out.push_str(l);
+            out.push('\n');
+        }
+    };
+    for line in text.lines() {
+        if line.starts_with('#') {
+            flush(&mut series, &mut out);
+            out.push_str(line);
+            out.push('\n');
+        } else {
+            series.push(line);
+        }
+    }
+    flush(&mut series, &mut out);
+    out
+}
+
+/// Answers `GET /metrics` on `listener` with `metrics()` (500 with its error), one
+/// connection at a time on the calling thread, until the listener fails. A client that
+/// `allow` does not admit is closed before anything is read. Each request head is read up
+/// to [`MAX_REQUEST_BYTES`] within [`REQUEST_TIMEOUT`]; anything else gets 400, 404 or 405.
+pub fn serve(listener: TcpListener, allow: &AllowList, metrics: impl Fn() -> Result<String, String>) -> std::io::Error {
     loop {
         match listener.accept() {
+            Ok((stream, from)) if !allow.admits(from.ip()) => drop(stream),
             Ok((stream, _)) => {
                 // A client that misbehaves costs it its answer, nothing more.
                 let _ = answer(stream, &metrics);
@@ -166,7 +210,7 @@ pub fn serve(listener: TcpListener, metrics: impl Fn() -> String) -> std::io::Er
     }
 }
 
-fn answer(mut stream: TcpStream, metrics: &impl Fn() -> String) -> std::io::Result<()> {
+fn answer(mut stream: TcpStream, metrics: &impl Fn() -> Result<String, String>) -> std::io::Result<()> {
     let deadline = Instant::now() + REQUEST_TIMEOUT;
     stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
     let mut head = Vec::new();
@@ -192,7 +236,10 @@ fn answer(mut stream: TcpStream, metrics: &impl Fn() -> String) -> std::io::Resu
     match (words.next(), words.next(), words.next()) {
         (Some("GET"), Some(path), Some(v)) if v.starts_with("HTTP/1.") => {
             if path == "/metrics" || path.starts_with("/metrics?") {
-                respond(&mut stream, "200 OK", CONTENT_TYPE, &metrics())
+                match metrics() {
+                    Ok(text) => respond(&mut stream, "200 OK", CONTENT_TYPE, &text),
+                    Err(e) => respond(&mut stream, "500 Internal Server Error", "text/plain", &format!("{e}\n")),
+                }
             } else {
                 respond(&mut stream, "404 Not Found", "text/plain", "the metrics are at /metrics\n")
             }
@@ -222,7 +269,7 @@ mod tests {
     fn a_request_that_is_not_get_metrics_gets_an_error_status() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        std::thread::spawn(move || serve(listener, || "m 1\n".to_owned()));
+        std::thread::spawn(move || serve(listener, &AllowList::default(), || Ok("m 1\n".to_owned())));
         let ask = |req: &[u8]| {
             let mut s = TcpStream::connect(addr).unwrap();
             s.write_all(req).unwrap();

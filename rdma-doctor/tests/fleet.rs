@@ -80,7 +80,11 @@ fn answer(mut stream: TcpStream, role: &Role, bad: &std::sync::Mutex<Vec<String>
         }
         asked => {
             let fails = |peer: &str| broken || bad.lock().unwrap().iter().any(|b| b == peer);
-            wire::answer(asked, None, |peer, _| probe_report(peer, !fails(peer)))
+            wire::answer(
+                asked,
+                || Err("this node has no report".into()),
+                |peer, _| Ok(probe_report(peer, !fails(peer))),
+            )
         }
     };
     let _ = stream.write_all(text.as_bytes());
@@ -262,10 +266,11 @@ fn the_serve_door_hands_its_report_to_a_collector_and_probes_another_node_on_req
             port: None,
             timeout: Duration::from_secs(2),
             tcp_port: port,
+            secret: None,
         };
-        std::thread::spawn(move || {
-            rdma_doctor::peer::serve(port, false, &opts, Some(Arc::new(report)), &mut std::io::sink())
-        });
+        let reports = Arc::new(rdma_doctor::fresh::Reports::fixed(report));
+        let door = rdma_doctor::peer::ServeOptions::default();
+        std::thread::spawn(move || rdma_doctor::peer::serve(&door, false, &opts, Some(reports), &mut std::io::sink()));
         let addr = format!("127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(&addr).is_err() {
@@ -391,7 +396,7 @@ fn no_answer_a_node_can_send_panics_the_collector_or_passes_for_a_report() {
     });
     let mut usable = 0;
     for i in 0..count {
-        match wire::fetch_report(&addr, Duration::from_secs(5)) {
+        match wire::fetch_report(&addr, None, Duration::from_secs(5)) {
             Ok(r) => {
                 usable += 1;
                 assert_eq!(r.host.hostname, "node-001", "payload {i}");

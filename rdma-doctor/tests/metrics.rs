@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use prometheus_parse::{Sample, Scrape, Value};
 use rdma_doctor::report::LinkReference;
@@ -42,7 +43,7 @@ fn a_recorded_known_bad_node_exports_counters_verdicts_versions_known_bad_and_ra
         BTreeMap::from([("1".into(), LinkReference { gbps: 200.0, from: "x".into() })]),
     )]);
 
-    let out = metrics::encode_report(&r, &c);
+    let out = metrics::encode_report(&r, &c, Duration::from_millis(1500));
     let s = parse(&out);
 
     let seq = find(
@@ -81,6 +82,31 @@ fn a_recorded_known_bad_node_exports_counters_verdicts_versions_known_bad_and_ra
     let reference = find(&s, "rdma_doctor_link_reference_gbps", &[("device", "mlx5_0"), ("port", "1")]);
     assert_eq!(value(&reference[0].value), 200.0);
     assert_eq!(value(&find(&s, "rdma_doctor_exit_code", &[])[0].value), 1.0);
+    assert_eq!(value(&find(&s, "rdma_doctor_report_age_seconds", &[])[0].value), 1.5);
+}
+
+#[test]
+fn two_encodings_of_a_report_list_the_series_in_the_same_order() {
+    let text = include_str!("../testdata/node-c-connectx5-known-bad.json");
+    let r = input::parse_report(text).expect("the fixture reads");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/counters/mlx5-after");
+    let c = BTreeMap::from([("mlx5_0".to_owned(), counters::read_device(&root, "mlx5_0"))]);
+    let first = metrics::encode_report(&r, &c, Duration::ZERO);
+    // Many labelled series in one family: a hash map's order would differ between runs.
+    let verdicts = first.lines().filter(|l| l.starts_with("rdma_doctor_layer_verdict{")).count();
+    let counters = first.lines().filter(|l| l.starts_with("rdma_doctor_port_hw_counter_total{")).count();
+    assert!(verdicts >= 8 && counters >= 8, "{first}");
+    for _ in 0..20 {
+        assert_eq!(metrics::encode_report(&r, &c, Duration::ZERO), first);
+    }
+    // Sorted within each family, and the families in their order of registration.
+    let series: Vec<&str> = first.lines().filter(|l| l.starts_with("rdma_doctor_layer_verdict{")).collect();
+    assert!(series.windows(2).all(|w| w[0] < w[1]), "{series:#?}");
+    let at = |m: &str| first.find(&format!("# TYPE {m}")).unwrap_or_else(|| panic!("{m}: {first}"));
+    assert!(at("rdma_doctor_port_counter") < at("rdma_doctor_layer_verdict"));
+    assert!(at("rdma_doctor_layer_verdict") < at("rdma_doctor_report_age_seconds"));
+    assert!(first.ends_with("# EOF\n"), "{first}");
+    assert_eq!(parse(&first).len(), first.lines().filter(|l| !l.starts_with('#')).count());
 }
 
 #[test]

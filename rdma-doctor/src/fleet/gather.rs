@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::wire::{self, Trouble};
 use super::{FleetNode, Link, NodeState};
+use crate::gate::Secret;
 use crate::peer::EXCHANGE_TIMEOUTS;
 
 /// `f` over every item, with at most `workers` threads at once; results in item order.
@@ -41,9 +42,9 @@ pub(crate) fn parallel_map<T: Sync, R: Send>(
 }
 
 /// One node's answer to the report request.
-pub(crate) fn gather(given: &str, address: &str, timeout: Duration) -> FleetNode {
+pub(crate) fn gather(given: &str, address: &str, secret: Option<&Secret>, timeout: Duration) -> FleetNode {
     let start = Instant::now();
-    let result = wire::fetch_report(address, timeout);
+    let result = wire::fetch_report(address, secret, timeout);
     let elapsed_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
     let mut node = FleetNode::new(given, address, NodeState::Answered);
     node.elapsed_ms = elapsed_ms;
@@ -92,13 +93,19 @@ pub fn probe_wait(timeout: Duration) -> Duration {
 }
 
 /// Probes every scheduled link of `nodes` (the answering ones), round after round.
-pub(crate) fn probe_links(nodes: &[&FleetNode], mesh: bool, timeout: Duration, workers: usize) -> Vec<Link> {
+pub(crate) fn probe_links(
+    nodes: &[&FleetNode],
+    mesh: bool,
+    timeout: Duration,
+    secret: Option<&Secret>,
+    workers: usize,
+) -> Vec<Link> {
     let mut links = Vec::new();
     for round in schedule(nodes.len(), mesh) {
         let done = parallel_map(
             &round,
             workers,
-            |&(a, b)| probe_one(nodes[a], nodes[b], timeout),
+            |&(a, b)| probe_one(nodes[a], nodes[b], timeout, secret),
             |&(a, b)| Link::failed(nodes[a], nodes[b], "collector", "no thread for this probe".into()),
         );
         links.extend(done);
@@ -106,8 +113,8 @@ pub(crate) fn probe_links(nodes: &[&FleetNode], mesh: bool, timeout: Duration, w
     links
 }
 
-fn probe_one(from: &FleetNode, to: &FleetNode, timeout: Duration) -> Link {
-    match wire::ask_probe(&from.address, &to.address, timeout, probe_wait(timeout)) {
+fn probe_one(from: &FleetNode, to: &FleetNode, timeout: Duration, secret: Option<&Secret>) -> Link {
+    match wire::ask_probe(&from.address, &to.address, timeout, secret, probe_wait(timeout)) {
         Ok(report) => Link::from_report(from, to, report),
         Err((trouble, why)) => {
             let what = match trouble {

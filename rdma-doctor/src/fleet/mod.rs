@@ -12,8 +12,10 @@
 //! comparison and the probes; the others are examined as usual.
 //!
 //! The requests ride on the `--serve` door ([`wire`]): a report request in place of a
-//! probe's hello, answered with the report the node made when `--serve` started, and a
-//! probe request, answered with the node's `--peer` report for the path to another node.
+//! probe's hello, answered with a report as fresh as [`crate::fresh`] says (diagnosed for
+//! the request, or at most 2 s before it with every port as it is now), and a probe
+//! request, answered with the node's `--peer` report for the path to another node (one
+//! its allow-list admits).
 
 mod gather;
 mod report;
@@ -106,6 +108,8 @@ pub struct FleetOptions {
     pub ignore: Vec<String>,
     /// A saved baseline.
     pub reference: Option<Reference>,
+    /// The secret the nodes' doors ask proof of (`--secret-file`).
+    pub secret: Option<crate::gate::Secret>,
 }
 
 /// Asks every node, compares, probes: the fleet report. Refuses only a host list that is
@@ -124,7 +128,7 @@ pub fn run(opts: &FleetOptions) -> Result<FleetReport, String> {
     let mut nodes = gather::parallel_map(
         &addresses,
         opts.parallel,
-        |(h, a)| gather::gather(h, a, opts.timeout),
+        |(h, a)| gather::gather(h, a, opts.secret.as_ref(), opts.timeout),
         |(h, a)| {
             let mut n = FleetNode::new(h, a, NodeState::Refused);
             n.error = Some("the collector had no thread to ask this node".into());
@@ -136,7 +140,7 @@ pub fn run(opts: &FleetOptions) -> Result<FleetReport, String> {
     let (links, topology) = match (opts.probe, answered.len() >= 2) {
         (true, true) => {
             let t = if opts.mesh { "mesh" } else { "ring" };
-            (gather::probe_links(&answered, opts.mesh, opts.timeout, opts.parallel), t)
+            (gather::probe_links(&answered, opts.mesh, opts.timeout, opts.secret.as_ref(), opts.parallel), t)
         }
         _ => (Vec::new(), "none"),
     };

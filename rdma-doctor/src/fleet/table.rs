@@ -209,11 +209,15 @@ pub fn to_text(r: &FleetReport) -> String {
     let baseline =
         r.compared_with.as_deref().map_or(String::new(), |f| format!("; ! differs from the saved baseline {f}"));
     s += &format!("(* differs from the majority of the nodes{baseline})\n");
-    // Each node's report is the one its --serve made when it started.
+    // A node's --serve diagnoses for the request, or reuses a report at most
+    // crate::fresh::MAX_AGE old whose ports are as they were; a node's clock may differ.
     let oldest = r.nodes.iter().filter_map(|n| n.report_time_unix.map(|t| (t, &n.label))).min();
     if let Some((t, node)) = oldest {
         let age = r.time_unix.saturating_sub(t);
-        s += &format!("(each node's report is from its --serve's start: the oldest, {node}'s, is {} old)\n", ago(age));
+        s += &format!(
+            "(each node's report was diagnosed for this request or shortly before: the oldest, {node}'s, is {} old)\n",
+            ago(age)
+        );
     }
 
     let silent: Vec<_> = r.nodes.iter().filter(|n| n.state != NodeState::Answered).collect();

@@ -9,6 +9,9 @@
 //! `{"magic":...,"version":1,"probe":{...}}` (a `--peer --json` report), or
 //! `{"magic":...,"version":1,"error":"..."}`.
 //!
+//! A node with a secret (`--secret-file`) first writes its challenge, and takes the request
+//! only with the proof of the secret before it ([`crate::gate`]).
+//!
 //! The collector reads at most [`MAX_ANSWER_BYTES`] within its deadline and parses
 //! strictly: what a node sends can fail that node's row, never the collector.
 
@@ -19,6 +22,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::gate::Secret;
 use crate::peer::PeerReport;
 use crate::report::Report;
 
@@ -101,19 +105,22 @@ fn check_request(line: &str) -> Result<Asked, String> {
     }
 }
 
-/// The answer line to a request: the report, the probe's report (made by `probe`), or
-/// the refusal.
+/// The answer line to a request: the report (made by `report`), the probe's report (made
+/// by `probe`), or the refusal.
 pub fn answer(
     asked: Result<Asked, String>,
-    report: Option<&Report>,
-    probe: impl FnOnce(&str, Duration) -> PeerReport,
+    report: impl FnOnce() -> Result<std::sync::Arc<Report>, String>,
+    probe: impl FnOnce(&str, Duration) -> Result<PeerReport, String>,
 ) -> String {
     let body = match asked {
-        Ok(Asked::Report) => match report {
-            Some(r) => ("report", serde_json::to_value(r)),
-            None => ("error", Ok(Value::from("this node has no report"))),
+        Ok(Asked::Report) => match report() {
+            Ok(r) => ("report", serde_json::to_value(&*r)),
+            Err(e) => ("error", Ok(Value::from(e))),
         },
-        Ok(Asked::Probe { peer, timeout }) => ("probe", serde_json::to_value(probe(&peer, timeout))),
+        Ok(Asked::Probe { peer, timeout }) => match probe(&peer, timeout) {
+            Ok(r) => ("probe", serde_json::to_value(r)),
+            Err(e) => ("error", Ok(Value::from(e))),
+        },
         Err(e) => ("error", Ok(Value::from(e))),
     };
     let mut v = serde_json::json!({ "magic": MAGIC, "version": PROTOCOL_VERSION });
@@ -172,8 +179,32 @@ fn resolve(address: &str, limit: Duration) -> Result<Vec<SocketAddr>, Failure> {
     }
 }
 
-/// Sends `request` to `address` and reads the answer to its end, all within `limit`.
-fn exchange(address: &str, request: &Request, limit: Duration) -> Result<Value, Failure> {
+/// The server's challenge line (without its newline): at most 256 bytes, read one at a
+/// time so nothing after it is taken, within `deadline`.
+fn read_challenge(stream: &mut TcpStream, deadline: Instant) -> Result<String, Failure> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || line.len() > 256 {
+            let why = "no challenge from the node: does its --serve run with --secret-file?";
+            return Err((if left.is_zero() { Trouble::Slow } else { Trouble::Garbage }, why.to_owned()));
+        }
+        stream.set_read_timeout(Some(left)).ok();
+        match stream.read(&mut byte) {
+            Ok(0) => return Err((Trouble::Unreachable, "the node closed the connection before its challenge".into())),
+            Ok(_) if byte[0] == b'\n' => return Ok(String::from_utf8_lossy(&line).into_owned()),
+            Ok(_) => line.push(byte[0]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => return Err((Trouble::Unreachable, format!("reading the node's challenge: {e}"))),
+        }
+    }
+}
+
+/// Sends `request` to `address` (with the proof of `secret`, when given) and reads the
+/// answer to its end, all within `limit`.
+fn exchange(address: &str, request: &Request, secret: Option<&Secret>, limit: Duration) -> Result<Value, Failure> {
     let deadline = Instant::now() + limit;
     let left = || deadline.saturating_duration_since(Instant::now());
     let addrs = resolve(address, limit)?;
@@ -192,7 +223,12 @@ fn exchange(address: &str, request: &Request, limit: Duration) -> Result<Value, 
         }
     }
     let mut stream = stream.ok_or((Trouble::Unreachable, last))?;
-    let line = serde_json::to_string(request).unwrap_or_default() + "\n";
+    let mut line = serde_json::to_string(request).unwrap_or_default();
+    if let Some(secret) = secret {
+        let challenge = read_challenge(&mut stream, deadline)?;
+        line = secret.prove(&challenge, &line).map_err(|e| (Trouble::Garbage, e))?;
+    }
+    line.push('\n');
     let slow = |what: &str, got: usize| {
         (Trouble::Slow, format!("{what} within {:.1} s ({got} bytes of the answer so far)", limit.as_secs_f64()))
     };
@@ -223,6 +259,13 @@ fn exchange(address: &str, request: &Request, limit: Duration) -> Result<Value, 
         }
     }
     let text = String::from_utf8_lossy(&bytes);
+    if text.starts_with(crate::gate::CHALLENGE) {
+        return Err((Trouble::Refused, "the node asks for the shared secret: give --secret-file".into()));
+    }
+    if bytes.is_empty() && secret.is_some() {
+        let why = "the node closed the connection unanswered: is its --secret-file the same as ours?";
+        return Err((Trouble::Refused, why.into()));
+    }
     let v: Value = serde_json::from_str(text.trim_end()).map_err(|e| {
         let start: String = text.chars().take(60).collect();
         (Trouble::Garbage, format!("the answer is not JSON ({e}): {start:?}"))
@@ -250,7 +293,7 @@ fn exchange(address: &str, request: &Request, limit: Duration) -> Result<Value, 
 }
 
 /// The report of the node at `address`, within `limit`.
-pub fn fetch_report(address: &str, limit: Duration) -> Result<Report, Failure> {
+pub fn fetch_report(address: &str, secret: Option<&Secret>, limit: Duration) -> Result<Report, Failure> {
     let request = Request {
         magic: MAGIC.into(),
         version: PROTOCOL_VERSION,
@@ -258,7 +301,7 @@ pub fn fetch_report(address: &str, limit: Duration) -> Result<Report, Failure> {
         peer: None,
         timeout_ms: None,
     };
-    let v = exchange(address, &request, limit)?;
+    let v = exchange(address, &request, secret, limit)?;
     let report = v.get("report").ok_or((Trouble::Garbage, "the answer has no report".to_owned()))?;
     // Its format and version first, so another version is named as such.
     crate::compare::baseline_of(report).map_err(|e| {
@@ -270,7 +313,13 @@ pub fn fetch_report(address: &str, limit: Duration) -> Result<Report, Failure> {
 
 /// Has the node at `address` probe the path to `peer` (`HOST:PORT`) with `timeout`; waits
 /// for the answer within `limit`.
-pub fn ask_probe(address: &str, peer: &str, timeout: Duration, limit: Duration) -> Result<PeerReport, Failure> {
+pub fn ask_probe(
+    address: &str,
+    peer: &str,
+    timeout: Duration,
+    secret: Option<&Secret>,
+    limit: Duration,
+) -> Result<PeerReport, Failure> {
     let request = Request {
         magic: MAGIC.into(),
         version: PROTOCOL_VERSION,
@@ -278,7 +327,7 @@ pub fn ask_probe(address: &str, peer: &str, timeout: Duration, limit: Duration) 
         peer: Some(peer.to_owned()),
         timeout_ms: Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
     };
-    let v = exchange(address, &request, limit)?;
+    let v = exchange(address, &request, secret, limit)?;
     let probe = v.get("probe").ok_or((Trouble::Garbage, "the answer has no probe".to_owned()))?;
     crate::input::parse_strict(&probe.to_string()).map_err(|e| (Trouble::Garbage, format!("its probe report: {e}")))
 }

@@ -13,6 +13,11 @@
 //! once, never queued. Every read and write of a probe is bounded by the exchange's
 //! deadline, [`EXCHANGE_TIMEOUTS`] timeouts after the connection was accepted, so no
 //! client holds a probe slot longer than that.
+//!
+//! Before any of that, a client the allow-list does not admit (`--allow`, on the peer's
+//! address) is closed as it is accepted, before a byte is read. A server with a secret
+//! (`--secret-file`) writes its challenge to each client it admits, and a hello without a
+//! valid proof ([`crate::gate`]) closes the connection unanswered.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -22,6 +27,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use super::LINE_MAX;
+use crate::gate::{self, AllowList, Secret};
 
 /// Probes answered at once; a client whose hello is complete beyond that gets one `BUSY`
 /// line and is closed.
@@ -46,12 +52,24 @@ pub(crate) struct Limits {
     /// Not the per-operation timeout: between two requests the prober may wait its own
     /// timeout for a completion, and rebuild its QPs.
     pub exchange: Duration,
+    /// The clients admitted, by their address.
+    pub allow: AllowList,
+    /// The secret a hello proves, when there is one.
+    pub secret: Option<Secret>,
 }
 
 impl Limits {
-    /// The limits of a server whose `--timeout` is `timeout`.
+    /// The limits of a server whose `--timeout` is `timeout`, open to every address with
+    /// no secret.
     pub(crate) fn for_timeout(timeout: Duration) -> Limits {
-        Limits { probes: MAX_PROBES, waiting: MAX_WAITING, hello: timeout, exchange: timeout * EXCHANGE_TIMEOUTS }
+        Limits {
+            probes: MAX_PROBES,
+            waiting: MAX_WAITING,
+            hello: timeout,
+            exchange: timeout * EXCHANGE_TIMEOUTS,
+            allow: AllowList::default(),
+            secret: None,
+        }
     }
 }
 
@@ -119,6 +137,8 @@ struct Waiting {
     from: SocketAddr,
     since: Instant,
     line: Vec<u8>,
+    /// The challenge written to it, when the server has a secret.
+    challenge: Option<String>,
 }
 
 enum Heard {
@@ -193,11 +213,29 @@ where
         let mut idle = true;
         loop {
             match listener.accept() {
-                Ok((stream, from)) => {
+                Ok((stream, from)) if !limits.allow.admits(from.ip()) => {
+                    idle = false;
+                    drop(stream);
+                    let _ = writeln!(log, "rdma-doctor: closed {from} unread: not in --allow ({})", limits.allow);
+                }
+                Ok((mut stream, from)) => {
                     idle = false;
                     if stream.set_nonblocking(true).is_err() {
                         continue;
                     }
+                    let challenge = match &limits.secret {
+                        None => None,
+                        // A short line into an empty socket buffer: it does not block.
+                        Some(_) => match gate::challenge()
+                            .and_then(|c| stream.write_all(format!("{c}\n").as_bytes()).map(|()| c))
+                        {
+                            Ok(c) => Some(c),
+                            Err(e) => {
+                                let _ = writeln!(log, "rdma-doctor: closed {from}: writing its challenge: {e}");
+                                continue;
+                            }
+                        },
+                    };
                     if waiting.len() >= limits.waiting {
                         if let Some(old) = waiting.pop_front() {
                             let _ = writeln!(
@@ -207,7 +245,7 @@ where
                             );
                         }
                     }
-                    waiting.push_back(Waiting { stream, from, since: Instant::now(), line: Vec::new() });
+                    waiting.push_back(Waiting { stream, from, since: Instant::now(), line: Vec::new(), challenge });
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -230,8 +268,20 @@ where
                 }
                 Heard::Hello(line) => {
                     idle = false;
-                    if let Some(w) = waiting.remove(i) {
-                        start(w, line, limits, &running, &answer, &done_tx, log);
+                    let Some(w) = waiting.remove(i) else { continue };
+                    let proven = match &limits.secret {
+                        Some(secret) => w.challenge.as_ref().and_then(|c| secret.verify(c, &line)),
+                        None => Some(line),
+                    };
+                    match proven {
+                        Some(hello) => start(w, hello, limits, &running, &answer, &done_tx, log),
+                        None => {
+                            let _ = writeln!(
+                                log,
+                                "rdma-doctor: closed {} unanswered: no valid proof of the secret",
+                                w.from
+                            );
+                        }
                     }
                 }
             }
@@ -318,7 +368,13 @@ mod tests {
     }
 
     fn limits(hello_ms: u64) -> Limits {
-        Limits { probes: 2, waiting: 8, hello: Duration::from_millis(hello_ms), exchange: Duration::from_secs(20) }
+        Limits {
+            hello: Duration::from_millis(hello_ms),
+            exchange: Duration::from_secs(20),
+            probes: 2,
+            waiting: 8,
+            ..Limits::for_timeout(Duration::from_secs(1))
+        }
     }
 
     /// Connects, says `hello`, and reads the first line back (within 10 s).

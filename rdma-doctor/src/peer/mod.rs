@@ -40,6 +40,7 @@ mod probe;
 mod serve;
 
 use std::io::{Read, Write};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -49,7 +50,7 @@ use crate::loopback::LEN;
 pub(crate) use door::Control;
 pub use door::{EXCHANGE_TIMEOUTS, MAX_PROBES, MAX_WAITING};
 pub use probe::probe;
-pub use serve::serve;
+pub use serve::{peer_admitted, serve};
 
 /// The TCP port `--serve` listens on and `--peer` connects to by default.
 pub const DEFAULT_PORT: u16 = 18516;
@@ -266,11 +267,36 @@ pub struct PeerOptions {
     /// The TCP port: the one `--serve` listens on, the one `--peer` connects to when
     /// its HOST names none.
     pub tcp_port: u16,
+    /// The shared secret: a server asks each client for its proof, a prober proves it.
+    pub secret: Option<crate::gate::Secret>,
 }
 
-/// Writes our hello, reads theirs.
-fn say_hello(ctl: &mut Control, end: &End) -> Result<End, String> {
-    send_hello(ctl, end)?;
+/// Where `--serve` listens and whom it admits.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The address listened on (`--listen`; every address by default).
+    pub listen: IpAddr,
+    /// The clients admitted, and the nodes a fleet's probe request may name (`--allow`).
+    pub allow: crate::gate::AllowList,
+}
+
+impl Default for ServeOptions {
+    fn default() -> ServeOptions {
+        ServeOptions { listen: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), allow: crate::gate::AllowList::default() }
+    }
+}
+
+/// Writes our hello (after the server's challenge and with our proof, when we have a
+/// secret), reads theirs.
+fn say_hello(ctl: &mut Control, end: &End, secret: Option<&crate::gate::Secret>) -> Result<End, String> {
+    let hello = Hello { magic: MAGIC.into(), version: VERSION, end: end.clone() };
+    let mut line = serde_json::to_string(&hello).map_err(|e| e.to_string())?;
+    if let Some(secret) = secret {
+        let challenge = read_line(ctl)
+            .map_err(|e| format!("no challenge from the server ({e}): does it run with --secret-file?"))?;
+        line = secret.prove(&challenge, &line)?;
+    }
+    send_line(ctl, &line)?;
     let theirs = read_line(ctl)?;
     if let Some(busy) = theirs.strip_prefix(BUSY) {
         return Err(format!("the server is busy: {busy}"));
@@ -374,22 +400,22 @@ mod tests {
     fn a_hello_from_another_program_or_version_is_refused() {
         let (mut a, mut b) = pair();
         a.write_all(b"HTTP/1.1 400 Bad Request\n").unwrap();
-        let e = say_hello(&mut b, &End::default()).unwrap_err();
+        let e = say_hello(&mut b, &End::default(), None).unwrap_err();
         assert!(e.contains("not an rdma-doctor hello"), "{e}");
         let other = Hello { magic: MAGIC.into(), version: VERSION + 1, end: End::default() };
         a.write_all(format!("{}\n", serde_json::to_string(&other).unwrap()).as_bytes()).unwrap();
-        let e = say_hello(&mut b, &End::default()).unwrap_err();
+        let e = say_hello(&mut b, &End::default(), None).unwrap_err();
         assert!(e.contains("version 3"), "{e}");
         // The version is named before the rest is parsed: a version-1 hello is not "garbage".
         a.write_all(b"{\"magic\":\"rdma-doctor-peer\",\"version\":1,\"end\":{\"host\":\"x\"}}\n").unwrap();
-        let e = say_hello(&mut b, &End::default()).unwrap_err();
+        let e = say_hello(&mut b, &End::default(), None).unwrap_err();
         assert!(e.contains("version 1, this doctor rdma-doctor-peer version 2"), "{e}");
         a.write_all(b"BUSY rdma-doctor --serve is answering 16 probes\n").unwrap();
-        let e = say_hello(&mut b, &End::default()).unwrap_err();
+        let e = say_hello(&mut b, &End::default(), None).unwrap_err();
         assert!(e.starts_with("the server is busy"), "{e}");
         let typo = r#"{"magic":"rdma-doctor-peer","version":2,"end":{"host":3}}"#;
         a.write_all(format!("{typo}\n").as_bytes()).unwrap();
-        assert!(say_hello(&mut b, &End::default()).is_err());
+        assert!(say_hello(&mut b, &End::default(), None).is_err());
     }
 
     #[test]

@@ -87,7 +87,7 @@ fn meet(ctl: &mut Control, local_ip: Option<IpAddr>, opts: &PeerOptions, r: &mut
         Err(e) => End::clone(e),
     };
     r.local = Some(end.clone());
-    let remote = match say_hello(ctl, &end) {
+    let remote = match say_hello(ctl, &end, opts.secret.as_ref()) {
         Ok(h) => h,
         Err(e) if e.starts_with("the server is busy") => {
             let fix = format!("probe again in a while: the server answers up to {MAX_PROBES} probes at once");

@@ -1,50 +1,85 @@
 //! The server: `rdma-doctor --serve` answers each probe with a QP of its own.
 
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
 
 use super::bed::{Bed, BIG, BIG_WRITE_AT};
 use super::door::{self, Limits};
 use super::probe::sized_pattern;
-use crate::report::Report;
+use crate::fresh::Reports;
+use crate::gate::AllowList;
 
-use super::{parse_hello, pattern, read_line, send_hello, send_line, Control, End, PeerOptions};
+use super::{parse_hello, pattern, read_line, send_hello, send_line, Control, End, PeerOptions, ServeOptions};
 use crate::fleet::wire;
 use crate::loopback::{same, ADD, ATOMIC_AT, FIRST_VALUE, LEN, SWAP};
 
-/// Serves probes on `port` (every address), up to [`super::MAX_PROBES`] at once, each
-/// with its own QP and bounded by the limits the module describes; returns after the first probe
-/// that completes its hello and ends when `once` (0 when this side's checks passed).
-/// What happens to each connection is logged on `log`. A fleet collector's request in
-/// place of a hello ([`crate::fleet::wire`]) gets `report`, or a probe of another node.
+/// Serves probes on `opts.tcp_port` of `door.listen`, up to [`super::MAX_PROBES`] at
+/// once, each with its own QP and bounded by the limits the module describes; returns
+/// after the first probe that completes its hello and ends when `once` (0 when this side's
+/// checks passed). Only clients of `door.allow` get in, and with `opts.secret` only those
+/// that prove it. What happens to each connection is logged on `log`. A fleet collector's
+/// request in place of a hello ([`crate::fleet::wire`]) gets a report of `reports`, or a
+/// probe of another node that `door.allow` admits.
 pub fn serve(
-    port: u16,
+    door: &ServeOptions,
     once: bool,
     opts: &PeerOptions,
-    report: Option<Arc<Report>>,
+    reports: Option<Arc<Reports>>,
     log: &mut dyn Write,
 ) -> Result<i32, String> {
-    let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("listening on TCP port {port}: {e}"))?;
-    let limits = Limits::for_timeout(opts.timeout);
+    let at = SocketAddr::new(door.listen, opts.tcp_port);
+    let listener = TcpListener::bind(at).map_err(|e| format!("listening on TCP {at}: {e}"))?;
+    let limits = Limits { allow: door.allow.clone(), secret: opts.secret.clone(), ..Limits::for_timeout(opts.timeout) };
     let _ = writeln!(
         log,
-        "rdma-doctor: serving peer probes on TCP port {port} ({} at once, each within {:?})",
-        limits.probes, limits.exchange
+        "rdma-doctor: serving peer probes on TCP {at} ({} at once, each within {:?}) to {}{}",
+        limits.probes,
+        limits.exchange,
+        limits.allow,
+        if limits.secret.is_some() { " with the secret" } else { "" }
     );
-    let opts = opts.clone();
+    let (opts, allow) = (opts.clone(), door.allow.clone());
     let answer = move |mut ctl: Control, hello: String| match wire::parse_request(&hello) {
         None => answer(ctl, &hello, &opts),
         Some(asked) => {
+            let report = || match &reports {
+                Some(r) => r.get().map(|f| f.report),
+                None => Err("this node has no report".to_owned()),
+            };
             // At most this node's own timeout: the probe then ends within the door's
             // deadline for this connection, and the answer gets out.
             let probe = |peer: &str, asked: std::time::Duration| {
-                super::probe(peer, &PeerOptions { timeout: asked.min(opts.timeout), ..opts.clone() })
+                let popts = PeerOptions { timeout: asked.min(opts.timeout), ..opts.clone() };
+                // The address checked is the one probed: a name that resolves anew cannot
+                // lead the probe elsewhere.
+                Ok(match peer_admitted(peer, opts.tcp_port, &allow)? {
+                    None => super::probe(peer, &popts),
+                    Some(at) => super::PeerReport { peer: peer.to_owned(), ..super::probe(&at.to_string(), &popts) },
+                })
             };
-            send_line(&mut ctl, wire::answer(asked, report.as_deref(), probe).trim_end())
+            send_line(&mut ctl, wire::answer(asked, report, probe).trim_end())
         }
     };
     door::serve(listener, &limits, once, answer, log)
+}
+
+/// Whether a fleet's probe request may name `peer` (`HOST[:PORT]`): every address it
+/// resolves to is in `allow`. `Some` of the first of them, to be probed; `None` with no
+/// `--allow` (any peer, resolved by the probe).
+pub fn peer_admitted(peer: &str, port: u16, allow: &AllowList) -> Result<Option<SocketAddr>, String> {
+    if allow.is_open() {
+        return Ok(None);
+    }
+    let addrs: Vec<SocketAddr> = wire::with_port(peer, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("refused: cannot resolve the peer {peer} to check it against --allow: {e}"))?
+        .collect();
+    match addrs.iter().find(|a| !allow.admits(a.ip())) {
+        _ if addrs.is_empty() => Err(format!("refused: the peer {peer} resolves to no address")),
+        Some(a) => Err(format!("refused: the peer {peer} ({}) is outside this node's --allow ({allow})", a.ip())),
+        None => Ok(addrs.first().copied()),
+    }
 }
 
 /// Answers one probe whose hello is `hello`: our hello, the QP, then each request of the

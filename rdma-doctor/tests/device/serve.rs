@@ -1,0 +1,157 @@
+//! `--serve` on the test bed hands out verdicts as fresh as they claim: a link taken down
+//! between two scrapes fails the next scrape's port verdict and the next `--fleet` table's
+//! row of the node; two scrapes list their series in the same order. The server runs with
+//! `--listen`, `--allow` and `--secret-file` on, as an operator would run it.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use prometheus_parse::{Sample, Scrape, Value};
+use rdma_test_support::{device_name, open, LeakCheck};
+use rdma_verbs::PortState;
+
+use super::{ip, wait_until, LinkUp};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `GET /metrics` on `port` of 127.0.0.1: the body, and how long the answer took.
+fn scrape(port: u16) -> Option<(String, Duration)> {
+    let start = Instant::now();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{text}"));
+    assert!(head.starts_with("HTTP/1.0 200 OK"), "{text}");
+    Some((body.to_owned(), start.elapsed()))
+}
+
+fn samples(text: &str) -> Vec<Sample> {
+    Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("the metrics parse").samples
+}
+
+fn verdict(samples: &[Sample], scope: &str, layer: &str) -> Option<f64> {
+    let s = samples.iter().find(|s| {
+        s.metric == "rdma_doctor_layer_verdict"
+            && s.labels.get("scope") == Some(scope)
+            && s.labels.get("layer") == Some(layer)
+    })?;
+    match s.value {
+        Value::Gauge(x) | Value::Untyped(x) => Some(x),
+        _ => panic!("{s:?}"),
+    }
+}
+
+fn gauge(samples: &[Sample], metric: &str) -> f64 {
+    match samples.iter().find(|s| s.metric == metric).unwrap_or_else(|| panic!("no {metric}")).value {
+        Value::Gauge(x) | Value::Untyped(x) => x,
+        ref v => panic!("{v:?}"),
+    }
+}
+
+/// The series of a scrape, without their values.
+fn series(text: &str) -> Vec<&str> {
+    text.lines().filter(|l| !l.starts_with('#')).map(|l| l.rsplit_once(' ').map_or(l, |(s, _)| s)).collect()
+}
+
+/// Kills the server however the test ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RoCE, run as root): run scripts/test"]
+fn a_link_taken_down_between_two_scrapes_fails_the_next_scrape_and_the_next_fleet_table() {
+    let _leaks = LeakCheck::new();
+    let doctor = env!("CARGO_BIN_EXE_rdma-doctor");
+    let name = device_name();
+    let secret = std::env::temp_dir().join(format!("rdma-doctor-serve-{}", std::process::id()));
+    std::fs::write(&secret, "a secret of the test bed's fleet\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let secret = secret.to_str().unwrap().to_owned();
+    let (metrics, peer) = (free_port(), free_port());
+    let started = Instant::now();
+    let server = Server(
+        Command::new(doctor)
+            .args(["--serve", "-d", &name, "--timeout", "10", "--listen", "127.0.0.1", "--allow", "127.0.0.0/8"])
+            .args(["--metrics-port", &metrics.to_string(), "--peer-port", &peer.to_string(), "--secret-file", &secret])
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let (first, _) = loop {
+        if let Some(s) = scrape(metrics) {
+            break s;
+        }
+        assert!(started.elapsed() < Duration::from_secs(180), "the metrics port never answered");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("the first diagnosis and scrape: {:.1} s", started.elapsed().as_secs_f64());
+    let s = samples(&first);
+    assert_eq!((verdict(&s, &name, "port"), verdict(&s, &name, "link")), (Some(0.0), Some(0.0)), "{first}");
+    let (second, took) = scrape(metrics).unwrap();
+    eprintln!("a second scrape: {:.1} s", took.as_secs_f64());
+    assert_eq!(series(&first), series(&second), "the same series in the same order");
+    assert!(gauge(&samples(&second), "rdma_doctor_report_age_seconds") < 600.0);
+
+    let fleet = |label: &str| {
+        let start = Instant::now();
+        let out = Command::new(doctor)
+            .args(["--fleet", &format!("127.0.0.1:{peer}"), "--timeout", "120", "--json", "--secret-file", &secret])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        eprintln!("--fleet {label}: {:.1} s, exit {:?}", start.elapsed().as_secs_f64(), out.status.code());
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{e}: {text}{}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code(), v)
+    };
+    let (code, v) = fleet("healthy");
+    assert_eq!(code, Some(0), "{v:#}");
+    assert_eq!(v["nodes"][0]["node_exit_code"], 0, "{v:#}");
+
+    let ctx = open();
+    let gid = ctx.default_gid(1).unwrap();
+    let netdev = gid.netdev.clone().expect("a RoCE device: the default GID names its netdev");
+    let guard = LinkUp { ctx: ctx.clone(), netdev: netdev.clone(), gid_index: gid.index, gid: gid.gid.to_string() };
+    ip(&["link", "set", &netdev, "down"]);
+    wait_until("the port leaves ACTIVE", || ctx.query_port(1).is_ok_and(|p| p.state != PortState::Active));
+
+    let (down, took) = scrape(metrics).unwrap();
+    eprintln!("the scrape after the link went down: {:.1} s", took.as_secs_f64());
+    let s = samples(&down);
+    assert_eq!(verdict(&s, &name, "port"), Some(2.0), "{down}");
+    // The link is not judged past a failed port: absent (skipped) or failed, never a pass.
+    assert_ne!(verdict(&s, &name, "link"), Some(0.0), "{down}");
+    assert_eq!(gauge(&s, "rdma_doctor_exit_code"), 1.0, "{down}");
+    assert!(gauge(&s, "rdma_doctor_report_age_seconds") < took.as_secs_f64() + 1.0, "diagnosed for this scrape");
+
+    let (code, v) = fleet("link down");
+    assert_eq!(code, Some(1), "{v:#}");
+    let node = &v["nodes"][0];
+    assert_eq!(node["node_exit_code"], 1, "{v:#}");
+    let failed = node["failed_layers"].as_array().unwrap();
+    assert!(failed.iter().any(|l| l.as_str().unwrap().starts_with(&format!("{name} port"))), "{node:#}");
+    let row = &v["rows"][0];
+    assert!(row["state"].as_str().is_some_and(|s| s.contains("DOWN")), "{row:#}");
+    assert_eq!(row["doctor"], "FAIL port", "{row:#}");
+
+    guard.restore().unwrap_or_else(|e| panic!("{e}"));
+    let (up, _) = scrape(metrics).unwrap();
+    let s = samples(&up);
+    assert_eq!((verdict(&s, &name, "port"), verdict(&s, &name, "link")), (Some(0.0), Some(0.0)), "{up}");
+    drop(server);
+}

@@ -310,7 +310,7 @@ pub fn run(
 }
 
 fn health(args: &Args, out: &mut dyn Write) -> Result<i32, String> {
-    let peer_opts = args.peer_options();
+    let peer_opts = args.peer_options()?;
     let peer = args.peer.as_deref().map(|host| (host, &peer_opts));
     crate::health::run(&args.options()?, peer, args.slurm_node.as_deref(), out)
 }

@@ -44,18 +44,27 @@ fn a_recorded_known_bad_node_exports_counters_verdicts_versions_known_bad_and_ra
 
     let out = metrics::encode_report(&r, &c);
     let s = parse(&out);
+    // The classic text format: a counter's metadata names its samples; no OpenMetrics `# EOF`.
+    assert!(out.contains("\n# HELP rdma_doctor_port_hw_counters_total A port hw_counter"), "{out}");
+    assert!(out.contains("\n# TYPE rdma_doctor_port_hw_counters_total counter\n"), "{out}");
+    assert!(out.contains("# TYPE rdma_doctor_port_counters_total counter\n"), "{out}");
+    assert!(
+        out.contains("# TYPE rdma_doctor_device_hw_counters_total counter\n") || c["mlx5_0"].hw_counters.is_empty()
+    );
+    assert!(!out.contains("# EOF") && out.ends_with('\n'), "{out}");
+    assert!(out.contains("# TYPE rdma_doctor_port_state gauge\n"), "{out}");
 
     let seq = find(
         &s,
-        "rdma_doctor_port_hw_counter_total",
+        "rdma_doctor_port_hw_counters_total",
         &[("device", "mlx5_0"), ("port", "1"), ("name", "out_of_sequence")],
     );
     assert_eq!(seq.len(), 1, "{out}");
     assert_eq!(value(&seq[0].value), 4.0);
     let xmit =
-        find(&s, "rdma_doctor_port_counter_total", &[("device", "mlx5_0"), ("port", "1"), ("name", "port_xmit_data")]);
+        find(&s, "rdma_doctor_port_counters_total", &[("device", "mlx5_0"), ("port", "1"), ("name", "port_xmit_data")]);
     assert_eq!(value(&xmit[0].value), 2900.0);
-    assert!(find(&s, "rdma_doctor_port_hw_counter_total", &[("name", "lifespan")]).is_empty(), "a setting");
+    assert!(find(&s, "rdma_doctor_port_hw_counters_total", &[("name", "lifespan")]).is_empty(), "a setting");
 
     let verdict =
         |layer: &str| value(&find(&s, "rdma_doctor_layer_verdict", &[("scope", "mlx5_0"), ("layer", layer)])[0].value);
@@ -81,6 +90,13 @@ fn a_recorded_known_bad_node_exports_counters_verdicts_versions_known_bad_and_ra
     let reference = find(&s, "rdma_doctor_link_reference_gbps", &[("device", "mlx5_0"), ("port", "1")]);
     assert_eq!(value(&reference[0].value), 200.0);
     assert_eq!(value(&find(&s, "rdma_doctor_exit_code", &[])[0].value), 1.0);
+
+    let state =
+        |s: &[Sample]| value(&find(s, "rdma_doctor_port_state", &[("device", "mlx5_0"), ("port", "1")])[0].value);
+    assert_eq!(d.ports["1"].state, "ACTIVE");
+    assert_eq!(state(&s), 4.0);
+    r.baseline.devices.get_mut("mlx5_0").unwrap().ports.get_mut("1").unwrap().state = "DOWN".into();
+    assert_eq!(state(&parse(&metrics::encode_report(&r, &c))), 1.0, "a port that went down");
 }
 
 #[test]

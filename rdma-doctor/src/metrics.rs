@@ -1,16 +1,20 @@
 //! A report as metrics a monitoring system scrapes, in the text exposition format of
-//! Prometheus (its OpenMetrics form, written by the Prometheus project's own
-//! `prometheus-client` crate): `rdma-doctor --prometheus` prints them once, and
-//! `rdma-doctor --serve --metrics-port PORT` answers `GET /metrics` beside the probe server.
+//! Prometheus (its classic form, version 0.0.4, which Prometheus scrapes, node_exporter's
+//! textfile collector reads and `promtool check metrics` lints; the Prometheus project's
+//! own `prometheus-client` crate writes it in the OpenMetrics form, which differs only in
+//! the name a counter's `HELP` and `TYPE` lines give and in its closing `# EOF`):
+//! `rdma-doctor --prometheus` prints them once, and `rdma-doctor --serve --metrics-port
+//! PORT` answers `GET /metrics` beside the probe server.
 //!
 //! | metric | labels | value |
 //! | --- | --- | --- |
-//! | `rdma_doctor_port_counter_total` | device, port, name | `ports/N/counters/NAME` |
-//! | `rdma_doctor_port_hw_counter_total` | device, port, name | `ports/N/hw_counters/NAME` |
-//! | `rdma_doctor_device_hw_counter_total` | device, name | `hw_counters/NAME` |
+//! | `rdma_doctor_port_counters_total` | device, port, name | `ports/N/counters/NAME` |
+//! | `rdma_doctor_port_hw_counters_total` | device, port, name | `ports/N/hw_counters/NAME` |
+//! | `rdma_doctor_device_hw_counters_total` | device, name | `hw_counters/NAME` |
 //! | `rdma_doctor_layer_verdict` | scope, layer | 0 pass, 1 warn (passed with a warning of that layer), 2 fail; a skipped layer is absent |
 //! | `rdma_doctor_versions_info` | device, kernel, rdma_core, provider, provider_version, driver, driver_version, firmware | 1 |
 //! | `rdma_doctor_known_bad` | device | 1 when a known-bad combination matched, else 0 |
+//! | `rdma_doctor_port_state` | device, port | the port's state as the IB spec numbers it: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER, 0 other |
 //! | `rdma_doctor_link_rate_gbps` | device, port | the port's rate |
 //! | `rdma_doctor_link_reference_gbps` | device, port | the rate it is judged against (absent without one; the report's `observations.link_references` says where it came from) |
 //! | `rdma_doctor_exit_code` | | the doctor's exit status for the report |
@@ -44,7 +48,7 @@ use crate::report::{Report, Severity};
 use crate::verdict::Outcome;
 
 /// The content type of [`encode_report`]'s text.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// The largest HTTP request head the metrics endpoint reads.
 pub const MAX_REQUEST_BYTES: usize = 4096;
 /// The longest a client may take to send its request head, and to take the answer.
@@ -81,17 +85,17 @@ pub fn encode_report(report: &Report, counters: &BTreeMap<String, DeviceCounters
         }
     }
     registry.register(
-        "rdma_doctor_port_counter",
+        "rdma_doctor_port_counters",
         "A port counter, /sys/class/infiniband/DEV/ports/N/counters/NAME",
         port_counter,
     );
     registry.register(
-        "rdma_doctor_port_hw_counter",
+        "rdma_doctor_port_hw_counters",
         "A port hw_counter, /sys/class/infiniband/DEV/ports/N/hw_counters/NAME",
         port_hw,
     );
     registry.register(
-        "rdma_doctor_device_hw_counter",
+        "rdma_doctor_device_hw_counters",
         "A device hw_counter, /sys/class/infiniband/DEV/hw_counters/NAME",
         device_hw,
     );
@@ -115,6 +119,7 @@ pub fn encode_report(report: &Report, counters: &BTreeMap<String, DeviceCounters
     let b = &report.baseline;
     let info = Family::<Labels, Gauge>::default();
     let known_bad = Family::<Labels, Gauge>::default();
+    let state = Family::<Labels, Gauge>::default();
     let rate = Family::<Labels, FloatGauge>::default();
     let reference = Family::<Labels, FloatGauge>::default();
     let rdma_core = b.libraries.get("rdma-core").and_then(|v| v.version.clone()).unwrap_or_default();
@@ -134,6 +139,7 @@ pub fn encode_report(report: &Report, counters: &BTreeMap<String, DeviceCounters
         let bad = report.findings.iter().any(|f| &f.scope == dev && f.what.starts_with("known-bad ["));
         known_bad.get_or_create(&labels(&[("device", dev)])).set(i64::from(bad));
         for (port, p) in &d.ports {
+            state.get_or_create(&labels(&[("device", dev), ("port", port)])).set(port_state_number(&p.state));
             rate.get_or_create(&labels(&[("device", dev), ("port", port)])).set(p.rate_gbps);
             if let Some(r) = report.observations.link_references.get(dev).and_then(|m| m.get(port)) {
                 reference.get_or_create(&labels(&[("device", dev), ("port", port)])).set(r.gbps);
@@ -142,6 +148,11 @@ pub fn encode_report(report: &Report, counters: &BTreeMap<String, DeviceCounters
     }
     registry.register("rdma_doctor_versions_info", "The versions of a device's stack", info);
     registry.register("rdma_doctor_known_bad", "1 when a known-bad firmware/driver combination matched", known_bad);
+    registry.register(
+        "rdma_doctor_port_state",
+        "A port's state: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER",
+        state,
+    );
     registry.register("rdma_doctor_link_rate_gbps", "A port's link rate, Gb/s", rate);
     registry.register("rdma_doctor_link_reference_gbps", "The rate a port's link is judged against, Gb/s", reference);
 
@@ -162,7 +173,39 @@ pub fn encode_report(report: &Report, counters: &BTreeMap<String, DeviceCounters
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut text, &registry);
-    in_stable_order(&text)
+    classic(&in_stable_order(&text))
+}
+
+/// OpenMetrics text in the classic form: a counter family's `HELP` and `TYPE` lines name
+/// its samples (`X_total`) rather than the family (`X`), and there is no `# EOF`.
+fn classic(open_metrics: &str) -> String {
+    let counters: Vec<&str> =
+        open_metrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(open_metrics.len());
+    for line in open_metrics.lines().filter(|l| *l != "# EOF") {
+        let meta = ["# HELP ", "# TYPE "].into_iter().find_map(|p| Some((p, line.strip_prefix(p)?)));
+        match meta.and_then(|(p, rest)| Some((p, rest.split_once(' ')?))) {
+            Some((p, (name, rest))) if counters.contains(&name) => {
+                out.push_str(&format!("{p}{name}_total {rest}"));
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The number the InfiniBand specification (and `ibv_port_state`) gives a port state the
+/// report names; 0 for any other.
+fn port_state_number(name: &str) -> i64 {
+    match name {
+        "DOWN" => 1,
+        "INIT" => 2,
+        "ARMED" => 3,
+        "ACTIVE" => 4,
+        "ACTIVE_DEFER" => 5,
+        _ => 0,
+    }
 }
 
 /// `text` with each metric's series sorted: a family keeps its series in a hash map, whose
@@ -264,6 +307,17 @@ fn respond(stream: &mut TcpStream, status: &str, kind: &str, body: &str) -> std:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counter_metadata_names_the_total_samples_and_there_is_no_eof() {
+        let om = "# HELP a_events Events.\n# TYPE a_events counter\na_events_total{x=\"1\"} 3\n\
+                  # HELP a_state State.\n# TYPE a_state gauge\na_state 4\n# EOF\n";
+        assert_eq!(
+            classic(om),
+            "# HELP a_events_total Events.\n# TYPE a_events_total counter\na_events_total{x=\"1\"} 3\n\
+             # HELP a_state State.\n# TYPE a_state gauge\na_state 4\n"
+        );
+    }
 
     #[test]
     fn a_request_that_is_not_get_metrics_gets_an_error_status() {

@@ -45,18 +45,27 @@ fn a_recorded_known_bad_node_exports_counters_verdicts_versions_known_bad_and_ra
 
     let out = metrics::encode_report(&r, &c, Duration::from_millis(1500));
     let s = parse(&out);
+    // The classic text format: a counter's metadata names its samples; no OpenMetrics `# EOF`.
+    assert!(out.contains("\n# HELP rdma_doctor_port_hw_counters_total A port hw_counter"), "{out}");
+    assert!(out.contains("\n# TYPE rdma_doctor_port_hw_counters_total counter\n"), "{out}");
+    assert!(out.contains("# TYPE rdma_doctor_port_counters_total counter\n"), "{out}");
+    assert!(
+        out.contains("# TYPE rdma_doctor_device_hw_counters_total counter\n") || c["mlx5_0"].hw_counters.is_empty()
+    );
+    assert!(!out.contains("# EOF") && out.ends_with('\n'), "{out}");
+    assert!(out.contains("# TYPE rdma_doctor_port_state gauge\n"), "{out}");
 
     let seq = find(
         &s,
-        "rdma_doctor_port_hw_counter_total",
+        "rdma_doctor_port_hw_counters_total",
         &[("device", "mlx5_0"), ("port", "1"), ("name", "out_of_sequence")],
     );
     assert_eq!(seq.len(), 1, "{out}");
     assert_eq!(value(&seq[0].value), 4.0);
     let xmit =
-        find(&s, "rdma_doctor_port_counter_total", &[("device", "mlx5_0"), ("port", "1"), ("name", "port_xmit_data")]);
+        find(&s, "rdma_doctor_port_counters_total", &[("device", "mlx5_0"), ("port", "1"), ("name", "port_xmit_data")]);
     assert_eq!(value(&xmit[0].value), 2900.0);
-    assert!(find(&s, "rdma_doctor_port_hw_counter_total", &[("name", "lifespan")]).is_empty(), "a setting");
+    assert!(find(&s, "rdma_doctor_port_hw_counters_total", &[("name", "lifespan")]).is_empty(), "a setting");
 
     let verdict =
         |layer: &str| value(&find(&s, "rdma_doctor_layer_verdict", &[("scope", "mlx5_0"), ("layer", layer)])[0].value);
@@ -82,6 +91,13 @@ fn a_recorded_known_bad_node_exports_counters_verdicts_versions_known_bad_and_ra
     let reference = find(&s, "rdma_doctor_link_reference_gbps", &[("device", "mlx5_0"), ("port", "1")]);
     assert_eq!(value(&reference[0].value), 200.0);
     assert_eq!(value(&find(&s, "rdma_doctor_exit_code", &[])[0].value), 1.0);
+
+    let state =
+        |s: &[Sample]| value(&find(s, "rdma_doctor_port_state", &[("device", "mlx5_0"), ("port", "1")])[0].value);
+    assert_eq!(d.ports["1"].state, "ACTIVE");
+    assert_eq!(state(&s), 4.0);
+    r.baseline.devices.get_mut("mlx5_0").unwrap().ports.get_mut("1").unwrap().state = "DOWN".into();
+    assert_eq!(state(&parse(&metrics::encode_report(&r, &c, Duration::ZERO))), 1.0, "a port that went down");
     assert_eq!(value(&find(&s, "rdma_doctor_report_age_seconds", &[])[0].value), 1.5);
 }
 
@@ -94,7 +110,7 @@ fn two_encodings_of_a_report_list_the_series_in_the_same_order() {
     let first = metrics::encode_report(&r, &c, Duration::ZERO);
     // Many labelled series in one family: a hash map's order would differ between runs.
     let verdicts = first.lines().filter(|l| l.starts_with("rdma_doctor_layer_verdict{")).count();
-    let counters = first.lines().filter(|l| l.starts_with("rdma_doctor_port_hw_counter_total{")).count();
+    let counters = first.lines().filter(|l| l.starts_with("rdma_doctor_port_hw_counters_total{")).count();
     assert!(verdicts >= 8 && counters >= 8, "{first}");
     for _ in 0..20 {
         assert_eq!(metrics::encode_report(&r, &c, Duration::ZERO), first);
@@ -103,9 +119,9 @@ fn two_encodings_of_a_report_list_the_series_in_the_same_order() {
     let series: Vec<&str> = first.lines().filter(|l| l.starts_with("rdma_doctor_layer_verdict{")).collect();
     assert!(series.windows(2).all(|w| w[0] < w[1]), "{series:#?}");
     let at = |m: &str| first.find(&format!("# TYPE {m}")).unwrap_or_else(|| panic!("{m}: {first}"));
-    assert!(at("rdma_doctor_port_counter") < at("rdma_doctor_layer_verdict"));
+    assert!(at("rdma_doctor_port_counters_total") < at("rdma_doctor_layer_verdict"));
     assert!(at("rdma_doctor_layer_verdict") < at("rdma_doctor_report_age_seconds"));
-    assert!(first.ends_with("# EOF\n"), "{first}");
+    assert!(!first.contains("# EOF"), "{first}");
     assert_eq!(parse(&first).len(), first.lines().filter(|l| !l.starts_with('#')).count());
 }
 

@@ -1,7 +1,8 @@
 //! Counters and metrics on the test bed: a healthy run records rxe's hw_counters with
 //! their files and names no counter that warns; a SEND to a QP with no receive posted
 //! moves the RNR counters and the doctor names them as a receiver not ready; the metrics
-//! of `--prometheus` and of `--serve --metrics-port` parse with a Prometheus text parser.
+//! of `--prometheus` and of `--serve --metrics-port` parse with a Prometheus text parser
+//! and pass Prometheus' own lint (`promtool check metrics`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -111,6 +112,23 @@ fn value(samples: &[Sample], metric: &str, want: &[(&str, &str)]) -> Option<f64>
     )
 }
 
+/// `promtool check metrics` (Debian's prometheus package: scripts/setup installs it) has
+/// nothing to say about `text`: names, types, suffixes and help texts as Prometheus wants.
+#[track_caller]
+fn promtool_lint_is_clean(text: &str) {
+    let mut lint = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool, of Debian's prometheus package: run scripts/setup");
+    lint.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = lint.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}\n{text}");
+}
+
 /// What every scrape of the healthy device says.
 #[track_caller]
 fn healthy_metrics(text: &str, name: &str) {
@@ -124,7 +142,7 @@ fn healthy_metrics(text: &str, name: &str) {
     assert_eq!(value(&s, "rdma_doctor_known_bad", &[("device", name)]), Some(0.0), "{text}");
     assert_eq!(value(&s, "rdma_doctor_versions_info", &[("device", name), ("provider", "rxe")]), Some(1.0), "{text}");
     let hw = [("device", name), ("port", "1"), ("name", "sent_pkts")];
-    assert!(value(&s, "rdma_doctor_port_hw_counter_total", &hw).is_some_and(|v| v > 0.0), "{text}");
+    assert!(value(&s, "rdma_doctor_port_hw_counters_total", &hw).is_some_and(|v| v > 0.0), "{text}");
     let rate = value(&s, "rdma_doctor_link_rate_gbps", &[("device", name), ("port", "1")]).expect("the rate");
     let reference =
         value(&s, "rdma_doctor_link_reference_gbps", &[("device", name), ("port", "1")]).expect("rxe's rule");
@@ -147,6 +165,7 @@ fn prometheus_output_parses_and_the_metrics_port_answers_a_scrape_over_127_0_0_1
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
     healthy_metrics(&text, &name);
+    promtool_lint_is_clean(&text);
 
     let (metrics, peer) = (free_port(), free_port());
     let mut server = Command::new(doctor)
@@ -173,8 +192,9 @@ fn prometheus_output_parses_and_the_metrics_port_answers_a_scrape_over_127_0_0_1
     server.kill().unwrap();
     server.wait().unwrap();
     let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{answer}"));
-    assert!(head.starts_with("HTTP/1.0 200 OK") && head.contains("openmetrics-text"), "{head}");
+    assert!(head.starts_with("HTTP/1.0 200 OK") && head.contains("text/plain; version=0.0.4"), "{head}");
     healthy_metrics(body, &name);
+    promtool_lint_is_clean(body);
 }
 
 #[test]

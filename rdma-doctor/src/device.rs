@@ -97,11 +97,15 @@ fn kernel_driver(dir: &Path, d: &DeviceFacts) -> (Option<String>, String) {
         Some("siw") => Some("siw"),
         _ => None,
     };
+    let named_by = if dir.join("parent").exists() {
+        format!("{}/parent", dir.display())
+    } else {
+        "the netdev whose MAC its GID carries".to_owned()
+    };
     match (soft, &d.parent_netdev) {
-        (Some(m), Some(parent)) => (
-            Some(m.to_owned()),
-            format!("soft device on netdev {parent} ({}/parent) served by the {m} module", dir.display()),
-        ),
+        (Some(m), Some(parent)) => {
+            (Some(m.to_owned()), format!("soft device on netdev {parent} ({named_by}) served by the {m} module"))
+        }
         (Some(m), None) => (Some(m.to_owned()), format!("soft device served by the {m} module")),
         _ => (None, format!("{} does not exist and the provider is not a known soft device", link.display())),
     }

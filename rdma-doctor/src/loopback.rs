@@ -36,6 +36,10 @@ pub(crate) const FIRST_VALUE: u64 = 0x0102_0304_0506_0700;
 pub(crate) const ADD: u64 = 0x11;
 pub(crate) const SWAP: u64 = 0x00c0_ffee_0000_0042;
 
+/// How the detail of an operation the device does not support begins (its `ok` is true:
+/// nothing failed).
+pub(crate) const SKIPPED: &str = "skipped";
+
 /// What the loopback test did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -92,7 +96,7 @@ pub fn run(ctx: &Context, port: u8, timeout: Duration, over: Option<Ipv4Addr>) -
             ];
             for (op, step, atomic) in steps {
                 if atomic && !atomics {
-                    let detail = "skipped: the device reports no atomic support (atomic_cap NONE)".into();
+                    let detail = format!("{SKIPPED}: the device reports no atomic support (atomic_cap NONE)");
                     report.ops.push(OpResult { op: op.into(), ok: true, detail });
                     continue;
                 }

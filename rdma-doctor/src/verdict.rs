@@ -793,8 +793,14 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport, ping: &str) 
         };
     }
     if run.passed() {
-        let ops: Vec<&str> = run.ops.iter().map(|o| o.op.as_str()).collect();
-        return LayerReport::pass(name, layer, format!("loopback {} verified", ops.join(", ")), evidence);
+        let skipped = |o: &&crate::loopback::OpResult| o.detail.starts_with(crate::loopback::SKIPPED);
+        let ran: Vec<&str> = run.ops.iter().filter(|o| !skipped(o)).map(|o| o.op.as_str()).collect();
+        let not: Vec<&str> = run.ops.iter().filter(skipped).map(|o| o.op.as_str()).collect();
+        let mut summary = format!("loopback {} verified", ran.join(", "));
+        if !not.is_empty() {
+            summary += &format!(" ({} not supported by the device: not run)", not.join(", "));
+        }
+        return LayerReport::pass(name, layer, summary, evidence);
     }
     let failed =
         run.ops.iter().find(|o| !o.ok).map_or("nothing ran".to_owned(), |o| format!("{} failed: {}", o.op, o.detail));
@@ -1029,6 +1035,94 @@ mod tests {
         }
         assert_eq!((looped, connected), (1, 1));
         assert_eq!(crate::Status::of(&layers, 0, &[]), crate::Status::LayerFailed, "the slow link still fails the run");
+    }
+
+    /// The fixture's mlx5_0 as an iWARP device (node type RNIC, its GID the netdev's MAC),
+    /// its netdev with `addresses`, checked with the loopback on: the layers, and the
+    /// addresses the loopback and the rdma_cm probe were given.
+    fn iwarp_verdict(
+        addresses: &[Ipv4Addr],
+        netdev_known: bool,
+    ) -> (Vec<LayerReport>, Vec<Option<Ipv4Addr>>, Vec<Ipv4Addr>) {
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let mut facts = report.baseline;
+        facts.devices.get_mut("mlx5_0").unwrap().node_type = "RNIC".into();
+        let p = port(&mut facts);
+        p.gids.clear();
+        p.gids.insert(
+            "0".into(),
+            crate::report::GidFacts { gid: "b8ce:f6ff:fe12:3456::".into(), gid_type: "IB".into(), netdev: None },
+        );
+        if !netdev_known {
+            p.netdev = None;
+        }
+        let mut want = Expectations {
+            devices: vec!["mlx5_0".into()],
+            memlock_need: 1 << 20,
+            loopback: true,
+            rdma_cm_node: CmNode {
+                kernel_dev: Some("10:58".into()),
+                exists: true,
+                node_dev: Some("10:58".into()),
+                mounted_over: false,
+            },
+            ..Expectations::default()
+        };
+        want.netdev_ipv4.insert("ens1f0np0".into(), addresses.to_vec());
+        let seen = Observations { sysfs_devices: vec!["mlx5_0".into()], ..Observations::default() };
+        let (mut looped, mut connected) = (Vec::new(), Vec::new());
+        let mut lb = |_: &str, _: u8, over: Option<Ipv4Addr>| {
+            looped.push(over);
+            let op = crate::loopback::OpResult { op: "SEND".into(), ok: true, detail: "1024 bytes verified".into() };
+            let skipped = crate::loopback::OpResult {
+                op: "FETCH_ADD".into(),
+                ok: true,
+                detail: format!("{}: no atomics", crate::loopback::SKIPPED),
+            };
+            LoopbackReport { ops: vec![op, skipped], ..LoopbackReport::default() }
+        };
+        let mut cm = |ip: Ipv4Addr| {
+            connected.push(ip);
+            CmReport { verified: Some("a 32-byte message received".into()), ..CmReport::default() }
+        };
+        let (layers, _) = evaluate(&facts, &seen, &want, &mut Probes { loopback: &mut lb, rdma_cm: &mut cm });
+        (layers, looped, connected)
+    }
+
+    #[test]
+    fn iwarp_has_no_roce_gid_to_check_and_connects_its_loopback_and_rdma_cm_over_its_netdevs_address() {
+        let ip = Ipv4Addr::new(10, 7, 0, 5);
+        let (layers, looped, connected) = iwarp_verdict(&[ip], true);
+        for l in &layers {
+            assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
+        }
+        let of = |l: Layer| layers.iter().find(|r| r.layer == l).unwrap();
+        assert!(of(Layer::Gid).summary.contains("iWARP (no RoCE GID, no UDP 4791)"), "{:#?}", of(Layer::Gid));
+        assert!(of(Layer::Gid).summary.contains("10.7.0.5 on ens1f0np0"), "{:#?}", of(Layer::Gid));
+        assert_eq!(looped, [Some(ip)], "the loopback connects through rdma_cm on the netdev's address, once");
+        assert_eq!(connected, [ip]);
+        let data = of(Layer::DataPlane);
+        assert_eq!(data.summary, "loopback SEND verified (FETCH_ADD not supported by the device: not run)");
+        assert!(data.evidence.iter().any(|e| e.contains("rdma_cm over TCP to 10.7.0.5")), "{data:#?}");
+        assert!(of(Layer::RdmaCm).evidence.iter().any(|e| e.contains("iWARP connects over TCP")), "{layers:#?}");
+    }
+
+    #[test]
+    fn iwarp_on_a_netdev_without_an_ipv4_address_fails_the_gid_layer_with_ip_addr_add() {
+        let (layers, looped, connected) = iwarp_verdict(&[], true);
+        let f = layers.iter().find(|l| l.outcome == Outcome::Fail).unwrap();
+        assert_eq!(f.layer, Layer::Gid, "{layers:#?}");
+        assert!(f.summary.contains("ens1f0np0 has no IPv4 address"), "{f:#?}");
+        assert_eq!(f.command.as_deref(), Some("ip addr add <address>/<prefix> dev ens1f0np0"));
+        assert!(!f.summary.contains("RoCE"), "{f:#?}");
+        assert!(looped.is_empty() && connected.is_empty());
+
+        // The netdev not identified: nothing to blame, the checks that need it not run.
+        let (layers, looped, _) = iwarp_verdict(&[], false);
+        assert!(layers.iter().all(|l| l.outcome != Outcome::Fail), "{layers:#?}");
+        let cm = layers.iter().find(|l| l.layer == Layer::RdmaCm).unwrap();
+        assert_eq!((cm.outcome, cm.summary.as_str()), (Outcome::Skipped, NO_IWARP_ADDRESS));
+        assert!(looped.is_empty());
     }
 
     #[test]

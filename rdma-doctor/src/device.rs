@@ -192,7 +192,7 @@ fn sysfs_ports(dir: &Path) -> BTreeMap<String, PortFacts> {
 /// six bytes (siw's `siw_query_gid`), so the netdev whose address that is. When several
 /// netdevs share the MAC (a VLAN and its parent), the first by name.
 pub(crate) fn iwarp_netdev(dev: &Path, port: u8) -> Option<String> {
-    if !read_trimmed(&dev.join("node_type")).is_some_and(|t| after_colon(&t) == "RNIC") {
+    if read_trimmed(&dev.join("node_type")).is_none_or(|t| after_colon(&t) != "RNIC") {
         return None;
     }
     let gid = read_trimmed(&dev.join(format!("ports/{port}/gids/0")))?;

@@ -15,11 +15,26 @@ use crate::verdict::{Layer, LayerReport};
 
 const LAYER: Layer = Layer::RdmaCm;
 
-/// The rdma_cm layer of device `name`: its node, then `run` on the IPv4 address of the
-/// first checked port's RoCE v2 GID.
+/// Where the exchange runs: a port's IPv4 address and where it comes from.
+pub(crate) struct Address<'a> {
+    /// The port's number.
+    pub port: &'a str,
+    /// The address.
+    pub ip: Ipv4Addr,
+    /// Where it comes from, for the evidence (`its RoCE v2 GID`).
+    pub what: String,
+}
+
+/// The address of the first of `ports` with an IPv4 RoCE v2 GID.
+pub(crate) fn roce_address<'a>(ports: &[(&'a String, &PortFacts)]) -> Option<Address<'a>> {
+    ports.iter().find_map(|(n, p)| ipv4(p).map(|ip| Address { port: n.as_str(), ip, what: "its RoCE v2 GID".into() }))
+}
+
+/// The rdma_cm layer of device `name`: its node, then `run` on `address` (a RoCE port's
+/// IPv4 RoCE v2 GID, [`roce_address`], or an iWARP port's netdev's address).
 pub(crate) fn check(
     name: &str,
-    ports: &[(&String, &PortFacts)],
+    address: Option<Address<'_>>,
     facts: &Baseline,
     node: &CmNode,
     run: &mut dyn FnMut(Ipv4Addr) -> CmReport,
@@ -29,7 +44,7 @@ pub(crate) fn check(
     }
     // Not loaded yet: the exchange below is librdmacm's first use, which loads it.
     let on_demand = node.kernel_dev.is_none();
-    let Some((port, ip)) = ports.iter().find_map(|(n, p)| ipv4(p).map(|ip| (n.as_str(), ip))) else {
+    let Some(Address { port, ip, what }) = address else {
         return LayerReport::skipped(
             name,
             LAYER,
@@ -37,7 +52,7 @@ pub(crate) fn check(
         );
     };
     let r = run(ip);
-    let mut evidence = vec![format!("port {port}: IPv4 {ip} (its RoCE v2 GID)")];
+    let mut evidence = vec![format!("port {port}: IPv4 {ip} ({what})")];
     if on_demand {
         evidence.push(UNLOADED.to_owned());
     }
@@ -164,7 +179,7 @@ mod tests {
     fn layer(node: &CmNode, run: &mut dyn FnMut(Ipv4Addr) -> CmReport) -> LayerReport {
         let (facts, port) = node_a();
         let one = "1".to_owned();
-        check("mlx5_0", &[(&one, &port)], &facts, node, run)
+        check("mlx5_0", roce_address(&[(&one, &port)]), &facts, node, run)
     }
 
     fn not_run(_: Ipv4Addr) -> CmReport {

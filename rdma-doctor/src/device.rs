@@ -2,6 +2,7 @@
 //! reports once the device is open, and the netdev under each RoCE port.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use crate::collect::read_trimmed;
@@ -67,6 +68,10 @@ pub(crate) fn collect(name: &str) -> (DeviceFacts, Option<Context>) {
     if d.ports.is_empty() {
         d.ports = sysfs_ports(&dir);
     }
+    // siw has no `parent` in sysfs: the netdev its port sits on is its parent.
+    if d.parent_netdev.is_none() && d.provider.as_ref().is_some_and(|p| p.name == "siw") {
+        d.parent_netdev = d.ports.values().find_map(|p| p.netdev.as_ref().map(|n| n.name.clone()));
+    }
     let (driver, source) = kernel_driver(&dir, &d);
     let version = driver.as_deref().and_then(|m| read_trimmed(&Path::new("/sys/module").join(m).join("version")));
     let source = match (&driver, &version) {
@@ -92,11 +97,15 @@ fn kernel_driver(dir: &Path, d: &DeviceFacts) -> (Option<String>, String) {
         Some("siw") => Some("siw"),
         _ => None,
     };
+    let named_by = if dir.join("parent").exists() {
+        format!("{}/parent", dir.display())
+    } else {
+        "the netdev whose MAC its GID carries".to_owned()
+    };
     match (soft, &d.parent_netdev) {
-        (Some(m), Some(parent)) => (
-            Some(m.to_owned()),
-            format!("soft device on netdev {parent} ({}/parent) served by the {m} module", dir.display()),
-        ),
+        (Some(m), Some(parent)) => {
+            (Some(m.to_owned()), format!("soft device on netdev {parent} ({named_by}) served by the {m} module"))
+        }
         (Some(m), None) => (Some(m.to_owned()), format!("soft device served by the {m} module")),
         _ => (None, format!("{} does not exist and the provider is not a known soft device", link.display())),
     }
@@ -128,7 +137,8 @@ fn verbs_port(ctx: &Context, port: u8) -> Option<PortFacts> {
         .iter()
         .find_map(|g| g.netdev.clone())
         .or_else(|| read_trimmed(&dev.join(format!("ports/{port}/gid_attrs/ndevs/0"))))
-        .or_else(|| read_trimmed(&dev.join("parent")));
+        .or_else(|| read_trimmed(&dev.join("parent")))
+        .or_else(|| iwarp_netdev(&dev, port));
     Some(PortFacts {
         state: state_name(a.state),
         phys_state: phys_name(a.phys_state),
@@ -156,7 +166,9 @@ fn sysfs_ports(dir: &Path) -> BTreeMap<String, PortFacts> {
         let rate_gbps = rate_text.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
         let inner = rate_text.split_once('(').map(|(_, r)| r.trim_end_matches(')').to_owned()).unwrap_or_default();
         let (width, speed) = inner.split_once(' ').map(|(w, s)| (w.to_owned(), s.to_owned())).unwrap_or_default();
-        let name = read_trimmed(&p.join("gid_attrs/ndevs/0")).or_else(|| read_trimmed(&dir.join("parent")));
+        let name = read_trimmed(&p.join("gid_attrs/ndevs/0"))
+            .or_else(|| read_trimmed(&dir.join("parent")))
+            .or_else(|| e.file_name().to_str().and_then(|n| n.parse().ok()).and_then(|n| iwarp_netdev(dir, n)));
         let netdev = name.map(|n| netdev(&n));
         out.insert(
             e.file_name().to_string_lossy().into_owned(),
@@ -200,6 +212,69 @@ fn sysfs_gids(port: &Path) -> BTreeMap<String, GidFacts> {
         let netdev = read_trimmed(&port.join("gid_attrs/ndevs").join(&index));
         out.insert(index, GidFacts { gid: gid.to_string(), gid_type, netdev });
     }
+    out
+}
+
+/// The netdev under an iWARP port that sysfs does not name (siw has no `parent` and its
+/// `gid_attrs/ndevs` reads EINVAL): an iWARP GID is the netdev's MAC address in its first
+/// six bytes (siw's `siw_query_gid`), so the netdev whose address that is. When several
+/// netdevs share the MAC (a VLAN and its parent), the first by name.
+pub(crate) fn iwarp_netdev(dev: &Path, port: u8) -> Option<String> {
+    if read_trimmed(&dev.join("node_type")).is_none_or(|t| after_colon(&t) != "RNIC") {
+        return None;
+    }
+    let gid = read_trimmed(&dev.join(format!("ports/{port}/gids/0")))?;
+    let mac = mac_of_gid(&gid)?;
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .ok()?
+        .flatten()
+        .filter(|e| read_trimmed(&e.path().join("address")).is_some_and(|a| a.eq_ignore_ascii_case(&mac)))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names.into_iter().next()
+}
+
+/// `aa:66:21:67:22:70` from the sysfs GID `aa66:2167:2270:0000:0000:0000:0000:0000`; `None`
+/// for a GID that is not eight groups of four hex digits or a MAC of zeros.
+fn mac_of_gid(gid: &str) -> Option<String> {
+    let groups: Vec<&str> = gid.split(':').collect();
+    if groups.len() != 8 || !groups.iter().all(|g| g.len() == 4 && g.bytes().all(|b| b.is_ascii_hexdigit())) {
+        return None;
+    }
+    let hex: String = groups[..3].concat();
+    if hex.bytes().all(|b| b == b'0') {
+        return None;
+    }
+    let bytes: Vec<&str> = (0..6).map(|i| &hex[2 * i..2 * i + 2]).collect();
+    Some(bytes.join(":").to_ascii_lowercase())
+}
+
+/// The IPv4 addresses of every netdev, by name (`getifaddrs`); empty when it fails.
+pub(crate) fn ipv4_addresses() -> BTreeMap<String, Vec<Ipv4Addr>> {
+    let mut out: BTreeMap<String, Vec<Ipv4Addr>> = BTreeMap::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list it allocated into `head`, freed below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return out;
+    }
+    let mut at = head;
+    while !at.is_null() {
+        // SAFETY: `at` is a node of the list getifaddrs returned, not freed yet; its name is
+        // a NUL-terminated string and its address, when not null, a sockaddr of the family
+        // it says, read as sockaddr_in only for AF_INET.
+        unsafe {
+            let ifa = &*at;
+            if !ifa.ifa_addr.is_null() && i32::from((*ifa.ifa_addr).sa_family) == libc::AF_INET {
+                let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                let name = std::ffi::CStr::from_ptr(ifa.ifa_name).to_string_lossy().into_owned();
+                out.entry(name).or_default().push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+            }
+            at = ifa.ifa_next;
+        }
+    }
+    // SAFETY: the list from getifaddrs above, freed once; nothing points into it now.
+    unsafe { libc::freeifaddrs(head) };
     out
 }
 
@@ -280,5 +355,19 @@ fn speed_name(code: u8) -> String {
         64 => "HDR".into(),
         128 => "NDR".into(),
         other => format!("unknown({other})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_iwarp_gid_names_its_netdevs_mac_and_anything_else_nothing() {
+        // siw0 on a dummy netdev whose address is aa:66:21:67:22:70 (seen in the test bed).
+        assert_eq!(mac_of_gid("aa66:2167:2270:0000:0000:0000:0000:0000").as_deref(), Some("aa:66:21:67:22:70"));
+        assert_eq!(mac_of_gid("0000:0000:0000:0000:0000:0000:0000:0000"), None);
+        assert_eq!(mac_of_gid("fe80::1"), None);
+        assert_eq!(mac_of_gid("zz66:2167:2270:0000:0000:0000:0000:0000"), None);
     }
 }

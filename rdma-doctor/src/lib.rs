@@ -199,8 +199,9 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     want.kernel_rdma = collect::kernel_has_rdma(&baseline.kernel.release);
     want.rdma_cm_node = rdma_cm::node();
     want.libraries = libraries;
-    let mut run = |name: &str, port: u8| match contexts.get(name) {
-        Some(ctx) => loopback::run(ctx, port, opts.timeout),
+    want.netdev_ipv4 = device::ipv4_addresses();
+    let mut run = |name: &str, port: u8, over| match contexts.get(name) {
+        Some(ctx) => loopback::run(ctx, port, opts.timeout, over),
         None => LoopbackReport { setup_error: Some(format!("{name} is not open")), ..LoopbackReport::default() },
     };
     let mut cm = |ip| rdma_cm::run(ip, opts.timeout);

@@ -2,6 +2,13 @@
 //! port, pass an RDMA WRITE, an RDMA READ and a SEND with the bytes verified, then a
 //! FETCH_ADD and a CMP_SWAP. Every wait is bounded.
 //!
+//! On iWARP the two QPs cannot be connected by hand (an iWARP QP reaches RTS only with
+//! the TCP stream of a connection under it): they are connected through rdma_cm over TCP
+//! on an IPv4 address of the device's netdev, the listener's side taking the client's
+//! request in this thread while the client connects in another. The READ's sink is
+//! registered for remote write: an iWARP READ response is a tagged write into it, which
+//! iWARP hardware checks (siw does not).
+//!
 //! The safe posting API is not used here on purpose: this module depends only on the
 //! object types, and posts with `ibv_post_send` / `ibv_post_recv` in small unsafe blocks.
 //! The rule those blocks keep: a buffer the device may touch lives in a [`MemoryRegion`]
@@ -10,13 +17,15 @@
 //! before the regions (field order of `Bed`), so the device is done with the memory
 //! before it is freed.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use rdma_verbs::{
-    ffi, AccessFlags, AlignedBuf, CompletionQueue, Context, InitAttr, Local, MemoryRegion, ProtectionDomain, QpAccess,
-    QpType, QueuePair, RemoteWritable, Result, WcOpcode, WorkCompletion,
+    ffi, AccessFlags, AlignedBuf, CmId, CompletionQueue, ConnParam, Context, EventChannel, InitAttr, Local,
+    MemoryRegion, PortSpace, ProtectionDomain, QpAccess, QpType, QueuePair, QueuePairBuilder, RemoteWritable, Result,
+    WcOpcode, WorkCompletion,
 };
 
 /// Bytes moved by each of WRITE, READ and SEND.
@@ -26,6 +35,10 @@ pub(crate) const ATOMIC_AT: usize = 3 * LEN;
 pub(crate) const FIRST_VALUE: u64 = 0x0102_0304_0506_0700;
 pub(crate) const ADD: u64 = 0x11;
 pub(crate) const SWAP: u64 = 0x00c0_ffee_0000_0042;
+
+/// How the detail of an operation the device does not support begins (its `ok` is true:
+/// nothing failed).
+pub(crate) const SKIPPED: &str = "skipped";
 
 /// What the loopback test did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -60,12 +73,17 @@ impl LoopbackReport {
 }
 
 /// Runs the loopback test on `port` of `ctx`, waiting at most `timeout` for each
-/// completion.
-pub fn run(ctx: &Context, port: u8, timeout: Duration) -> LoopbackReport {
+/// completion. With `over` (iWARP), the QPs connect through rdma_cm on that address (the
+/// device's netdev's), the QPs and regions on librdmacm's context of the same device.
+pub fn run(ctx: &Context, port: u8, timeout: Duration, over: Option<Ipv4Addr>) -> LoopbackReport {
     let start = Instant::now();
     let mut report = LoopbackReport::default();
-    match Bed::new(ctx, port) {
-        Err(e) => report.setup_error = Some(e.to_string()),
+    let bed = match over {
+        None => Bed::new(ctx, port).map_err(|e| e.to_string()),
+        Some(ip) => Bed::over_rdma_cm(ip, timeout),
+    };
+    match bed {
+        Err(e) => report.setup_error = Some(e),
         Ok(mut bed) => {
             let atomics = ctx.query_device().map(|d| d.atomic_cap.supported()).unwrap_or(false);
             // (name, the operation, whether it is an atomic)
@@ -78,7 +96,7 @@ pub fn run(ctx: &Context, port: u8, timeout: Duration) -> LoopbackReport {
             ];
             for (op, step, atomic) in steps {
                 if atomic && !atomics {
-                    let detail = "skipped: the device reports no atomic support (atomic_cap NONE)".into();
+                    let detail = format!("{SKIPPED}: the device reports no atomic support (atomic_cap NONE)");
                     report.ops.push(OpResult { op: op.into(), ok: true, detail });
                     continue;
                 }
@@ -109,29 +127,43 @@ struct Bed {
     src: MemoryRegion<AlignedBuf, Local>,
     /// Target of WRITE and the atomics, source of READ (b's side).
     target: MemoryRegion<AlignedBuf, RemoteWritable>,
-    /// READ destination and atomic results (a's side).
-    sink: MemoryRegion<AlignedBuf, Local>,
+    /// READ destination and atomic results (a's side); remote-writable for iWARP's READ
+    /// response (see the module's docs).
+    sink: MemoryRegion<AlignedBuf, RemoteWritable>,
     /// The receive buffer of SEND (b's side).
     recv: MemoryRegion<AlignedBuf, Local>,
 }
 
 impl Bed {
-    fn new(ctx: &Context, port: u8) -> Result<Bed> {
-        let pd = ProtectionDomain::new(ctx)?;
-        let (cq_a, cq_b) = (CompletionQueue::new(ctx, 16)?, CompletionQueue::new(ctx, 16)?);
-        let a = QueuePair::builder(&pd, QpType::Rc, &cq_a, &cq_a).max_send_wr(8).max_recv_wr(8).build()?;
-        let b = QueuePair::builder(&pd, QpType::Rc, &cq_b, &cq_b).max_send_wr(8).max_recv_wr(8).build()?;
+    /// The bed around two QPs made on `pd` with `cq_a` and `cq_b` (not yet connected).
+    fn around(
+        pd: &ProtectionDomain,
+        (a, cq_a): (QueuePair, CompletionQueue),
+        (b, cq_b): (QueuePair, CompletionQueue),
+    ) -> Result<Bed> {
         let remote = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-        let bed = Bed {
+        Ok(Bed {
             src: pd.register(AlignedBuf::new(4 * LEN)?, AccessFlags::LOCAL_WRITE)?,
             target: pd.register_remote_writable(AlignedBuf::new(4 * LEN)?, remote)?,
-            sink: pd.register(AlignedBuf::new(4 * LEN)?, AccessFlags::LOCAL_WRITE)?,
+            sink: pd.register_remote_writable(AlignedBuf::new(4 * LEN)?, AccessFlags::REMOTE_WRITE)?,
             recv: pd.register(AlignedBuf::new(4 * LEN)?, AccessFlags::LOCAL_WRITE)?,
             a,
             b,
             cq_a,
             cq_b,
-        };
+        })
+    }
+
+    fn qp_builder<'a>(pd: &'a ProtectionDomain, cq: &'a CompletionQueue) -> QueuePairBuilder<'a> {
+        QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(8).max_recv_wr(8)
+    }
+
+    fn new(ctx: &Context, port: u8) -> Result<Bed> {
+        let pd = ProtectionDomain::new(ctx)?;
+        let (cq_a, cq_b) = (CompletionQueue::new(ctx, 16)?, CompletionQueue::new(ctx, 16)?);
+        let a = Bed::qp_builder(&pd, &cq_a).build()?;
+        let b = Bed::qp_builder(&pd, &cq_b).build()?;
+        let bed = Bed::around(&pd, (a, cq_a), (b, cq_b))?;
         let (ia, ib) = (bed.a.local_info(port)?, bed.b.local_info(port)?);
         let init = InitAttr {
             port,
@@ -141,6 +173,44 @@ impl Bed {
         bed.a.connect(&init, &ib)?;
         bed.b.connect(&init, &ia)?;
         Ok(bed)
+    }
+
+    /// iWARP: `a` is a client's QP, `b` the QP of the request it makes to a listener on
+    /// `ip` (a free port), connected through rdma_cm. Both ids sit on librdmacm's one
+    /// context of the device, so one PD serves both QPs and the regions. Each QP holds
+    /// its id, and the id its channel, until the QP is gone.
+    fn over_rdma_cm(ip: Ipv4Addr, timeout: Duration) -> std::result::Result<Bed, String> {
+        let at = |what: &'static str| move |e: rdma_verbs::Error| format!("{what} (rdma_cm over TCP, iWARP): {e}");
+        let channel = || EventChannel::new().map_err(at("opening /dev/infiniband/rdma_cm (rdma_create_event_channel)"));
+        let (server_channel, client_channel) = (channel()?, channel()?);
+        let listener = CmId::new(&server_channel, PortSpace::Tcp).map_err(at("rdma_create_id"))?;
+        listener.bind(SocketAddr::new(ip.into(), 0)).map_err(at("binding the listener (rdma_bind_addr)"))?;
+        listener.listen(1).map_err(at("rdma_listen"))?;
+        let addr = listener.local_addr().ok_or("the bound listener has no local address")?;
+        let client = CmId::new(&client_channel, PortSpace::Tcp).map_err(at("rdma_create_id"))?;
+        client.resolve_addr(None, addr, timeout).map_err(at("rdma_resolve_addr"))?;
+        client.resolve_route(timeout).map_err(at("rdma_resolve_route"))?;
+        let ctx = client.context().map_err(at("the id's device context"))?;
+        let pd = ProtectionDomain::new(&ctx).map_err(at("ibv_alloc_pd"))?;
+        let cq = || CompletionQueue::new(&ctx, 16).map_err(at("ibv_create_cq"));
+        let (cq_a, cq_b) = (cq()?, cq()?);
+        let a = client.create_qp(Bed::qp_builder(&pd, &cq_a)).map_err(at("rdma_create_qp"))?;
+        let b = std::thread::scope(|s| {
+            // The client waits for the connection to be established while this thread
+            // takes its request, makes b's QP on it and accepts.
+            let connecting =
+                s.spawn(|| client.connect(&ConnParam::new(), timeout).map(drop).map_err(at("rdma_connect")));
+            let accepted = (|| {
+                let id = listener.get_request(timeout).map_err(at("waiting for the connection request"))?.into_id();
+                let b = id.create_qp(Bed::qp_builder(&pd, &cq_b)).map_err(at("rdma_create_qp"))?;
+                id.accept(&ConnParam::new(), timeout).map_err(at("rdma_accept"))?;
+                Ok::<_, String>(b)
+            })();
+            let connected = connecting.join().unwrap_or_else(|_| Err("the connecting thread panicked".into()));
+            // The client's error first: a listener that saw no request is its consequence.
+            connected.and(accepted)
+        })?;
+        Bed::around(&pd, (a, cq_a), (b, cq_b)).map_err(|e| e.to_string())
     }
 
     fn write(&mut self, timeout: Duration) -> std::result::Result<String, String> {
@@ -162,7 +232,9 @@ impl Bed {
         self.post_rdma(ffi::ibv_wr_opcode::IBV_WR_RDMA_READ, 0, remote)?;
         expect(wait(&mut self.cq_a, timeout, "RDMA READ")?, WcOpcode::RdmaRead)?;
         // The READ completed: the device is done writing `sink`.
-        same(&self.sink.as_slice()[..LEN], &msg, "the READ result")?;
+        let mut got = vec![0u8; LEN];
+        self.sink.read_at(0, &mut got).map_err(|e| e.to_string())?;
+        same(&got, &msg, "the READ result")?;
         Ok(format!("{LEN} bytes read from the peer's region and verified"))
     }
 
@@ -224,8 +296,10 @@ impl Bed {
         offset: usize,
         remote_addr: u64,
     ) -> std::result::Result<(), String> {
-        let region = if opcode == ffi::ibv_wr_opcode::IBV_WR_RDMA_READ { &self.sink } else { &self.src };
-        let mut sge = region.sge(offset..offset + LEN).map_err(|e| e.to_string())?;
+        let range = offset..offset + LEN;
+        let sge =
+            if opcode == ffi::ibv_wr_opcode::IBV_WR_RDMA_READ { self.sink.sge(range) } else { self.src.sge(range) };
+        let mut sge = sge.map_err(|e| e.to_string())?;
         let rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey: self.target.rkey() };
         self.post(opcode, &mut sge, ffi::ibv_send_wr__bindgen_ty_2 { rdma })
     }
@@ -253,7 +327,7 @@ impl Bed {
         };
         expect(wait(&mut self.cq_a, timeout, "the atomic")?, want)?;
         let mut b = [0u8; 8];
-        b.copy_from_slice(&self.sink.as_slice()[2 * LEN..2 * LEN + 8]);
+        self.sink.read_at(2 * LEN, &mut b).map_err(|e| e.to_string())?;
         Ok(u64::from_ne_bytes(b))
     }
 

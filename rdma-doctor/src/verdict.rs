@@ -2,7 +2,12 @@
 //! modules, the device the kernel enumerated, its device node, the user-space provider,
 //! the port, the link, the GID, the memlock limit, then the control plane (creating and
 //! connecting objects: kernel path), the data plane (posting and completions: provider
-//! and hardware) and rdma_cm (a connection through librdmacm: `cm_layer`). The first
+//! and hardware) and rdma_cm (a connection through librdmacm: `cm_layer`). An iWARP
+//! device (node type RNIC: siw, irdma and cxgb4 in iWARP mode) is judged by iWARP's
+//! rules: it has no RoCE GID and no UDP port 4791; its connections go over TCP to an IP
+//! address of the netdev under it, through rdma_cm only (its QPs cannot be connected by
+//! hand), so its gid layer checks that address and its loopback connects through rdma_cm.
+//! The first
 //! layer that fails is a device's diagnosis; the ones below it are not checked, except
 //! after the link layer: a link that is slow or degraded still carries traffic, and
 //! whether the port works at all is worth knowing beside its rate, so the layers below a
@@ -38,7 +43,8 @@ pub enum Layer {
     Port,
     /// The physical link is up at the rate expected.
     Link,
-    /// A RoCE port has a RoCE v2 GID with an IPv4 address.
+    /// A RoCE port has a RoCE v2 GID with an IPv4 address; an iWARP port's netdev has an
+    /// IPv4 address (iWARP connects over TCP to it).
     Gid,
     /// The locked-memory limit allows registration.
     Memlock,
@@ -249,6 +255,10 @@ pub struct Expectations {
     pub rdma_cm_node: CmNode,
     /// Whether libibverbs and librdmacm loaded (empty: not looked at, taken as loaded).
     pub libraries: Vec<crate::libraries_layer::LibraryState>,
+    /// The IPv4 addresses of each netdev, by name: where an iWARP port is reached (its
+    /// connections go over TCP to them). Read live, not kept in the report's facts: an
+    /// address is a node's own, and the gid layer's evidence names the one used.
+    pub netdev_ipv4: BTreeMap<String, Vec<Ipv4Addr>>,
 }
 
 /// Whether the running kernel has RDMA at all.
@@ -265,8 +275,9 @@ pub struct KernelRdma {
 /// The checks that use the device: the loopback test of the control and data planes on a
 /// device's port, and the rdma_cm exchange on an IPv4 address.
 pub struct Probes<'a> {
-    /// `loopback(device, port)`.
-    pub loopback: &'a mut dyn FnMut(&str, u8) -> LoopbackReport,
+    /// `loopback(device, port, over)`: the QPs connected by hand, or with `over` (iWARP)
+    /// through rdma_cm on that address.
+    pub loopback: &'a mut dyn FnMut(&str, u8, Option<Ipv4Addr>) -> LoopbackReport,
     /// `rdma_cm(address)`.
     pub rdma_cm: &'a mut dyn FnMut(Ipv4Addr) -> CmReport,
 }
@@ -276,7 +287,7 @@ impl Probes<'static> {
     #[cfg(test)]
     pub(crate) fn none() -> Self {
         Probes {
-            loopback: Box::leak(Box::new(|_: &str, _| unreachable!("loopback is off"))),
+            loopback: Box::leak(Box::new(|_: &str, _, _| unreachable!("loopback is off"))),
             rdma_cm: Box::leak(Box::new(|_| unreachable!("loopback is off"))),
         }
     }
@@ -353,15 +364,40 @@ fn check(
         Layer::Provider => crate::provider::check(name, d, facts, want.providers.get(name)),
         Layer::Port => port_state(name, &ports),
         Layer::Link => link(name, &ports, &|port| want.expected_rate.get(&(name.to_owned(), port.to_owned())).cloned()),
+        Layer::Gid if is_iwarp(d) => iwarp_address(name, &ports, &want.netdev_ipv4),
         Layer::Gid => gid(name, &ports, &|port| want.known_addresses.get(&(name.to_owned(), port.to_owned())).cloned()),
         Layer::Memlock => check_memlock(name, &facts.memlock, want.memlock_need),
         _ if !want.loopback => LayerReport::skipped(name, layer, "not run (loopback test turned off)"),
+        Layer::ControlPlane | Layer::DataPlane if is_iwarp(d) => {
+            let Some((port, netdev, ip)) = iwarp_ip(&ports, &want.netdev_ipv4) else {
+                return LayerReport::skipped(name, layer, NO_IWARP_ADDRESS);
+            };
+            let port: u8 = port.parse().unwrap_or(1);
+            let run = runs.entry(name.to_owned()).or_insert_with(|| (probes.loopback)(name, port, Some(ip)));
+            let mut r = planes(layer, name, port, run, &rping(ip));
+            r.evidence.push(format!("iWARP: the QPs connected through rdma_cm over TCP to {ip} ({netdev})"));
+            r
+        }
         Layer::ControlPlane | Layer::DataPlane => {
             let port = ports.first().and_then(|(n, _)| n.parse().ok()).unwrap_or(1);
-            let run = runs.entry(name.to_owned()).or_insert_with(|| (probes.loopback)(name, port));
+            let run = runs.entry(name.to_owned()).or_insert_with(|| (probes.loopback)(name, port, None));
             planes(layer, name, port, run, &pingpong(name, port, ports.first().map(|(_, p)| *p)))
         }
-        Layer::RdmaCm => crate::cm_layer::check(name, &ports, facts, &want.rdma_cm_node, probes.rdma_cm),
+        Layer::RdmaCm if is_iwarp(d) => match iwarp_ip(&ports, &want.netdev_ipv4) {
+            None => LayerReport::skipped(name, layer, NO_IWARP_ADDRESS),
+            Some((port, netdev, ip)) => {
+                let on = crate::cm_layer::Address {
+                    port,
+                    ip,
+                    what: format!("{netdev}'s address: iWARP connects over TCP to it"),
+                };
+                crate::cm_layer::check(name, Some(on), facts, &want.rdma_cm_node, probes.rdma_cm)
+            }
+        },
+        Layer::RdmaCm => {
+            let on = crate::cm_layer::roce_address(&ports);
+            crate::cm_layer::check(name, on, facts, &want.rdma_cm_node, probes.rdma_cm)
+        }
         Layer::KernelModules | Layer::Libraries => unreachable!("a host layer"),
     }
 }
@@ -628,6 +664,80 @@ fn gid(name: &str, ports: &[(&String, &PortFacts)], known: &dyn Fn(&str) -> Opti
     LayerReport::pass(name, Layer::Gid, "addressable", evidence)
 }
 
+/// Whether `d` is an iWARP device: node type RNIC (sysfs `node_type` `4: RNIC`).
+pub(crate) fn is_iwarp(d: &DeviceFacts) -> bool {
+    d.node_type == "RNIC"
+}
+
+/// Why an iWARP device's loopback and rdma_cm checks did not run.
+const NO_IWARP_ADDRESS: &str =
+    "not run: iWARP connects only through rdma_cm over TCP, and no IPv4 address of the netdev under it is known";
+
+/// The first checked iWARP port whose netdev has an IPv4 address: the port, the netdev
+/// and the address.
+fn iwarp_ip<'a>(
+    ports: &[(&'a String, &PortFacts)],
+    addresses: &BTreeMap<String, Vec<Ipv4Addr>>,
+) -> Option<(&'a str, String, Ipv4Addr)> {
+    ports.iter().find_map(|(n, p)| {
+        let nd = p.netdev.as_ref()?;
+        let ip = addresses.get(&nd.name)?.first()?;
+        Some((n.as_str(), nd.name.clone(), *ip))
+    })
+}
+
+/// The gid layer of an iWARP device: it has no RoCE GID to check (its GID is its netdev's
+/// MAC); it is reached over TCP at an IP address of the netdev under it, which must have
+/// one.
+fn iwarp_address(
+    name: &str,
+    ports: &[(&String, &PortFacts)],
+    addresses: &BTreeMap<String, Vec<Ipv4Addr>>,
+) -> LayerReport {
+    let mut evidence = Vec::new();
+    let mut reached = None;
+    for (n, p) in ports {
+        let Some(nd) = &p.netdev else {
+            evidence.push(format!("port {n}: iWARP; the netdev under it was not identified"));
+            continue;
+        };
+        match addresses.get(&nd.name).filter(|a| !a.is_empty()) {
+            Some(a) => {
+                let list: Vec<String> = a.iter().map(ToString::to_string).collect();
+                evidence.push(format!("port {n}: iWARP on {}, IPv4 {}", nd.name, list.join(", ")));
+                reached.get_or_insert((nd.name.clone(), a[0]));
+            }
+            None => {
+                evidence.push(format!("port {n}: iWARP on {}, which has no IPv4 address", nd.name));
+                return LayerReport::fail(
+                    name,
+                    Layer::Gid,
+                    format!(
+                        "port {n}: iWARP connects over TCP to its netdev's IP address, and {} has no IPv4 address",
+                        nd.name
+                    ),
+                    evidence,
+                    vec![format!("ip addr add ADDRESS/PREFIX dev {}   # rdma_cm reaches the device there", nd.name)],
+                )
+                .with_command(format!("ip addr add <address>/<prefix> dev {}", nd.name));
+            }
+        }
+    }
+    let summary = match reached {
+        Some((netdev, ip)) => {
+            format!("iWARP (no RoCE GID, no UDP 4791): reached over TCP through rdma_cm at {ip} on {netdev}")
+        }
+        None => "iWARP (no RoCE GID): the netdev under it was not identified, its address not checked".to_owned(),
+    };
+    LayerReport::pass(name, Layer::Gid, summary, evidence)
+}
+
+/// `rping` server and client on `ip`: the reference check of an iWARP device, which
+/// connects through rdma_cm only (`ibv_rc_pingpong` cannot connect it).
+fn rping(ip: Ipv4Addr) -> String {
+    format!("rping -s -a {ip} -C 1 -v & sleep 1; rping -c -a {ip} -C 1 -v")
+}
+
 /// The memlock layer for a given limit: fails when registering `need` bytes would fail.
 pub fn check_memlock(scope: &str, m: &Memlock, need: u64) -> LayerReport {
     let fmt = |v: Option<u64>| v.map_or_else(|| "unlimited".to_owned(), human);
@@ -697,8 +807,14 @@ fn planes(layer: Layer, name: &str, port: u8, run: &LoopbackReport, ping: &str) 
         };
     }
     if run.passed() {
-        let ops: Vec<&str> = run.ops.iter().map(|o| o.op.as_str()).collect();
-        return LayerReport::pass(name, layer, format!("loopback {} verified", ops.join(", ")), evidence);
+        let skipped = |o: &&crate::loopback::OpResult| o.detail.starts_with(crate::loopback::SKIPPED);
+        let ran: Vec<&str> = run.ops.iter().filter(|o| !skipped(o)).map(|o| o.op.as_str()).collect();
+        let not: Vec<&str> = run.ops.iter().filter(skipped).map(|o| o.op.as_str()).collect();
+        let mut summary = format!("loopback {} verified", ran.join(", "));
+        if !not.is_empty() {
+            summary += &format!(" ({} not supported by the device: not run)", not.join(", "));
+        }
+        return LayerReport::pass(name, layer, summary, evidence);
     }
     let failed =
         run.ops.iter().find(|o| !o.ok).map_or("nothing ran".to_owned(), |o| format!("{} failed: {}", o.op, o.detail));
@@ -915,7 +1031,7 @@ mod tests {
         want.expected_rate.insert(("mlx5_0".into(), "1".into()), RateRef { gbps: 200.0, from: "--expect-rate".into() });
         let seen = Observations { sysfs_devices: vec!["mlx5_0".into()], ..Observations::default() };
         let (mut looped, mut connected) = (0, 0);
-        let mut lb = |_: &str, _: u8| {
+        let mut lb = |_: &str, _: u8, _: Option<Ipv4Addr>| {
             looped += 1;
             let op =
                 crate::loopback::OpResult { op: "RDMA_WRITE".into(), ok: true, detail: "1024 bytes verified".into() };
@@ -933,6 +1049,94 @@ mod tests {
         }
         assert_eq!((looped, connected), (1, 1));
         assert_eq!(crate::Status::of(&layers, 0, &[]), crate::Status::LayerFailed, "the slow link still fails the run");
+    }
+
+    /// The fixture's mlx5_0 as an iWARP device (node type RNIC, its GID the netdev's MAC),
+    /// its netdev with `addresses`, checked with the loopback on: the layers, and the
+    /// addresses the loopback and the rdma_cm probe were given.
+    fn iwarp_verdict(
+        addresses: &[Ipv4Addr],
+        netdev_known: bool,
+    ) -> (Vec<LayerReport>, Vec<Option<Ipv4Addr>>, Vec<Ipv4Addr>) {
+        let report: crate::Report = serde_json::from_str(include_str!("../testdata/node-a.json")).unwrap();
+        let mut facts = report.baseline;
+        facts.devices.get_mut("mlx5_0").unwrap().node_type = "RNIC".into();
+        let p = port(&mut facts);
+        p.gids.clear();
+        p.gids.insert(
+            "0".into(),
+            crate::report::GidFacts { gid: "b8ce:f6ff:fe12:3456::".into(), gid_type: "IB".into(), netdev: None },
+        );
+        if !netdev_known {
+            p.netdev = None;
+        }
+        let mut want = Expectations {
+            devices: vec!["mlx5_0".into()],
+            memlock_need: 1 << 20,
+            loopback: true,
+            rdma_cm_node: CmNode {
+                kernel_dev: Some("10:58".into()),
+                exists: true,
+                node_dev: Some("10:58".into()),
+                mounted_over: false,
+            },
+            ..Expectations::default()
+        };
+        want.netdev_ipv4.insert("ens1f0np0".into(), addresses.to_vec());
+        let seen = Observations { sysfs_devices: vec!["mlx5_0".into()], ..Observations::default() };
+        let (mut looped, mut connected) = (Vec::new(), Vec::new());
+        let mut lb = |_: &str, _: u8, over: Option<Ipv4Addr>| {
+            looped.push(over);
+            let op = crate::loopback::OpResult { op: "SEND".into(), ok: true, detail: "1024 bytes verified".into() };
+            let skipped = crate::loopback::OpResult {
+                op: "FETCH_ADD".into(),
+                ok: true,
+                detail: format!("{}: no atomics", crate::loopback::SKIPPED),
+            };
+            LoopbackReport { ops: vec![op, skipped], ..LoopbackReport::default() }
+        };
+        let mut cm = |ip: Ipv4Addr| {
+            connected.push(ip);
+            CmReport { verified: Some("a 32-byte message received".into()), ..CmReport::default() }
+        };
+        let (layers, _) = evaluate(&facts, &seen, &want, &mut Probes { loopback: &mut lb, rdma_cm: &mut cm });
+        (layers, looped, connected)
+    }
+
+    #[test]
+    fn iwarp_has_no_roce_gid_to_check_and_connects_its_loopback_and_rdma_cm_over_its_netdevs_address() {
+        let ip = Ipv4Addr::new(10, 7, 0, 5);
+        let (layers, looped, connected) = iwarp_verdict(&[ip], true);
+        for l in &layers {
+            assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
+        }
+        let of = |l: Layer| layers.iter().find(|r| r.layer == l).unwrap();
+        assert!(of(Layer::Gid).summary.contains("iWARP (no RoCE GID, no UDP 4791)"), "{:#?}", of(Layer::Gid));
+        assert!(of(Layer::Gid).summary.contains("10.7.0.5 on ens1f0np0"), "{:#?}", of(Layer::Gid));
+        assert_eq!(looped, [Some(ip)], "the loopback connects through rdma_cm on the netdev's address, once");
+        assert_eq!(connected, [ip]);
+        let data = of(Layer::DataPlane);
+        assert_eq!(data.summary, "loopback SEND verified (FETCH_ADD not supported by the device: not run)");
+        assert!(data.evidence.iter().any(|e| e.contains("rdma_cm over TCP to 10.7.0.5")), "{data:#?}");
+        assert!(of(Layer::RdmaCm).evidence.iter().any(|e| e.contains("iWARP connects over TCP")), "{layers:#?}");
+    }
+
+    #[test]
+    fn iwarp_on_a_netdev_without_an_ipv4_address_fails_the_gid_layer_with_ip_addr_add() {
+        let (layers, looped, connected) = iwarp_verdict(&[], true);
+        let f = layers.iter().find(|l| l.outcome == Outcome::Fail).unwrap();
+        assert_eq!(f.layer, Layer::Gid, "{layers:#?}");
+        assert!(f.summary.contains("ens1f0np0 has no IPv4 address"), "{f:#?}");
+        assert_eq!(f.command.as_deref(), Some("ip addr add <address>/<prefix> dev ens1f0np0"));
+        assert!(!f.summary.contains("RoCE"), "{f:#?}");
+        assert!(looped.is_empty() && connected.is_empty());
+
+        // The netdev not identified: nothing to blame, the checks that need it not run.
+        let (layers, looped, _) = iwarp_verdict(&[], false);
+        assert!(layers.iter().all(|l| l.outcome != Outcome::Fail), "{layers:#?}");
+        let cm = layers.iter().find(|l| l.layer == Layer::RdmaCm).unwrap();
+        assert_eq!((cm.outcome, cm.summary.as_str()), (Outcome::Skipped, NO_IWARP_ADDRESS));
+        assert!(looped.is_empty());
     }
 
     #[test]

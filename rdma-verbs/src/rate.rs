@@ -90,9 +90,21 @@ impl fmt::Debug for Rate {
 mod tests {
     use super::*;
 
-    unsafe extern "C" {
-        // In libibverbs, missing from the generated bindings.
-        fn mbps_to_ibv_rate(mbps: std::ffi::c_int) -> std::ffi::c_uint;
+    /// libibverbs' `mbps_to_ibv_rate`, missing from the generated bindings: looked up in
+    /// the libibverbs this process has loaded (linked, or loaded by `ffi::dl`).
+    unsafe fn mbps_to_ibv_rate(mbps: std::ffi::c_int) -> std::ffi::c_uint {
+        ffi::dl::load(ffi::dl::Library::Ibverbs).expect("libibverbs loads");
+        // SAFETY: RTLD_NOLOAD only finds the library already loaded (just above); the name
+        // is a NUL-terminated literal.
+        let lib = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        assert!(!lib.is_null(), "libibverbs.so.1 is not loaded");
+        // SAFETY: `lib` is a live handle; the name is a NUL-terminated literal.
+        let sym = unsafe { libc::dlsym(lib, c"mbps_to_ibv_rate".as_ptr()) };
+        assert!(!sym.is_null(), "libibverbs has no mbps_to_ibv_rate");
+        // SAFETY: the symbol is libibverbs' `enum ibv_rate mbps_to_ibv_rate(int mbps)`.
+        let f: unsafe extern "C" fn(std::ffi::c_int) -> std::ffi::c_uint = unsafe { std::mem::transmute(sym) };
+        // SAFETY: a pure function of its argument.
+        unsafe { f(mbps) }
     }
 
     #[test]

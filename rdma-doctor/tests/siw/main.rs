@@ -73,7 +73,8 @@ fn siw_healthy_device_passes_every_layer_by_iwarps_rules_with_its_loopback_conne
     isolated(this_test!(), || {
         let name = iwarp_device();
         let r = run();
-        assert_eq!(r.layers.len(), 1 + Layer::DEVICE_LAYERS.len());
+        // kernel_modules and libraries (scope host), then the device's.
+        assert_eq!(r.layers.len(), 2 + Layer::DEVICE_LAYERS.len(), "{:#?}", r.layers);
         for l in &r.layers {
             assert_eq!(l.outcome, Outcome::Pass, "{l:#?}");
             assert!(!l.summary.contains("RoCE v2 GID"), "no RoCE rule on iWARP: {l:#?}");

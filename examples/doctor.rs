@@ -2,5 +2,5 @@
 //! crate, `cargo install --path rdma-doctor`), kept under its old name.
 
 fn main() -> std::process::ExitCode {
-    rdma_doctor::cli::main()
+    rdma_doctor::modes::cli::main()
 }

@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rdma_doctor::fleet::wire::{self, Trouble};
-use rdma_doctor::gate::{AllowList, Secret};
-use rdma_doctor::peer::{PeerOptions, ServeOptions};
+use rdma_doctor::modes::fleet::wire::{self, Trouble};
+use rdma_doctor::modes::gate::{AllowList, Secret};
+use rdma_doctor::modes::peer::{PeerOptions, ServeOptions};
 use serde_json::Value;
 
 const NODE_A: &str = include_str!("../testdata/node-a.json");
@@ -59,10 +59,11 @@ fn door(allow: &[&str], secret: Option<Secret>) -> (String, Log) {
         listen: "127.0.0.1".parse().unwrap(),
         allow: AllowList::parse(&allow.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap(),
     };
-    let reports = Arc::new(rdma_doctor::fresh::Reports::fixed(rdma_doctor::input::parse_report(NODE_A).unwrap()));
+    let reports =
+        Arc::new(rdma_doctor::modes::fresh::Reports::fixed(rdma_doctor::model::input::parse_report(NODE_A).unwrap()));
     let log = Log::default();
     let mut sink = log.clone();
-    std::thread::spawn(move || rdma_doctor::peer::serve(&door, false, &opts, Some(reports), &mut sink));
+    std::thread::spawn(move || rdma_doctor::modes::peer::serve(&door, false, &opts, Some(reports), &mut sink));
     let addr = format!("127.0.0.1:{port}");
     log.wait_for("serving peer probes");
     (addr, log)
@@ -120,7 +121,7 @@ fn the_metrics_port_closes_a_client_outside_the_allow_list_unread() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let allow = AllowList::parse(&[allow.to_owned()]).unwrap();
-        std::thread::spawn(move || rdma_doctor::metrics::serve(l, &allow, || Ok("m 1\n".to_owned())));
+        std::thread::spawn(move || rdma_doctor::modes::metrics::serve(l, &allow, || Ok("m 1\n".to_owned())));
         addr.to_string()
     };
     let (got, _) = ask(&serve("10.0.0.0/8"), "GET /metrics HTTP/1.0\r\n\r\n");
@@ -152,9 +153,9 @@ fn a_probe_request_towards_a_node_outside_the_allow_list_is_refused_and_one_insi
     assert_eq!(v["probe"]["checks"][0]["ok"], false, "{v}");
     assert_eq!(v["probe"]["peer"], closed.as_str(), "{v}");
     let local = AllowList::parse(&["127.0.0.0/8".into()]).unwrap();
-    let at = rdma_doctor::peer::peer_admitted("localhost:1", 1, &local).unwrap().unwrap();
+    let at = rdma_doctor::modes::peer::peer_admitted("localhost:1", 1, &local).unwrap().unwrap();
     assert!(at.ip().is_loopback() && at.port() == 1, "{at}");
-    assert_eq!(rdma_doctor::peer::peer_admitted("anything:1", 1, &AllowList::default()), Ok(None));
+    assert_eq!(rdma_doctor::modes::peer::peer_admitted("anything:1", 1, &AllowList::default()), Ok(None));
 }
 
 #[test]
@@ -183,10 +184,10 @@ fn a_collector_without_the_secret_or_with_another_gets_nothing_and_with_it_gets_
     // A prober without the secret fails at the control channel, as does one with it
     // against a door that asks for none.
     let opts = PeerOptions { device: None, port: None, timeout: Duration::from_secs(1), tcp_port: 1, secret: None };
-    let p = rdma_doctor::peer::probe(&addr, &opts);
+    let p = rdma_doctor::modes::peer::probe(&addr, &opts);
     assert!(p.checks[0].layer == "control channel" && !p.checks[0].ok, "{p:#?}");
     let (open, _) = door(&[], None);
-    let p = rdma_doctor::peer::probe(&open, &PeerOptions { secret: Some(secret), ..opts });
+    let p = rdma_doctor::modes::peer::probe(&open, &PeerOptions { secret: Some(secret), ..opts });
     assert!(!p.checks[0].ok && p.checks[0].detail.contains("--secret-file"), "{p:#?}");
 }
 
@@ -197,8 +198,11 @@ fn a_fleet_run_over_two_doors_with_allow_and_secret_gets_every_report_and_probe_
     let (b, _) = door(&["127.0.0.0/8"], Some(secret));
     let run = |args: &[&str]| {
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code =
-            rdma_doctor::cli::run(std::iter::once("rdma-doctor").chain(args.iter().copied()), &mut out, &mut err);
+        let code = rdma_doctor::modes::cli::run(
+            std::iter::once("rdma-doctor").chain(args.iter().copied()),
+            &mut out,
+            &mut err,
+        );
         (code, String::from_utf8(out).unwrap() + &String::from_utf8(err).unwrap())
     };
     let file = path.to_str().unwrap();

@@ -6,8 +6,8 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdma_doctor::fleet::wire::{self, Asked};
-use rdma_doctor::peer::{Check, PeerReport};
+use rdma_doctor::modes::fleet::wire::{self, Asked};
+use rdma_doctor::modes::peer::{Check, PeerReport};
 use serde_json::{json, Value};
 
 const NODE_A: &str = include_str!("../testdata/node-a.json");
@@ -106,7 +106,7 @@ fn run(args: &[&str]) -> (i32, String, String) {
     let mut argv = vec!["rdma-doctor"];
     argv.extend_from_slice(args);
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = rdma_doctor::cli::run(argv, &mut out, &mut err);
+    let code = rdma_doctor::modes::cli::run(argv, &mut out, &mut err);
     (code, String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap())
 }
 
@@ -260,17 +260,19 @@ fn the_serve_door_hands_its_report_to_a_collector_and_probes_another_node_on_req
     // through the control channel and fails at addressing, named on the link).
     let start_door = || {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let report: rdma_doctor::Report = rdma_doctor::input::parse_report(NODE_A).unwrap();
-        let opts = rdma_doctor::peer::PeerOptions {
+        let report: rdma_doctor::Report = rdma_doctor::model::input::parse_report(NODE_A).unwrap();
+        let opts = rdma_doctor::modes::peer::PeerOptions {
             device: None,
             port: None,
             timeout: Duration::from_secs(2),
             tcp_port: port,
             secret: None,
         };
-        let reports = Arc::new(rdma_doctor::fresh::Reports::fixed(report));
-        let door = rdma_doctor::peer::ServeOptions::default();
-        std::thread::spawn(move || rdma_doctor::peer::serve(&door, false, &opts, Some(reports), &mut std::io::sink()));
+        let reports = Arc::new(rdma_doctor::modes::fresh::Reports::fixed(report));
+        let door = rdma_doctor::modes::peer::ServeOptions::default();
+        std::thread::spawn(move || {
+            rdma_doctor::modes::peer::serve(&door, false, &opts, Some(reports), &mut std::io::sink())
+        });
         let addr = format!("127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(&addr).is_err() {
@@ -307,9 +309,9 @@ fn the_serve_door_hands_its_report_to_a_collector_and_probes_another_node_on_req
 
 #[test]
 fn a_hosts_file_takes_comments_and_refuses_two_hosts_on_a_line() {
-    let hosts = rdma_doctor::fleet::parse_hosts_file("# rack 1\nnode-1\n  node-2:7  # spare port\n\n").unwrap();
+    let hosts = rdma_doctor::modes::fleet::parse_hosts_file("# rack 1\nnode-1\n  node-2:7  # spare port\n\n").unwrap();
     assert_eq!(hosts, ["node-1", "node-2:7"]);
-    let e = rdma_doctor::fleet::parse_hosts_file("node-1 node-2\n").unwrap_err();
+    let e = rdma_doctor::modes::fleet::parse_hosts_file("node-1 node-2\n").unwrap_err();
     assert!(e.contains("line 1"), "{e}");
     // The same node twice is a usage error; so is --mesh without --fleet.
     let (code, _, err) = run(&["--fleet", "127.0.0.1:9", "127.0.0.1:9"]);

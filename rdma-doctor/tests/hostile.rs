@@ -4,7 +4,8 @@
 //! half-read), and the comparison of hostile baselines never panics.
 
 use fastrand::Rng;
-use rdma_doctor::{compare, input, known_bad};
+use rdma_doctor::judge::{compare, known_bad};
+use rdma_doctor::model::input;
 use serde_json::{json, Value};
 
 /// `len` seeded random bytes.
@@ -63,7 +64,7 @@ fn reports_of_another_format_or_version_or_shape_are_refused() {
         json!(1),
         json!({}),
     ] {
-        assert!(compare::baseline_of(&bad).is_err(), "{bad}");
+        assert!(input::baseline_of(&bad).is_err(), "{bad}");
         assert!(input::parse_report(&bad.to_string()).is_err(), "{bad}");
     }
 }
@@ -90,7 +91,7 @@ fn random_json(r: &mut Rng, depth: u32) -> Value {
 #[test]
 fn comparing_hostile_baselines_never_panics_and_finds_every_difference() {
     let whole: Value = serde_json::from_str(NODE_A).expect("the test report parses");
-    let base = compare::baseline_of(&whole).expect("a baseline").clone();
+    let base = input::baseline_of(&whole).expect("a baseline").clone();
     let ignore: Vec<String> = compare::NODES_IGNORE.iter().map(|s| s.to_string()).collect();
     let mut r = Rng::with_seed(8);
     for _ in 0..3_000 {

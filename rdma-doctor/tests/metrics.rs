@@ -6,8 +6,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use prometheus_parse::{Sample, Scrape, Value};
-use rdma_doctor::report::LinkReference;
-use rdma_doctor::{counters, input, known_bad, metrics, Layer, Outcome};
+use rdma_doctor::facts::counters;
+use rdma_doctor::judge::known_bad;
+use rdma_doctor::model::input;
+use rdma_doctor::model::report::LinkReference;
+use rdma_doctor::modes::metrics;
+use rdma_doctor::{Layer, Outcome};
 
 fn parse(text: &str) -> Vec<Sample> {
     Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("the exposition parses").samples
@@ -129,8 +133,11 @@ fn two_encodings_of_a_report_list_the_series_in_the_same_order() {
 fn the_command_refuses_prometheus_with_json_and_metrics_port_without_serve() {
     let run = |args: &[&str]| {
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code =
-            rdma_doctor::cli::run(std::iter::once("rdma-doctor").chain(args.iter().copied()), &mut out, &mut err);
+        let code = rdma_doctor::modes::cli::run(
+            std::iter::once("rdma-doctor").chain(args.iter().copied()),
+            &mut out,
+            &mut err,
+        );
         (code, String::from_utf8_lossy(&err).into_owned())
     };
     assert_eq!(run(&["--prometheus", "--json"]).0, 2);

@@ -10,8 +10,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use prometheus_parse::{Sample, Scrape, Value};
-use rdma_doctor::counters::{self, CounterClass};
-use rdma_doctor::report::Severity;
+use rdma_doctor::facts::counters;
+use rdma_doctor::model::counters::CounterClass;
+use rdma_doctor::model::report::Severity;
 use rdma_doctor::{Layer, Status};
 use rdma_test_support::{device_name, isolated, open, this_test, LeakCheck};
 use rdma_verbs::{ffi, AccessFlags, AlignedBuf, CompletionQueue, InitAttr, ProtectionDomain, QpType, QueuePair};
@@ -36,7 +37,7 @@ fn a_healthy_run_records_the_hw_counters_with_their_files_and_no_counter_warns()
         assert!(moved.iter().all(|f| f.severity == Severity::Note), "{moved:#?}");
         assert_eq!((r.status, r.exit_code), (Status::Healthy, 0), "{:#?}", r.findings);
         // The report reads back, counters and all.
-        assert_eq!(rdma_doctor::input::parse_report(&r.to_json()).unwrap(), r);
+        assert_eq!(rdma_doctor::model::input::parse_report(&r.to_json()).unwrap(), r);
     });
 }
 
@@ -92,7 +93,7 @@ fn a_send_to_a_qp_with_no_receive_posted_moves_the_rnr_counters_and_is_named_rec
     let moved = counters::changes(&before, &after);
     let rnr: Vec<_> = moved.iter().filter(|m| m.class == Some(CounterClass::Rnr)).collect();
     assert!(!rnr.is_empty(), "no RNR counter moved: {moved:#?}");
-    let found = counters::findings(&moved, &Default::default(), "during the test");
+    let found = rdma_doctor::judge::counter_findings::findings(&moved, &Default::default(), "during the test");
     let f = found.iter().find(|f| f.what.contains("receiver not ready")).unwrap_or_else(|| panic!("{found:#?}"));
     assert_eq!((f.layer, f.scope.as_str()), (Some(Layer::DataPlane), name.as_str()), "{f:#?}");
     assert!(f.what.contains(&rnr[0].name), "{f:#?}");
@@ -213,8 +214,8 @@ fn a_peer_probe_records_the_counters_of_its_device_that_moved_while_it_ran() {
     eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
     let (status, log) = super::peer::server_end(&mut server);
     assert_eq!(status.code(), Some(0), "{log}");
-    let r: rdma_doctor::peer::PeerReport = serde_json::from_str(&text).expect("one JSON object");
-    assert_eq!(r.format_version, rdma_doctor::peer::PEER_FORMAT_VERSION);
+    let r: rdma_doctor::modes::peer::PeerReport = serde_json::from_str(&text).expect("one JSON object");
+    assert_eq!(r.format_version, rdma_doctor::modes::peer::PEER_FORMAT_VERSION);
     assert_eq!(r.format_version, 3);
     let sent = r.counter_changes.iter().find(|c| c.name == "sent_pkts" && c.device == dev);
     assert!(sent.is_some_and(|c| c.after > c.before), "{:#?}", r.counter_changes);
@@ -243,6 +244,6 @@ fn a_healthy_run_records_the_netdevs_statistics_with_their_files_and_none_warns(
         let warned: Vec<_> = r.findings.iter().filter(|f| f.severity != Severity::Note).collect();
         assert!(warned.is_empty(), "{warned:#?}");
         assert_eq!((r.status, r.exit_code), (Status::Healthy, 0), "{:#?}", r.findings);
-        assert_eq!(rdma_doctor::input::parse_report(&r.to_json()).unwrap(), r);
+        assert_eq!(rdma_doctor::model::input::parse_report(&r.to_json()).unwrap(), r);
     });
 }

@@ -13,9 +13,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rdma_doctor::rdma_cm::{self, NODE};
-use rdma_doctor::report::{Memlock, Severity};
-use rdma_doctor::{input, Layer, LayerReport, Options, Outcome, Report, Status};
+use rdma_doctor::facts::rdma_cm::{self, NODE};
+use rdma_doctor::model::input;
+use rdma_doctor::model::report::{Memlock, Severity};
+use rdma_doctor::{Layer, LayerReport, Options, Outcome, Report, Status};
 use rdma_verbs::{Context, PortState};
 
 /// Counters around the probes, an induced RNR, and the metrics.

@@ -5,7 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rdma_doctor::{compare, input, known_bad};
+use rdma_doctor::judge::{compare, known_bad};
+use rdma_doctor::model::input;
 use serde_json::Value;
 
 const NODE_A: &str = include_str!("../../../rdma-doctor/testdata/node-a.json");
@@ -17,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
     let v = serde_json::to_value(&report.baseline).expect("a baseline serializes");
     let theirs = &v;
     let ours: Value = serde_json::from_str(NODE_A).expect("the test report parses");
-    let ours = compare::baseline_of(&ours).expect("a baseline");
+    let ours = input::baseline_of(&ours).expect("a baseline");
     let ignore: Vec<String> = compare::NODES_IGNORE.iter().map(|s| s.to_string()).collect();
     let nodes = vec![("ours".to_owned(), ours.clone()), ("theirs".to_owned(), theirs.clone())];
     let diffs = compare::compare_nodes(&nodes, &ignore);

@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::conv;
-use crate::device::{devices, DeviceAttr};
+use crate::device::{devices, DeviceAttr, Transport};
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
@@ -170,6 +170,14 @@ impl Context {
             RawContext::Owned(raw) => raw.as_ptr(),
             RawContext::Borrowed { raw, .. } => raw.as_ptr(),
         }
+    }
+
+    /// The device's transport: [`Transport::Iwarp`] for an iWARP device, whose QPs connect
+    /// only through rdma_cm.
+    pub fn transport(&self) -> Transport {
+        // SAFETY: the context is open; libibverbs set its `device`, which outlives it, and
+        // wrote `transport_type` once when it listed the device.
+        Transport::from_raw(unsafe { (*(*self.as_raw()).device).transport_type.0 })
     }
 
     /// Device attributes (`ibv_query_device`).

@@ -4,6 +4,7 @@ use std::ffi::CStr;
 use std::fmt;
 use std::ptr::NonNull;
 
+use crate::c_enum::c_enum;
 use crate::context::Context;
 use crate::conv;
 use crate::error::{Error, Result, Verb};
@@ -82,6 +83,25 @@ impl fmt::Debug for DeviceList {
     }
 }
 
+c_enum! {
+    /// The transport of a device (`enum ibv_transport_type`): how its QPs reach a peer.
+    Transport: i32 {
+        /// InfiniBand's transport, on InfiniBand and RoCE ports: a QP is connected by hand
+        /// ([`QueuePair::connect`](crate::QueuePair::connect), an [`Endpoint`](crate::Endpoint))
+        /// or through rdma_cm.
+        Ib = 0,
+        /// iWARP (RDMA over TCP: siw, irdma and cxgb4 in iWARP mode): a QP reaches RTS only
+        /// through the TCP connection rdma_cm makes for it ([`CmId`](crate::cm::CmId)).
+        Iwarp = 1,
+        /// Cisco's usNIC.
+        Usnic = 2,
+        /// Cisco's usNIC over UDP.
+        UsnicUdp = 3,
+        /// Not one of the above (EFA's SRD, for one).
+        Unspecified = 4,
+    }
+}
+
 /// One device of a [`DeviceList`].
 #[derive(Clone, Copy)]
 pub struct Device<'list> {
@@ -120,6 +140,13 @@ impl<'list> Device<'list> {
     pub fn index(&self) -> Option<u32> {
         // SAFETY: the device is valid while the list lives.
         u32::try_from(unsafe { ffi::ibv_get_device_index(self.raw) }).ok()
+    }
+
+    /// The device's transport, as libibverbs set it when it listed the device.
+    pub fn transport(&self) -> Transport {
+        // SAFETY: the device is valid while the list lives; `transport_type` is a plain
+        // field libibverbs wrote once.
+        Transport::from_raw(unsafe { (*self.raw).transport_type.0 })
     }
 
     /// The raw device pointer.

@@ -186,6 +186,7 @@ impl<'a> Handshake<'a> {
     /// The port's attributes, the GID index to send from, and the endpoint to send.
     fn local(&self) -> Result<(PortAttr, u32, Endpoint)> {
         const VERB: Verb = Verb::Handshake;
+        self.qp.by_hand(VERB)?;
         let ctx = self.qp.context();
         let port_num = self.init.port;
         let port = ctx.query_port(port_num)?;

@@ -167,6 +167,8 @@ verbs! {
     CmContext = "CmId::context", Control;
     /// The endpoint exchange over a byte stream ([`crate::Handshake`]).
     Handshake = "endpoint handshake", Control;
+    /// What a peer needs to connect to a QP by hand ([`crate::QueuePair::local_info`]).
+    QpLocalInfo = "QueuePair::local_info", Control;
     /// [`SendQueue::post`](crate::SendQueue::post) (of any request kind), refusing a request
     /// before `ibv_post_send`: it was not posted.
     SendQueuePost = "SendQueue::post", Data;

@@ -197,7 +197,7 @@ pub use context::Context;
 pub use counters::{CounterKind, Counters};
 pub use cq::{CompletionQueue, CqBuilder};
 pub use cq_ex::{ExtendedCompletion, WcFields};
-pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList};
+pub use device::{devices, AtomicCap, Device, DeviceAttr, DeviceList, Transport};
 pub use dm::{DeviceMemory, DmRegion};
 pub use endpoint::{Connection, Handshake, UdPeer};
 pub use error::{Error, Plane, Refused, Result, Verb, WireError};

@@ -5,6 +5,7 @@ use crate::ah::{AhAttr, Remote};
 use crate::context::Context;
 use crate::conv;
 use crate::cq::{CompletionQueue, CqInner};
+use crate::device::Transport;
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::{destroy_shared, Owned};
@@ -307,6 +308,7 @@ impl QueuePair {
     /// `attr.access`, UD QPs `attr.qkey`. Receives may be posted from INIT on.
     #[doc(alias = "ibv_modify_qp")]
     pub fn to_init(&self, attr: &InitAttr) -> Result<()> {
+        self.by_hand(Verb::ModifyQp)?;
         let from = self.begin(QpState::Init)?;
         if self.qp_type() == QpType::Ud && !attr.access.is_empty() {
             return Err(Error::invalid(
@@ -340,6 +342,7 @@ impl QueuePair {
     /// `max_dest_rd_atomic` to the device's limit; the address is checked against the port.
     #[doc(alias = "ibv_modify_qp")]
     pub fn to_rtr(&self, attr: &RtrAttr) -> Result<()> {
+        self.by_hand(Verb::ModifyQp)?;
         if self.qp_type() == QpType::Ud {
             return Err(Error::invalid(
                 Verb::ModifyQp,
@@ -400,6 +403,7 @@ impl QueuePair {
     /// counts (see [`RtsAttr`]); UC and UD QPs only `sq_psn`.
     #[doc(alias = "ibv_modify_qp")]
     pub fn to_rts(&self, attr: &RtsAttr) -> Result<()> {
+        self.by_hand(Verb::ModifyQp)?;
         let from = self.begin(QpState::Rts)?;
         fits(attr.sq_psn, MAX_PSN, "sq_psn")?;
         fits(attr.timeout.into(), 31, "timeout")?;
@@ -432,10 +436,29 @@ impl QueuePair {
         self.modify(from, QpState::Err, ffi::ibv_qp_attr::default(), ffi::ibv_qp_attr_mask::IBV_QP_STATE)
     }
 
+    /// Refuses connecting by hand on an iWARP device ([`Error::NotSupported`] naming `verb`):
+    /// an iWARP QP reaches RTS only through the TCP connection rdma_cm makes for it.
+    pub(crate) fn by_hand(&self, verb: Verb) -> Result<()> {
+        let ctx = self.context();
+        if ctx.transport() != Transport::Iwarp {
+            return Ok(());
+        }
+        Err(Error::not_supported(
+            verb,
+            format!(
+                "a QP connected by hand: {} is an iWARP device, whose QPs connect only through rdma_cm \
+                 (the TCP connection under the QP): connect with cm::CmId (connect_with and accept_with \
+                 take a QP of your own)",
+                ctx.name()
+            ),
+        ))
+    }
+
     /// What a peer needs to connect to this QP on `port`: its number, the PSN it will send
     /// from ([`psn`](Self::psn), the one [`connect`](Self::connect) uses), the port's LID and
     /// the GID `connect` sends from ([`Context::default_gid`] on RoCE, index 0 on InfiniBand).
     pub fn local_info(&self, port: u8) -> Result<RemoteQpInfo> {
+        self.by_hand(Verb::QpLocalInfo)?;
         let ctx = self.context();
         let attr = ctx.query_port(port)?;
         let gid = if attr.is_ethernet() { ctx.default_gid(port)?.gid } else { ctx.query_gid(port, 0)?.gid };

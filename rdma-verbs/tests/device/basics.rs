@@ -1,6 +1,8 @@
 //! Devices, contexts, ports, GIDs and protection domains.
 
-use rdma_verbs::{devices, Context, Error, GidType, LinkLayer, PhysState, PortState, ProtectionDomain, Verb};
+use rdma_verbs::{
+    devices, Context, Error, GidType, LinkLayer, PhysState, PortState, ProtectionDomain, Transport, Verb,
+};
 
 use crate::{device_name, gid_index, open, LeakCheck};
 
@@ -15,7 +17,10 @@ fn device_list_has_the_device_under_test_and_opens_it_by_name() {
     let dev = list.find(&device_name()).unwrap();
     assert_eq!(dev.name(), device_name());
     assert_ne!(dev.guid(), 0);
+    // rxe speaks InfiniBand's transport over UDP (RoCE v2); iWARP is tests/siw's.
+    assert_eq!(dev.transport(), Transport::Ib);
     let ctx = dev.open().unwrap();
+    assert_eq!(ctx.transport(), Transport::Ib);
     drop(list); // the context does not need the list
     assert_eq!(ctx.name(), device_name());
     let attr = ctx.query_device().unwrap();

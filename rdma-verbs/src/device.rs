@@ -87,7 +87,7 @@ c_enum! {
     /// The transport of a device (`enum ibv_transport_type`): how its QPs reach a peer.
     Transport: i32 {
         /// InfiniBand's transport, on InfiniBand and RoCE ports: a QP is connected by hand
-        /// ([`QueuePair::connect`](crate::QueuePair::connect), an [`Endpoint`](crate::Endpoint))
+        /// ([`QueuePair::connect`](crate::QueuePair::connect), an [`Endpoint`](crate::wire::Endpoint))
         /// or through rdma_cm.
         Ib = 0,
         /// iWARP (RDMA over TCP: siw, irdma and cxgb4 in iWARP mode): a QP reaches RTS only

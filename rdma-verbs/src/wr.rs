@@ -152,8 +152,7 @@ const _: () = {
         (Op::SendInv, O::IBV_WR_SEND_WITH_INV, F::IBV_QP_EX_WITH_SEND_WITH_INV),
     ];
     assert!(
-        Op::AtomicWrite as u32 == O::IBV_WR_ATOMIC_WRITE.0
-            && 1 << ATOMIC_WRITE_BIT == F::IBV_QP_EX_WITH_ATOMIC_WRITE.0
+        Op::AtomicWrite as u32 == O::IBV_WR_ATOMIC_WRITE.0 && 1 << ATOMIC_WRITE_BIT == F::IBV_QP_EX_WITH_ATOMIC_WRITE.0
     );
     let mut i = 0;
     while i < table.len() {

@@ -7,8 +7,8 @@
 use std::sync::atomic::Ordering;
 
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Error, MemoryRegion, ProtectionDomain, QpAccess,
-    QpType, QueuePair, RemoteMr, RemoteWritable, SendOps, SendWr, Verb, WcOpcode, WcStatus,
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Error, MemoryRegion, ProtectionDomain, QpAccess, QpType,
+    QueuePair, RemoteMr, RemoteWritable, SendOps, SendWr, Verb, WcOpcode, WcStatus,
 };
 
 use crate::datapath::{chunks, poll_one, rc_pair_with};

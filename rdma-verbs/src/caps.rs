@@ -8,6 +8,16 @@ use crate::conv;
 use crate::error::{Result, Verb};
 use crate::ffi;
 
+/// RDMA ATOMIC WRITE (IBTA 1.5) in `device_cap_flags_ex`: the kernel's
+/// `IB_UVERBS_DEVICE_ATOMIC_WRITE` (Linux 6.2's `ib_user_verbs.h`), which rdma-core 44's
+/// headers predate; libibverbs passes the kernel's bits through.
+pub(crate) const DEVICE_ATOMIC_WRITE: u64 = 1 << 40;
+
+/// What a device without RDMA ATOMIC WRITE lacks, as [`Error::NotSupported`](crate::Error::NotSupported) names it.
+pub(crate) const NO_ATOMIC_WRITE: &str =
+    "RDMA ATOMIC WRITE: the device's device_cap_flags_ex lack IB_UVERBS_DEVICE_ATOMIC_WRITE (bit 40, \
+     ibv_query_device_ex; rxe has it from Linux 6.2)";
+
 /// The device's extended attributes; the fields a provider does not fill stay zero (a
 /// capability reported absent).
 pub(crate) fn device_attr_ex(ctx: &Context) -> Result<ffi::ibv_device_attr_ex> {

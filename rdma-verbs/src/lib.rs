@@ -126,7 +126,9 @@
 //!   carries 26 bytes; the [`Handshake`] over any `Read + Write` (RC and UC to RTS, UD
 //!   prepared); rdma_cm's [`CmId`] and [`EventChannel`], awaited with [`AsyncCmId`] and
 //!   [`AsyncEventChannel`].
-//! - The data path: the queues above, [`SendWr`], [`Done`].
+//! - The data path: the queues above, [`SendWr`], [`Done`]; RDMA ATOMIC WRITE
+//!   ([`SendWr::atomic_write`], IBTA 1.5) where the device has it (rxe from Linux 6.2),
+//!   [`Error::NotSupported`] naming the capability where it does not (rxe of Linux 6.1).
 //! - The rest of verbs.h: the P_Key table ([`Context::query_pkey`]), fork safety
 //!   ([`fork_init`]), static rates ([`Rate`]), regions at a chosen I/O address
 //!   ([`ProtectionDomain::register_at_iova`]), and what some devices have and rxe lacks,

@@ -108,7 +108,7 @@ impl SharedReceiveQueue {
 /// What a send request does: the crate's one opcode table is [`Op::codes`]. Each
 /// discriminant is the operation's C opcode (`ibv_wr_opcode`), whose bit is also its
 /// extended send op (`IBV_QP_EX_WITH_*`): both come out of the value with no table
-/// (checked at compile time below).
+/// (checked at compile time below), except RDMA ATOMIC WRITE's (opcode 15, send op bit 12).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum Op {
@@ -127,7 +127,13 @@ pub(crate) enum Op {
     /// A SEND that invalidates the receiver's memory window (its rkey in `imm`, see
     /// [`SendWr::send_inv`]).
     SendInv = 9,
+    /// RDMA ATOMIC WRITE (IBTA 1.5): 8 bytes written at once, posted through the extended
+    /// API only ([`SendWr::atomic_write`]).
+    AtomicWrite = 15,
 }
+
+/// The send op bit of RDMA ATOMIC WRITE, the one operation whose bit is not its opcode.
+const ATOMIC_WRITE_BIT: u32 = 12;
 
 // Each operation's discriminant is its C opcode, and its bit its extended send op.
 const _: () = {
@@ -145,6 +151,9 @@ const _: () = {
         (Op::BindMw, O::IBV_WR_BIND_MW, F::IBV_QP_EX_WITH_BIND_MW),
         (Op::SendInv, O::IBV_WR_SEND_WITH_INV, F::IBV_QP_EX_WITH_SEND_WITH_INV),
     ];
+    assert!(
+        Op::AtomicWrite as u32 == O::IBV_WR_ATOMIC_WRITE.0 && 1 << ATOMIC_WRITE_BIT == F::IBV_QP_EX_WITH_ATOMIC_WRITE.0
+    );
     let mut i = 0;
     while i < table.len() {
         let (op, wr, ops) = table[i];
@@ -175,9 +184,12 @@ impl Op {
             Op::FetchAdd => WcOpcode::FetchAdd,
             Op::BindMw => WcOpcode::BindMw,
             Op::LocalInv => WcOpcode::LocalInv,
+            Op::AtomicWrite => WcOpcode::AtomicWrite,
         };
-        // The discriminant is the C opcode and the send op's bit (checked above).
-        let ops = SendOps::from_bits_retain(1 << (self as u32));
+        // The discriminant is the C opcode and the send op's bit (checked above); `self`
+        // is a constant where it matters, so the test folds away.
+        let bit = if self == Op::AtomicWrite { ATOMIC_WRITE_BIT } else { self as u32 };
+        let ops = SendOps::from_bits_retain(1 << bit);
         OpCodes { wr: ffi::ibv_wr_opcode(self as u32), ops, wc }
     }
 
@@ -186,7 +198,13 @@ impl Op {
     }
 
     pub(crate) fn has_remote(self) -> bool {
-        matches!(self, Op::Write | Op::WriteImm | Op::Read | Op::CompSwap | Op::FetchAdd)
+        matches!(self, Op::Write | Op::WriteImm | Op::Read | Op::CompSwap | Op::FetchAdd | Op::AtomicWrite)
+    }
+
+    /// The operations on 8 remote bytes that must be 8-byte aligned: the atomics and
+    /// RDMA ATOMIC WRITE.
+    pub(crate) fn is_word(self) -> bool {
+        matches!(self, Op::CompSwap | Op::FetchAdd | Op::AtomicWrite)
     }
 }
 
@@ -262,7 +280,9 @@ impl<T> SendWr<T> {
     pub(crate) fn remote(&self) -> Option<RemoteMr> {
         let (addr, rkey) = match self.op {
             // SAFETY: the constructors write the `rdma` variant for these operations.
-            Op::Write | Op::WriteImm | Op::Read => unsafe { (self.target.0.rdma.remote_addr, self.target.0.rdma.rkey) },
+            Op::Write | Op::WriteImm | Op::Read | Op::AtomicWrite => unsafe {
+                (self.target.0.rdma.remote_addr, self.target.0.rdma.rkey)
+            },
             // SAFETY: and the `atomic` variant for these.
             Op::CompSwap | Op::FetchAdd => unsafe { (self.target.0.atomic.remote_addr, self.target.0.atomic.rkey) },
             Op::Send | Op::SendImm | Op::SendInv | Op::BindMw | Op::LocalInv => return None,
@@ -339,6 +359,26 @@ impl<T: SendBuf> SendWr<T> {
         // `imm.to_be()`: stored so that this gives the rkey as it is.
         wr.imm = u32::from_be(rkey);
         wr
+    }
+
+    /// RDMA ATOMIC WRITE (IBTA 1.5): the 8 bytes of `buf` at `offset` land at `remote.addr`
+    /// at once, as one 8-byte store the peer never sees half done (where an RDMA WRITE of 8
+    /// bytes may be seen torn). `remote.addr` must be 8-byte aligned, and the peer's
+    /// region writable by peers (`REMOTE_WRITE`, as for an RDMA WRITE: rxe checks that).
+    ///
+    /// Posted through the extended API alone (`ibv_wr_atomic_write`: `ibv_post_send` has no
+    /// field for the 8 bytes), so the QP must be an RC QP built with
+    /// [`SendOps::ATOMIC_WRITE`](crate::SendOps::ATOMIC_WRITE), which needs a device with
+    /// `IB_UVERBS_DEVICE_ATOMIC_WRITE` (rxe from Linux 6.2, ConnectX-7). Refused before C:
+    /// on a device without it, [`Error::NotSupported`](crate::Error::NotSupported) naming
+    /// that capability; on a QP built without the send op, as a prepared request
+    /// ([`SendQueue::prepare`](crate::SendQueue::prepare) posts through `ibv_post_send`), a
+    /// misaligned remote address or 8 bytes that are not contiguous in `buf`,
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument). Its completion is
+    /// [`WcOpcode::AtomicWrite`].
+    #[doc(alias = "ibv_wr_atomic_write", alias = "IBV_WR_ATOMIC_WRITE")]
+    pub fn atomic_write(buf: T, offset: usize, remote: RemoteMr) -> Self {
+        Self::new(Op::AtomicWrite, buf, offset..offset + 8, Target::rdma(&remote), remote.len)
     }
 
     /// A UD SEND to `remote_qpn` through `ah`, with the receiver's Q_Key.

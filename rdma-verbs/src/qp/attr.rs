@@ -110,6 +110,11 @@ bitflags::bitflags! {
         const BIND_MW = ffi::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_BIND_MW.0 as u64;
         /// SEND with invalidate.
         const SEND_WITH_INV = ffi::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND_WITH_INV.0 as u64;
+        /// RDMA ATOMIC WRITE (IBTA 1.5, [`SendWr::atomic_write`](crate::SendWr::atomic_write)): RC
+        /// only, on a device with `IB_UVERBS_DEVICE_ATOMIC_WRITE` (rxe from Linux 6.2);
+        /// [`QueuePairBuilder::build`](crate::QueuePairBuilder::build) refuses it elsewhere with
+        /// [`Error::NotSupported`](crate::Error::NotSupported).
+        const ATOMIC_WRITE = ffi::ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_WRITE.0 as u64;
         // Bits this crate does not name are passed through.
         const _ = !0;
     }
@@ -117,8 +122,10 @@ bitflags::bitflags! {
 
 impl SendOps {
     /// The operations that only reliable connected QPs can post.
-    pub const RC_ONLY: SendOps =
-        SendOps::RDMA_READ.union(SendOps::ATOMIC_CMP_AND_SWP).union(SendOps::ATOMIC_FETCH_AND_ADD);
+    pub const RC_ONLY: SendOps = SendOps::RDMA_READ
+        .union(SendOps::ATOMIC_CMP_AND_SWP)
+        .union(SendOps::ATOMIC_FETCH_AND_ADD)
+        .union(SendOps::ATOMIC_WRITE);
 }
 
 /// Queue sizes (`struct ibv_qp_cap`): asked for at creation, granted by the provider.

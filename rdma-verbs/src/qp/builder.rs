@@ -1,6 +1,7 @@
 //! Building a QP: capabilities checked against the device and its CQs.
 
 use super::*;
+use crate::caps::{device_attr_ex, DEVICE_ATOMIC_WRITE, NO_ATOMIC_WRITE};
 use crate::context::Context;
 use crate::conv;
 use crate::cq::CompletionQueue;
@@ -274,6 +275,12 @@ impl<'a> QueuePairBuilder<'a> {
         let dev = ctx.query_device()?;
         let cap = self.req.check(dev.max_qp_wr, dev.max_sge, dev.max_cqe)?;
         self.check_cq_room(&cap)?;
+        // RDMA ATOMIC WRITE: the device says whether it has it (a provider without the
+        // extended query reports no extended bits: absent).
+        let atomic_write = device_attr_ex(ctx).map_or(0, |a| a.device_cap_flags_ex) & DEVICE_ATOMIC_WRITE != 0;
+        if self.req.send_ops.is_some_and(|ops| ops.contains(SendOps::ATOMIC_WRITE)) && !atomic_write {
+            return Err(Error::not_supported(Verb::QueuePairBuilderBuild, NO_ATOMIC_WRITE));
+        }
 
         let mut comp_mask = ffi::ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0;
         let send_ops = self.req.send_ops.unwrap_or_default();
@@ -331,6 +338,7 @@ impl<'a> QueuePairBuilder<'a> {
                 caps: QpCaps::from_ffi(&attr.cap),
                 asked_depth: (cap.max_send_wr, cap.max_recv_wr),
                 send_ops,
+                atomic_write,
                 psn,
                 sq_sig_all: self.sq_sig_all,
                 max_qp_rd_atom: rd_atom(dev.max_qp_rd_atom),

@@ -79,6 +79,8 @@ pub(crate) struct QpInner {
     /// may grant more, which the CQ was not necessarily sized for).
     pub(crate) asked_depth: (u32, u32),
     pub(crate) send_ops: SendOps,
+    /// Whether the device has RDMA ATOMIC WRITE (`IB_UVERBS_DEVICE_ATOMIC_WRITE`).
+    pub(crate) atomic_write: bool,
     /// The first PSN it sends: chosen once, at build.
     psn: u32,
     sq_sig_all: bool,

@@ -4,7 +4,7 @@ use std::fmt;
 use std::mem::MaybeUninit;
 use std::ops::{DerefMut, Range};
 
-use super::request::{check_send, classic, zeroed_wr, End, SendLimits as Limits, SendRequest, Token};
+use super::request::{check_send, classic, zeroed_wr, AtomicWrite, End, SendLimits as Limits, SendRequest, Token};
 use super::tag::wr_id;
 use super::{SendQueue, Sges, NO_SGES};
 use crate::buf::SendBuf;
@@ -45,7 +45,9 @@ impl<T: SendBuf> PreparedSend<T> {
     #[allow(clippy::result_large_err)] // the refused request comes back by value
     pub(super) fn build(verb: Verb, wr: SendWr<T>, limits: Limits) -> Result<Self, Refused<SendWr<T>>> {
         let mut sges = NO_SGES;
-        let n = match check_send(verb, &limits, &wr, &mut sges) {
+        // Posted through ibv_post_send: no RDMA ATOMIC WRITE (which goes the extended way).
+        let classic_only = classic_only(limits);
+        let n = match check_send(verb, &classic_only, &wr, &mut sges) {
             Ok(n) => n,
             Err(e) => return Err(Refused::new(e, wr)),
         };
@@ -63,7 +65,8 @@ impl<T: SendBuf> PreparedSend<T> {
     fn rebuild(&mut self, verb: Verb) -> Result<()> {
         let inner = &mut *self.inner;
         let mut sges = NO_SGES;
-        let n = check_send(verb, &inner.limits, &inner.wr, &mut sges)?;
+        let classic_only = classic_only(inner.limits);
+        let n = check_send(verb, &classic_only, &inner.wr, &mut sges)?;
         inner.sges = sges;
         inner.needs = needs(&inner.wr, n);
         let Inner { raw, sges, wr, .. } = inner;
@@ -261,11 +264,21 @@ impl<T: SendBuf> SendRequest for PreparedSend<T> {
     }
 }
 
+/// `limits` as a prepared request meets them: posted through `ibv_post_send`, which has no
+/// RDMA ATOMIC WRITE (a device without one still says so first).
+fn classic_only(limits: Limits) -> Limits {
+    let atomic_write = match limits.atomic_write {
+        AtomicWrite::Takes | AtomicWrite::NoSendOp => AtomicWrite::Prepared,
+        other => other,
+    };
+    Limits { atomic_write, ..limits }
+}
+
 /// Whether a QP with `limits` takes a request prepared for another QP.
 #[cold]
 fn takes<T: SendBuf>(verb: Verb, p: &Inner<T>, limits: &Limits) -> Result<usize> {
     let (sges, inline) = p.needs;
-    let Limits { max_sge, max_inline, ud, pd } = *limits;
+    let Limits { max_sge, max_inline, ud, pd, .. } = *limits;
     if p.limits.ud != ud {
         return Err(Error::invalid(verb, "a request prepared for a QP of another transport (UD or not)"));
     }

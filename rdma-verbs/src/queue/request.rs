@@ -24,6 +24,21 @@ pub struct SendLimits {
     pub(crate) ud: bool,
     /// The QP's protection domain: every buffer must be registered there.
     pub(crate) pd: crate::buf::PdId,
+    /// Whether an RDMA ATOMIC WRITE may be posted, and if not, why.
+    pub(crate) atomic_write: AtomicWrite,
+}
+
+/// Whether a send queue takes an RDMA ATOMIC WRITE ([`SendWr::atomic_write`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AtomicWrite {
+    /// The QP was built with `SendOps::ATOMIC_WRITE` (which the device has).
+    Takes,
+    /// The device has it, the QP was built without the send op.
+    NoSendOp,
+    /// The device does not have it.
+    NoDevice,
+    /// The request is prepared: it goes through `ibv_post_send`, which has no form of it.
+    Prepared,
 }
 
 impl SendLimits {
@@ -33,7 +48,8 @@ impl SendLimits {
     #[inline]
     pub(crate) fn key(self) -> u64 {
         let sge = self.max_sge.min(MAX_SGE as u32);
-        u64::from(self.max_inline) << 32 | u64::from(sge) << 1 | u64::from(self.ud)
+        let aw = u64::from(self.atomic_write == AtomicWrite::Takes);
+        u64::from(self.max_inline) << 32 | aw << 31 | u64::from(sge) << 1 | u64::from(self.ud)
     }
 }
 
@@ -138,6 +154,14 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
         false
     }
 
+    /// Whether this checked request can go the extended API's way only (an RDMA ATOMIC
+    /// WRITE): a batch with one goes that way whole, or refuses what would not.
+    #[doc(hidden)]
+    #[inline(always)]
+    fn needs_extended(&self, _: Token) -> bool {
+        false
+    }
+
     /// Adds this checked request to the open `ibv_wr_start` batch of `qpx` (not reached
     /// for a kind whose [`ext_takes`](Self::ext_takes) is always false).
     ///
@@ -239,6 +263,11 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
     }
 
     #[inline(always)]
+    fn needs_extended(&self, _: Token) -> bool {
+        self.op == Op::AtomicWrite
+    }
+
+    #[inline(always)]
     unsafe fn extended(&self, qpx: *mut ffi::ibv_qp_ex, wr_id: u64, sges: &Sges, n: usize, _: Token) {
         // SAFETY: the caller's contract.
         unsafe { extended(qpx, self, wr_id, sges, n) }
@@ -333,6 +362,14 @@ unsafe fn extended<T: SendBuf>(qpx: *mut ffi::ibv_qp_ex, wr: &SendWr<T>, seq: u6
             }
             // `imm` holds the rkey so that `to_be` gives it as it is (SendWr::send_inv).
             Op::SendInv => ffi::ibv_wr_send_inv(qpx, imm),
+            // The provider copies the 8 bytes now; the request has no SGE. `check` made
+            // them one SGE of the buffer.
+            Op::AtomicWrite => {
+                let r = r();
+                let sge = sges[0].assume_init();
+                ffi::ibv_wr_atomic_write(qpx, r.rkey, r.addr, sge.addr as *const std::ffi::c_void);
+                return;
+            }
             // Never a SendWr's operation: mw::MwRequest builds those.
             Op::BindMw | Op::LocalInv => {}
         }
@@ -372,7 +409,7 @@ pub(super) fn check_send<T: SendBuf>(
     wr: &SendWr<T>,
     sges: &mut Sges,
 ) -> Result<usize> {
-    let SendLimits { max_sge, max_inline, ud, pd } = *limits;
+    let SendLimits { max_sge, max_inline, ud, pd, atomic_write } = *limits;
     // A UD send without an address handle would have the provider read a NULL one.
     if wr.ah.is_some() != ud {
         return Err(refused(verb, SendRefusal::Transport { ud }));
@@ -389,8 +426,15 @@ pub(super) fn check_send<T: SendBuf>(
     if len as u64 > wr.remote_len {
         return Err(refused(verb, SendRefusal::Remote { len, remote: wr.remote_len }));
     }
-    if wr.op.is_atomic() && wr.remote().is_some_and(|r| r.addr % 8 != 0 || r.len < 8) {
+    if wr.op.is_word() && wr.remote().is_some_and(|r| r.addr % 8 != 0 || r.len < 8) {
         return Err(refused(verb, SendRefusal::Atomic));
+    }
+    if wr.op == Op::AtomicWrite {
+        match atomic_write {
+            AtomicWrite::Takes if n == 1 => {}
+            AtomicWrite::NoDevice => return Err(Error::not_supported(verb, crate::caps::NO_ATOMIC_WRITE)),
+            why => return Err(refused(verb, SendRefusal::AtomicWrite(why))),
+        }
     }
     Ok(n)
 }
@@ -415,6 +459,7 @@ enum SendRefusal {
     Inline { len: usize, max: u32 },
     Remote { len: usize, remote: u64 },
     Atomic,
+    AtomicWrite(AtomicWrite),
     Transport { ud: bool },
 }
 
@@ -426,6 +471,15 @@ fn refused(verb: Verb, why: SendRefusal) -> Error {
         SendRefusal::Inline { len, max } => format!("{len} bytes inline, but the QP allows {max} (max_inline_data)"),
         SendRefusal::Remote { len, remote } => format!("{len} bytes do not fit the remote region of {remote} bytes"),
         SendRefusal::Atomic => "an atomic needs an 8-byte aligned remote address with 8 bytes".into(),
+        SendRefusal::AtomicWrite(AtomicWrite::NoSendOp) => "an RDMA ATOMIC WRITE is posted through the extended \
+            API only: build the QP with extended_send_ops(SendOps::ATOMIC_WRITE)"
+            .into(),
+        SendRefusal::AtomicWrite(AtomicWrite::Prepared) => "an RDMA ATOMIC WRITE is posted through the extended \
+            API only, and a prepared request goes through ibv_post_send: post it as a SendWr"
+            .into(),
+        SendRefusal::AtomicWrite(_) => "an RDMA ATOMIC WRITE takes its 8 bytes from one registered span of the \
+            buffer, and these lie in two"
+            .into(),
         SendRefusal::Transport { ud: true } => {
             "a UD QP sends only datagrams with an address handle (SendWr::send_ud)".into()
         }

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 
 use super::claim::{bury, Claim, ClaimOwner};
-use super::request::{zeroed_wr, End, Ext, SendLimits, SendRequest, TOKEN};
+use super::request::{zeroed_wr, AtomicWrite, End, Ext, SendLimits, SendRequest, TOKEN};
 use super::ring::{failure_of, Batch, Ring};
 use super::tag::{wr_id, Tag, LOW_MASK};
 use super::{batch_too_long, depth, queue_full, wider_than_queue, Chain, Sges, MAX_BATCH, NO_SGES};
@@ -158,11 +158,19 @@ impl SendScratch {
 impl QueuePair {
     pub(crate) fn send_limits(&self) -> SendLimits {
         let caps = self.inner.caps;
+        let atomic_write = if self.inner.send_ops.contains(crate::qp::SendOps::ATOMIC_WRITE) {
+            AtomicWrite::Takes
+        } else if self.inner.atomic_write {
+            AtomicWrite::NoSendOp
+        } else {
+            AtomicWrite::NoDevice
+        };
         SendLimits {
             max_sge: caps.max_send_sge,
             max_inline: caps.max_inline_data,
             ud: self.qp_type() == QpType::Ud,
             pd: PdId::of(self.pd()),
+            atomic_write,
         }
     }
 
@@ -525,6 +533,15 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             Ok(k) => k,
             Err(e) => return Err(refusal(e, ManuallyDrop::into_inner(wr))),
         };
+        // An RDMA ATOMIC WRITE has no classic form: a batch with one must go the
+        // extended way whole (only a QP with the extended API takes one: `check`).
+        if R::EXTENDED && ext.is_some() {
+            let must = wr.needs_extended(TOKEN());
+            if (must && !chain.all_ext) || (chain.needs_ext && !wr.ext_takes(*ext, k, TOKEN())) {
+                return Err(refusal(mixed_batch(verb), ManuallyDrop::into_inner(wr)));
+            }
+            chain.needs_ext |= must;
+        }
         // A kind that never goes the extended way (prepared, chains) compiles to the
         // classic branch alone.
         let mut build = |r: &mut R| {
@@ -783,13 +800,28 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
 struct Staging {
     classic: Chain<ffi::ibv_send_wr>,
     all_ext: bool,
+    /// A request staged so far goes the extended way only (an RDMA ATOMIC WRITE).
+    needs_ext: bool,
 }
 
 impl Staging {
     #[inline(always)]
     fn new() -> Self {
-        Staging { classic: Chain::new(), all_ext: true }
+        Staging { classic: Chain::new(), all_ext: true, needs_ext: false }
     }
+}
+
+/// A batch that would mix an RDMA ATOMIC WRITE (extended API only) with a request the
+/// extended API does not take (the failure path only).
+#[cold]
+#[inline(never)]
+fn mixed_batch(verb: Verb) -> crate::error::Error {
+    crate::error::Error::invalid(
+        verb,
+        "a batch with an RDMA ATOMIC WRITE is posted through the extended API whole, and this request \
+         does not go that way (its operation is not among the QP's send ops, or its SGE list meets a \
+         known bug of the loaded rdma-core): post it in a batch of its own",
+    )
 }
 
 /// How a chain whose last C request ended as `last` ended: as the first of its members

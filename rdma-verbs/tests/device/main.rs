@@ -20,6 +20,7 @@ mod access;
 mod acm;
 mod aio;
 mod alloc;
+mod atomic_write;
 mod awaited;
 mod basics;
 mod chain;

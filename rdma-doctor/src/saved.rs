@@ -196,6 +196,31 @@ mod tests {
     }
 
     #[test]
+    fn a_connectx6_below_20_27_1000_is_known_bad_in_node_reports_and_baselines() {
+        let entries = known_bad::load(&[] as &[&str]).unwrap();
+        let cx6 = |fw: &'static str| {
+            move |d: &mut DeviceFacts| {
+                d.vendor_part_id = Some(4123);
+                d.fw_ver = fw.into();
+            }
+        };
+        let r = check_nodes(&[node("a", cx6("20.27.1000")), node("b", cx6("20.27.0500"))], &entries, &[]);
+        assert_eq!(r.findings.len(), 1, "{r:#?}");
+        assert_eq!((r.findings[0].scope.as_str(), r.findings[0].severity), ("b/mlx5_0", Severity::Warning));
+        assert!(r.findings[0].what.contains("known-bad [connectx6-fw-below-20.27.1000]"), "{r:#?}");
+        assert_eq!(r.exit_code, Status::Drift.exit_code(), "the firmware differs too: {r:#?}");
+        let r = check_nodes(&[node("a", cx6("20.27.0500")), node("b", cx6("20.27.0500"))], &entries, &[]);
+        assert_eq!((r.findings.len(), r.exit_code), (2, Status::Warnings.exit_code()), "{r:#?}");
+
+        let (_, _, saved) = node("b", cx6("20.27.0500"));
+        let found = baseline_findings("b.json", &saved.baseline, &entries, &[]);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].what.starts_with("in the baseline b.json: known-bad [connectx6-fw-below-20.27.1000]"), "{found:#?}");
+        let (_, _, fixed) = node("b", cx6("20.27.1000"));
+        assert!(baseline_findings("b.json", &fixed.baseline, &entries, &[]).is_empty());
+    }
+
+    #[test]
     fn a_baseline_that_recorded_a_failed_link_says_so() {
         let (_, _, saved) = node("a", |d| d.ports.get_mut("1").unwrap().phys_state = "LinkErrorRecovery".into());
         let found = baseline_findings("a.json", &saved.baseline, &[], &[]);

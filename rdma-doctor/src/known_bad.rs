@@ -235,7 +235,10 @@ mod tests {
         // ConnectX-6 below 20.27.1000 (the seed rule), at and above it.
         let cx6 = ids(&mellanox(4123, "20.27.0500", None));
         assert_eq!(cx6.len(), 1, "{cx6:?}");
-        assert!(cx6[0].contains("known-bad [connectx6-fw-below-20.27.1000]: ConnectX-6 firmware 20.27.0500"), "{cx6:?}");
+        assert!(
+            cx6[0].contains("known-bad [connectx6-fw-below-20.27.1000]: ConnectX-6 firmware 20.27.0500"),
+            "{cx6:?}"
+        );
         assert!(cx6[0].contains("occasional QP timeouts"), "{cx6:?}");
         assert_eq!(ids(&mellanox(4124, "20.27.0500", None)).len(), 1, "its VF runs the same firmware");
         for fw in ["20.27.1000", "20.27.1016", "20.28.1002", "20.40.1000"] {

@@ -349,7 +349,7 @@ fn expectations(opts: &Options, selected: &[String], now: &Baseline, saved: Opti
                 .and_then(|s| s.devices.get(name))
                 .and_then(|sd| sd.ports.get(port))
                 .map(|p| p.rate_gbps)
-                .filter(|r| *r > 0.0);
+                .filter(|r| *r > 0.0 && !saved::rate_ignored(name, port, &opts.ignore));
             let given = match (opts.expected_rate, from_saved) {
                 (Some(gbps), _) => Some(RateRef { gbps, from: "--expect-rate".into() }),
                 (None, Some(gbps)) => Some(RateRef { gbps, from: format!("the saved baseline {file}") }),

@@ -69,6 +69,7 @@ mod modules_layer;
 pub mod netstat;
 pub mod peer;
 pub mod provider;
+pub mod qp_timeouts;
 pub mod rates;
 pub mod rdma_cm;
 pub mod report;
@@ -126,6 +127,10 @@ pub struct Options {
     pub expected_rate: Option<f64>,
     /// How many RDMA lines of the kernel log to keep (default 30).
     pub kernel_log_lines: usize,
+    /// Where to record the `timeout event on QP` lines warned about, so that each is
+    /// said once per boot ([`qp_timeouts`]; the command's `--state-dir`). None (the
+    /// default): every run warns about every such line it reads.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -144,6 +149,7 @@ impl Default for Options {
             ignore: Vec::new(),
             expected_rate: None,
             kernel_log_lines: 30,
+            state_dir: None,
         }
     }
 }
@@ -222,6 +228,10 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
         findings.extend(more);
     }
     findings.extend(notes(&baseline, &observations));
+    let examined: Vec<(String, Option<String>)> =
+        baseline.devices.keys().map(|n| (n.clone(), qp_timeouts::pci_function(n))).collect();
+    let mut reported = opts.state_dir.as_deref().map(qp_timeouts::Reported::load);
+    findings.extend(qp_timeouts::findings(&observations.kernel_log, &examined, reported.as_mut()));
     findings.extend(provider_findings(&want.providers));
     let during = if opts.loopback {
         "while the doctor's loopback and rdma_cm tests ran (other traffic on the port counts too)"
@@ -412,7 +422,8 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
     }
     for line in &seen.kernel_log.lines {
         let cited = seen.kernel_log.errors.iter().any(|e| &e.line == line);
-        if let (Some(meaning), false) = (kmsg::trouble(line), cited) {
+        // QP timeouts are warnings of their own (`qp_timeouts`).
+        if let (Some(meaning), false, false) = (kmsg::trouble(line), cited, qp_timeouts::is_qp_timeout(line)) {
             out.push(note(format!("kernel log: {line} [{meaning}]"), None));
         }
     }
@@ -467,6 +478,8 @@ mod tests {
             ..Observations::default()
         };
         let found = notes(&Baseline::default(), &seen);
+        assert!(found.iter().all(|f| !f.what.contains("timeout event on QP")), "a warning of its own: {found:#?}");
+        let found = qp_timeouts::findings(&seen.kernel_log, &[], None);
         let qp: Vec<&Finding> = found.iter().filter(|f| f.what.contains("timeout event on QP 0x1a2b")).collect();
         assert_eq!(qp.len(), 1, "{found:#?}");
         assert!(qp[0].what.contains("the device timed out a QP"), "{found:#?}");

@@ -27,6 +27,8 @@ mod induced;
 mod libraries;
 /// `--serve` and `--peer` on one node, with hostile clients of the server.
 mod peer;
+/// A QP timeout in the kernel log: a warning with advice, once per boot.
+mod qp_timeout;
 /// `--serve`'s verdicts are fresh: a link taken down between two scrapes fails the next.
 mod serve;
 /// `--watch`: a healthy idle device, a link flap, Ctrl-C and SIGTERM.

@@ -381,6 +381,7 @@ fn bed_nodes(slow: (&str, &str, f64)) -> Vec<String> {
 fn a_node_whose_port_runs_below_its_peers_rate_is_a_link_failure_there_as_for_one_node() {
     let addrs = bed_nodes(("1X", "EDR", 25.0));
     let (code, text, err) = run(&["--fleet", &addrs[0], &addrs[1]]);
+    eprintln!("{text}");
     assert_eq!(code, 1, "{text}{err}");
     let line = text.lines().find(|l| l.contains("FAIL") && l.contains("rxe0 link")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("10.98.0.2/rxe0"), "{line}");
@@ -391,6 +392,7 @@ fn a_node_whose_port_runs_below_its_peers_rate_is_a_link_failure_there_as_for_on
         "{line}"
     );
     assert!(!text.contains("10.98.0.1/rxe0 link"), "{text}");
+    assert!(text.contains("Result: 1 device(s) whose link failed; the nodes differ in 2 field(s) (exit 1)"), "{text}");
     let (_, json, _) = run(&["--fleet", &addrs[0], &addrs[1], "--json"]);
     let v: Value = serde_json::from_str(&json).unwrap();
     let failed: Vec<&Value> = v["layers"].as_array().unwrap().iter().filter(|l| l["outcome"] == "fail").collect();

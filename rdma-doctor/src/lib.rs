@@ -471,6 +471,23 @@ mod tests {
     }
 
     #[test]
+    fn a_saved_rate_is_the_expected_one_unless_an_ignore_pattern_covers_it() {
+        let saved = input::parse_report(include_str!("../testdata/node-a.json")).unwrap().baseline;
+        let mut now = saved.clone();
+        now.devices.get_mut("mlx5_0").unwrap().ports.get_mut("1").unwrap().rate_gbps = 100.0;
+        let key = ("mlx5_0".to_owned(), "1".to_owned());
+        let from = |ignore: &[&str]| {
+            let opts = Options { ignore: names(ignore), ..Options::default() };
+            expectations(&opts, &names(&["mlx5_0"]), &now, Some(&saved)).expected_rate.get(&key).map(|r| r.from.clone())
+        };
+        assert!(from(&[]).is_some_and(|f| f.starts_with("the saved baseline")), "{:?}", from(&[]));
+        for ignore in [&["**.rate_gbps"][..], &["devices.mlx5_0.ports.*.rate_gbps"]] {
+            assert!(!from(ignore).is_some_and(|f| f.starts_with("the saved baseline")), "{ignore:?}");
+        }
+        assert!(from(&["devices.mlx5_1.**"]).is_some_and(|f| f.starts_with("the saved baseline")));
+    }
+
+    #[test]
     fn a_known_trouble_line_without_an_errno_is_a_finding() {
         let records = ["4,3,100,-;mlx5_core 0000:03:00.0: timeout event on QP 0x1a2b", "6,4,200,-;rdma_rxe: loaded"];
         let seen = Observations {

@@ -42,11 +42,18 @@ pub fn probe(peer: &str, opts: &PeerOptions) -> PeerReport {
 /// Retry or timeout counters that moved on a path whose round trip outgrew the QPs' ACK
 /// timeout: the long round trip, not loss, with its numbers and fix.
 fn retries_of_a_long_round_trip(rt: Option<&RoundTrip>, what: String, fix: Option<String>) -> (String, Option<String>) {
-    let retried =
-        [counters::CounterClass::Lossy, counters::CounterClass::Timeout].iter().any(|c| what.ends_with(c.meaning()));
-    match rt.filter(|rt| rt.outgrows() && retried) {
-        Some(rt) => (format!("{}; {what}", rt.words()), Some(rt.fix())),
-        None => (what, fix),
+    let meaning = [counters::CounterClass::Lossy, counters::CounterClass::Timeout]
+        .iter()
+        .map(|c| c.meaning())
+        .find(|m| what.ends_with(m));
+    match (rt.filter(|rt| rt.outgrows()), meaning) {
+        (Some(rt), Some(m)) => {
+            // The counters that moved, without the class's "lossy path".
+            let moved = what[..what.len() - m.len()].trim_end_matches([':', ' ']);
+            let why = "retransmissions of requests whose ACKs came back late, not lost packets";
+            (format!("{}; {moved}: {why}", rt.words()), Some(rt.fix()))
+        }
+        _ => (what, fix),
     }
 }
 
@@ -630,7 +637,8 @@ mod tests {
         let (detail, fix) = retries_of_a_long_round_trip(Some(&long), f.what.clone(), f.advice.clone());
         assert!(detail.starts_with("a long round trip, not loss: the path's round trip (200.0 ms"), "{detail}");
         assert!(detail.contains("ACK timeout of the probe's QPs (67.1 ms, code 14)"), "{detail}");
-        assert!(detail.contains("completer_retry_err +12"), "{detail}");
+        let why = "completer_retry_err +12 (0 -> 12): retransmissions of requests whose ACKs came back late, not lost";
+        assert!(detail.contains(why) && !detail.contains("lossy"), "{detail}");
         let fix = fix.unwrap();
         assert!(
             fix.starts_with("raise the QP's ACK timeout past the round trip") && !fix.contains("UDP 4791"),

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::facts::{loopback, rdma_cm, stderr, versions};
 use crate::judge::verdict::Expectations;
-use crate::judge::{known_bad, rates, saved};
+use crate::judge::{known_bad, qp_timeouts, rates, saved};
 use crate::model::layer::RateRef;
 use crate::model::report::{Baseline, Finding, Memlock, Observations, Report, Severity};
 
@@ -58,6 +58,10 @@ pub struct Options {
     pub expected_rate: Option<f64>,
     /// How many RDMA lines of the kernel log to keep (default 30).
     pub kernel_log_lines: usize,
+    /// Where to record the `timeout event on QP` lines warned about, so that each is
+    /// said once per boot ([`qp_timeouts`]; the command's `--state-dir`). None (the
+    /// default): every run warns about every such line it reads.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -76,6 +80,7 @@ impl Default for Options {
             ignore: Vec::new(),
             expected_rate: None,
             kernel_log_lines: 30,
+            state_dir: None,
         }
     }
 }
@@ -154,6 +159,10 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
         findings.extend(more);
     }
     findings.extend(notes(&baseline, &observations));
+    let examined: Vec<(String, Option<String>)> =
+        baseline.devices.keys().map(|n| (n.clone(), qp_timeouts::pci_function(n))).collect();
+    let mut reported = opts.state_dir.as_deref().map(qp_timeouts::Reported::load);
+    findings.extend(qp_timeouts::findings(&observations.kernel_log, &examined, reported.as_mut()));
     findings.extend(provider_findings(&want.providers));
     let during = if opts.loopback {
         "while the doctor's loopback and rdma_cm tests ran (other traffic on the port counts too)"
@@ -285,7 +294,7 @@ fn expectations(opts: &Options, selected: &[String], now: &Baseline, saved: Opti
                 .and_then(|s| s.devices.get(name))
                 .and_then(|sd| sd.ports.get(port))
                 .map(|p| p.rate_gbps)
-                .filter(|r| *r > 0.0);
+                .filter(|r| *r > 0.0 && !saved::rate_ignored(name, port, &opts.ignore));
             let given = match (opts.expected_rate, from_saved) {
                 (Some(gbps), _) => Some(RateRef { gbps, from: "--expect-rate".into() }),
                 (None, Some(gbps)) => Some(RateRef { gbps, from: format!("the saved baseline {file}") }),
@@ -348,7 +357,8 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
     }
     for line in &seen.kernel_log.lines {
         let cited = seen.kernel_log.errors.iter().any(|e| &e.line == line);
-        if let (Some(meaning), false) = (kmsg::trouble(line), cited) {
+        // QP timeouts are warnings of their own (`qp_timeouts`).
+        if let (Some(meaning), false, false) = (kmsg::trouble(line), cited, qp_timeouts::is_qp_timeout(line)) {
             out.push(note(format!("kernel log: {line} [{meaning}]"), None));
         }
     }
@@ -358,6 +368,7 @@ fn notes(b: &Baseline, seen: &Observations) -> Vec<Finding> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::input;
 
     fn names(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
@@ -396,6 +407,23 @@ mod tests {
     }
 
     #[test]
+    fn a_saved_rate_is_the_expected_one_unless_an_ignore_pattern_covers_it() {
+        let saved = input::parse_report(include_str!("../testdata/node-a.json")).unwrap().baseline;
+        let mut now = saved.clone();
+        now.devices.get_mut("mlx5_0").unwrap().ports.get_mut("1").unwrap().rate_gbps = 100.0;
+        let key = ("mlx5_0".to_owned(), "1".to_owned());
+        let from = |ignore: &[&str]| {
+            let opts = Options { ignore: names(ignore), ..Options::default() };
+            expectations(&opts, &names(&["mlx5_0"]), &now, Some(&saved)).expected_rate.get(&key).map(|r| r.from.clone())
+        };
+        assert!(from(&[]).is_some_and(|f| f.starts_with("the saved baseline")), "{:?}", from(&[]));
+        for ignore in [&["**.rate_gbps"][..], &["devices.mlx5_0.ports.*.rate_gbps"]] {
+            assert!(!from(ignore).is_some_and(|f| f.starts_with("the saved baseline")), "{ignore:?}");
+        }
+        assert!(from(&["devices.mlx5_1.**"]).is_some_and(|f| f.starts_with("the saved baseline")));
+    }
+
+    #[test]
     fn a_known_trouble_line_without_an_errno_is_a_finding() {
         let records = ["4,3,100,-;mlx5_core 0000:03:00.0: timeout event on QP 0x1a2b", "6,4,200,-;rdma_rxe: loaded"];
         let seen = Observations {
@@ -403,6 +431,8 @@ mod tests {
             ..Observations::default()
         };
         let found = notes(&Baseline::default(), &seen);
+        assert!(found.iter().all(|f| !f.what.contains("timeout event on QP")), "a warning of its own: {found:#?}");
+        let found = qp_timeouts::findings(&seen.kernel_log, &[], None);
         let qp: Vec<&Finding> = found.iter().filter(|f| f.what.contains("timeout event on QP 0x1a2b")).collect();
         assert_eq!(qp.len(), 1, "{found:#?}");
         assert!(qp[0].what.contains("the device timed out a QP"), "{found:#?}");

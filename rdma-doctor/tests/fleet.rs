@@ -359,6 +359,67 @@ fn the_test_beds_saved_fleet_report_is_a_baseline_that_names_the_node_whose_mtu_
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The test bed's two recorded nodes (rxe0 on enp0s10), node 10.98.0.1's port at 4X EDR
+/// (100 Gb/s) and node 10.98.0.2's at `slow` (width, speed, rate).
+fn bed_nodes(slow: (&str, &str, f64)) -> Vec<String> {
+    let saved: Value = serde_json::from_str(TEST_BED).unwrap();
+    let bad = Arc::new(std::sync::Mutex::new(Vec::new()));
+    (0..2)
+        .map(|i| {
+            let node = &saved["nodes"][i];
+            let report = variant(NODE_A, i, |v| {
+                v["host"]["hostname"] = node["label"].clone();
+                v["baseline"] = node["baseline"].clone();
+                let (width, speed, rate) = if i == 0 { ("4X", "EDR", 100.0) } else { slow };
+                let port = &mut v["baseline"]["devices"]["rxe0"]["ports"]["1"];
+                (port["width"], port["speed"], port["rate_gbps"]) = (json!(width), json!(speed), json!(rate));
+            });
+            fake_node(Role::Good { report, broken: false }, Arc::clone(&bad))
+        })
+        .collect()
+}
+
+#[test]
+fn a_node_whose_port_runs_below_its_peers_rate_is_a_link_failure_there_as_for_one_node() {
+    let addrs = bed_nodes(("1X", "EDR", 25.0));
+    let (code, text, err) = run(&["--fleet", &addrs[0], &addrs[1]]);
+    eprintln!("{text}");
+    assert_eq!(code, 1, "{text}{err}");
+    let line = text.lines().find(|l| l.contains("FAIL") && l.contains("rxe0 link")).unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains("10.98.0.2/rxe0"), "{line}");
+    assert!(
+        line.contains(
+            "port 1 runs at 25 Gb/s, below the expected 100 Gb/s (its peers' rate: the fastest node with rxe0 port 1"
+        ),
+        "{line}"
+    );
+    assert!(!text.contains("10.98.0.1/rxe0 link"), "{text}");
+    assert!(text.contains("Result: 1 device(s) whose link failed; the nodes differ in 2 field(s) (exit 1)"), "{text}");
+    let (_, json, _) = run(&["--fleet", &addrs[0], &addrs[1], "--json"]);
+    let v: Value = serde_json::from_str(&json).unwrap();
+    let failed: Vec<&Value> = v["layers"].as_array().unwrap().iter().filter(|l| l["outcome"] == "fail").collect();
+    assert_eq!(failed.len(), 1, "{json}");
+    assert_eq!((failed[0]["scope"].as_str(), failed[0]["layer"].as_str()), (Some("10.98.0.2/rxe0"), Some("link")));
+    assert_eq!(v["exit_code"], 1);
+    // Rates that differ by design, said so: compared neither as fields nor as a link.
+    let (code, text, err) = run(&[
+        "--fleet",
+        &addrs[0],
+        &addrs[1],
+        "--ignore",
+        "**.rate_gbps",
+        "--ignore",
+        "**.width",
+        "--ignore",
+        "**.speed",
+    ]);
+    assert_eq!(code, 0, "{text}{err}");
+    // Both at the same rate: healthy.
+    let addrs = bed_nodes(("4X", "EDR", 100.0));
+    let (code, text, err) = run(&["--fleet", &addrs[0], &addrs[1]]);
+    assert_eq!(code, 0, "{text}{err}");
+}
+
 #[test]
 fn no_answer_a_node_can_send_panics_the_collector_or_passes_for_a_report() {
     // A valid answer, then 300 seeded mutations of it (cut, bytes flipped, bytes inserted),

@@ -232,6 +232,21 @@ mod tests {
         assert_eq!(ids(&mellanox(4119, "16.24.1000", Some("5.4-1.0.3"))).len(), 1);
         assert!(ids(&mellanox(4119, "16.24.1000", Some("5.8-1.0.1"))).is_empty());
         assert!(ids(&mellanox(4119, "16.35.2000", Some("5.4-1.0.3.0"))).is_empty());
+        // ConnectX-6 below 20.27.1000 (the seed rule), at and above it.
+        let cx6 = ids(&mellanox(4123, "20.27.0500", None));
+        assert_eq!(cx6.len(), 1, "{cx6:?}");
+        assert!(
+            cx6[0].contains("known-bad [connectx6-fw-below-20.27.1000]: ConnectX-6 firmware 20.27.0500"),
+            "{cx6:?}"
+        );
+        assert!(cx6[0].contains("occasional QP timeouts"), "{cx6:?}");
+        assert_eq!(ids(&mellanox(4124, "20.27.0500", None)).len(), 1, "its VF runs the same firmware");
+        for fw in ["20.27.1000", "20.27.1016", "20.28.1002", "20.40.1000"] {
+            assert!(ids(&mellanox(4123, fw, None)).is_empty(), "{fw}");
+        }
+        // Not a ConnectX-6 Dx (22.x) nor a ConnectX-5 at a 20.x-looking version.
+        assert!(ids(&mellanox(4125, "22.27.0500", None)).is_empty());
+        assert!(ids(&mellanox(4119, "20.27.0500", None)).is_empty());
         // A soft device matches nothing.
         assert!(ids(&DeviceFacts::default()).is_empty());
         let f = &check(&entries, "mlx5_0", &mellanox(4125, "22.20.1010", None))[0];

@@ -99,13 +99,20 @@ pub fn check_nodes(nodes: &[(String, String, Report)], entries: &[KnownBad], ign
             let scope = format!("{label}/{name}");
             findings.extend(known_bad::check(entries, &scope, d));
             let reference = |port: &str| {
-                // A soft device's rate is its netdev's, not its model's: rxe on a slower
-                // netdev is not degraded against another node's rxe.
-                if crate::judge::rates::is_soft(d) || d.vendor_part_id == Some(0) {
+                // Ports the operator said differ by design (`--ignore '**.rate_gbps'`) are
+                // not held to their peers' rate, as the fields are not compared.
+                if rate_ignored(name, port, &patterns) {
                     return None;
                 }
                 let gbps = *fastest.get(&model_port(name, d, port))?;
-                Some(RateRef { gbps, from: "the fastest node with this device model and port".into() })
+                // A soft device's rate is its netdev's: peers are the same soft device on
+                // the other nodes, as a saved baseline is for `--compare`.
+                let from = if crate::judge::rates::is_soft(d) || d.vendor_part_id == Some(0) {
+                    format!("its peers' rate: the fastest node with {name} port {port} (on its netdev)")
+                } else {
+                    "its peers' rate: the fastest node with this device model and port".to_owned()
+                };
+                Some(RateRef { gbps, from })
             };
             layers.push(link(&scope, &active_ports(d), &reference));
         }
@@ -121,6 +128,13 @@ pub fn check_nodes(nodes: &[(String, String, Report)], entries: &[KnownBad], ign
         status,
         exit_code: status.exit_code(),
     }
+}
+
+/// Whether the `ignore` patterns cover the rate of a port (`devices.NAME.ports.PORT.rate_gbps`):
+/// then no other report's rate is its reference, in a comparison of nodes as with `--compare`.
+pub(crate) fn rate_ignored(device: &str, port: &str, ignore: &[String]) -> bool {
+    let path = format!("devices.{device}.ports.{port}.rate_gbps");
+    ignore.iter().any(|p| crate::judge::compare::matches(p, &path))
 }
 
 /// A port of a device model: (device name, vendor part id, port).
@@ -197,6 +211,34 @@ mod tests {
     }
 
     #[test]
+    fn a_connectx6_below_20_27_1000_is_known_bad_in_node_reports_and_baselines() {
+        let entries = known_bad::load(&[] as &[&str]).unwrap();
+        let cx6 = |fw: &'static str| {
+            move |d: &mut DeviceFacts| {
+                d.vendor_part_id = Some(4123);
+                d.fw_ver = fw.into();
+            }
+        };
+        let r = check_nodes(&[node("a", cx6("20.27.1000")), node("b", cx6("20.27.0500"))], &entries, &[]);
+        assert_eq!(r.findings.len(), 1, "{r:#?}");
+        assert_eq!((r.findings[0].scope.as_str(), r.findings[0].severity), ("b/mlx5_0", Severity::Warning));
+        assert!(r.findings[0].what.contains("known-bad [connectx6-fw-below-20.27.1000]"), "{r:#?}");
+        assert_eq!(r.exit_code, Status::Drift.exit_code(), "the firmware differs too: {r:#?}");
+        let r = check_nodes(&[node("a", cx6("20.27.0500")), node("b", cx6("20.27.0500"))], &entries, &[]);
+        assert_eq!((r.findings.len(), r.exit_code), (2, Status::Warnings.exit_code()), "{r:#?}");
+
+        let (_, _, saved) = node("b", cx6("20.27.0500"));
+        let found = baseline_findings("b.json", &saved.baseline, &entries, &[]);
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(
+            found[0].what.starts_with("in the baseline b.json: known-bad [connectx6-fw-below-20.27.1000]"),
+            "{found:#?}"
+        );
+        let (_, _, fixed) = node("b", cx6("20.27.1000"));
+        assert!(baseline_findings("b.json", &fixed.baseline, &entries, &[]).is_empty());
+    }
+
+    #[test]
     fn a_baseline_that_recorded_a_failed_link_says_so() {
         let (_, _, saved) = node("a", |d| d.ports.get_mut("1").unwrap().phys_state = "LinkErrorRecovery".into());
         let found = baseline_findings("a.json", &saved.baseline, &[], &[]);
@@ -217,7 +259,37 @@ mod tests {
     }
 
     #[test]
-    fn rxe_nodes_on_netdevs_of_different_speeds_are_not_degraded_against_each_other() {
+    fn an_rxe_node_below_its_peers_rate_fails_its_link_layer_unless_rates_are_ignored() {
+        let entries = known_bad::load(&[] as &[&str]).unwrap();
+        let rxe = |rate: f64| {
+            move |d: &mut DeviceFacts| {
+                (d.kernel_driver_name, d.vendor_part_id) = (Some("rdma_rxe".into()), Some(0));
+                d.ports.get_mut("1").unwrap().rate_gbps = rate;
+            }
+        };
+        let nodes = [node("a", rxe(100.0)), node("b", rxe(100.0)), node("c", rxe(25.0))];
+        let r = check_nodes(&nodes, &entries, &[]);
+        let failed: Vec<&LayerReport> = r.layers.iter().filter(|l| l.outcome == Outcome::Fail).collect();
+        assert_eq!(failed.len(), 1, "{r:#?}");
+        assert_eq!((failed[0].scope.as_str(), failed[0].layer), ("c/mlx5_0", crate::model::layer::Layer::Link));
+        assert!(
+            failed[0]
+                .summary
+                .contains("25 Gb/s, below the expected 100 Gb/s (its peers' rate: the fastest node with mlx5_0 port 1"),
+            "{:?}",
+            failed[0]
+        );
+        assert_eq!(r.exit_code, 1);
+        // The same rule as one node's `--compare` against a saved report of a faster peer.
+        assert!(rate_ignored("rxe0", "1", &["**.rate_gbps".into()]));
+        assert!(rate_ignored("rxe0", "1", &["devices.rxe0.ports.*.rate_gbps".into()]));
+        assert!(!rate_ignored("rxe0", "1", &["devices.rxe1.**".into(), "**.width".into()]));
+        let same = [node("a", rxe(25.0)), node("b", rxe(25.0))];
+        assert!(check_nodes(&same, &entries, &[]).layers.iter().all(|l| l.outcome == Outcome::Pass));
+    }
+
+    #[test]
+    fn rxe_nodes_on_netdevs_of_different_speeds_said_so_are_not_degraded_against_each_other() {
         let entries = known_bad::load(&[] as &[&str]).unwrap();
         let rxe = |rate: f64| {
             move |d: &mut DeviceFacts| {

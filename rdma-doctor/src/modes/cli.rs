@@ -4,7 +4,7 @@
 //! ```text
 //! rdma-doctor [-d NAME | --all (the default)] [-p PORT] [--json] [--save FILE] [--compare BASELINE.json]
 //!             [--known-bad FILE]... [--ignore PATTERN]... [--expect-rate GBPS]
-//!             [--timeout SECONDS] [--no-loopback] [--memlock-need BYTES] [--prometheus]
+//!             [--timeout SECONDS] [--no-loopback] [--memlock-need BYTES] [--prometheus] [--state-dir DIR]
 //! rdma-doctor --compare-nodes A.json B.json [C.json ...] [--json] [--ignore PATTERN]...
 //! rdma-doctor --serve [--peer-port PORT] [--once] [--metrics-port PORT] [-d NAME] [-p PORT] [--timeout SECONDS]
 //!             [--listen ADDRESS] [--allow CIDR]... [--secret-file FILE]
@@ -34,7 +34,9 @@
 //! finite number above 0, port 0) or unreadable input (a file read within 10 s); 3 drift from the baseline (or nodes
 //! that differ); 4 warnings only (a known-bad firmware/driver combination).
 //!
-//! It changes nothing on the system; the fixes it prints are advice.
+//! It changes nothing on the system but its own state (the `timeout event on QP` lines it
+//! warned about, so that each is said once per boot: `--state-dir`, [`crate::judge::qp_timeouts`]);
+//! the fixes it prints are advice.
 //! On a host without RDMA: `scripts/rxe cargo run -p rdma-doctor`.
 
 use std::ffi::OsString;
@@ -186,6 +188,12 @@ pub struct Args {
     /// With --health-check: the node's name in Slurm (default: this host's short name)
     #[arg(long, value_name = "NAME", requires = "health_check")]
     pub slurm_node: Option<String>,
+    /// Where to record the `timeout event on QP` kernel-log lines warned about, so that a
+    /// later run of the same boot does not warn about them again (default:
+    /// $STATE_DIRECTORY, else /var/lib/rdma-doctor; a directory that cannot be written
+    /// only means the warning comes again)
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["compare_nodes", "peer", "serve", "watch", "fleet", "fleet_file"])]
+    pub state_dir: Option<PathBuf>,
     /// Locked memory programs must register (K, M, G)
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = size, conflicts_with_all = ["compare_nodes", "peer", "serve"])]
     pub memlock_need: u64,
@@ -249,6 +257,7 @@ impl Args {
             compare_file: self.compare.clone(),
             ignore: self.ignore.clone(),
             expected_rate: self.expect_rate,
+            state_dir: Some(crate::judge::qp_timeouts::state_dir(self.state_dir.as_deref())),
             ..Options::default()
         })
     }
@@ -377,7 +386,9 @@ fn serve(args: &Args, err: &mut dyn Write) -> Result<i32, String> {
         listen: args.listen.unwrap_or(crate::modes::peer::ServeOptions::default().listen),
         allow: crate::modes::gate::AllowList::parse(&args.allow)?,
     };
-    let reports = std::sync::Arc::new(crate::modes::fresh::Reports::diagnosing(args.options()?)?);
+    // Every report it serves names the QP timeouts it read: no once-per-boot state.
+    let served = Options { state_dir: None, ..args.options()? };
+    let reports = std::sync::Arc::new(crate::modes::fresh::Reports::diagnosing(served)?);
     if let Some(port) = args.metrics_port {
         let at = std::net::SocketAddr::new(door.listen, port);
         let listener =

@@ -28,6 +28,10 @@ mod induced;
 mod libraries;
 /// `--serve` and `--peer` on one node, with hostile clients of the server.
 mod peer;
+/// A QP timeout in the kernel log: a warning with advice, once per boot.
+mod qp_timeout;
+/// `--peer`'s measured round trip and the ACK timeout of its QPs.
+mod round_trip;
 /// `--serve`'s verdicts are fresh: a link taken down between two scrapes fails the next.
 mod serve;
 /// `--watch`: a healthy idle device, a link flap, Ctrl-C and SIGTERM.

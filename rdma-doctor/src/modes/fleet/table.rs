@@ -327,6 +327,11 @@ fn result_line(r: &FleetReport, answered: usize) -> String {
     if failed_nodes > 0 {
         problems.push(format!("{failed_nodes} node(s) whose diagnosis failed"));
     }
+    // The collector's own judgment of each node's ports (below its peers' rate, not up).
+    let failed_ports = r.layers.iter().filter(|l| l.outcome == Outcome::Fail).count();
+    if failed_ports > 0 {
+        problems.push(format!("{failed_ports} device(s) whose link failed"));
+    }
     let bad_links = r.links.iter().filter(|l| !l.ok).count();
     if bad_links > 0 {
         problems.push(format!("{bad_links} bad link(s)"));

@@ -37,6 +37,7 @@
 mod bed;
 mod door;
 mod probe;
+mod round_trip;
 mod serve;
 
 use std::io::{Read, Write};

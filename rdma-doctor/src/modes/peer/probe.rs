@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use rdma_verbs::SendWr;
 
 use super::bed::{Bed, BIG, BIG_READ_AT, BIG_SEED, BIG_WRITE_AT};
+use super::round_trip::RoundTrip;
 use super::{
     ask, pattern, read_answer, say_hello, Control, End, PeerOptions, PeerReport, DEFAULT_PORT, MAX_PROBES,
     PEER_FORMAT_VERSION, SETUP, VERSION,
@@ -21,7 +22,8 @@ pub fn probe(peer: &str, opts: &PeerOptions) -> PeerReport {
     // This end's device is known only after the hello: sample every device around the probe.
     let devices = crate::facts::device::sysfs_devices();
     let before = counters::sample(&devices);
-    let _ = probe_steps(peer, opts, &mut r);
+    let mut rt = None;
+    let _ = probe_steps(peer, opts, &mut r, &mut rt);
     let after = counters::sample(&devices);
     r.elapsed_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
     if let Some(end) = r.local.clone() {
@@ -32,15 +34,37 @@ pub fn probe(peer: &str, opts: &PeerOptions) -> PeerReport {
             crate::judge::counter_findings::findings(&r.counter_changes, &netdevs, "while the probe ran (this end)")
         {
             let warning = f.severity == crate::model::report::Severity::Warning;
-            r.checks.push(super::Check { layer: "counters".into(), ok: true, warning, detail: f.what, fix: f.advice });
+            let (detail, fix) = retries_of_a_long_round_trip(rt.as_ref(), f.what, f.advice);
+            r.checks.push(super::Check { layer: "counters".into(), ok: true, warning, detail, fix });
         }
     }
     r
 }
 
-fn probe_steps(peer: &str, opts: &PeerOptions, r: &mut PeerReport) -> Result<(), ()> {
+/// Retry or timeout counters that moved on a path whose round trip outgrew the QPs' ACK
+/// timeout: the long round trip, not loss, with its numbers and fix.
+fn retries_of_a_long_round_trip(rt: Option<&RoundTrip>, what: String, fix: Option<String>) -> (String, Option<String>) {
+    let meaning = [crate::model::counters::CounterClass::Lossy, crate::model::counters::CounterClass::Timeout]
+        .iter()
+        .map(|c| c.meaning())
+        .find(|m| what.ends_with(m));
+    match (rt.filter(|rt| rt.outgrows()), meaning) {
+        (Some(rt), Some(m)) => {
+            // The counters that moved, without the class's "lossy path".
+            let moved = what[..what.len() - m.len()].trim_end_matches([':', ' ']);
+            let why = "retransmissions of requests whose ACKs came back late, not lost packets";
+            (format!("{}; {moved}: {why}", rt.words()), Some(rt.fix()))
+        }
+        _ => (what, fix),
+    }
+}
+
+fn probe_steps(peer: &str, opts: &PeerOptions, r: &mut PeerReport, rt: &mut Option<RoundTrip>) -> Result<(), ()> {
     let stream = match connect_control(peer, opts.tcp_port, opts.timeout) {
-        Ok(c) => c,
+        Ok((c, rtt)) => {
+            *rt = Some(RoundTrip::new(rtt, opts.timeout));
+            c
+        }
         Err(e) => {
             let fix =
                 format!("run `rdma-doctor --serve` on {peer} and let TCP reach its port (default {DEFAULT_PORT})");
@@ -51,10 +75,11 @@ fn probe_steps(peer: &str, opts: &PeerOptions, r: &mut PeerReport) -> Result<(),
     // waits for): the prober waits twice that for a line, so the two never cross.
     let mut ctl = Control::new(stream, opts.timeout * 2, None);
     let local_ip = ctl.local_addr().map(|a| a.ip()).ok();
-    let (mut bed, remote) = meet(&mut ctl, local_ip, opts, r)?;
+    let rt = rt.unwrap_or(RoundTrip::new(Duration::ZERO, opts.timeout));
+    let (mut bed, remote) = meet(&mut ctl, local_ip, opts, r, &rt)?;
     check_path(&bed.end, &remote, r)?;
-    connect_qp(&mut bed, &mut ctl, opts, r)?;
-    let mut p = Prober { bed, ctl, local_ip, opts };
+    connect_qp(&mut bed, &mut ctl, opts, r, &rt)?;
+    let mut p = Prober { bed, ctl, local_ip, opts, rt };
     p.data_plane(&remote, r)?;
     // rdma_cm does not depend on large messages: it runs whatever they found.
     let sized = p.sizes(r);
@@ -66,15 +91,17 @@ fn ctl_peer(ctl: &Control) -> String {
     ctl.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "the peer".into())
 }
 
-fn connect_control(peer: &str, port: u16, timeout: Duration) -> Result<TcpStream, String> {
+/// The control connection, and how long its TCP connect took: one round trip of the path.
+fn connect_control(peer: &str, port: u16, timeout: Duration) -> Result<(TcpStream, Duration), String> {
     let with_port =
         if peer.parse::<IpAddr>().is_ok() || !peer.contains(':') { format!("{peer}:{port}") } else { peer.to_owned() };
     let addrs: Vec<SocketAddr> =
         with_port.to_socket_addrs().map_err(|e| format!("cannot resolve {peer}: {e}"))?.collect();
     let mut last = format!("{peer} resolves to no address");
     for a in addrs {
+        let start = Instant::now();
         match TcpStream::connect_timeout(&a, timeout) {
-            Ok(s) => return Ok(s),
+            Ok(s) => return Ok((s, start.elapsed())),
             Err(e) => last = format!("TCP connect to {a}: {e} (no `rdma-doctor --serve` listening there?)"),
         }
     }
@@ -82,7 +109,13 @@ fn connect_control(peer: &str, port: u16, timeout: Duration) -> Result<TcpStream
 }
 
 /// Sets this end up, exchanges hellos, and records why either end cannot go on.
-fn meet(ctl: &mut Control, local_ip: Option<IpAddr>, opts: &PeerOptions, r: &mut PeerReport) -> Result<(Bed, End), ()> {
+fn meet(
+    ctl: &mut Control,
+    local_ip: Option<IpAddr>,
+    opts: &PeerOptions,
+    r: &mut PeerReport,
+    rt: &RoundTrip,
+) -> Result<(Bed, End), ()> {
     let bed = Bed::new(local_ip, opts);
     let end = match &bed {
         Ok(b) => b.end.clone(),
@@ -100,7 +133,8 @@ fn meet(ctl: &mut Control, local_ip: Option<IpAddr>, opts: &PeerOptions, r: &mut
             return r.fail("control channel", e, Some(fix));
         }
     };
-    r.pass("control channel", format!("TCP to {} and the doctors' hello (version {VERSION})", ctl_peer(ctl)));
+    let hello = format!("TCP to {} and the doctors' hello (version {VERSION})", ctl_peer(ctl));
+    r.pass("control channel", format!("{hello}; {}", rt.measured()));
     r.remote = Some(remote.clone());
     let here_fix = |e: &End| match e.error.as_deref() {
         Some(m) if m.contains("no active port") => Some("bring a port up: `rdma link` shows its state".to_owned()),
@@ -183,10 +217,17 @@ fn mtu_mismatch(here: &End, there: &End) -> Option<(String, String)> {
     Some((d, fix))
 }
 
-fn connect_qp(bed: &mut Bed, ctl: &mut Control, opts: &PeerOptions, r: &mut PeerReport) -> Result<(), ()> {
+fn connect_qp(
+    bed: &mut Bed,
+    ctl: &mut Control,
+    opts: &PeerOptions,
+    r: &mut PeerReport,
+    rt: &RoundTrip,
+) -> Result<(), ()> {
     match bed.connect(ctl, opts.timeout) {
         Ok(mtu) => {
-            r.pass("QP connection", format!("RC QP {} at RTS with the peer's QP, path MTU {mtu}", bed.qp.qp_num()));
+            let qp = format!("RC QP {} at RTS with the peer's QP, path MTU {mtu}", bed.qp.qp_num());
+            r.pass("QP connection", format!("{qp}, {}", rt.qp_timeout()));
             Ok(())
         }
         Err(e) => r.fail(
@@ -217,6 +258,8 @@ struct Prober<'a> {
     ctl: Control,
     local_ip: Option<IpAddr>,
     opts: &'a PeerOptions,
+    /// The path's round trip and the QPs' ACK timeout.
+    rt: RoundTrip,
 }
 
 impl Prober<'_> {
@@ -277,21 +320,30 @@ impl Prober<'_> {
             }
             self.run(op)
         });
+        // A round trip past the ACK timeout retries what was not lost: said so, not drops.
+        let long = self.rt.outgrows().then_some(self.rt);
+        let said = |what: String| match long {
+            Some(rt) => format!("{}: {what}", rt.words()),
+            None => what,
+        };
         match again {
             Ok(d) => {
-                let fix = "a healthy path does not lose a probe: look for drops and pauses on the nodes' ports \
-                           and switches (ethtool -S counters, `rdma statistic`), and probe again"
-                    .to_owned();
-                r.warn(
-                    &layer,
-                    format!("failed, passed on retry with fresh QPs: {d}; the first try: {first}"),
-                    Some(fix),
-                );
+                let fix = match long {
+                    Some(rt) => rt.fix(),
+                    None => "a healthy path does not lose a probe: look for drops and pauses on the nodes' ports \
+                             and switches (ethtool -S counters, `rdma statistic`), and probe again"
+                        .to_owned(),
+                };
+                let what = format!("failed, passed on retry with fresh QPs: {d}; the first try: {first}");
+                r.warn(&layer, said(what), Some(fix));
                 Ok(())
             }
             Err(second) => {
-                let fix = data_fix(&first).or_else(|| data_fix(&second));
-                r.fail(&layer, format!("failed twice: {first}; on retry with fresh QPs: {second}"), fix)
+                let fix = match long {
+                    Some(rt) => Some(rt.fix()),
+                    None => data_fix(&first).or_else(|| data_fix(&second)),
+                };
+                r.fail(&layer, said(format!("failed twice: {first}; on retry with fresh QPs: {second}")), fix)
             }
         }
     }
@@ -560,6 +612,50 @@ mod tests {
         let text = r.to_text();
         assert!(text.contains("FAIL  1 MTU message      messages of 1024 bytes pass"), "{text}");
         assert!(text.contains("larger messages do not") && !text.contains("the data plane between"), "{text}");
+    }
+
+    /// The counters' finding of the prober's end after `name` moved by `by` (recorded: rxe's).
+    fn counter_finding(name: &str, by: u64) -> crate::model::report::Finding {
+        let change = crate::model::counters::CounterChange {
+            device: "rxe0".into(),
+            port: Some("1".into()),
+            set: "hw_counters".into(),
+            name: name.into(),
+            source: format!("/sys/class/infiniband/rxe0/ports/1/hw_counters/{name}"),
+            before: 0,
+            after: by,
+            class: crate::model::counters::CounterClass::of(name),
+        };
+        let netdevs = [("rxe0".to_owned(), "enp0s10".to_owned())].into_iter().collect();
+        crate::judge::counter_findings::findings(&[change], &netdevs, "while the probe ran (this end)").remove(0)
+    }
+
+    #[test]
+    fn retries_on_a_path_whose_round_trip_outgrew_the_ack_timeout_are_a_long_round_trip_not_loss() {
+        // netem delay 100 ms each way (200 ms) under QPs of --timeout 1 (code 14, 67.1 ms).
+        let long = RoundTrip::new(Duration::from_millis(200), Duration::from_secs(1));
+        let f = counter_finding("completer_retry_err", 12);
+        assert!(f.what.contains("a lossy path"), "{}", f.what);
+        let (detail, fix) = retries_of_a_long_round_trip(Some(&long), f.what.clone(), f.advice.clone());
+        assert!(detail.starts_with("a long round trip, not loss: the path's round trip (200.0 ms"), "{detail}");
+        assert!(detail.contains("ACK timeout of the probe's QPs (67.1 ms, code 14)"), "{detail}");
+        let why = "completer_retry_err +12 (0 -> 12): retransmissions of requests whose ACKs came back late, not lost";
+        assert!(detail.contains(why) && !detail.contains("lossy"), "{detail}");
+        let fix = fix.unwrap();
+        assert!(
+            fix.starts_with("raise the QP's ACK timeout past the round trip") && !fix.contains("UDP 4791"),
+            "{fix}"
+        );
+        // Within the ACK timeout: the same counters still mean a lossy path.
+        let short = RoundTrip::new(Duration::from_micros(400), Duration::from_secs(1));
+        assert_eq!(
+            retries_of_a_long_round_trip(Some(&short), f.what.clone(), f.advice.clone()),
+            (f.what.clone(), f.advice.clone())
+        );
+        assert_eq!(retries_of_a_long_round_trip(None, f.what.clone(), f.advice.clone()), (f.what, f.advice));
+        // Receiver-not-ready is no retry of the path's: left as it is.
+        let rnr = counter_finding("rnr_nak_retry_err", 3);
+        assert_eq!(retries_of_a_long_round_trip(Some(&long), rnr.what.clone(), None).0, rnr.what);
     }
 
     #[test]

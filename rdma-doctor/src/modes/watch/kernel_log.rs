@@ -62,7 +62,10 @@ pub fn judge<'a>(records: impl Iterator<Item = &'a str>) -> Vec<Draft> {
                 Some(m) => format!("{line} [{m}]"),
                 None => line.clone(),
             };
-            let details = json!({"line": line, "errno": error.map(|e| e.errno), "meaning": meaning});
+            // A QP timeout gets what to check, as the diagnosis says it (once: the watch
+            // reads each line as it comes).
+            let advice = crate::judge::qp_timeouts::is_qp_timeout(line).then_some(crate::judge::qp_timeouts::ADVICE);
+            let details = json!({"line": line, "errno": error.map(|e| e.errno), "meaning": meaning, "advice": advice});
             Draft { kind: Kind::KernelLog, severity: level, device: None, port: None, message, details }
         })
         .collect()

@@ -410,4 +410,8 @@ fn kernel_log_lines_warn_when_they_mean_trouble_or_report_an_errno_and_other_rdm
     assert!(lines[0].message.contains("timeout event on QP 0x1a2b [the device timed out a QP"), "{}", lines[0].message);
     assert_eq!(lines[1].details["errno"], 12);
     assert!(lines[2].details["meaning"].is_null());
+    // The QP timeout says what to check, as the diagnosis does; the others have no advice.
+    let advice = lines[0].details["advice"].as_str().unwrap_or_default();
+    assert!(advice.contains("known-bad list") && advice.contains("--peer HOST"), "{:#?}", lines[0].details);
+    assert!(lines[1].details["advice"].is_null() && lines[2].details["advice"].is_null());
 }

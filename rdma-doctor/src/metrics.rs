@@ -29,6 +29,8 @@
 //! read for the scrape. It admits only the clients of its allow-list, and closes the others
 //! before it reads a byte; it takes no secret (a Prometheus scraper cannot answer a
 //! challenge).
+//! It serves many clients at once, each within a bounded time (`metrics/server.rs`): a client
+//! that holds the port idle delays no scrape.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -237,8 +239,8 @@ fn in_stable_order(text: &str) -> String {
 }
 
 /// Answers `GET /metrics` on `listener` with `metrics()` (500 with its error), until the
-/// listener fails: many clients at once, each within a bounded time, on a thread of the
-/// caller's ([`server`]). A client that `allow` does not admit is closed before anything is
+/// listener fails: many clients at once, each within a bounded time, on the thread of the
+/// caller (`metrics/server.rs`). A client that `allow` does not admit is closed before anything is
 /// read. Each request head is read up to [`MAX_REQUEST_BYTES`] within [`REQUEST_TIMEOUT`];
 /// anything but `GET /metrics` gets 400, 404, 405 or 431.
 pub fn serve(

@@ -231,7 +231,7 @@ impl Watcher {
             Err(e) => format!("not the kernel log ({e})"),
         };
         let message = format!(
-            "{} every {secs} s: async events, link state and rate, counters, {log}; Ctrl-C or SIGTERM ends",
+            "{} every {secs} s: async events, link state and rate, MTU, counters, {log}; Ctrl-C or SIGTERM ends",
             what.join(", ")
         );
         let details = json!({

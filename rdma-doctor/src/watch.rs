@@ -25,7 +25,7 @@
 //!   a note (saturated), and an info line when it falls below 80% again.
 //! - **MTU**: the MTU of the netdev under each RoCE port (`/sys/class/net/NAME/mtu`) and the
 //!   port's active MTU, read at every wake-up: a change is a note, a fall of the active MTU
-//!   a warning ([`mtu`]).
+//!   a warning (`watch/mtu.rs`).
 //! - **Devices** that go away or appear.
 //! - **The kernel log** from the moment the watch began (`/dev/kmsg`, where readable):
 //!   each RDMA line, a warning when it reports an errno or is known trouble (`timeout

@@ -396,7 +396,7 @@ fn serve(args: &Args, err: &mut dyn Write) -> Result<i32, String> {
         let _ = writeln!(err, "rdma-doctor: metrics at http://{at}/metrics to {}", door.allow);
         let (reports, allow) = (std::sync::Arc::clone(&reports), door.allow.clone());
         std::thread::spawn(move || {
-            let e = crate::modes::metrics::serve(listener, &allow, || {
+            let e = crate::modes::metrics::serve(listener, &allow, move || {
                 let fresh = reports.get()?;
                 let devices: Vec<String> = fresh.report.baseline.devices.keys().cloned().collect();
                 Ok(crate::modes::metrics::encode_report(

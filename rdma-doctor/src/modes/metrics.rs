@@ -29,12 +29,13 @@
 //! read for the scrape. It admits only the clients of its allow-list, and closes the others
 //! before it reads a byte; it takes no secret (a Prometheus scraper cannot answer a
 //! challenge).
+//! It serves many clients at once, each within a bounded time (`metrics/server.rs`): a client
+//! that holds the port idle delays no scrape.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::atomic::AtomicU64;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -47,10 +48,13 @@ use crate::model::layer::Outcome;
 use crate::model::report::{Report, Severity};
 use crate::modes::gate::AllowList;
 
+mod server;
+pub use server::{ANSWER_THREADS, MAX_CONNECTIONS};
+
 /// The content type of [`encode_report`]'s text.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-/// The largest HTTP request head the metrics endpoint reads.
-pub const MAX_REQUEST_BYTES: usize = 4096;
+/// The largest HTTP request head the metrics endpoint reads (hyper's smallest buffer).
+pub const MAX_REQUEST_BYTES: usize = 8192;
 /// The longest a client may take to send its request head, and to take the answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -234,79 +238,25 @@ fn in_stable_order(text: &str) -> String {
     out
 }
 
-/// Answers `GET /metrics` on `listener` with `metrics()` (500 with its error), one
-/// connection at a time on the calling thread, until the listener fails. A client that
-/// `allow` does not admit is closed before anything is read. Each request head is read up
-/// to [`MAX_REQUEST_BYTES`] within [`REQUEST_TIMEOUT`]; anything else gets 400, 404 or 405.
-pub fn serve(listener: TcpListener, allow: &AllowList, metrics: impl Fn() -> Result<String, String>) -> std::io::Error {
-    loop {
-        match listener.accept() {
-            Ok((stream, from)) if !allow.admits(from.ip()) => drop(stream),
-            Ok((stream, _)) => {
-                // A client that misbehaves costs it its answer, nothing more.
-                let _ = answer(stream, &metrics);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => {}
-            Err(e) => return e,
-        }
-    }
-}
-
-fn answer(mut stream: TcpStream, metrics: &impl Fn() -> Result<String, String>) -> std::io::Result<()> {
-    let deadline = Instant::now() + REQUEST_TIMEOUT;
-    stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-    let mut head = Vec::new();
-    let mut chunk = [0u8; 512];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || head.len() >= MAX_REQUEST_BYTES {
-            return respond(&mut stream, "400 Bad Request", "text/plain", "request head too slow or too large\n");
-        }
-        stream.set_read_timeout(Some(left))?;
-        match stream.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => head.extend_from_slice(&chunk[..n.min(MAX_REQUEST_BYTES - head.len())]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                return respond(&mut stream, "400 Bad Request", "text/plain", "request head too slow\n");
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let line = String::from_utf8_lossy(&head);
-    let mut words = line.lines().next().unwrap_or("").split_whitespace();
-    match (words.next(), words.next(), words.next()) {
-        (Some("GET"), Some(path), Some(v)) if v.starts_with("HTTP/1.") => {
-            if path == "/metrics" || path.starts_with("/metrics?") {
-                match metrics() {
-                    Ok(text) => respond(&mut stream, "200 OK", CONTENT_TYPE, &text),
-                    Err(e) => respond(&mut stream, "500 Internal Server Error", "text/plain", &format!("{e}\n")),
-                }
-            } else {
-                respond(&mut stream, "404 Not Found", "text/plain", "the metrics are at /metrics\n")
-            }
-        }
-        (Some(_), Some(_), Some(v)) if v.starts_with("HTTP/1.") => {
-            respond(&mut stream, "405 Method Not Allowed", "text/plain", "GET /metrics only\n")
-        }
-        _ => respond(&mut stream, "400 Bad Request", "text/plain", "not an HTTP/1 request\n"),
-    }
-}
-
-fn respond(stream: &mut TcpStream, status: &str, kind: &str, body: &str) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes())?;
-    stream.write_all(body.as_bytes())?;
-    stream.flush()
+/// Answers `GET /metrics` on `listener` with `metrics()` (500 with its error), until the
+/// listener fails: many clients at once, each within a bounded time, on the thread of the
+/// caller (`metrics/server.rs`). A client that `allow` does not admit is closed before anything is
+/// read. Each request head is read up to [`MAX_REQUEST_BYTES`] within [`REQUEST_TIMEOUT`];
+/// anything but `GET /metrics` gets 400, 404, 405 or 431.
+pub fn serve(
+    listener: TcpListener,
+    allow: &AllowList,
+    metrics: impl Fn() -> Result<String, String> + Send + Sync + 'static,
+) -> std::io::Error {
+    server::serve(listener, allow, std::sync::Arc::new(metrics))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Instant;
 
     #[test]
     fn counter_metadata_names_the_total_samples_and_there_is_no_eof() {
@@ -332,16 +282,98 @@ mod tests {
             out
         };
         let ok = ask(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-        assert!(ok.starts_with("HTTP/1.0 200 OK\r\n") && ok.ends_with("\r\n\r\nm 1\n"), "{ok}");
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n") && ok.ends_with("\r\n\r\nm 1\n"), "{ok}");
+        assert!(ok.contains(&format!("content-type: {CONTENT_TYPE}\r\n")), "{ok}");
+        assert!(ask(b"GET /metrics HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 200 OK\r\n"));
         assert!(ask(b"GET / HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 404"));
         assert!(ask(b"POST /metrics HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 405"));
-        assert!(ask(b"hello\r\n\r\n").starts_with("HTTP/1.0 400"));
-        assert!(ask(&[b'A'; 10_000]).starts_with("HTTP/1.0 400"), "a head beyond the limit");
-        // A silent client is answered 400 after the timeout; the next one is served.
-        let silent = TcpStream::connect(addr).unwrap();
+        assert!(ask(b"hello\r\n\r\n").starts_with("HTTP/1.1 400"));
+        let big = ask(&[b"GET /metrics HTTP/1.0\r\nX: ".as_slice(), &[b'A'; 10_000]].concat());
+        assert!(big.starts_with("HTTP/1.1 431"), "a head beyond the limit: {big}");
+    }
+
+    #[test]
+    fn a_silent_client_and_a_trickling_one_are_closed_after_the_request_timeout() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || serve(listener, &AllowList::default(), || Ok("m 1\n".to_owned())));
+        let closed_after = |mut s: TcpStream| {
+            let started = Instant::now();
+            s.set_read_timeout(Some(REQUEST_TIMEOUT * 5)).unwrap();
+            let mut out = Vec::new();
+            let _ = s.read_to_end(&mut out);
+            (started.elapsed(), out)
+        };
+        let (took, said) = closed_after(TcpStream::connect(addr).unwrap());
+        assert!(said.is_empty(), "{}", String::from_utf8_lossy(&said));
+        assert!(took < REQUEST_TIMEOUT + Duration::from_secs(1), "a silent client held on {took:?}");
+
+        // One byte of a header every 100 ms: never a whole head.
+        let trickler = TcpStream::connect(addr).unwrap();
+        let mut writer = trickler.try_clone().unwrap();
+        let sent = std::thread::spawn(move || {
+            let _ = writer.write_all(b"GET /metrics HTTP/1.0\r\nX-Slow: ");
+            let mut sent = 0;
+            while sent < 100 && writer.write_all(b"a").is_ok() {
+                sent += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            sent
+        });
+        let (took, said) = closed_after(trickler);
+        assert!(said.is_empty(), "{}", String::from_utf8_lossy(&said));
+        assert!(took < REQUEST_TIMEOUT + Duration::from_secs(1), "a trickling client held on {took:?}");
+        assert!(sent.join().unwrap() < 100, "its writes fail once it is closed");
+    }
+
+    #[test]
+    fn a_client_outside_the_allow_list_is_closed_unanswered_and_a_slow_diagnosis_is_waited_for() {
+        let start = |allow: AllowList, wait: Duration| {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            std::thread::spawn(move || {
+                serve(listener, &allow, move || {
+                    std::thread::sleep(wait);
+                    Ok("m 1\n".to_owned())
+                })
+            });
+            addr
+        };
+        let ask = |addr| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            let _ = s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n");
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            out
+        };
+        let elsewhere = start(AllowList::parse(&["10.0.0.0/8".into()]).unwrap(), Duration::ZERO);
+        assert_eq!(ask(elsewhere), "");
+        let slow = start(AllowList::parse(&["127.0.0.0/8".into()]).unwrap(), REQUEST_TIMEOUT + Duration::from_secs(1));
+        assert!(ask(slow).starts_with("HTTP/1.0 200 OK"), "the diagnosis' time is not the client's");
+    }
+
+    /// A scrape's answer and how long it took, with `idle` clients connected and silent.
+    fn scrape_among_idle_clients(addr: std::net::SocketAddr, idle: usize) -> (String, Duration) {
+        let holders: Vec<TcpStream> = (0..idle).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(200));
         let started = Instant::now();
-        assert!(ask(b"GET /metrics HTTP/1.0\r\n\r\n").starts_with("HTTP/1.0 200"));
-        assert!(started.elapsed() < REQUEST_TIMEOUT + Duration::from_secs(2));
-        drop(silent);
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        let took = started.elapsed();
+        drop(holders);
+        (out, took)
+    }
+
+    #[test]
+    fn eight_idle_clients_do_not_delay_a_scrape() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || serve(listener, &AllowList::default(), || Ok("m 1\n".to_owned())));
+        let (answer, took) = scrape_among_idle_clients(addr, 8);
+        eprintln!("a scrape among 8 idle clients: {:.2} s", took.as_secs_f64());
+        assert!(answer.starts_with("HTTP/1.0 200 OK\r\n") && answer.ends_with("\r\n\r\nm 1\n"), "{answer}");
+        assert!(took < Duration::from_millis(500), "{took:?}");
     }
 }

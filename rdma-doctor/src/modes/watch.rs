@@ -23,6 +23,9 @@
 //!   packets and 10 a second ([`judge::LOAD_SHARE`], [`judge::LOAD_MIN_PER_S`]). Where the
 //!   port counts its data (`port_xmit_data`), a direction above 90% of the link's rate is
 //!   a note (saturated), and an info line when it falls below 80% again.
+//! - **MTU**: the MTU of the netdev under each RoCE port (`/sys/class/net/NAME/mtu`) and the
+//!   port's active MTU, read at every wake-up: a change is a note, a fall of the active MTU
+//!   a warning (`watch/mtu.rs`).
 //! - **Devices** that go away or appear.
 //! - **The kernel log** from the moment the watch began (`/dev/kmsg`, where readable):
 //!   each RDMA line, a warning when it reports an errno or is known trouble (`timeout
@@ -38,6 +41,7 @@
 mod judge;
 mod kernel_log;
 mod line;
+mod mtu;
 mod wake;
 
 use std::collections::BTreeMap;
@@ -77,6 +81,8 @@ pub struct WatchOptions {
     pub json: bool,
     /// Where the kernel lists devices (`/sys/class/infiniband`; a recorded tree in tests).
     pub root: PathBuf,
+    /// Where the kernel lists netdevs (`/sys/class/net`; a recorded tree in tests).
+    pub net_root: PathBuf,
     /// Open each device for its asynchronous events (tests over a recorded tree cannot).
     pub async_events: bool,
     /// Follow the kernel log (tests over a recorded tree do not).
@@ -92,6 +98,7 @@ impl WatchOptions {
             interval,
             json: false,
             root: PathBuf::from(crate::facts::counters::SYSFS_ROOT),
+            net_root: PathBuf::from("/sys/class/net"),
             async_events: true,
             kernel_log: true,
         }
@@ -113,6 +120,8 @@ struct Watcher {
     /// Present devices, with their event queue where it opened.
     devices: BTreeMap<String, Option<AsyncEvents>>,
     ports: BTreeMap<(String, u8), PortMemory>,
+    /// Each port's MTUs at the last wake-up.
+    mtus: BTreeMap<(String, u8), mtu::MtuSample>,
     counters: BTreeMap<String, DeviceCounters>,
     counters_at: Instant,
     /// How many intervals in a row each class of counters has moved.
@@ -129,6 +138,7 @@ impl Watcher {
             opts,
             devices: BTreeMap::new(),
             ports: BTreeMap::new(),
+            mtus: BTreeMap::new(),
             counters: BTreeMap::new(),
             counters_at: Instant::now(),
             streaks: BTreeMap::new(),
@@ -186,11 +196,19 @@ impl Watcher {
         } else {
             None
         };
-        self.devices.insert(name.to_owned(), events);
         for (port, s) in judge::read_ports(&self.opts.root, name, self.opts.port) {
+            let mtus = self.read_mtu(name, port, events.as_ref());
+            self.mtus.insert((name.to_owned(), port), mtus);
             self.ports.insert((name.to_owned(), port), PortMemory::new(s));
         }
+        self.devices.insert(name.to_owned(), events);
         drafts
+    }
+
+    /// The MTUs of port `port` of device `name` now (the active MTU through `events`' context).
+    fn read_mtu(&self, name: &str, port: u8, events: Option<&AsyncEvents>) -> mtu::MtuSample {
+        let ctx = events.map(AsyncEvents::context);
+        mtu::MtuSample::read(&self.opts.root, &self.opts.net_root, name, port, ctx)
     }
 
     fn first_line(&self) -> Draft {
@@ -213,7 +231,7 @@ impl Watcher {
             Err(e) => format!("not the kernel log ({e})"),
         };
         let message = format!(
-            "{} every {secs} s: async events, link state and rate, counters, {log}; Ctrl-C or SIGTERM ends",
+            "{} every {secs} s: async events, link state and rate, MTU, counters, {log}; Ctrl-C or SIGTERM ends",
             what.join(", ")
         );
         let details = json!({
@@ -236,6 +254,7 @@ impl Watcher {
         for name in gone {
             self.devices.remove(&name);
             self.ports.retain(|(d, _), _| d != &name);
+            self.mtus.retain(|(d, _), _| d != &name);
             self.counters.remove(&name);
             let message = format!("{name} is gone from {}", self.opts.root.display());
             drafts.push(Draft::new(Kind::Device, Level::Critical, &name, None, message, json!({"present": false})));
@@ -280,6 +299,13 @@ impl Watcher {
                     Some(mem) => drafts.extend(judge::port_lines(name, port, mem, &now, &mut events)),
                     None => {
                         self.ports.insert((name.clone(), port), PortMemory::new(now));
+                    }
+                }
+                let mtus = self.read_mtu(name, port, self.devices.get(name).and_then(Option::as_ref));
+                match self.mtus.get_mut(&(name.clone(), port)) {
+                    Some(was) => drafts.extend(mtu::mtu_lines(name, port, was, &mtus)),
+                    None => {
+                        self.mtus.insert((name.clone(), port), mtus);
                     }
                 }
             }

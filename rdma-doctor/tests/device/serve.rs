@@ -155,3 +155,70 @@ fn a_link_taken_down_between_two_scrapes_fails_the_next_scrape_and_the_next_flee
     assert_eq!((verdict(&s, &name, "port"), verdict(&s, &name, "link")), (Some(0.0), Some(0.0)), "{up}");
     drop(server);
 }
+
+#[test]
+#[ignore = "needs an RDMA device (RoCE, run as root): run scripts/test"]
+fn a_scrape_among_eight_idle_clients_is_answered_at_once_and_a_trickling_client_is_closed() {
+    let _leaks = LeakCheck::new();
+    let doctor = env!("CARGO_BIN_EXE_rdma-doctor");
+    let name = device_name();
+    let (metrics, peer) = (free_port(), free_port());
+    let started = Instant::now();
+    let server = Server(
+        Command::new(doctor)
+            .args(["--serve", "-d", &name, "--timeout", "10", "--listen", "127.0.0.1", "--allow", "127.0.0.0/8"])
+            .args(["--metrics-port", &metrics.to_string(), "--peer-port", &peer.to_string()])
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    while scrape(metrics).is_none() {
+        assert!(started.elapsed() < Duration::from_secs(180), "the metrics port never answered");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Eight clients connect and send nothing, as a port scanner or a stuck scraper would.
+    let idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(("127.0.0.1", metrics)).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (body, took) = scrape(metrics).unwrap();
+    let s = samples(&body);
+    let age = Duration::from_secs_f64(gauge(&s, "rdma_doctor_report_age_seconds"));
+    // A scrape that ran a diagnosis of its own waited for the others only before it.
+    let waited = took.saturating_sub(age);
+    eprintln!(
+        "a scrape among 8 idle clients: {:.2} s (its report {:.2} s old: waited {:.2} s)",
+        took.as_secs_f64(),
+        age.as_secs_f64(),
+        waited.as_secs_f64()
+    );
+    assert!(waited < Duration::from_secs(3), "the idle clients delayed the scrape by {waited:?}");
+    assert_eq!((verdict(&s, &name, "port"), verdict(&s, &name, "link")), (Some(0.0), Some(0.0)), "{body}");
+    assert_eq!(gauge(&s, "rdma_doctor_exit_code"), 0.0, "{body}");
+
+    // The idle ones are closed, unanswered, after the request timeout (2 s; the VM is slow).
+    for mut c in idle {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut said = Vec::new();
+        let end = c.read_to_end(&mut said);
+        assert!(end.is_ok() && said.is_empty(), "{end:?} {}", String::from_utf8_lossy(&said));
+    }
+
+    // A client that sends its head one byte every 100 ms is closed within the same bound.
+    let mut trickler = TcpStream::connect(("127.0.0.1", metrics)).unwrap();
+    let opened = Instant::now();
+    trickler.write_all(b"GET /metrics HTTP/1.0\r\nX-Slow: ").unwrap();
+    let closed = loop {
+        std::thread::sleep(Duration::from_millis(100));
+        if trickler.write_all(b"a").is_err() {
+            break opened.elapsed();
+        }
+        assert!(opened.elapsed() < Duration::from_secs(15), "a trickling client was never closed");
+    };
+    eprintln!("a trickling client closed after {:.2} s", closed.as_secs_f64());
+    assert!(closed > Duration::from_millis(1500), "closed before the request timeout: {closed:?}");
+    assert!(closed < Duration::from_secs(8), "{closed:?}");
+    let (after, _) = scrape(metrics).unwrap();
+    assert_eq!(gauge(&samples(&after), "rdma_doctor_exit_code"), 0.0, "{after}");
+    drop(server);
+}

@@ -1,7 +1,8 @@
 //! `rdma-doctor --watch 1 --json` as a child process on the test bed: an idle healthy device
 //! gives no warning over several intervals and the watch ends cleanly on Ctrl-C; a link
 //! flap (the netdev under the device down, then up) is seen as a port-down and a port-up
-//! line, each within two intervals, and SIGTERM ends the watch with exit 0 and a summary.
+//! line, each within two intervals, and SIGTERM ends the watch with exit 0 and a summary;
+//! a change of the netdev's MTU is one line with the old and new values.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -130,6 +131,7 @@ fn watch_of_a_healthy_idle_device_prints_no_warning_over_three_intervals_and_end
     assert!(s["details"]["intervals"].as_u64().unwrap_or(0) >= 3, "{s}");
     let bad: Vec<&Value> = seen.iter().filter(|v| v["severity"] == "warning" || v["severity"] == "critical").collect();
     assert!(bad.is_empty(), "a healthy idle device gave warnings: {bad:#?}");
+    assert!(!seen.iter().any(|v| v["kind"] == "mtu"), "no MTU changed: {seen:#?}");
     assert_eq!(s["details"]["lines"]["warning"], 0, "{s}");
     assert_eq!(s["details"]["lines"]["critical"], 0, "{s}");
 }
@@ -172,4 +174,66 @@ fn watch_sees_a_link_flap_port_down_then_up_each_within_two_intervals_and_ends_c
     assert_eq!(status.code(), Some(0), "{status:?}");
     let s = summary(&rest, "SIGTERM");
     assert!(s["details"]["lines"]["critical"].as_u64().unwrap_or(0) >= 1, "{s}");
+}
+
+/// Sets the MTU of `netdev` back to what it was, whatever happens in the test.
+struct MtuBack {
+    netdev: String,
+    mtu: String,
+}
+
+impl Drop for MtuBack {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "set", "dev", &self.netdev, "mtu", &self.mtu]).status();
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device (RoCE, run as root): run scripts/test"]
+fn watch_notes_each_change_of_the_netdev_mtu_once_and_warns_when_the_active_mtu_falls() {
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    let gid = ctx.default_gid(1).unwrap();
+    let netdev = gid.netdev.clone().expect("a RoCE device: the default GID names its netdev");
+    let mtu = std::fs::read_to_string(format!("/sys/class/net/{netdev}/mtu")).unwrap().trim().to_owned();
+    let active = ctx.query_port(1).unwrap().active_mtu.bytes();
+    assert_eq!((mtu.as_str(), active), ("1500", 1024), "the test bed's rxe0 on dummy0");
+    let back = MtuBack { netdev: netdev.clone(), mtu };
+    let mtu_line = |v: &Value| v["kind"] == "mtu" && v["port"] == 1;
+    let mut w = Watch::start();
+
+    // rxe keeps an active MTU of 1024 down to a netdev MTU of 1104 (1024 and its headers).
+    ip(&["link", "set", "dev", &netdev, "mtu", "1200"]);
+    let at = Instant::now();
+    let (seen, line) = w.until("the MTU change to 1200", at + INTERVAL * 2, mtu_line);
+    eprintln!("MTU 1200 seen after {:?}", seen - at);
+    assert_eq!(line["severity"], "note", "{line}");
+    assert_eq!(
+        line["message"],
+        format!("the MTU of netdev {netdev} changed from 1500 to 1200; the port's active MTU stays 1024"),
+        "{line}"
+    );
+    assert_eq!(line["details"]["to"]["active_mtu"], 1024, "{line}");
+
+    ip(&["link", "set", "dev", &netdev, "mtu", "1000"]);
+    let at = Instant::now();
+    let (seen, line) = w.until("the MTU change to 1000", at + INTERVAL * 2, mtu_line);
+    eprintln!("MTU 1000 seen after {:?}", seen - at);
+    assert_eq!(line["severity"], "warning", "{line}");
+    let said = line["message"].as_str().unwrap();
+    let want =
+        format!("the MTU of netdev {netdev} changed from 1200 to 1000; the port's active MTU fell from 1024 to 512");
+    assert!(said.starts_with(&want), "{line}");
+
+    drop(back);
+    let at = Instant::now();
+    let (_, line) = w.until("the MTU back to 1500", at + INTERVAL * 2, mtu_line);
+    assert_eq!(line["severity"], "note", "{line}");
+    assert!(line["message"].as_str().unwrap().ends_with("active MTU rose from 512 to 1024"), "{line}");
+    assert_eq!(ctx.query_port(1).unwrap().active_mtu.bytes(), 1024);
+
+    let (status, rest, seen) = w.end("TERM");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    summary(&rest, "SIGTERM");
+    assert_eq!(seen.iter().filter(|v| mtu_line(v)).count(), 3, "one line per change: {seen:#?}");
 }

@@ -48,6 +48,8 @@ pub enum Kind {
     LinkRate,
     /// Error counters of one class moved.
     Counters,
+    /// The MTU of the netdev under a port, or the port's active MTU, changed.
+    Mtu,
     /// A port's data rate crossed the share of the link's rate called saturated.
     Traffic,
     /// A device appeared or went away.

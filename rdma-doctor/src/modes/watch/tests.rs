@@ -415,3 +415,84 @@ fn kernel_log_lines_warn_when_they_mean_trouble_or_report_an_errno_and_other_rdm
     assert!(advice.contains("known-bad list") && advice.contains("--peer HOST"), "{:#?}", lines[0].details);
     assert!(lines[1].details["advice"].is_null() && lines[2].details["advice"].is_null());
 }
+
+fn mtus(netdev: &str, netdev_mtu: Option<u32>, active_mtu: Option<u32>) -> mtu::MtuSample {
+    mtu::MtuSample { netdev: Some(netdev.into()), netdev_mtu, active_mtu }
+}
+
+#[test]
+fn an_mtu_change_is_one_note_with_old_and_new_values_and_a_fall_of_the_active_mtu_warns() {
+    let mut was = mtus("dummy0", Some(1500), Some(1024));
+    let mut step = |now: mtu::MtuSample| {
+        mtu::mtu_lines("rxe0", 1, &mut was, &now)
+            .into_iter()
+            .map(|d| (d.severity, d.message, d.details))
+            .collect::<Vec<_>>()
+    };
+    assert!(step(mtus("dummy0", Some(1500), Some(1024))).is_empty(), "no change, nothing");
+
+    let lines = step(mtus("dummy0", Some(1200), Some(1024)));
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert_eq!(lines[0].0, Level::Note);
+    assert_eq!(lines[0].1, "the MTU of netdev dummy0 changed from 1500 to 1200; the port's active MTU stays 1024");
+    assert_eq!(lines[0].2["from"]["netdev_mtu"], 1500);
+    assert_eq!(lines[0].2["to"]["netdev_mtu"], 1200);
+    assert_eq!(lines[0].2["to"]["active_mtu"], 1024);
+    assert!(step(mtus("dummy0", Some(1200), Some(1024))).is_empty(), "once per change");
+
+    let lines = step(mtus("dummy0", Some(1000), Some(512)));
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert_eq!(lines[0].0, Level::Warning);
+    assert!(
+        lines[0].1.starts_with(
+            "the MTU of netdev dummy0 changed from 1200 to 1000; the port's active MTU fell from 1024 to 512 (QPs"
+        ),
+        "{}",
+        lines[0].1
+    );
+    assert_eq!(lines[0].2["from"]["active_mtu"], 1024);
+    assert_eq!(lines[0].2["to"]["active_mtu"], 512);
+
+    // A value that cannot be read is not a change; coming back to the same one is none either.
+    assert!(step(mtus("dummy0", None, None)).is_empty());
+    assert!(step(mtus("dummy0", Some(1000), Some(512))).is_empty());
+    let lines = step(mtus("dummy0", Some(1500), Some(1024)));
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert_eq!(lines[0].0, Level::Note);
+    assert!(lines[0].1.ends_with("; the port's active MTU rose from 512 to 1024"), "{}", lines[0].1);
+    // Only the active MTU (an InfiniBand port, no netdev) and another netdev under the port.
+    let mut ib = mtu::MtuSample { netdev: None, netdev_mtu: None, active_mtu: Some(4096) };
+    let lower = mtu::MtuSample { active_mtu: Some(2048), ..ib.clone() };
+    let lines = mtu::mtu_lines("mlx5_0", 1, &mut ib, &lower);
+    assert_eq!(lines.iter().map(|l| (l.severity, l.kind)).collect::<Vec<_>>(), [(Level::Warning, Kind::Mtu)]);
+    assert!(lines[0].message.starts_with("the port's active MTU fell from 4096 to 2048"), "{}", lines[0].message);
+    assert!(step(mtus("eth1", Some(9000), Some(1024))).is_empty(), "another netdev is not a change of MTU");
+}
+
+#[test]
+fn the_watcher_over_a_recorded_tree_notes_a_netdev_mtu_change_once() {
+    let t = Tree::new("mtu");
+    t.port("infiniband/rxe0", "4: ACTIVE", "2.5 Gb/sec (1X SDR)");
+    t.write("infiniband/rxe0/ports/1/link_layer", "Ethernet\n");
+    t.write("infiniband/rxe0/ports/1/gid_attrs/ndevs/0", "dummy0\n");
+    t.write("net/dummy0/mtu", "1500\n");
+    let opts = WatchOptions {
+        root: t.0.join("infiniband"),
+        net_root: t.0.join("net"),
+        async_events: false,
+        kernel_log: false,
+        ..WatchOptions::new(Duration::from_secs(1))
+    };
+    let (mut w, first) = Watcher::start(opts).unwrap();
+    assert_eq!(first.len(), 1, "{first:#?}");
+    assert!(w.wake(true, &[]).is_empty(), "nothing changed");
+    t.write("net/dummy0/mtu", "1200\n");
+    let lines = w.wake(false, &[]);
+    assert_eq!(
+        lines.iter().map(|l| (l.kind, l.severity, l.message.as_str())).collect::<Vec<_>>(),
+        [(Kind::Mtu, Level::Note, "the MTU of netdev dummy0 changed from 1500 to 1200")],
+        "{lines:#?}"
+    );
+    assert_eq!(lines[0].port, Some(1));
+    assert!(w.wake(true, &[]).is_empty(), "said once");
+}

@@ -6,6 +6,8 @@
 //! `cargo test` lists them as ignored. The rxe device suite is `tests/device`;
 //! docs/siw-survey.md is what that suite does on siw.
 
+mod lacks;
+
 use std::net::{TcpListener, TcpStream};
 
 use rdma_test_support::{device_name, open};

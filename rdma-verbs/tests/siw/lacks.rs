@@ -7,7 +7,7 @@
 use rdma_test_support::{open, LeakCheck};
 use rdma_verbs::{
     ffi, AddressHandle, AhAttr, AtomicCap, CompletionQueue, Error, Gid, MwType, ProtectionDomain, QpType, QueuePair,
-    SendOps, Verb,
+    SendOps, Verb, WcFields,
 };
 
 use crate::iwarp_device;
@@ -160,4 +160,34 @@ fn the_extended_send_api_is_not_supported_as_the_provider_answers() {
     }
     assert!(text.contains("the extended send API (ibv_wr_*"), "{text}");
     println!("{text}");
+}
+
+#[test]
+#[ignore = "needs an iWARP device: scripts/test runs it on siw"]
+fn extended_cqs_and_cq_resizing_are_not_supported_as_the_provider_answers() {
+    iwarp_device();
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    // siw's provider has no create_cq_ex: libibverbs answers EOPNOTSUPP.
+    let e = CompletionQueue::builder(&ctx, 16).extended(WcFields::empty()).build().unwrap_err();
+    match &e {
+        Error::NotSupported { verb: Verb::CreateCqEx, errno: Some(libc::EOPNOTSUPP), capability } => {
+            assert!(capability.contains("the extended CQ (ibv_create_cq_ex)"), "{e}")
+        }
+        other => panic!("expected NotSupported from ibv_create_cq_ex with EOPNOTSUPP, got {other:?}"),
+    }
+    println!("{e}");
+    // And no resize_cq: the CQ keeps its size and works on.
+    let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let before = cq.cqe();
+    let e = cq.resize(64).unwrap_err();
+    match &e {
+        Error::NotSupported { verb: Verb::ResizeCq, errno: Some(libc::EOPNOTSUPP | libc::ENOSYS), capability } => {
+            assert!(capability.contains("CQ resizing: the provider has no resize_cq"), "{e}")
+        }
+        other => panic!("expected NotSupported from ibv_resize_cq, got {other:?}"),
+    }
+    println!("{e}");
+    assert_eq!(cq.cqe(), before);
+    assert!(cq.poll(&mut [rdma_verbs::WorkCompletion::EMPTY; 4]).unwrap().is_empty());
 }

@@ -476,6 +476,8 @@ impl QueuePair {
         if self.qp_type() == QpType::Ud {
             return Err(Error::invalid(Verb::ModifyQp, "UD QPs are not connected: call ready_ud()"));
         }
+        // Before the path: an iWARP port has no RoCE GID to pick, and the refusal is iWARP's.
+        self.by_hand(Verb::ModifyQp)?;
         let ctx = self.context();
         let port = ctx.query_port(init.port)?;
         let path = if port.is_ethernet() {

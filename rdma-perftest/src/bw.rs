@@ -56,8 +56,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, DeviceAttr, Done, MemoryRegion, PreparedSend,
-    PreparedSendQueue, ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr,
-    SendBuf, SendQueue, SendWr, WorkCompletion,
+    PreparedSendQueue, ProtectionDomain, QpAccess, QpState, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable,
+    RtsAttr, SendBuf, SendQueue, SendWr, WorkCompletion,
 };
 
 use crate::oob::{BwReport, Offer, Peer, Shape};
@@ -358,14 +358,16 @@ impl Bw {
         let sizes = c.sizes(65536)?;
         let iters = c.iterations(5000)?;
         self.check_flags()?;
-        let ctx = self.f.common.open(&sizes)?;
-        self.check_device(&ctx.query_device()?)?;
-        let c = &self.f.common;
         let show = !c.json && role != Role::Server;
-        if show {
-            self.print_header(&ctx, &role);
-        }
-        let (mut stream, mut peer) = perftest::open_peer(&role, c, &ctx, self.f.duration.is_some())?;
+        let c = self.f.common.clone();
+        let timed = self.f.duration.is_some();
+        let (ctx, mut stream, mut peer) = perftest::connect_peer(&role, &c, &sizes, timed, |ctx| {
+            self.check_device(&ctx.query_device()?)?;
+            if show {
+                self.print_header(ctx, &role);
+            }
+            Ok(())
+        })?;
         for &size in &sizes {
             let row = match stream.as_deref_mut() {
                 None => perftest::loopback(
@@ -444,8 +446,10 @@ impl Bw {
         let cq = CompletionQueue::new(ctx, 4)?;
         let len = Self::region_len(size, peer);
         let mut held = Vec::with_capacity(self.f.qps as usize);
+        let how = self.f.common.cm_qp(&self.f.common.rts(), self.test == BwTest::Read);
         for _ in 0..self.f.qps {
-            let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(1).build()?;
+            let builder = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(1);
+            let qp = perftest::new_qp(stream, builder, how)?;
             let (region, remote) = make(&pd, len)?;
             held.push((qp, region, remote));
         }
@@ -552,13 +556,19 @@ impl Bw {
     /// stamped with the complement of its message's number.
     fn rx_qp(
         &self,
-        pd: &ProtectionDomain,
-        cq: &CompletionQueue,
+        (pd, cq): (&ProtectionDomain, &CompletionQueue),
         size: usize,
         depth: u32,
+        stream: &mut dyn Stream,
     ) -> Res<(QueuePair, RecvQueue<Chunk>)> {
-        let qp = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(CREDIT_SLOTS).max_recv_wr(depth).build()?;
-        self.f.common.handshake(&qp, QpAccess::empty()).init()?;
+        let builder = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(CREDIT_SLOTS).max_recv_wr(depth);
+        let c = &self.f.common;
+        let qp = perftest::new_qp(stream, builder, c.cm_qp(&c.rts(), false))?;
+        // A QP of -R is past INIT already (the CM moved it); the client sends only once
+        // the exchange after the connections is over, when these receives are posted.
+        if qp.state()? == QpState::Reset {
+            c.handshake(&qp, QpAccess::empty()).init()?;
+        }
         let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
         let bufs = pd.register(AlignedBuf::new(size * depth as usize)?, AccessFlags::LOCAL_WRITE)?;
         for (i, mut b) in bufs.into_chunks(size)?.into_iter().enumerate() {
@@ -579,7 +589,7 @@ impl Bw {
         stream: &mut dyn Stream,
         peer: &mut Peer,
     ) -> Res<Vec<RxLane>> {
-        let qps = (0..self.f.qps).map(|_| self.rx_qp(pd, cq, size, depth)).collect::<Res<Vec<_>>>()?;
+        let qps = (0..self.f.qps).map(|_| self.rx_qp((pd, cq), size, depth, stream)).collect::<Res<Vec<_>>>()?;
         let offers: Vec<Offer> = qps
             .iter()
             .map(|(qp, _)| Offer { qp, access: QpAccess::empty(), mr: None, rts: self.f.common.rts() })
@@ -685,8 +695,10 @@ impl Bw {
         peer: &mut Peer,
     ) -> Res<Vec<(QueuePair, X, RemoteMr)>> {
         let mut qps = Vec::with_capacity(self.f.qps as usize);
+        let how = self.f.common.cm_qp(&rts, self.test == BwTest::Read);
         for _ in 0..self.f.qps {
-            let qp = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(self.f.tx_depth).max_recv_wr(1).build()?;
+            let builder = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(self.f.tx_depth).max_recv_wr(1);
+            let qp = perftest::new_qp(stream, builder, how)?;
             let (x, mr) = extra()?;
             qps.push((qp, x, mr));
         }

@@ -56,8 +56,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, DeviceAttr, Done, MemoryRegion, PreparedSend,
-    PreparedSendQueue, ProtectionDomain, QpAccess, QpState, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable,
-    RtsAttr, SendBuf, SendQueue, SendWr, WorkCompletion,
+    PreparedSendQueue, ProtectionDomain, QpAccess, QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr,
+    SendBuf, SendQueue, SendWr, WorkCompletion,
 };
 
 use crate::oob::{BwReport, Offer, Peer, Shape};
@@ -564,9 +564,10 @@ impl Bw {
         let builder = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(CREDIT_SLOTS).max_recv_wr(depth);
         let c = &self.f.common;
         let qp = perftest::new_qp(stream, builder, c.cm_qp(&c.rts(), false))?;
-        // A QP of -R is past INIT already (the CM moved it); the client sends only once
-        // the exchange after the connections is over, when these receives are posted.
-        if qp.state()? == QpState::Reset {
+        // A QP of -R is the CM's to move (siw reads it back as RESET all the same); the
+        // client sends only once the exchange after the connections is over, when these
+        // receives are posted.
+        if stream.cm_link().is_none() {
             c.handshake(&qp, QpAccess::empty()).init()?;
         }
         let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;

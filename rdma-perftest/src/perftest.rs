@@ -28,7 +28,7 @@ use crate::cm::{CmLink, CmQp};
 use crate::oob::{self, Offer, Peer, Shape};
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, MemoryRegion, PreparedSend, PreparedSendQueue, QpAccess,
-    QpState, QpType, QueuePair, QueuePairBuilder, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendWr, WorkCompletion,
+    QpType, QueuePair, QueuePairBuilder, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendWr, WorkCompletion,
 };
 
 /// Any error of a tool: a message for stderr.
@@ -858,8 +858,8 @@ impl LatRun<'_> {
             _ => None,
         };
         // INIT now, with what the peer may do: receives go in before the peer can send.
-        // (A QP of -R is past INIT: the CM moved it.)
-        if qp.state()? == QpState::Reset {
+        // (A QP of -R is the CM's to move; siw reads it back as RESET all the same.)
+        if stream.cm_link().is_none() {
             self.c.handshake(&qp, self.test.access()).init()?;
         }
         let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;

@@ -134,10 +134,10 @@ fn spawn_any(name: &str, args: &[String]) -> Proc {
 }
 
 /// A server and its client in perftest's rdma_cm mode (`-R`), each `(program, args)`
-/// (see [`spawn_any`]); the client's args end with the server's address. The client starts
-/// once our server says it listens (perftest's client gives up at once on a port where
-/// nothing listens); a perftest server says nothing on stderr, and our client tries again
-/// while nothing listens.
+/// (`ib_*` is perftest's, found in `PATH`); the client's args end with the server's
+/// address. The client starts once our server says it listens (perftest's client gives up
+/// at once on a port where nothing listens); a perftest server says nothing on stderr,
+/// and our client tries again while nothing listens.
 pub fn cm_pair(server: (&str, &[String]), client: (&str, &[String])) -> (Finished, Finished) {
     let mut s = spawn_any(server.0, server.1);
     if !server.0.starts_with("ib_") {

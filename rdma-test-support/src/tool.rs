@@ -172,10 +172,14 @@ pub fn write_bw_over_rdma_cm_meets_itself_and_perftest(port: u16) {
         v
     };
     let fine = |f: &Finished, what: &str| assert!(f.status.success(), "{what} failed\n{}", f.report(what));
+    // perftest's own figures may be 0 under emulation (its clock calibration fails
+    // there: "Correlation coefficient r^2 < 0.9"): its row must be there, ours positive.
     let has_row = |f: &Finished, what: &str| {
         let row =
             bw_row(&f.stdout, 4096, 200).unwrap_or_else(|| panic!("{what}: no 4096 x 200 row\n{}", f.report(what)));
-        assert!(row.len() >= 3 && row.iter().all(|&x| x > 0.0), "{what}: bandwidth and rate > 0\n{}", f.report(what));
+        let ours = !what.starts_with("ib_");
+        assert!(row.len() >= 3, "{what}: a row of 5 fields\n{}", f.report(what));
+        assert!(!ours || row.iter().all(|&x| x > 0.0), "{what}: bandwidth and rate > 0\n{}", f.report(what));
     };
 
     // Ours against ours, 2 QPs: the server checks both regions and says so.

@@ -237,6 +237,10 @@ struct Outcome {
     posted: Vec<u64>,
     /// read_bw: the client's own check of what it read.
     check: Res<()>,
+    /// The lanes, their QPs kept until the server's verdict: with `-R` a QP holds its
+    /// rdma_cm connection, and on iWARP closing it flushes the server's receives (send_bw's
+    /// server would fail on them before it has counted every message).
+    _lanes: Box<dyn std::any::Any>,
 }
 
 impl Bw {
@@ -632,12 +636,13 @@ impl Bw {
             BwTest::Send => self.send_run(ctx, size, iters, stream, peer),
         };
         if let Peer::Perftest(p) = peer {
-            let row = result?.row;
+            // The QPs (in `out`) live until perftest's end, as perftest's own do.
+            let out = result?;
             match self.test {
                 BwTest::Send => p.close(stream)?,
-                BwTest::Write | BwTest::Read => drop(p.end_bw(stream, &self.report(&row))?),
+                BwTest::Write | BwTest::Read => drop(p.end_bw(stream, &self.report(&out.row))?),
             }
-            return Ok(row);
+            return Ok(out.row);
         }
         perftest::barrier(stream, result.is_ok())?;
         let out = result?;
@@ -748,7 +753,7 @@ impl Bw {
             lanes.push(Lane::new(qp, wrs, |free| WriteSrc { free })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, self.f.tx_depth)?;
-        Ok(self.outcome(size, m, &lanes, Ok(())))
+        Ok(self.outcome(size, m, lanes, Ok(())))
     }
 
     /// RDMA READs into a pool of buffers, each checked at the end.
@@ -782,7 +787,7 @@ impl Bw {
                 lanes.iter().enumerate().try_for_each(|(q, l)| l.src.check(q, &want))
             }
         };
-        Ok(self.outcome(size, m, &lanes, check))
+        Ok(self.outcome(size, m, lanes, check))
     }
 
     /// SENDs from a pool of buffers, each stamped with its message's number, never more
@@ -826,10 +831,10 @@ impl Bw {
             lanes.push(Lane::new(qp, wrs, |free| SendSrc { free, credit })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, pool)?;
-        Ok(self.outcome(size, m, &lanes, Ok(())))
+        Ok(self.outcome(size, m, lanes, Ok(())))
     }
 
-    fn outcome<S: Source>(&self, size: usize, m: Measured, lanes: &[Lane<S>], check: Res<()>) -> Outcome {
+    fn outcome<S: Source + 'static>(&self, size: usize, m: Measured, lanes: Vec<Lane<S>>, check: Res<()>) -> Outcome {
         let avg = m.finished as f64 * size as f64 / m.secs;
         let row = BwRow {
             bytes: size,
@@ -838,7 +843,7 @@ impl Bw {
             bw_avg_mib_s: avg / f64::from(1 << 20),
             msg_rate_mpps: m.finished as f64 / m.secs / 1e6,
         };
-        Outcome { row, posted: lanes.iter().map(|l| l.posted).collect(), check }
+        Outcome { row, posted: lanes.iter().map(|l| l.posted).collect(), check, _lanes: Box::new(lanes) }
     }
 
     /// The posting loop: keeps every lane's send queue at most `-t` deep (and within

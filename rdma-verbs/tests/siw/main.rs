@@ -72,10 +72,11 @@ fn connecting_a_qp_by_hand_on_iwarp_is_refused_before_c_naming_rdma_cm_and_cm_id
     std::io::Read::read_to_end(&mut peer, &mut got).unwrap();
     assert!(got.is_empty(), "the handshake sent {} bytes before refusing", got.len());
 
-    // Nothing reached the kernel: the QP is still in RESET, and still usable.
+    // Nothing reached the kernel, and the QP is still usable: it moves to ERR. (siw's
+    // ibv_query_qp fills in no state, Linux 6.1's siw_query_qp: it reads RESET whatever
+    // the state, so the state read back cannot show more.)
     assert_eq!(qp.state().unwrap(), QpState::Reset);
     qp.to_error().unwrap();
-    assert_eq!(qp.state().unwrap(), QpState::Err);
 }
 
 #[test]

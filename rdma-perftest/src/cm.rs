@@ -315,26 +315,11 @@ impl CmLink {
         Ok(())
     }
 
-    /// Whether the peer closed the control connection (checked now and then while waiting).
-    fn peer_gone(&self) -> bool {
-        matches!(self.ctl.next_event(Duration::ZERO), Ok(e) if e.kind() == CmEventKind::Disconnected)
-    }
-
     /// The next message: its buffer and length (empty messages are skipped).
     fn next_message(&mut self) -> io::Result<(Chunk, usize)> {
         let mut wcs = [WorkCompletion::EMPTY; 1];
-        let mut idle = 0u32;
         loop {
-            if self.recv_cq.poll(&mut wcs).map_err(io_err)?.is_empty() {
-                idle = idle.wrapping_add(1);
-                if idle % 4096 == 0 && self.peer_gone() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::ConnectionAborted,
-                        "the peer closed the rdma_cm connection",
-                    ));
-                }
-                continue;
-            }
+            wait_one(&mut self.recv_cq, &self.ctl, &mut wcs)?;
             let done = self.rq.complete(&mut wcs[0]).map_err(io_err)?.result().map_err(io_err)?;
             let len = (done.byte_len as usize).min(MSG);
             if len == 0 {
@@ -344,6 +329,20 @@ impl CmLink {
             return Ok((done.value, len));
         }
     }
+}
+
+/// Polls `cq` until it gives one completion (into `wcs[0]`), checking now and then that
+/// the peer has not closed the control connection `ctl`.
+fn wait_one(cq: &mut CompletionQueue, ctl: &CmId, wcs: &mut [WorkCompletion; 1]) -> io::Result<()> {
+    let mut idle = 0u32;
+    while cq.poll(wcs).map_err(io_err)?.is_empty() {
+        idle = idle.wrapping_add(1);
+        let gone = || matches!(ctl.next_event(Duration::ZERO), Ok(e) if e.kind() == CmEventKind::Disconnected);
+        if idle % 4096 == 0 && gone() {
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "the peer closed the rdma_cm connection"));
+        }
+    }
+    Ok(())
 }
 
 impl Read for CmLink {
@@ -378,29 +377,17 @@ impl Write for CmLink {
         buf[..n].copy_from_slice(&bytes[..n]);
         self.sq.post(SendWr::send(buf, 0..n)).map_err(|e| io_err(rdma_verbs::Error::from(e)))?;
         let mut wcs = [WorkCompletion::EMPTY; 1];
-        let mut idle = 0u32;
-        loop {
-            if self.send_cq.poll(&mut wcs).map_err(io_err)?.is_empty() {
-                idle = idle.wrapping_add(1);
-                if idle % 4096 == 0 && self.peer_gone() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::ConnectionAborted,
-                        "the peer closed the rdma_cm connection",
-                    ));
-                }
-                continue;
-            }
-            let (free, mut failed) = (&mut self.free, None);
-            self.sq
-                .complete(&mut wcs[0], |d| match d.result() {
-                    Ok(d) => free.push(d.value),
-                    Err(e) => failed = Some(rdma_verbs::Error::from(e)),
-                })
-                .map_err(io_err)?;
-            return match failed {
-                Some(e) => Err(io_err(e)),
-                None => Ok(n),
-            };
+        wait_one(&mut self.send_cq, &self.ctl, &mut wcs)?;
+        let (free, mut failed) = (&mut self.free, None);
+        self.sq
+            .complete(&mut wcs[0], |d| match d.result() {
+                Ok(d) => free.push(d.value),
+                Err(e) => failed = Some(rdma_verbs::Error::from(e)),
+            })
+            .map_err(io_err)?;
+        match failed {
+            Some(e) => Err(io_err(e)),
+            None => Ok(n),
         }
     }
 

@@ -376,6 +376,9 @@ impl<T: SendBuf> SendWr<T> {
     /// misaligned remote address or 8 bytes that are not contiguous in `buf`,
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument). Its completion is
     /// [`WcOpcode::AtomicWrite`].
+    ///
+    /// A QP connected to itself stores 8 bytes, or says the device lacks the operation:
+    #[doc = concat!("```no_run\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/device/doc/atomic_write.rs")), "```")]
     #[doc(alias = "ibv_wr_atomic_write", alias = "IBV_WR_ATOMIC_WRITE")]
     pub fn atomic_write(buf: T, offset: usize, remote: RemoteMr) -> Self {
         Self::new(Op::AtomicWrite, buf, offset..offset + 8, Target::rdma(&remote), remote.len)

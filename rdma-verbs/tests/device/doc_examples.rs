@@ -16,6 +16,7 @@
 //! | `doc/prepared.rs` | `SendChainQueue`, `PreparedRecvQueue` |
 //! | `doc/recv_chain.rs` | `RecvChainQueue` |
 //! | `doc/mw.rs` | `MemoryWindow` |
+//! | `doc/atomic_write.rs` | `SendWr::atomic_write` |
 
 use std::fmt::Display;
 use std::sync::mpsc;
@@ -165,6 +166,17 @@ mod mw {
     #[test]
     #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
     fn the_memory_window_example_binds_writes_through_the_window_and_invalidates_it() {
+        let _leaks = super::LeakCheck::new();
+        super::run(main);
+    }
+}
+
+mod atomic_write {
+    include!("doc/atomic_write.rs");
+
+    #[test]
+    #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+    fn the_atomic_write_example_stores_8_bytes_at_once_or_says_the_device_lacks_it() {
         let _leaks = super::LeakCheck::new();
         super::run(main);
     }

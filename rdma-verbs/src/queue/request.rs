@@ -426,14 +426,17 @@ pub(super) fn check_send<T: SendBuf>(
     if len as u64 > wr.remote_len {
         return Err(refused(verb, SendRefusal::Remote { len, remote: wr.remote_len }));
     }
-    if wr.op.is_word() && wr.remote().is_some_and(|r| r.addr % 8 != 0 || r.len < 8) {
-        return Err(refused(verb, SendRefusal::Atomic));
-    }
-    if wr.op == Op::AtomicWrite {
-        match atomic_write {
-            AtomicWrite::Takes if n == 1 => {}
-            AtomicWrite::NoDevice => return Err(Error::not_supported(verb, crate::caps::NO_ATOMIC_WRITE)),
-            why => return Err(refused(verb, SendRefusal::AtomicWrite(why))),
+    // One test for the common operations (a WRITE or SEND is not a word's), the rest inside.
+    if wr.op.is_word() {
+        if wr.remote().is_some_and(|r| r.addr % 8 != 0 || r.len < 8) {
+            return Err(refused(verb, SendRefusal::Atomic));
+        }
+        if wr.op == Op::AtomicWrite {
+            match atomic_write {
+                AtomicWrite::Takes if n == 1 => {}
+                AtomicWrite::NoDevice => return Err(Error::not_supported(verb, crate::caps::NO_ATOMIC_WRITE)),
+                why => return Err(refused(verb, SendRefusal::AtomicWrite(why))),
+            }
         }
     }
     Ok(n)

@@ -4,8 +4,7 @@
 //! of `--prometheus` and of `--serve --metrics-port` parse with a Prometheus text parser
 //! and pass Prometheus' own lint (`promtool check metrics`).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -151,10 +150,6 @@ fn healthy_metrics(text: &str, name: &str) {
     assert_eq!(value(&s, "rdma_doctor_exit_code", &[]), Some(0.0), "{text}");
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn prometheus_output_parses_and_the_metrics_port_answers_a_scrape_over_127_0_0_1() {
@@ -168,30 +163,8 @@ fn prometheus_output_parses_and_the_metrics_port_answers_a_scrape_over_127_0_0_1
     healthy_metrics(&text, &name);
     promtool_lint_is_clean(&text);
 
-    let (metrics, peer) = (free_port(), free_port());
-    let mut server = Command::new(doctor)
-        .args(["--serve", "-d", &name, "--metrics-port", &metrics.to_string(), "--peer-port", &peer.to_string()])
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let answer = loop {
-        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", metrics)) {
-            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
-            let mut text = String::new();
-            s.read_to_string(&mut text).unwrap();
-            break text;
-        }
-        if Instant::now() > deadline || server.try_wait().unwrap().is_some() {
-            let _ = server.kill();
-            panic!("the metrics port never answered");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    server.kill().unwrap();
-    server.wait().unwrap();
+    let (server, answer) = super::Served::start(&[]);
+    drop(server);
     let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{answer}"));
     assert!(head.starts_with("HTTP/1.0 200 OK") && head.contains("text/plain; version=0.0.4"), "{head}");
     healthy_metrics(body, &name);

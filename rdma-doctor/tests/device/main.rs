@@ -9,8 +9,10 @@
 //! lists them as ignored. Each takes a [`LeakCheck`]: the device's resource counts must be
 //! back where they started when it ends (tests run one at a time, `--test-threads=1`).
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdma_doctor::facts::rdma_cm::{self, NODE};
@@ -41,6 +43,67 @@ mod watch;
 // the device open until its process exits, and an open context holds an rxe link that
 // another test deletes.
 use rdma_test_support::{device_name, example, in_own_process, isolated, open, rdma_ip, this_test, LeakCheck};
+
+/// A free TCP port of 127.0.0.1 (bound, then let go).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `GET /metrics` on `port` of 127.0.0.1: the whole answer (head and body), or None while
+/// nothing listens there.
+fn get_metrics(port: u16) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// `rdma-doctor --serve` on the device under test, on ports of its own; killed when dropped.
+struct Served {
+    child: Child,
+    /// Its `--metrics-port`.
+    metrics: u16,
+    /// Its `--peer-port` (where `--peer` and `--fleet` reach it).
+    peer: u16,
+}
+
+impl Served {
+    /// Starts `rdma-doctor --serve -d DEVICE --metrics-port M --peer-port P ARGS...` and waits
+    /// until its metrics port answers (its first diagnosis done; three minutes at most, and
+    /// a failure if it exits first): the server and that first answer, head and body.
+    fn start(args: &[&str]) -> (Served, String) {
+        let (metrics, peer) = (free_port(), free_port());
+        let child = Command::new(env!("CARGO_BIN_EXE_rdma-doctor"))
+            .args(["--serve", "-d", &device_name(), "--metrics-port", &metrics.to_string()])
+            .args(["--peer-port", &peer.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut served = Served { child, metrics, peer };
+        let started = Instant::now();
+        loop {
+            if let Some(answer) = get_metrics(metrics) {
+                eprintln!("the first diagnosis and scrape: {:.1} s", started.elapsed().as_secs_f64());
+                return (served, answer);
+            }
+            let exited = served.child.try_wait().unwrap();
+            assert!(exited.is_none(), "rdma-doctor --serve {args:?} exited: {exited:?}");
+            assert!(started.elapsed() < Duration::from_secs(180), "the metrics port never answered");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
 /// rxe reacts at once; emulation and the GID work around it can be slow.
 const WAIT: Duration = Duration::from_secs(15);

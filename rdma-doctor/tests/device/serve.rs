@@ -6,30 +6,27 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use prometheus_parse::{Sample, Scrape, Value};
 use rdma_test_support::{device_name, open, LeakCheck};
 use rdma_verbs::PortState;
 
-use super::{ip, wait_until, LinkUp};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use super::{get_metrics, ip, wait_until, LinkUp, Served};
 
 /// `GET /metrics` on `port` of 127.0.0.1: the body, and how long the answer took.
 fn scrape(port: u16) -> Option<(String, Duration)> {
     let start = Instant::now();
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{text}"));
-    assert!(head.starts_with("HTTP/1.0 200 OK"), "{text}");
-    Some((body.to_owned(), start.elapsed()))
+    let answer = get_metrics(port)?;
+    Some((body(&answer).to_owned(), start.elapsed()))
+}
+
+/// The body of an answer that must be 200 OK.
+fn body(answer: &str) -> &str {
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{answer}"));
+    assert!(head.starts_with("HTTP/1.0 200 OK"), "{answer}");
+    body
 }
 
 fn samples(text: &str) -> Vec<Sample> {
@@ -60,16 +57,6 @@ fn series(text: &str) -> Vec<&str> {
     text.lines().filter(|l| !l.starts_with('#')).map(|l| l.rsplit_once(' ').map_or(l, |(s, _)| s)).collect()
 }
 
-/// Kills the server however the test ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 #[ignore = "needs an RDMA device (RoCE, run as root): run scripts/test"]
 fn a_link_taken_down_between_two_scrapes_fails_the_next_scrape_and_the_next_fleet_table() {
@@ -80,25 +67,18 @@ fn a_link_taken_down_between_two_scrapes_fails_the_next_scrape_and_the_next_flee
     std::fs::write(&secret, "a secret of the test bed's fleet\n").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
     let secret = secret.to_str().unwrap().to_owned();
-    let (metrics, peer) = (free_port(), free_port());
-    let started = Instant::now();
-    let server = Server(
-        Command::new(doctor)
-            .args(["--serve", "-d", &name, "--timeout", "10", "--listen", "127.0.0.1", "--allow", "127.0.0.0/8"])
-            .args(["--metrics-port", &metrics.to_string(), "--peer-port", &peer.to_string(), "--secret-file", &secret])
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let (first, _) = loop {
-        if let Some(s) = scrape(metrics) {
-            break s;
-        }
-        assert!(started.elapsed() < Duration::from_secs(180), "the metrics port never answered");
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    eprintln!("the first diagnosis and scrape: {:.1} s", started.elapsed().as_secs_f64());
+    let (server, answer) = Served::start(&[
+        "--timeout",
+        "10",
+        "--listen",
+        "127.0.0.1",
+        "--allow",
+        "127.0.0.0/8",
+        "--secret-file",
+        &secret,
+    ]);
+    let (metrics, peer) = (server.metrics, server.peer);
+    let first = body(&answer);
     let s = samples(&first);
     assert_eq!((verdict(&s, &name, "port"), verdict(&s, &name, "link")), (Some(0.0), Some(0.0)), "{first}");
     let (second, took) = scrape(metrics).unwrap();
@@ -160,23 +140,9 @@ fn a_link_taken_down_between_two_scrapes_fails_the_next_scrape_and_the_next_flee
 #[ignore = "needs an RDMA device (RoCE, run as root): run scripts/test"]
 fn a_scrape_among_eight_idle_clients_is_answered_at_once_and_a_trickling_client_is_closed() {
     let _leaks = LeakCheck::new();
-    let doctor = env!("CARGO_BIN_EXE_rdma-doctor");
     let name = device_name();
-    let (metrics, peer) = (free_port(), free_port());
-    let started = Instant::now();
-    let server = Server(
-        Command::new(doctor)
-            .args(["--serve", "-d", &name, "--timeout", "10", "--listen", "127.0.0.1", "--allow", "127.0.0.0/8"])
-            .args(["--metrics-port", &metrics.to_string(), "--peer-port", &peer.to_string()])
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    while scrape(metrics).is_none() {
-        assert!(started.elapsed() < Duration::from_secs(180), "the metrics port never answered");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let (server, _) = Served::start(&["--timeout", "10", "--listen", "127.0.0.1", "--allow", "127.0.0.0/8"]);
+    let metrics = server.metrics;
 
     // Eight clients connect and send nothing, as a port scanner or a stuck scraper would.
     let idle: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(("127.0.0.1", metrics)).unwrap()).collect();

@@ -79,11 +79,11 @@ fn a_link_taken_down_between_two_scrapes_fails_the_next_scrape_and_the_next_flee
     ]);
     let (metrics, peer) = (server.metrics, server.peer);
     let first = body(&answer);
-    let s = samples(&first);
+    let s = samples(first);
     assert_eq!((verdict(&s, &name, "port"), verdict(&s, &name, "link")), (Some(0.0), Some(0.0)), "{first}");
     let (second, took) = scrape(metrics).unwrap();
     eprintln!("a second scrape: {:.1} s", took.as_secs_f64());
-    assert_eq!(series(&first), series(&second), "the same series in the same order");
+    assert_eq!(series(first), series(&second), "the same series in the same order");
     assert!(gauge(&samples(&second), "rdma_doctor_report_age_seconds") < 600.0);
 
     let fleet = |label: &str| {

@@ -160,9 +160,12 @@ pub fn diagnose(opts: &Options) -> Result<Report, String> {
     }
     findings.extend(notes(&baseline, &observations));
     let examined: Vec<(String, Option<String>)> =
-        baseline.devices.keys().map(|n| (n.clone(), qp_timeouts::pci_function(n))).collect();
-    let mut reported = opts.state_dir.as_deref().map(qp_timeouts::Reported::load);
+        baseline.devices.keys().map(|n| (n.clone(), crate::facts::device::pci_function(n))).collect();
+    let mut reported = opts.state_dir.as_deref().map(crate::facts::said::Reported::load);
     findings.extend(qp_timeouts::findings(&observations.kernel_log, &examined, reported.as_mut()));
+    if let Some(Err(e)) = reported.map(|r| r.save()) {
+        findings.push(qp_timeouts::unsaved(&e));
+    }
     findings.extend(provider_findings(&want.providers));
     let during = if opts.loopback {
         "while the doctor's loopback and rdma_cm tests ran (other traffic on the port counts too)"

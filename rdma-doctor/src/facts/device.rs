@@ -358,6 +358,26 @@ fn speed_name(code: u8) -> String {
     }
 }
 
+/// The PCI function under an RDMA device (`/sys/class/infiniband/NAME/device`), if any.
+pub(crate) fn pci_function(name: &str) -> Option<String> {
+    let target = std::fs::canonicalize(format!("/sys/class/infiniband/{name}/device")).ok()?;
+    let last = target.file_name()?.to_str()?;
+    is_pci_address(last).then(|| last.to_owned())
+}
+
+/// `0000:03:00.0`: domain, bus, device and function.
+pub(crate) fn is_pci_address(t: &str) -> bool {
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let parts: Vec<&str> = t.split(':').collect();
+    match parts.as_slice() {
+        [domain, bus, devfn] => {
+            let (dev, func) = devfn.split_once('.').unwrap_or(("", ""));
+            hex(domain, 4) && hex(bus, 2) && hex(dev, 2) && hex(func, 1)
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

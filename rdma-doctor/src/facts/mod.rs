@@ -16,5 +16,6 @@ pub mod netdevs;
 pub mod netstat;
 pub mod provider;
 pub mod rdma_cm;
+pub mod said;
 pub(crate) mod stderr;
 pub mod versions;

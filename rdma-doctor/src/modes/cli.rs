@@ -257,7 +257,7 @@ impl Args {
             compare_file: self.compare.clone(),
             ignore: self.ignore.clone(),
             expected_rate: self.expect_rate,
-            state_dir: Some(crate::judge::qp_timeouts::state_dir(self.state_dir.as_deref())),
+            state_dir: Some(crate::facts::said::state_dir(self.state_dir.as_deref())),
             ..Options::default()
         })
     }

@@ -261,7 +261,7 @@ mod tests {
     #[test]
     fn the_grh_source_is_read_where_roce_v2_and_ib_put_it() {
         // RoCE v2 over IPv4: 20 unused bytes, then an IPv4 header from 10.98.0.2.
-        let mapped = Gid([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 98, 0, 2]);
+        let mapped = Gid::from(std::net::Ipv4Addr::new(10, 98, 0, 2));
         let mut grh = [0u8; GRH];
         grh[20] = 0x45;
         grh[32..36].copy_from_slice(&[10, 98, 0, 2]);

@@ -365,7 +365,7 @@ mod tests {
 
     #[test]
     fn ah_attr_round_trips_through_the_c_struct() {
-        let gid = Gid("::ffff:10.99.0.1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        let gid = Gid::from(std::net::Ipv4Addr::new(10, 99, 0, 1));
         let global = AhAttr { sl: 3, ..AhAttr::global(1, gid, 1) };
         let raw = global.to_ffi().unwrap();
         assert_eq!((raw.is_global, raw.port_num, raw.sl, raw.grh.sgid_index, raw.grh.hop_limit), (1, 1, 3, 1, 64));
@@ -378,7 +378,7 @@ mod tests {
 
     #[test]
     fn a_gid_entrys_u32_index_is_taken_as_is_and_one_past_8_bits_is_refused_before_c() {
-        let gid = Gid("::ffff:10.99.0.1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+        let gid = Gid::from(std::net::Ipv4Addr::new(10, 99, 0, 1));
         // What Context::default_gid and gid_table hand out: a u32 index, no cast needed.
         let entry_index: u32 = 255;
         let raw = AhAttr::global(1, gid, entry_index).to_ffi().unwrap();

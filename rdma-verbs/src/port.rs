@@ -1,7 +1,7 @@
 //! Ports and their GID tables: state, link, rate, and which GID to connect with.
 
 use std::fmt;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::c_enum::c_enum;
 use crate::ffi;
@@ -245,6 +245,38 @@ impl Gid {
     }
 }
 
+/// The IPv4-mapped GID of an IPv4 address (`::ffff:a.b.c.d`): what a RoCE v2 port lists
+/// for an IPv4 address of its netdev, and what a peer's `dgid` is when you know its IP.
+impl From<Ipv4Addr> for Gid {
+    fn from(ip: Ipv4Addr) -> Gid {
+        Gid(ip.to_ipv6_mapped().octets())
+    }
+}
+
+/// The GID of an IPv6 address, byte for byte.
+impl From<Ipv6Addr> for Gid {
+    fn from(ip: Ipv6Addr) -> Gid {
+        Gid(ip.octets())
+    }
+}
+
+/// An IPv4 address's mapped GID, or an IPv6 address's own.
+impl From<IpAddr> for Gid {
+    fn from(ip: IpAddr) -> Gid {
+        match ip {
+            IpAddr::V4(v4) => v4.into(),
+            IpAddr::V6(v6) => v6.into(),
+        }
+    }
+}
+
+/// The GID as an IPv6 address (an IPv4-mapped one for an IPv4 RoCE v2 GID).
+impl From<Gid> for Ipv6Addr {
+    fn from(gid: Gid) -> Ipv6Addr {
+        gid.to_ipv6()
+    }
+}
+
 impl fmt::Display for Gid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.ipv4() {
@@ -315,7 +347,19 @@ mod tests {
 
     fn entry(index: u32, gid: &str, gid_type: GidType) -> GidEntry {
         let ip: Ipv6Addr = gid.parse().unwrap();
-        GidEntry { index, port: 1, gid: Gid(ip.octets()), gid_type, netdev: None }
+        GidEntry { index, port: 1, gid: ip.into(), gid_type, netdev: None }
+    }
+
+    #[test]
+    fn a_gid_comes_from_an_ip_address_and_goes_back() {
+        let v4 = Ipv4Addr::new(10, 99, 0, 1);
+        let gid = Gid::from(v4);
+        assert_eq!(gid.to_string(), "::ffff:10.99.0.1");
+        assert_eq!((gid.ipv4(), Gid::from(IpAddr::V4(v4))), (Some(v4), gid));
+        let v6: Ipv6Addr = "fe80::5054:ff:fe12:3456".parse().unwrap();
+        let gid = Gid::from(IpAddr::V6(v6));
+        assert!(gid.is_link_local() && gid.ipv4().is_none());
+        assert_eq!((Ipv6Addr::from(gid), Gid::from(v6)), (v6, gid));
     }
 
     #[test]

@@ -76,7 +76,7 @@ impl QueuePair {
         Ok(RecvQueue {
             room: Some(room),
             ring: Ring::new(depth),
-            scratch: R::Scratch::default(),
+            scratch: R::Scratch::with_room(depth),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
             max_sge: self.inner.caps.max_recv_sge,
@@ -131,14 +131,28 @@ pub(super) const EMPTY_RECV: ffi::ibv_recv_wr =
 /// queue (on the stack it would cost every post stack probes and cold pages); nothing in
 /// it outlives a post. Only the queues of receives built at each post have one: prepared
 /// receives bring their C form. (Public in name only: this module is private.)
+/// Room for as many C receives as one post can stage: the queue's depth, at most
+/// [`MAX_BATCH`] (160 bytes each), so a shallow queue's memory stays small.
 pub struct RecvScratch {
-    sges: [Sges; MAX_BATCH],
-    raws: [ffi::ibv_recv_wr; MAX_BATCH],
+    sges: Box<[Sges]>,
+    raws: Box<[ffi::ibv_recv_wr]>,
 }
 
-impl Default for Box<RecvScratch> {
-    fn default() -> Self {
-        Box::new(RecvScratch { sges: [NO_SGES; MAX_BATCH], raws: [EMPTY_RECV; MAX_BATCH] })
+/// A receive queue's scratch space for a queue `depth` deep. (Public in name only.)
+#[doc(hidden)]
+pub trait WithRoom {
+    /// The scratch space of a queue `depth` deep.
+    fn with_room(depth: u32) -> Self;
+}
+
+impl WithRoom for () {
+    fn with_room(_: u32) {}
+}
+
+impl WithRoom for RecvScratch {
+    fn with_room(depth: u32) -> Self {
+        let room = (depth as usize).clamp(1, MAX_BATCH);
+        RecvScratch { sges: vec![NO_SGES; room].into_boxed_slice(), raws: vec![EMPTY_RECV; room].into_boxed_slice() }
     }
 }
 
@@ -156,7 +170,7 @@ pub trait RecvRequest: Sealed + Sized + Send + 'static {
     /// Where its queue builds C receives at post time: [`RecvScratch`] for receives built
     /// at each post, nothing (`()`) for the kinds that bring their C form.
     #[doc(hidden)]
-    type Scratch: Default;
+    type Scratch: WithRoom;
 
     /// Whether a request of this kind may be a chain of several C receives
     /// ([`width`](Self::width)). A chain sits in the ring slot of its first C receive,
@@ -181,7 +195,7 @@ impl<T: ExclusiveBuf> Sealed for (T, u64) {}
 
 impl<T: ExclusiveBuf> RecvRequest for (T, u64) {
     type Back = T;
-    type Scratch = Box<RecvScratch>;
+    type Scratch = RecvScratch;
 
     #[inline(always)]
     fn finish(self, wc: &WorkCompletion, _: Token) -> Done<T> {
@@ -396,7 +410,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         }
         let wr_id = self.wr_id(self.ring.head);
         // Built in the scratch space (every field written), not on the stack.
-        let RecvScratch { sges, raws } = &mut *self.scratch;
+        let RecvScratch { sges, raws } = &mut self.scratch;
         let wr = match fill_recv(
             Verb::RecvQueuePost,
             &*buf,
@@ -427,7 +441,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     where
         I: IntoIterator<Item = (T, Range<usize>, u64)>,
     {
-        let RecvScratch { sges, raws } = &mut *self.scratch;
+        let RecvScratch { sges, raws } = &mut self.scratch;
         let room = MAX_BATCH.min(self.ring.free());
         let (mut n, mut refused) = (0, None);
         let mut chain = Chain::new();

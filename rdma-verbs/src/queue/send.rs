@@ -105,7 +105,7 @@ pub struct SendQueue<T: SendBuf, R: SendRequest = SendWr<T>> {
     ring: Ring<R>,
     /// Where a batch's C requests and SGEs are built (requests that bring their own C
     /// form leave it unused).
-    scratch: Box<SendScratch>,
+    scratch: SendScratch,
     /// This queue's share of the send CQ (buried with what is still posted).
     room: Option<CqReservation>,
     raw: *mut ffi::ibv_qp,
@@ -135,23 +135,26 @@ pub struct SendQueue<T: SendBuf, R: SendRequest = SendWr<T>> {
 // ibv_post_send; the raw pointers are the QP that `claim` keeps alive.
 unsafe impl<T: SendBuf, R: SendRequest> Send for SendQueue<T, R> {}
 
-/// Scratch space where a batch's C requests and their SGEs are built: 16 KiB kept with the
-/// send queue (allocated when it is claimed) rather than on the stack, where every post
-/// would pay for stack probes and cold pages. Nothing in it outlives a post.
+/// Scratch space where a batch's C requests and their SGEs are built, kept with the send
+/// queue (allocated when it is claimed) rather than on the stack, where every post would
+/// pay for stack probes and cold pages. Nothing in it outlives a post. Room for as many
+/// C requests as one post can stage: the queue's depth, at most [`MAX_BATCH`] (257 bytes
+/// each), so a shallow queue's memory stays small (#45: 16 KiB whatever the depth before).
 struct SendScratch {
-    sges: [Sges; MAX_BATCH],
+    sges: Box<[Sges]>,
     /// Zeroed once; only `classic` writes them (see there).
-    raws: [ffi::ibv_send_wr; MAX_BATCH],
-    counts: [u8; MAX_BATCH],
+    raws: Box<[ffi::ibv_send_wr]>,
+    counts: Box<[u8]>,
 }
 
 impl SendScratch {
-    fn new() -> Box<SendScratch> {
-        Box::new(SendScratch {
-            sges: [NO_SGES; MAX_BATCH],
-            raws: std::array::from_fn(|_| zeroed_wr()),
-            counts: [0; MAX_BATCH],
-        })
+    fn new(depth: u32) -> SendScratch {
+        let room = (depth as usize).clamp(1, MAX_BATCH);
+        SendScratch {
+            sges: vec![NO_SGES; room].into_boxed_slice(),
+            raws: (0..room).map(|_| zeroed_wr()).collect(),
+            counts: vec![0; room].into_boxed_slice(),
+        }
     }
 }
 
@@ -228,7 +231,7 @@ impl QueuePair {
         }
         Ok(SendQueue {
             ring: Ring::new(depth),
-            scratch: SendScratch::new(),
+            scratch: SendScratch::new(depth),
             room: Some(room),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
@@ -369,7 +372,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             return Err(full(verb, ring.cap, wr));
         }
         let seq = ring.head;
-        let SendScratch { sges, raws, .. } = &mut **scratch;
+        let SendScratch { sges, raws, .. } = scratch;
         // Checked and built where the caller built it (its constant fields fold into the
         // checks), and moved into the ring once posted, as `stage` does. Held without
         // drop glue meanwhile: every way out below moves it (into the refusal or the
@@ -523,7 +526,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             };
             return Err(refusal(e, ManuallyDrop::into_inner(wr)));
         }
-        let SendScratch { sges, raws, counts } = &mut **scratch;
+        let SendScratch { sges, raws, counts } = scratch;
         let seq = ring.head + n as u64;
         // Checked where the caller built it (its constant fields fold into the checks),
         // then built and moved into its ring slot, where it stays (in the order its kind
@@ -569,7 +572,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     fn post_staged(&mut self, n: usize, mut chain: Staging, refused: Option<Box<Refused<R>>>) -> Batch<R> {
         let SendQueue { ring, scratch, raw, ext, tag_bits, .. } = self;
         let (raw, ext, tag) = (*raw, *ext, *tag_bits);
-        let SendScratch { sges, raws, counts } = &mut **scratch;
+        let SendScratch { sges, raws, counts } = scratch;
         let (posted, failure) = if n == 0 {
             (0, None)
         } else if R::EXTENDED && ext.is_some() && chain.all_ext {
@@ -872,8 +875,8 @@ fn post_extended<R: SendRequest>(
     ring: &mut Ring<R>,
     tag: u64,
     n: usize,
-    sges: &[Sges; MAX_BATCH],
-    counts: &[u8; MAX_BATCH],
+    sges: &[Sges],
+    counts: &[u8],
 ) -> (usize, Option<Box<Error>>) {
     let Some((qpx, _)) = ext else { return (0, Some(Box::new(Error::invalid(Verb::WrStart, "not an extended QP")))) };
     let qpx = qpx.as_ptr();

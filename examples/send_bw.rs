@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! send_bw [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS | -D SECS] [-t DEPTH] [-r RX_DEPTH] [-Q MOD]
-//!         [-l LIST] [-q QPS] [-u TIMEOUT] [-p TCP_PORT] [--report_gbits] [--json] (--loopback | [HOST])
+//!         [-l LIST] [-q QPS] [-u TIMEOUT] [-p PORT] [-R] [--report_gbits] [--json] (--loopback | [HOST])
 //! ```
 //!
 //! Without a host argument it is the server: it waits on the TCP port (`-p`, default
@@ -19,6 +19,10 @@
 //! `rdma-perftest/src/oob/mod.rs`); two of ours recognise each other in it and go on in
 //! rdma-verbs' endpoint format, which keeps the data check. The engine is
 //! `rdma-perftest/src/bw.rs` (the `rdma-perftest` workspace crate).
+//!
+//! With `-R` it runs perftest's rdma_cm mode instead of TCP (the QPs connected through
+//! rdma_cm, the only way on iWARP), against our tool or perftest's `-R`: the client then
+//! takes the server's RDMA IP address (`rdma-perftest/src/cm.rs`).
 
 use rdma_perftest::bw;
 

@@ -1,7 +1,7 @@
 //! RDMA WRITE latency (perftest's ib_write_lat): a ping-pong of writes, each side polling the last byte of its own buffer; half the round trip is reported.
 //!
 //! ```text
-//! write_lat [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS] [-u TIMEOUT] [-p TCP_PORT] [--json] (--loopback | [HOST])
+//! write_lat [-d DEV] [-x GID] [-i PORT] [-s SIZE | -a] [-n ITERS] [-u TIMEOUT] [-p PORT] [-R] [--json] (--loopback | [HOST])
 //! ```
 //!
 //! Without a host it is the server; with one, the client, which prints perftest's latency
@@ -10,6 +10,10 @@
 //! `--loopback` runs both ends in one process on one device. Over TCP it speaks
 //! perftest's out-of-band exchange, so either side may be `ib_write_lat` (perftest 4.5, one
 //! size); two of ours recognise each other in it and go on in rdma-verbs' endpoint format.
+//!
+//! With `-R` it runs perftest's rdma_cm mode instead of TCP (the QPs connected through
+//! rdma_cm, the only way on iWARP), against our tool or perftest's `-R`: the client then
+//! takes the server's RDMA IP address (`rdma-perftest/src/cm.rs`).
 
 use rdma_perftest::perftest;
 

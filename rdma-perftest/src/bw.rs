@@ -237,6 +237,10 @@ struct Outcome {
     posted: Vec<u64>,
     /// read_bw: the client's own check of what it read.
     check: Res<()>,
+    /// The lanes, their QPs kept until the server's verdict: with `-R` a QP holds its
+    /// rdma_cm connection, and on iWARP closing it flushes the server's receives (send_bw's
+    /// server would fail on them before it has counted every message).
+    _lanes: Box<dyn std::any::Any>,
 }
 
 impl Bw {
@@ -358,14 +362,16 @@ impl Bw {
         let sizes = c.sizes(65536)?;
         let iters = c.iterations(5000)?;
         self.check_flags()?;
-        let ctx = self.f.common.open(&sizes)?;
-        self.check_device(&ctx.query_device()?)?;
-        let c = &self.f.common;
         let show = !c.json && role != Role::Server;
-        if show {
-            self.print_header(&ctx, &role);
-        }
-        let (mut stream, mut peer) = perftest::open_peer(&role, c, &ctx, self.f.duration.is_some())?;
+        let c = self.f.common.clone();
+        let timed = self.f.duration.is_some();
+        let (ctx, mut stream, mut peer) = perftest::connect_peer(&role, &c, &sizes, timed, |ctx| {
+            self.check_device(&ctx.query_device()?)?;
+            if show {
+                self.print_header(ctx, &role);
+            }
+            Ok(())
+        })?;
         for &size in &sizes {
             let row = match stream.as_deref_mut() {
                 None => perftest::loopback(
@@ -444,8 +450,10 @@ impl Bw {
         let cq = CompletionQueue::new(ctx, 4)?;
         let len = Self::region_len(size, peer);
         let mut held = Vec::with_capacity(self.f.qps as usize);
+        let how = self.f.common.cm_qp(&self.f.common.rts(), self.test == BwTest::Read);
         for _ in 0..self.f.qps {
-            let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(1).build()?;
+            let builder = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(1).max_recv_wr(1);
+            let qp = perftest::new_qp(stream, builder, how)?;
             let (region, remote) = make(&pd, len)?;
             held.push((qp, region, remote));
         }
@@ -552,13 +560,20 @@ impl Bw {
     /// stamped with the complement of its message's number.
     fn rx_qp(
         &self,
-        pd: &ProtectionDomain,
-        cq: &CompletionQueue,
+        (pd, cq): (&ProtectionDomain, &CompletionQueue),
         size: usize,
         depth: u32,
+        stream: &mut dyn Stream,
     ) -> Res<(QueuePair, RecvQueue<Chunk>)> {
-        let qp = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(CREDIT_SLOTS).max_recv_wr(depth).build()?;
-        self.f.common.handshake(&qp, QpAccess::empty()).init()?;
+        let builder = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(CREDIT_SLOTS).max_recv_wr(depth);
+        let c = &self.f.common;
+        let qp = perftest::new_qp(stream, builder, c.cm_qp(&c.rts(), false))?;
+        // A QP of -R is the CM's to move (siw reads it back as RESET all the same); the
+        // client sends only once the exchange after the connections is over, when these
+        // receives are posted.
+        if stream.cm_link().is_none() {
+            c.handshake(&qp, QpAccess::empty()).init()?;
+        }
         let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
         let bufs = pd.register(AlignedBuf::new(size * depth as usize)?, AccessFlags::LOCAL_WRITE)?;
         for (i, mut b) in bufs.into_chunks(size)?.into_iter().enumerate() {
@@ -579,7 +594,7 @@ impl Bw {
         stream: &mut dyn Stream,
         peer: &mut Peer,
     ) -> Res<Vec<RxLane>> {
-        let qps = (0..self.f.qps).map(|_| self.rx_qp(pd, cq, size, depth)).collect::<Res<Vec<_>>>()?;
+        let qps = (0..self.f.qps).map(|_| self.rx_qp((pd, cq), size, depth, stream)).collect::<Res<Vec<_>>>()?;
         let offers: Vec<Offer> = qps
             .iter()
             .map(|(qp, _)| Offer { qp, access: QpAccess::empty(), mr: None, rts: self.f.common.rts() })
@@ -621,12 +636,13 @@ impl Bw {
             BwTest::Send => self.send_run(ctx, size, iters, stream, peer),
         };
         if let Peer::Perftest(p) = peer {
-            let row = result?.row;
+            // The QPs (in `out`) live until perftest's end, as perftest's own do.
+            let out = result?;
             match self.test {
                 BwTest::Send => p.close(stream)?,
-                BwTest::Write | BwTest::Read => drop(p.end_bw(stream, &self.report(&row))?),
+                BwTest::Write | BwTest::Read => drop(p.end_bw(stream, &self.report(&out.row))?),
             }
-            return Ok(row);
+            return Ok(out.row);
         }
         perftest::barrier(stream, result.is_ok())?;
         let out = result?;
@@ -685,8 +701,10 @@ impl Bw {
         peer: &mut Peer,
     ) -> Res<Vec<(QueuePair, X, RemoteMr)>> {
         let mut qps = Vec::with_capacity(self.f.qps as usize);
+        let how = self.f.common.cm_qp(&rts, self.test == BwTest::Read);
         for _ in 0..self.f.qps {
-            let qp = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(self.f.tx_depth).max_recv_wr(1).build()?;
+            let builder = QueuePair::builder(pd, QpType::Rc, cq, cq).max_send_wr(self.f.tx_depth).max_recv_wr(1);
+            let qp = perftest::new_qp(stream, builder, how)?;
             let (x, mr) = extra()?;
             qps.push((qp, x, mr));
         }
@@ -735,7 +753,7 @@ impl Bw {
             lanes.push(Lane::new(qp, wrs, |free| WriteSrc { free })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, self.f.tx_depth)?;
-        Ok(self.outcome(size, m, &lanes, Ok(())))
+        Ok(self.outcome(size, m, lanes, Ok(())))
     }
 
     /// RDMA READs into a pool of buffers, each checked at the end.
@@ -769,7 +787,7 @@ impl Bw {
                 lanes.iter().enumerate().try_for_each(|(q, l)| l.src.check(q, &want))
             }
         };
-        Ok(self.outcome(size, m, &lanes, check))
+        Ok(self.outcome(size, m, lanes, check))
     }
 
     /// SENDs from a pool of buffers, each stamped with its message's number, never more
@@ -813,10 +831,10 @@ impl Bw {
             lanes.push(Lane::new(qp, wrs, |free| SendSrc { free, credit })?);
         }
         let m = self.post_loop(&mut cq, &mut lanes, size, iters, pool)?;
-        Ok(self.outcome(size, m, &lanes, Ok(())))
+        Ok(self.outcome(size, m, lanes, Ok(())))
     }
 
-    fn outcome<S: Source>(&self, size: usize, m: Measured, lanes: &[Lane<S>], check: Res<()>) -> Outcome {
+    fn outcome<S: Source + 'static>(&self, size: usize, m: Measured, lanes: Vec<Lane<S>>, check: Res<()>) -> Outcome {
         let avg = m.finished as f64 * size as f64 / m.secs;
         let row = BwRow {
             bytes: size,
@@ -825,7 +843,7 @@ impl Bw {
             bw_avg_mib_s: avg / f64::from(1 << 20),
             msg_rate_mpps: m.finished as f64 / m.secs / 1e6,
         };
-        Outcome { row, posted: lanes.iter().map(|l| l.posted).collect(), check }
+        Outcome { row, posted: lanes.iter().map(|l| l.posted).collect(), check, _lanes: Box::new(lanes) }
     }
 
     /// The posting loop: keeps every lane's send queue at most `-t` deep (and within

@@ -24,10 +24,11 @@ use clap::{CommandFactory, FromArgMatches};
 use rdma_verbs::wire::{self, Status};
 use rdma_verbs::Handshake;
 
+use crate::cm::{CmLink, CmQp};
 use crate::oob::{self, Offer, Peer, Shape};
 use rdma_verbs::{
     AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, MemoryRegion, PreparedSend, PreparedSendQueue, QpAccess,
-    QpType, QueuePair, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendWr, WorkCompletion,
+    QpType, QueuePair, QueuePairBuilder, RecvQueue, RemoteMr, RemoteWritable, RtsAttr, SendWr, WorkCompletion,
 };
 
 /// Any error of a tool: a message for stderr.
@@ -73,6 +74,11 @@ pub struct Common {
     /// Server and client in one process on one device (two QPs, two threads).
     #[arg(long)]
     pub loopback: bool,
+    /// perftest's rdma_cm mode: the test's QPs connected through rdma_cm, the exchange
+    /// over an rdma_cm connection on port -p (the only way on iWARP). The host is then
+    /// the IP address of the server's RDMA netdev, and the device the one rdma_cm picks.
+    #[arg(short = 'R', long = "rdma_cm")]
+    pub rdma_cm: bool,
     /// One JSON object per size on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -106,6 +112,9 @@ impl Common {
     /// Which end this process is.
     pub fn role(&self) -> Res<Role> {
         match (&self.host, self.loopback) {
+            (_, true) if self.rdma_cm => {
+                Err("--loopback runs both ends in one process; -R connects a server and a client: pick one".into())
+            }
             (Some(h), true) => Err(format!("--loopback runs both ends: drop the host argument {h:?}").into()),
             (Some(h), false) => Ok(Role::Client(h.clone())),
             (None, true) => Ok(Role::Loopback),
@@ -136,6 +145,13 @@ impl Common {
     /// takes messages of every size.
     pub fn open(&self, sizes: &[usize]) -> Res<Context> {
         let ctx = Context::open(self.device.as_deref())?;
+        self.check_port(&ctx, sizes)?;
+        Ok(ctx)
+    }
+
+    /// The port (`-i`) exists on `ctx`, takes messages of every size, and has the GID
+    /// index of `-x`.
+    pub fn check_port(&self, ctx: &Context, sizes: &[usize]) -> Res<()> {
         let port = ctx.query_port(self.ib_port).map_err(|e| format!("port {} (-i): {e}", self.ib_port))?;
         let max_msg = port.raw.max_msg_sz as usize;
         if let Some(&too_big) = sizes.iter().find(|&&s| s > max_msg) {
@@ -144,7 +160,13 @@ impl Common {
         if let Some(i) = self.gid_index {
             ctx.query_gid(self.ib_port, i).map_err(|e| format!("GID index {i} (-x): {e}"))?;
         }
-        Ok(ctx)
+        Ok(())
+    }
+
+    /// How the CM connects a QP of this side (`-R`), with the RTS attributes `rts`; `reads`
+    /// for a READ test.
+    pub fn cm_qp(&self, rts: &RtsAttr, reads: bool) -> CmQp {
+        CmQp { reads: reads.then_some(rts.max_rd_atomic), rnr_retry: rts.rnr_retry, retry: rts.retry_cnt }
     }
 
     /// RTS attributes: the QP timeout of `-u`, the rest as `RtsAttr`'s defaults.
@@ -181,9 +203,65 @@ pub fn exit_with(name: &str, result: Res<()>) -> ExitCode {
 
 // ---- the out-of-band exchange ----------------------------------------------------------
 
-/// A byte stream to the peer: TCP between processes, a Unix socket pair in one process.
-pub trait Stream: Read + Write + Send {}
-impl<T: Read + Write + Send> Stream for T {}
+/// A byte stream to the peer: TCP between processes, a Unix socket pair in one process,
+/// or the rdma_cm control connection of `-R`.
+pub trait Stream: Read + Write + Send {
+    /// The rdma_cm link, when the exchange runs over one (`-R`).
+    fn cm_link(&mut self) -> Option<&mut CmLink> {
+        None
+    }
+}
+impl Stream for TcpStream {}
+impl Stream for UnixStream {}
+impl Stream for CmLink {
+    fn cm_link(&mut self) -> Option<&mut CmLink> {
+        Some(self)
+    }
+}
+
+/// A QP of the test: built here over TCP and in `--loopback`; with `-R`, made on an
+/// rdma_cm id and connected by the CM ([`CmLink::data_qp`]), which `how` tunes.
+pub fn new_qp(stream: &mut dyn Stream, builder: QueuePairBuilder<'_>, how: CmQp) -> Res<QueuePair> {
+    match stream.cm_link() {
+        Some(link) => link.data_qp(builder, how),
+        None => Ok(builder.build()?),
+    }
+}
+
+/// What [`connect_peer`] gives: the device, the stream to the peer (none in
+/// `--loopback`) and who the peer is.
+pub type Connected = (Context, Option<Box<dyn Stream>>, Peer);
+
+/// The device, the connection to the peer and who the peer is. Over TCP the device is
+/// opened first (`-d`) and `checks` run before the connection; with `-R` the connection
+/// comes first and the device is the one rdma_cm chose for the address. Then the first
+/// steps of perftest's exchange ([`open_peer`]'s).
+pub fn connect_peer(
+    role: &Role,
+    c: &Common,
+    sizes: &[usize],
+    timed: bool,
+    checks: impl FnOnce(&Context) -> Res<()>,
+) -> Res<Connected> {
+    if !c.rdma_cm {
+        let ctx = c.open(sizes)?;
+        checks(&ctx)?;
+        let (stream, peer) = open_peer(role, c, &ctx, timed)?;
+        return Ok((ctx, stream, peer));
+    }
+    let link = match role {
+        Role::Server => CmLink::serve(c.tcp_port, c.device.as_deref())?,
+        Role::Client(host) => CmLink::dial(host, c.tcp_port, c.device.as_deref())?,
+        Role::Loopback => return Err("-R needs a server and a client, not --loopback".into()),
+    };
+    let ctx = link.context().clone();
+    c.check_port(&ctx, sizes)?;
+    checks(&ctx)?;
+    let mut stream: Box<dyn Stream> = Box::new(link);
+    let peer = oob::greet(stream.as_mut(), matches!(role, Role::Client(_)), &ctx, c)?;
+    check_perftest_peer(&peer, c, timed)?;
+    Ok((ctx, Some(stream), peer))
+}
 
 /// The server's end: waits on the TCP port for one client.
 pub fn accept(port: u16) -> Res<TcpStream> {
@@ -261,7 +339,13 @@ pub fn open_peer(role: &Role, c: &Common, ctx: &Context, timed: bool) -> Res<(Op
         None => Peer::Ours,
         Some(s) => oob::greet(s, matches!(role, Role::Client(_)), ctx, c)?,
     };
-    if let Peer::Perftest(p) = &peer {
+    check_perftest_peer(&peer, c, timed)?;
+    Ok((stream, peer))
+}
+
+/// A perftest peer runs one size for a number of iterations: `-a` and `-D` are refused.
+fn check_perftest_peer(peer: &Peer, c: &Common, timed: bool) -> Res<()> {
+    if let Peer::Perftest(p) = peer {
         if c.all || timed {
             return Err(format!(
                 "the peer is perftest {}: its exchange runs one size for a number of iterations, drop -a and -D",
@@ -271,7 +355,7 @@ pub fn open_peer(role: &Role, c: &Common, ctx: &Context, timed: bool) -> Res<(Op
         }
         eprintln!("the peer is perftest {}: its exchange, and no data check (perftest checks none)", p.version);
     }
-    Ok((stream, peer))
+    Ok(())
 }
 
 /// Two connected ends for `--loopback`.
@@ -654,18 +738,20 @@ fn run_lat(test: LatTest, o: &LatOpts) -> Res<()> {
     if iters > MAX_LAT_ITERS {
         return Err(format!("{iters} iterations (-n): at most {MAX_LAT_ITERS}, whose samples are all kept").into());
     }
-    let ctx = c.open(&sizes)?;
     let clock = Clock::calibrate();
-    if !c.json && role != Role::Server {
-        println!("{}", rule());
-        println!("                    {}", test.title());
-        println!(" Device         : {}", ctx.name());
-        println!(" Connection type : RC\t\tIterations : {iters}");
-        println!(" Mode            : {}", role.describe());
-        println!("{}", rule());
-        print_lat_header();
-    }
-    let (mut stream, mut peer) = open_peer(&role, c, &ctx, false)?;
+    let header = |ctx: &Context| {
+        if !c.json && role != Role::Server {
+            println!("{}", rule());
+            println!("                    {}", test.title());
+            println!(" Device         : {}", ctx.name());
+            println!(" Connection type : RC\t\tIterations : {iters}");
+            println!(" Mode            : {}", role.describe());
+            println!("{}", rule());
+            print_lat_header();
+        }
+        Ok(())
+    };
+    let (ctx, mut stream, mut peer) = connect_peer(&role, c, &sizes, false, header)?;
     for &size in &sizes {
         let side = |stream: &mut dyn Stream, client: bool, peer: &mut Peer| {
             let run = LatRun { test, c, clock: &clock, size, inline, iters, client };
@@ -725,7 +811,7 @@ impl LatRun<'_> {
     /// Connects a QP, runs the ping-pong (or the reads), meets the peer at the end, and
     /// returns the statistics on the client.
     fn side(&self, ctx: &Context, stream: &mut dyn Stream, peer: &mut Peer) -> Res<Option<LatRow>> {
-        let LatQp { pd, mut cq, qp, target, read_src, mut rq } = self.build(ctx)?;
+        let LatQp { pd, mut cq, qp, target, read_src, mut rq } = self.build(ctx, stream)?;
         let (access, mr, shape) = match (self.test, &read_src) {
             (LatTest::Write, _) => (self.test.access(), Some(target.remote()?), Shape::RDMA_LAT),
             (LatTest::Read, Some(src)) => (self.test.access(), Some(src.remote()?), Shape::RDMA_LAT),
@@ -750,15 +836,16 @@ impl LatRun<'_> {
     }
 
     /// The QP, its regions, and (send_lat) its receives, posted before the peer can send.
-    fn build(&self, ctx: &Context) -> Res<LatQp> {
+    fn build(&self, ctx: &Context, stream: &mut dyn Stream) -> Res<LatQp> {
         let size = self.size;
         let pd = rdma_verbs::ProtectionDomain::new(ctx)?;
         let cq = CompletionQueue::new(ctx, 2 * LAT_DEPTH + 2)?;
-        let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
+        let builder = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
             .max_send_wr(LAT_DEPTH)
             .max_recv_wr(LAT_DEPTH)
-            .max_inline_data(if self.inlined() { size as u32 } else { 0 })
-            .build()?;
+            .max_inline_data(if self.inlined() { size as u32 } else { 0 });
+        let rts = self.c.rts();
+        let qp = new_qp(stream, builder, self.c.cm_qp(&rts, self.test == LatTest::Read))?;
         // Whole 8-byte words, so that the word holding the last byte is inside it.
         let target = pd.register_remote_writable(
             AlignedBuf::new(size.next_multiple_of(8))?,
@@ -771,7 +858,10 @@ impl LatRun<'_> {
             _ => None,
         };
         // INIT now, with what the peer may do: receives go in before the peer can send.
-        self.c.handshake(&qp, self.test.access()).init()?;
+        // (A QP of -R is the CM's to move; siw reads it back as RESET all the same.)
+        if stream.cm_link().is_none() {
+            self.c.handshake(&qp, self.test.access()).init()?;
+        }
         let mut rq: RecvQueue<Chunk> = qp.recv_queue()?;
         if self.test == LatTest::Send {
             let bufs = pd.register(AlignedBuf::new(size * LAT_DEPTH as usize)?, AccessFlags::LOCAL_WRITE)?;

@@ -1,8 +1,9 @@
 //! What the device tests of this workspace share (rdma-verbs' and rdma-doctor's `device`
 //! test binaries): the device under test and its addresses ([`device_name`], [`open`],
 //! [`gid_index`], [`rdma_ip`]), the example binaries ([`example`]), the resource-leak
-//! check ([`LeakCheck`], [`cm_leak_check`]) and the child-process harness
-//! ([`in_own_process`], [`isolated`], [`this_test!`]).
+//! check ([`LeakCheck`], [`cm_leak_check`]), the child-process harness
+//! ([`in_own_process`], [`isolated`], [`this_test!`]) and the runner of tools as child
+//! processes ([`tool`]).
 //!
 //! Device tests need a real RDMA device and fail without one: every fixture here names
 //! the device or panics, none skips. `scripts/test` runs them on rxe (`scripts/rxe`).
@@ -11,6 +12,7 @@
 mod bed;
 mod leaks;
 mod process;
+pub mod tool;
 
 pub use bed::{device_name, example, gid_index, open, rdma_ip, resolved_library};
 pub use leaks::{bind_an_id_and_drop_it, cm_leak_check, LeakCheck, ResourceCounts};

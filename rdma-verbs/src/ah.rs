@@ -275,8 +275,17 @@ unsafe impl Sync for AhInner {}
 impl AddressHandle {
     /// Creates an address handle (`ibv_create_ah`). The address is checked against the
     /// port first; on RoCE the kernel resolves the remote MAC address here.
+    ///
+    /// A device without address handles (`max_ah` 0: no UD, as iWARP's siw) is refused
+    /// before the call with [`Error::NotSupported`] naming [`Verb::AhNew`] and `max_ah`.
     #[doc(alias = "ibv_create_ah")]
     pub fn new(pd: &ProtectionDomain, attr: &AhAttr) -> Result<AddressHandle> {
+        if pd.context().query_device()?.raw.max_ah <= 0 {
+            return Err(Error::not_supported(
+                Verb::AhNew,
+                "address handles (UD): the device's max_ah is 0 (ibv_query_device)",
+            ));
+        }
         attr.check(pd.context(), Verb::CreateAh)?;
         let mut raw_attr = attr.raw(Verb::CreateAh)?;
         // SAFETY: the PD is live and `raw_attr` is a valid address vector for the call.

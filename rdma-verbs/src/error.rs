@@ -94,6 +94,10 @@ verbs! {
     QuerySrq = "ibv_query_srq", Control;
     DestroySrq = "ibv_destroy_srq", Control;
     CreateAh = "ibv_create_ah", Control;
+    /// [`AddressHandle::new`](crate::AddressHandle::new) (also under
+    /// [`AddressHandle::from_completion`](crate::AddressHandle::from_completion)), refusing
+    /// before `ibv_create_ah` when the device has no address handles.
+    AhNew = "AddressHandle::new", Control;
     DestroyAh = "ibv_destroy_ah", Control;
     GetAsyncEvent = "ibv_get_async_event", Control;
     PostSend = "ibv_post_send", Data;
@@ -273,6 +277,9 @@ verbs! {
     /// `ibv_alloc_parent_domain`.
     ParentDomainNew = "ParentDomain::new", Control;
     AllocMw = "ibv_alloc_mw", Control;
+    /// [`ProtectionDomain::alloc_mw`](crate::ProtectionDomain::alloc_mw), refusing before
+    /// `ibv_alloc_mw` when the device has no memory windows.
+    PdAllocMw = "ProtectionDomain::alloc_mw", Control;
     DeallocMw = "ibv_dealloc_mw", Control;
     BindMw = "ibv_bind_mw", Data;
     /// [`SendQueue::bind_mw`](crate::SendQueue::bind_mw) of a type 2 window (and an

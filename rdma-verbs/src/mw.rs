@@ -149,9 +149,18 @@ unsafe impl Sync for MemoryWindow {}
 
 impl ProtectionDomain {
     /// Allocates a memory window of type `ty` in this protection domain (`ibv_alloc_mw`).
-    /// A device without windows fails with the provider's error.
+    ///
+    /// A device without windows (`max_mw` 0, as siw) is refused before the call with
+    /// [`Error::NotSupported`](crate::Error::NotSupported) naming
+    /// [`Verb::PdAllocMw`](crate::Verb::PdAllocMw) and `max_mw`.
     #[doc(alias = "ibv_alloc_mw")]
     pub fn alloc_mw(&self, ty: MwType) -> Result<MemoryWindow> {
+        if self.context().query_device()?.raw.max_mw <= 0 {
+            return Err(Error::not_supported(
+                Verb::PdAllocMw,
+                "memory windows: the device's max_mw is 0 (ibv_query_device)",
+            ));
+        }
         // SAFETY: the PD is live (self).
         let raw = unsafe { ffi::ibv_alloc_mw(self.as_raw(), ty.to_c()) };
         // SAFETY: a new window that only this Owned deallocates.

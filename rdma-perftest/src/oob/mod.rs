@@ -43,8 +43,10 @@
 //! rkey and address, its outstanding reads (a read client of ours issues no more than
 //! that), the GID type check, and every step's count and order. Not used: the cache
 //! line (this side writes to the one address it was given, not spread), the SRQ number
-//! (no XRC, no DC), the peer's reports other than printing them. perftest's flags that
-//! change the exchange (rdma_cm `-R`, `--dont_xchg_versions`, `-D`, `-a`, duplex `-b`,
+//! (no XRC, no DC), the peer's reports other than printing them. perftest's rdma_cm mode
+//! (`-R`) is spoken too ([`crate::cm`]: the same exchange as SENDs on an rdma_cm
+//! connection, destinations in binary, no MTU or LID/GID used). perftest's flags that
+//! change the exchange otherwise (`--dont_xchg_versions`, `-D`, `-a`, duplex `-b`,
 //! `--report-both`, `--report_per_port`, UD/UC/XRC/DC) are not spoken: with a perftest
 //! peer these tools refuse `-a` and `-D`.
 //!
@@ -108,6 +110,8 @@ pub struct Perftest {
     pub mtu: Mtu,
     client: bool,
     with_gid: bool,
+    /// Over rdma_cm (`-R`): binary destinations, QPs connected by the CM, no `done`.
+    cm: bool,
     /// This side's destination of QP 0, sent again at every barrier.
     me: Dest,
 }
@@ -154,10 +158,17 @@ pub fn greet(stream: &mut dyn Stream, client: bool, ctx: &Context, c: &Common) -
         PeerKind::Ours => return Ok(Peer::Ours),
         PeerKind::Perftest(v) => v,
     };
+    let cm = match stream.cm_link() {
+        Some(link) => {
+            link.perftest_peer = true;
+            true
+        }
+        None => false,
+    };
     let mtu = if peer_mtu.to_raw() < port.active_mtu.to_raw() { peer_mtu } else { port.active_mtu };
     let with_gid = port.is_ethernet() || c.gid_index.is_some();
     let cycle_buffer = cycle.max(page) as usize;
-    Ok(Peer::Perftest(Perftest { version, cycle_buffer, mtu, client, with_gid, me: Dest::default() }))
+    Ok(Peer::Perftest(Perftest { version, cycle_buffer, mtu, client, with_gid, cm, me: Dest::default() }))
 }
 
 /// One system data field each way; the larger of the two.
@@ -182,6 +193,7 @@ impl Peer {
         stream: &mut dyn Stream,
     ) -> Res<Vec<Option<RemoteMr>>> {
         match self {
+            Peer::Ours if stream.cm_link().is_some() => ours_over_cm(offers, stream),
             Peer::Ours => offers
                 .iter()
                 .map(|o| {
@@ -203,6 +215,30 @@ impl Peer {
     }
 }
 
+/// Two of ours over rdma_cm: the test's connections made ([`crate::cm`]), each QP's
+/// region (or none) in rdma-verbs' format, with its length, one exchange per QP.
+fn ours_over_cm(offers: &[Offer<'_>], stream: &mut dyn Stream) -> Res<Vec<Option<RemoteMr>>> {
+    stream.cm_link().ok_or("no rdma_cm link")?.connect_round()?;
+    let client = stream.cm_link().is_some_and(|l| l.is_client());
+    offers
+        .iter()
+        .map(|o| {
+            let mut mine = [0u8; 1 + RemoteMr::WIRE_LEN];
+            if let Some(mr) = o.mr {
+                mine[0] = 1;
+                mine[1..].copy_from_slice(&mr.to_bytes());
+            }
+            let mut theirs = [0u8; 1 + RemoteMr::WIRE_LEN];
+            xchg(stream, client, &mine, &mut theirs, "regions")?;
+            match theirs[0] {
+                0 => Ok(None),
+                1 => Ok(Some(RemoteMr::from_bytes(&theirs[1..])?)),
+                b => Err(format!("the peer's region message starts with {b:#04x}, expected 0 or 1").into()),
+            }
+        })
+        .collect()
+}
+
 impl Perftest {
     fn connect(
         &mut self,
@@ -213,6 +249,9 @@ impl Perftest {
         stream: &mut dyn Stream,
     ) -> Res<Vec<Option<RemoteMr>>> {
         let Some(first) = offers.first() else { return Err("no QP to connect".into()) };
+        if self.cm {
+            stream.cm_link().ok_or("no rdma_cm link")?.connect_round()?;
+        }
         let ctx = first.qp.context();
         let (lid, gid) = self.local_address(ctx, c)?;
         let gid = gid.map(|g| (g.index, g.gid));
@@ -235,7 +274,8 @@ impl Perftest {
             self.barrier(stream)?;
         }
         let peers = mine.iter().map(|d| self.exchange(stream, d)).collect::<Res<Vec<Dest>>>()?;
-        for (o, peer) in offers.iter().zip(&peers) {
+        // Over rdma_cm the CM brought the QPs up (perftest checks no GID types then).
+        for (o, peer) in offers.iter().zip(&peers).filter(|_| !self.cm) {
             check_gid_types(gid.map(|(_, g)| g), peer)?;
             self.bring_up(c, o, peer, gid.map(|(i, _)| i), out_reads)?;
         }
@@ -252,6 +292,11 @@ impl Perftest {
     /// default: RoCE v2 with an IPv4 address first, as perftest's choice).
     fn local_address(&self, ctx: &Context, c: &Common) -> Res<(u16, Option<rdma_verbs::GidEntry>)> {
         let port = ctx.query_port(c.ib_port)?;
+        if self.cm {
+            // Informational only (perftest prints it): the CM chose the path.
+            let gid = ctx.query_gid(c.ib_port, c.gid_index.unwrap_or(0)).ok();
+            return Ok((port.lid, gid));
+        }
         let gid = match (self.with_gid, c.gid_index) {
             (false, _) => None,
             (true, Some(i)) => Some(ctx.query_gid(c.ib_port, i)?),
@@ -262,6 +307,11 @@ impl Perftest {
 
     /// One destination exchange: this side's `mine`, the peer's back.
     fn exchange(&self, stream: &mut dyn Stream, mine: &Dest) -> Res<Dest> {
+        if self.cm {
+            let mut buf = [0u8; msg::DEST_LEN_CM];
+            xchg(stream, self.client, &mine.to_cm_bytes(), &mut buf, "destinations")?;
+            return Ok(Dest::parse_cm(&buf)?);
+        }
         let len = if self.with_gid { msg::DEST_LEN_GID } else { msg::DEST_LEN };
         let mut buf = [0u8; msg::DEST_LEN_GID];
         xchg(stream, self.client, &mine.to_bytes(), &mut buf[..len], "destinations")?;
@@ -315,6 +365,10 @@ impl Perftest {
     /// (it may have closed already: that is no error).
     pub fn close(&self, stream: &mut dyn Stream) -> Res<()> {
         self.barrier(stream)?;
+        if self.cm {
+            // perftest's rdma_cm mode ends with the barrier.
+            return Ok(());
+        }
         // The peer may be gone once its `done` is out: a failed write here changes nothing.
         let _ = stream.write_all(msg::DONE).and_then(|()| stream.flush());
         let mut done = [0u8; msg::DONE.len()];

@@ -16,6 +16,9 @@ pub const MIN_VERSION: f64 = 5.70;
 pub const DEST_LEN_GID: usize = 108;
 /// A destination message without one (`KEY_MSG_SIZE`): InfiniBand without `-x`.
 pub const DEST_LEN: usize = 59;
+/// A destination message of the rdma_cm mode (`-R`): perftest's `struct pingpong_dest`
+/// in binary, as x86_64 lays it out (56 bytes).
+pub const DEST_LEN_CM: usize = 56;
 /// What each side writes after the closing handshake (`ctx_close_connection`).
 pub const DONE: &[u8; 5] = b"done\0";
 /// Largest cycle buffer taken from a peer: it sizes the region a perftest requester
@@ -174,6 +177,52 @@ impl Dest {
     }
 }
 
+impl Dest {
+    /// The rdma_cm mode's form (perftest's `rdma_write_keys`): `lid`, `out_reads`, `qpn`,
+    /// `psn`, `rkey` as big-endian 4-byte integers, 4 bytes of padding, `vaddr` (8), the
+    /// GID's 16 bytes, `srqn` and the GID index (4 each, here 0), [`DEST_LEN_CM`] bytes.
+    pub fn to_cm_bytes(&self) -> [u8; DEST_LEN_CM] {
+        let mut b = [0u8; DEST_LEN_CM];
+        let words = [u32::from(self.lid), u32::from(self.out_reads), self.qpn, self.psn, self.rkey];
+        for (at, w) in words.iter().enumerate() {
+            b[4 * at..4 * at + 4].copy_from_slice(&w.to_be_bytes());
+        }
+        b[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        b[32..48].copy_from_slice(&self.gid.unwrap_or_default());
+        b[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        b
+    }
+
+    /// Parses the rdma_cm mode's form: exactly [`DEST_LEN_CM`] bytes, a LID and an
+    /// outstanding-reads count that fit 16 bits, a QP number and a PSN that fit 24. The
+    /// padding, the SRQ number and the GID index are not read (perftest does not read
+    /// them either, and sends its padding uninitialised).
+    pub fn parse_cm(buf: &[u8]) -> Result<Dest, String> {
+        if buf.len() != DEST_LEN_CM {
+            return Err(format!("an rdma_cm destination message is {DEST_LEN_CM} bytes, this one {}", buf.len()));
+        }
+        let word = |i: usize| u32::from_be_bytes([buf[4 * i], buf[4 * i + 1], buf[4 * i + 2], buf[4 * i + 3]]);
+        let small = |i: usize, what: &str, max: u32| match word(i) {
+            v if v <= max => Ok(v),
+            v => Err(format!("the peer's {what} {v:#x} in its rdma_cm destination is above {max:#x}")),
+        };
+        let mut vaddr = [0u8; 8];
+        vaddr.copy_from_slice(&buf[24..32]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&buf[32..48]);
+        Ok(Dest {
+            lid: small(0, "LID", 0xffff)? as u16,
+            out_reads: small(1, "outstanding reads", 0xffff)? as u16,
+            qpn: small(2, "QP number", 0xff_ffff)?,
+            psn: small(3, "PSN", 0xff_ffff)?,
+            rkey: word(4),
+            vaddr: u64::from_be_bytes(vaddr),
+            gid: Some(gid),
+            srqn: 0,
+        })
+    }
+}
+
 /// Reads fixed-width hex fields.
 struct Cursor<'a> {
     buf: &'a [u8],
@@ -281,6 +330,40 @@ mod tests {
         let b = sample(false).to_bytes();
         assert_eq!(b.len(), DEST_LEN);
         assert_eq!(&b[..], &b"0012:0010:000011:abcdef:deadbeef:00007f0012345678:00000000\0"[..]);
+    }
+
+    #[test]
+    fn an_rdma_cm_destination_is_perftests_struct_in_big_endian() {
+        let b = sample(true).to_cm_bytes();
+        let mut want = Vec::new();
+        for w in [0x12u32, 16, 0x11, 0xabcdef, 0xdead_beef, 0] {
+            want.extend_from_slice(&w.to_be_bytes());
+        }
+        want.extend_from_slice(&0x7f00_1234_5678u64.to_be_bytes());
+        want.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 98, 0, 1]);
+        want.extend_from_slice(&[0; 8]);
+        assert_eq!(&b[..], &want[..]);
+        assert_eq!(Dest::parse_cm(&b), Ok(sample(true)));
+        // perftest's padding, SRQ number and GID index are garbage or ignored: not read.
+        let mut noisy = b;
+        noisy[20..24].copy_from_slice(&[0xaa; 4]);
+        noisy[48..].copy_from_slice(&[0x55; 8]);
+        assert_eq!(Dest::parse_cm(&noisy), Ok(sample(true)));
+    }
+
+    #[test]
+    fn hostile_rdma_cm_destinations_are_refused_without_panic() {
+        for len in (0..200).filter(|&l| l != DEST_LEN_CM) {
+            assert!(Dest::parse_cm(&vec![0u8; len]).is_err(), "length {len}");
+        }
+        // A field beyond its width: LID, outstanding reads (16 bits), QP number, PSN (24).
+        for (at, top) in [(0, 0x1_0000u32), (4, 0x1_0000), (8, 0x100_0000), (12, 0x100_0000)] {
+            let mut b = sample(true).to_cm_bytes();
+            b[at..at + 4].copy_from_slice(&top.to_be_bytes());
+            assert!(Dest::parse_cm(&b).is_err(), "field at {at}");
+            b[at..at + 4].copy_from_slice(&u32::MAX.to_be_bytes());
+            assert!(Dest::parse_cm(&b).is_err(), "field at {at}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@ use crate::caps::{device_attr_ex, DEVICE_ATOMIC_WRITE, NO_ATOMIC_WRITE};
 use crate::context::Context;
 use crate::conv;
 use crate::cq::CompletionQueue;
+use crate::device::AtomicCap;
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::handle::Owned;
@@ -201,6 +202,13 @@ impl<'a> QueuePairBuilder<'a> {
     /// when one CQ takes both) must fit in the CQ's entries besides those the safe queues
     /// already claimed on it reserved ([`CompletionQueue::builder`] says why), so the
     /// defaults (128 + 128) need a CQ of 256 entries.
+    ///
+    /// Refused with [`Error::NotSupported`] naming the same verb, before the QP is created:
+    /// a UC or UD QP on an iWARP device (iWARP's QPs are RC only), atomics among the
+    /// [`extended_send_ops`](Self::extended_send_ops) of a device whose `atomic_cap` is
+    /// `ATOMIC_NONE`, and RDMA ATOMIC WRITE on a device without it. A provider without the
+    /// extended send API (`EOPNOTSUPP` from `ibv_create_qp_ex` with send ops, as siw) is
+    /// [`Error::NotSupported`] too, naming it.
     #[doc(alias = "ibv_create_qp_ex")]
     #[doc(alias = "ibv_create_qp")]
     pub fn build(self) -> Result<QueuePair> {
@@ -273,6 +281,27 @@ impl<'a> QueuePairBuilder<'a> {
             None => random_psn(),
         };
         let dev = ctx.query_device()?;
+        // iWARP (RFC 5040) is reliable and connected: its devices make RC QPs only.
+        if ctx.transport() == Transport::Iwarp && self.req.qp_type != QpType::Rc {
+            return Err(Error::not_supported(
+                Verb::QueuePairBuilderBuild,
+                format!(
+                    "{} QPs: {} is an iWARP device, whose QPs are RC only (transport iWARP)",
+                    self.req.qp_type,
+                    ctx.name()
+                ),
+            ));
+        }
+        let atomics = SendOps::ATOMIC_CMP_AND_SWP | SendOps::ATOMIC_FETCH_AND_ADD;
+        if self.req.send_ops.is_some_and(|ops| ops.intersects(atomics)) && !dev.atomic_cap.supported() {
+            return Err(Error::not_supported(
+                Verb::QueuePairBuilderBuild,
+                match dev.atomic_cap {
+                    AtomicCap::Unknown(v) => format!("atomics (compare and swap, fetch and add): atomic_cap {v}"),
+                    _ => "atomics (compare and swap, fetch and add): the device's atomic_cap is IBV_ATOMIC_NONE".into(),
+                },
+            ));
+        }
         let cap = self.req.check(dev.max_qp_wr, dev.max_sge, dev.max_cqe)?;
         self.check_cq_room(&cap)?;
         // RDMA ATOMIC WRITE: the device says whether it has it (a provider without the
@@ -305,10 +334,15 @@ impl<'a> QueuePairBuilder<'a> {
                 self.req.qp_type,
                 QpCaps::from_ffi(&cap)
             )),
-            Some(libc::EOPNOTSUPP | libc::ENOSYS) if self.req.send_ops.is_some() => e.with_hint(format!(
-                "the provider has no extended send API for {:?} on {} QPs",
-                send_ops, self.req.qp_type
-            )),
+            Some(errno @ (libc::EOPNOTSUPP | libc::ENOSYS)) if self.req.send_ops.is_some() => Error::NotSupported {
+                verb: e.verb_of().unwrap_or(verb),
+                capability: format!(
+                    "the extended send API (ibv_wr_*, send ops {:?}) on {} QPs: the provider has none",
+                    send_ops, self.req.qp_type
+                )
+                .into(),
+                errno: Some(errno),
+            },
             _ => e,
         })?;
         let (detach, keep) = creator.map_or((None, None), |c| (Some(c.detach), Some(c.keep)));

@@ -476,6 +476,8 @@ impl QueuePair {
         if self.qp_type() == QpType::Ud {
             return Err(Error::invalid(Verb::ModifyQp, "UD QPs are not connected: call ready_ud()"));
         }
+        // Before the GID lookup below, which an iWARP port would fail with a false cause.
+        self.by_hand(Verb::ModifyQp)?;
         let ctx = self.context();
         let port = ctx.query_port(init.port)?;
         let path = if port.is_ethernet() {

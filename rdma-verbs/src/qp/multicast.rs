@@ -37,10 +37,15 @@ impl QueuePair {
     ///
     /// Refused before any C call, with [`Error::InvalidArgument`] naming
     /// [`Verb::QpAttachMulticast`]: a QP that is not UD (only UD QPs join groups), and a
-    /// `gid` that is not a multicast address.
+    /// `gid` that is not a multicast address. A device without multicast
+    /// (`max_mcast_grp` 0, as siw) is refused first, with [`Error::NotSupported`] naming
+    /// the same verb and `max_mcast_grp`.
     #[doc(alias = "ibv_attach_mcast")]
     pub fn attach_multicast(&self, gid: Gid, lid: u16) -> Result<MulticastMembership> {
         const OURS: Verb = Verb::QpAttachMulticast;
+        if self.context().query_device()?.raw.max_mcast_grp <= 0 {
+            return Err(Error::not_supported(OURS, "multicast: the device's max_mcast_grp is 0 (ibv_query_device)"));
+        }
         if self.qp_type() != QpType::Ud {
             return Err(Error::invalid(
                 OURS,

@@ -3,123 +3,16 @@
 //! device, server and client over TCP on 127.0.0.1 or `--loopback` in one process. Few
 //! iterations each: the test bed emulates its CPU.
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
-use std::thread;
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{device_name, example, gid_index, open, LeakCheck};
-
-/// A run never takes this long, even when the first start of a debug binary from the
-/// shared folder takes seconds under emulation.
-const LIMIT: Duration = Duration::from_secs(180);
+use crate::{device_name, gid_index, open, LeakCheck};
+use rdma_test_support::tool::{run, Finished, Proc};
 
 /// The device flags every run takes.
 fn dev_args() -> Vec<String> {
     vec!["-d".into(), device_name(), "-x".into(), gid_index().to_string()]
-}
-
-/// A child process whose stderr lines arrive on a channel as they come (a server says
-/// there when it listens).
-struct Proc {
-    name: String,
-    child: Child,
-    err_lines: mpsc::Receiver<String>,
-    err: Vec<String>,
-    out: thread::JoinHandle<String>,
-}
-
-/// What a finished child printed.
-struct Finished {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Finished {
-    fn report(&self, name: &str) -> String {
-        format!("--- {name}: {}\n--- stdout:\n{}--- stderr:\n{}", self.status, self.stdout, self.stderr)
-    }
-}
-
-impl Proc {
-    fn spawn(name: &str, args: &[String]) -> Proc {
-        let path = example(name);
-        let mut child = Command::new(&path)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawning {}: {e}", path.display()));
-        let (tx, err_lines) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut stdout = child.stdout.take().unwrap();
-        let out = thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stdout.read_to_string(&mut s);
-            s
-        });
-        Proc { name: format!("{name} {}", args.join(" ")), child, err_lines, err: Vec::new(), out }
-    }
-
-    /// Waits until a stderr line contains `needle`.
-    fn wait_stderr(&mut self, needle: &str) {
-        let deadline = Instant::now() + LIMIT;
-        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
-            match self.err_lines.recv_timeout(left) {
-                Ok(line) => {
-                    let hit = line.contains(needle);
-                    self.err.push(line);
-                    if hit {
-                        return;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        panic!("{}: no stderr line with {needle:?}; stderr:\n{}", self.name, self.err.join("\n"));
-    }
-
-    /// Waits for the exit (killed after [`LIMIT`]) and collects the output.
-    fn finish(mut self) -> Finished {
-        let deadline = Instant::now() + LIMIT;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                break self.child.wait().unwrap();
-            }
-            thread::sleep(Duration::from_millis(20));
-        };
-        let stdout = self.out.join().unwrap_or_default();
-        // The reader thread ends with the pipe; take what it read.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while let Ok(line) = self.err_lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            self.err.push(line);
-        }
-        Finished { status, stdout, stderr: self.err.join("\n") + "\n" }
-    }
-}
-
-/// Runs one process to its end.
-fn run(name: &str, args: &[String]) -> Finished {
-    Proc::spawn(name, args).finish()
 }
 
 /// Runs a server and then its client on 127.0.0.1 (same flags, `extra` per side), and
@@ -498,4 +391,46 @@ fn soak_catches_one_flipped_bit_in_a_write_that_landed() {
     let summary = done.stdout.lines().last().unwrap_or_default();
     assert!(summary.starts_with("soak: FAIL "), "no FAIL summary\n{}", done.report("soak"));
     assert!(summary.contains(" checksum_errors=1 "), "one checksum error in {summary}");
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn write_bw_over_rdma_cm_passes_the_data_check_and_meets_perftests_rdma_cm_in_both_roles() {
+    rdma_test_support::tool::write_bw_over_rdma_cm_meets_itself_and_perftest(18621);
+}
+
+#[test]
+#[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
+fn read_bw_send_bw_and_the_latency_tools_run_over_rdma_cm_with_their_checks() {
+    let ip = rdma_test_support::rdma_ip().to_string();
+    let runs: [(&str, &[&str], &str); 5] = [
+        ("read_bw", &["-s", "4096", "-n", "100"], "4096 B: the client's data check passed on 1 QP"),
+        ("send_bw", &["-s", "4096", "-n", "100", "-q", "2"], "4096 B: the data check passed on 2 QPs"),
+        ("write_lat", &["-n", "40", "--json"], "iterations done"),
+        ("read_lat", &["-s", "64", "-n", "40", "--json"], "iterations done"),
+        ("send_lat", &["-n", "40", "--json"], "iterations done"),
+    ];
+    for (i, (name, args, server_says)) in runs.into_iter().enumerate() {
+        let mut s: Vec<String> = ["-R", "-p", &(18622 + i as u16).to_string()].map(String::from).to_vec();
+        s.extend(args.iter().map(|a| a.to_string()));
+        let mut c = s.clone();
+        c.push(ip.clone());
+        let (server, client) = rdma_test_support::tool::cm_pair((name, &s), (name, &c));
+        assert!(server.status.success(), "{name} -R server failed\n{}", server.report("server"));
+        assert!(client.status.success(), "{name} -R client failed\n{}", client.report("client"));
+        assert!(
+            server.stderr.contains(server_says),
+            "{name} -R server: no {server_says:?}\n{}",
+            server.report("server")
+        );
+        if name.ends_with("_lat") {
+            let objs = json_lines(&client.stdout);
+            assert_eq!(objs.len(), 1, "{name} -R client: one JSON line expected\n{}", client.report("client"));
+            let bytes = if name == "read_lat" { 64 } else { 2 };
+            check_latency_json(&objs[0], bytes, 40, &format!("{name} -R client"));
+        } else {
+            let row = rdma_test_support::tool::bw_row(&client.stdout, 4096, 100);
+            assert!(row.is_some(), "{name} -R client: no 4096 x 100 row\n{}", client.report("client"));
+        }
+    }
 }

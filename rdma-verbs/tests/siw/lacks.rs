@@ -1,0 +1,193 @@
+//! What siw lacks, each refused by type and naming the capability the device reports
+//! absent: memory windows (`max_mw` 0), address handles (`max_ah` 0), multicast
+//! (`max_mcast_grp` 0), UC and UD QPs (iWARP is RC only), atomics (`IBV_ATOMIC_NONE`), and
+//! the extended send API (the provider answers `EOPNOTSUPP`). Each test first reads the
+//! capability from the device, so it proves the refusal matches what the device says.
+
+use rdma_test_support::{open, LeakCheck};
+use rdma_verbs::{
+    ffi, AddressHandle, AhAttr, AtomicCap, CompletionQueue, Error, Gid, MwType, ProtectionDomain, QpType, QueuePair,
+    SendOps, Verb, WcFields,
+};
+
+use crate::iwarp_device;
+
+/// `e` is [`Error::NotSupported`] from our check before C, by `verb`, naming each of `words`.
+#[track_caller]
+fn refused_before_c(e: Error, verb: Verb, words: &[&str]) {
+    let text = e.to_string();
+    match &e {
+        Error::NotSupported { verb: v, errno: None, .. } => assert_eq!(*v, verb, "{text}"),
+        other => panic!("expected NotSupported before C from {verb:?}, got {other:?}"),
+    }
+    for word in words.iter().chain(&["refused before the call"]) {
+        assert!(text.contains(word), "{word:?} missing from: {text}");
+    }
+    println!("{verb:?}: {text}");
+}
+
+#[test]
+#[ignore = "needs an iWARP device: scripts/test runs it on siw"]
+fn memory_windows_are_not_supported_before_c_naming_max_mw_and_c_agrees() {
+    iwarp_device();
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    assert_eq!(ctx.query_device().unwrap().raw.max_mw, 0, "siw reports no memory windows");
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    for ty in [MwType::Type1, MwType::Type2] {
+        refused_before_c(pd.alloc_mw(ty).unwrap_err(), Verb::PdAllocMw, &["memory windows", "max_mw is 0"]);
+    }
+    // The provider has no window either: the check refuses nothing C would have given.
+    // SAFETY: the PD is live; a window it returned would be deallocated at once.
+    let mw = unsafe { ffi::ibv_alloc_mw(pd.as_raw(), ffi::ibv_mw_type::IBV_MW_TYPE_1) };
+    if !mw.is_null() {
+        // SAFETY: the window was just allocated and nothing else holds it.
+        unsafe { ffi::ibv_dealloc_mw(mw) };
+        panic!("ibv_alloc_mw gave a window on a device reporting max_mw 0");
+    }
+}
+
+#[test]
+#[ignore = "needs an iWARP device: scripts/test runs it on siw"]
+fn address_handles_are_not_supported_before_c_naming_max_ah_and_c_agrees() {
+    iwarp_device();
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    assert_eq!(ctx.query_device().unwrap().raw.max_ah, 0, "siw reports no address handles (no UD)");
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let gid = ctx.query_gid(1, 0).unwrap().gid;
+    let attr = AhAttr::global(1, gid, 0);
+    refused_before_c(AddressHandle::new(&pd, &attr).unwrap_err(), Verb::AhNew, &["address handles", "max_ah is 0"]);
+    let mut raw = attr.to_ffi().unwrap();
+    // SAFETY: the PD is live and `raw` a valid address vector; a handle it returned would
+    // be destroyed at once.
+    let ah = unsafe { ffi::ibv_create_ah(pd.as_raw(), &mut raw) };
+    if !ah.is_null() {
+        // SAFETY: the handle was just created and nothing else holds it.
+        unsafe { ffi::ibv_destroy_ah(ah) };
+        panic!("ibv_create_ah gave a handle on a device reporting max_ah 0");
+    }
+}
+
+#[test]
+#[ignore = "needs an iWARP device: scripts/test runs it on siw"]
+fn uc_and_ud_qps_are_not_supported_before_c_naming_iwarp_and_c_agrees() {
+    let name = iwarp_device();
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    for ty in [QpType::Uc, QpType::Ud] {
+        let e = QueuePair::builder(&pd, ty, &cq, &cq).max_send_wr(4).max_recv_wr(4).build().unwrap_err();
+        refused_before_c(e, Verb::QueuePairBuilderBuild, &[&format!("{ty} QPs"), &name, "iWARP", "RC only"]);
+    }
+    // The provider agrees: it makes no UD QP.
+    let mut attr = ffi::ibv_qp_init_attr {
+        send_cq: cq.as_raw(),
+        recv_cq: cq.as_raw(),
+        cap: ffi::ibv_qp_cap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+        qp_type: ffi::ibv_qp_type::IBV_QPT_UD,
+        ..Default::default()
+    };
+    // SAFETY: the PD and the CQ are live; a QP it returned would be destroyed at once.
+    let qp = unsafe { ffi::ibv_create_qp(pd.as_raw(), &mut attr) };
+    if !qp.is_null() {
+        // SAFETY: the QP was just created and nothing else holds it.
+        unsafe { ffi::ibv_destroy_qp(qp) };
+        panic!("ibv_create_qp gave a UD QP on an iWARP device");
+    }
+    // An RC QP is made as ever.
+    QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(4).max_recv_wr(4).build().unwrap();
+}
+
+#[test]
+#[ignore = "needs an iWARP device: scripts/test runs it on siw"]
+fn multicast_is_not_supported_before_c_naming_max_mcast_grp() {
+    iwarp_device();
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    assert_eq!(ctx.query_device().unwrap().raw.max_mcast_grp, 0, "siw reports no multicast");
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    // iWARP makes RC QPs only, and the device's answer comes before the QP type's.
+    let qp = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(4).max_recv_wr(4).build().unwrap();
+    let group = Gid([0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+    refused_before_c(
+        qp.attach_multicast(group, 0).unwrap_err(),
+        Verb::QpAttachMulticast,
+        &["multicast", "max_mcast_grp is 0"],
+    );
+}
+
+#[test]
+#[ignore = "needs an iWARP device: scripts/test runs it on siw"]
+fn atomic_send_ops_are_not_supported_before_c_naming_atomic_cap_none() {
+    iwarp_device();
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    assert_eq!(ctx.query_device().unwrap().atomic_cap, AtomicCap::None, "siw has no atomics");
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    for ops in [SendOps::ATOMIC_CMP_AND_SWP, SendOps::ATOMIC_FETCH_AND_ADD] {
+        let e = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
+            .max_send_wr(4)
+            .max_recv_wr(4)
+            .extended_send_ops(SendOps::SEND | ops)
+            .build()
+            .unwrap_err();
+        refused_before_c(e, Verb::QueuePairBuilderBuild, &["atomics", "atomic_cap is IBV_ATOMIC_NONE"]);
+    }
+}
+
+#[test]
+#[ignore = "needs an iWARP device: scripts/test runs it on siw"]
+fn the_extended_send_api_is_not_supported_as_the_provider_answers() {
+    iwarp_device();
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let e = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
+        .max_send_wr(4)
+        .max_recv_wr(4)
+        .extended_send_ops(SendOps::SEND | SendOps::RDMA_WRITE)
+        .build()
+        .unwrap_err();
+    let text = e.to_string();
+    match &e {
+        Error::NotSupported { verb: Verb::CreateQpEx, errno: Some(libc::EOPNOTSUPP), .. } => {}
+        other => panic!("expected NotSupported from ibv_create_qp_ex with EOPNOTSUPP, got {other:?}"),
+    }
+    assert!(text.contains("the extended send API (ibv_wr_*"), "{text}");
+    println!("{text}");
+}
+
+#[test]
+#[ignore = "needs an iWARP device: scripts/test runs it on siw"]
+fn extended_cqs_and_cq_resizing_are_not_supported_as_the_provider_answers() {
+    iwarp_device();
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    // siw's provider has no create_cq_ex: libibverbs answers EOPNOTSUPP.
+    let e = CompletionQueue::builder(&ctx, 16).extended(WcFields::empty()).build().unwrap_err();
+    match &e {
+        Error::NotSupported { verb: Verb::CreateCqEx, errno: Some(libc::EOPNOTSUPP), capability } => {
+            assert!(capability.contains("the extended CQ (ibv_create_cq_ex)"), "{e}")
+        }
+        other => panic!("expected NotSupported from ibv_create_cq_ex with EOPNOTSUPP, got {other:?}"),
+    }
+    println!("{e}");
+    // And no resize_cq: the CQ keeps its size and works on.
+    let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let before = cq.cqe();
+    let e = cq.resize(64).unwrap_err();
+    match &e {
+        Error::NotSupported { verb: Verb::ResizeCq, errno: Some(libc::EOPNOTSUPP | libc::ENOSYS), capability } => {
+            assert!(capability.contains("CQ resizing: the provider has no resize_cq"), "{e}")
+        }
+        other => panic!("expected NotSupported from ibv_resize_cq, got {other:?}"),
+    }
+    println!("{e}");
+    assert_eq!(cq.cqe(), before);
+    assert!(cq.poll(&mut [rdma_verbs::WorkCompletion::EMPTY; 4]).unwrap().is_empty());
+}

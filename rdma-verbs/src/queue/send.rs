@@ -137,24 +137,44 @@ unsafe impl<T: SendBuf, R: SendRequest> Send for SendQueue<T, R> {}
 
 /// Scratch space where a batch's C requests and their SGEs are built, kept with the send
 /// queue (allocated when it is claimed) rather than on the stack, where every post would
-/// pay for stack probes and cold pages. Nothing in it outlives a post. Room for as many
-/// C requests as one post can stage: the queue's depth, at most [`MAX_BATCH`] (257 bytes
-/// each), so a shallow queue's memory stays small (#45: 16 KiB whatever the depth before).
+/// pay for stack probes and cold pages. Nothing in it outlives a post. One [`Slot`] for
+/// each C request one post can stage: the queue's depth, at most [`MAX_BATCH`], so a
+/// shallow queue's memory stays small (#45: 16 KiB whatever the depth before). One
+/// allocation of slots, not a slice of each part: a post then reads one base address
+/// and indexes it once (three slices cost 3 to 4 instructions a single post and 9 to 10
+/// a request in batches, scripts/instructions 2026-12-07).
 struct SendScratch {
-    sges: Box<[Sges]>,
-    /// Zeroed once; only `classic` writes them (see there).
-    raws: Box<[ffi::ibv_send_wr]>,
-    counts: Box<[u8]>,
+    /// Never empty, and exactly `ring.cap.min(MAX_BATCH)` long (`new`): a post's index
+    /// is below that (see `stage`).
+    slots: Box<[Slot]>,
+}
+
+/// Where one C request of a post is built: its SGEs, the request, and (for the extended
+/// API's way) how many SGEs it has.
+struct Slot {
+    sges: Sges,
+    /// Zeroed once; only `classic` writes it (see there).
+    raw: ffi::ibv_send_wr,
+    count: u8,
 }
 
 impl SendScratch {
+    /// The scratch of a queue `depth` deep (a ring of capacity `depth.max(1)`).
     fn new(depth: u32) -> SendScratch {
         let room = (depth as usize).clamp(1, MAX_BATCH);
-        SendScratch {
-            sges: vec![NO_SGES; room].into_boxed_slice(),
-            raws: (0..room).map(|_| zeroed_wr()).collect(),
-            counts: vec![0; room].into_boxed_slice(),
-        }
+        SendScratch { slots: (0..room).map(|_| Slot { sges: NO_SGES, raw: zeroed_wr(), count: 0 }).collect() }
+    }
+
+    /// The slot of the `n`th C request of a post.
+    ///
+    /// # Safety
+    /// `n` is below the ring's capacity and below [`MAX_BATCH`] (so below the slots'
+    /// length, `ring.cap.min(MAX_BATCH)`).
+    #[inline(always)]
+    unsafe fn slot(&mut self, n: usize) -> &mut Slot {
+        debug_assert!(n < self.slots.len());
+        // SAFETY: the caller's bound; the slots are `ring.cap.min(MAX_BATCH)` long.
+        unsafe { self.slots.get_unchecked_mut(n) }
     }
 }
 
@@ -341,7 +361,8 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let most = MAX_BATCH;
         let room = self.ring.free().min(most);
         let mut chain = Staging::new();
-        let (n, refused) = match self.stage(verb, 0, room, most, wr, &mut chain) {
+        // SAFETY: room is at most the free slots and MAX_BATCH.
+        let (n, refused) = match unsafe { self.stage(verb, 0, room, most, wr, &mut chain) } {
             Ok(w) => (w, None),
             Err(r) => (0, Some(r)),
         };
@@ -372,7 +393,8 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             return Err(full(verb, ring.cap, wr));
         }
         let seq = ring.head;
-        let SendScratch { sges, raws, .. } = scratch;
+        // SAFETY: 0 is below MAX_BATCH and below the ring's capacity (at least 1).
+        let Slot { sges, raw: out, .. } = unsafe { scratch.slot(0) };
         // Checked and built where the caller built it (its constant fields fold into the
         // checks), and moved into the ring once posted, as `stage` does. Held without
         // drop glue meanwhile: every way out below moves it (into the refusal or the
@@ -381,7 +403,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         // edge, the compiler kept the whole request on the stack and copied it into its
         // slot from there (scripts/instructions: 5 to 11 instructions a single post).
         let mut wr = ManuallyDrop::new(wr);
-        let k = match wr.check(verb, limits, *key, &mut sges[0], TOKEN()) {
+        let k = match wr.check(verb, limits, *key, sges, TOKEN()) {
             Ok(k) => k,
             Err(e) => return Err(Refused::new(e, ManuallyDrop::into_inner(wr))),
         };
@@ -392,11 +414,11 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             // buffer it owns, which the ring keeps from the post to the completion.
             Some(qpx) if wr.ext_takes(*ext, k, TOKEN()) => unsafe {
                 ffi::ibv_wr_start(qpx);
-                wr.extended(qpx, wr_id(*tag_bits, seq), &sges[0], k, TOKEN());
+                wr.extended(qpx, wr_id(*tag_bits, seq), sges, k, TOKEN());
                 ffi::ibv_wr_complete(qpx)
             },
             _ => {
-                let (first, _) = wr.c_request(*tag_bits, seq, &mut sges[0], k, &mut raws[0], TOKEN());
+                let (first, _) = wr.c_request(*tag_bits, seq, sges, k, out, TOKEN());
                 let mut bad = std::ptr::null_mut();
                 // SAFETY: as in post_staged: one valid C request (its `next` NULL) in the
                 // scratch space or in the request (its heap block, or a bind's own C
@@ -473,7 +495,8 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let mut chain = Staging::new();
         let (mut n, mut items, mut refused) = (0, 0, None);
         for wr in wrs.by_ref() {
-            match self.stage(Verb::SendQueuePostBatch, n, room, MAX_BATCH, wr, &mut chain) {
+            // SAFETY: room is at most the free slots and MAX_BATCH.
+            match unsafe { self.stage(Verb::SendQueuePostBatch, n, room, MAX_BATCH, wr, &mut chain) } {
                 Ok(w) => {
                     n += w;
                     items += 1;
@@ -501,8 +524,12 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// is how many C requests this post may stage, `most` the longest post allowed,
     /// `verb` the post method (a refusal names it). Returns how many C requests it
     /// staged.
+    ///
+    /// # Safety
+    /// `room` is at most the ring's free slots and at most [`MAX_BATCH`] (the C requests
+    /// staged go into scratch slots `n..n + w`, unchecked).
     #[inline(always)]
-    fn stage(
+    unsafe fn stage(
         &mut self,
         verb: Verb,
         n: usize,
@@ -516,7 +543,9 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         // `post_one`.
         let mut wr = ManuallyDrop::new(wr);
         let w = wr.width();
-        if n + w > room {
+        // (Every kind's width is at least 1; `max` makes `n < room` follow whatever a
+        // width says, and folds away for a request of one C request.)
+        if n + w.max(1) > room {
             let e = if n + w > most {
                 batch_too_long(verb)
             } else if w as u64 > ring.cap {
@@ -526,13 +555,15 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             };
             return Err(refusal(e, ManuallyDrop::into_inner(wr)));
         }
-        let SendScratch { sges, raws, counts } = scratch;
+        // SAFETY: n < room (checked above), and room is at most the ring's free slots
+        // (so its capacity) and MAX_BATCH (the caller).
+        let Slot { sges, raw: out, count } = unsafe { scratch.slot(n) };
         let seq = ring.head + n as u64;
         // Checked where the caller built it (its constant fields fold into the checks),
         // then built and moved into its ring slot, where it stays (in the order its kind
         // says: `SendRequest::BUILD_IN_SLOT`); a refused one goes back as it came. A
         // chain's other C requests leave their slots empty.
-        let k = match wr.check(verb, limits, *key, &mut sges[n], TOKEN()) {
+        let k = match wr.check(verb, limits, *key, sges, TOKEN()) {
             Ok(k) => k,
             Err(e) => return Err(refusal(e, ManuallyDrop::into_inner(wr))),
         };
@@ -549,12 +580,12 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         // classic branch alone.
         let mut build = |r: &mut R| {
             if !R::EXTENDED || ext.is_none() {
-                let (first, last) = r.c_request(*tag_bits, seq, &mut sges[n], k, &mut raws[n], TOKEN());
+                let (first, last) = r.c_request(*tag_bits, seq, sges, k, out, TOKEN());
                 chain.classic.link_span(first, last);
                 chain.all_ext &= R::EXTENDED;
             } else {
                 chain.all_ext &= r.ext_takes(*ext, k, TOKEN());
-                counts[n] = k as u8;
+                *count = k as u8;
             }
         };
         if R::BUILD_IN_SLOT {
@@ -572,20 +603,18 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     fn post_staged(&mut self, n: usize, mut chain: Staging, refused: Option<Box<Refused<R>>>) -> Batch<R> {
         let SendQueue { ring, scratch, raw, ext, tag_bits, .. } = self;
         let (raw, ext, tag) = (*raw, *ext, *tag_bits);
-        let SendScratch { sges, raws, counts } = scratch;
         let (posted, failure) = if n == 0 {
             (0, None)
         } else if R::EXTENDED && ext.is_some() && chain.all_ext {
-            post_extended(ext, ring, tag, n, sges, counts)
+            post_extended(ext, ring, tag, &scratch.slots[..n])
         } else {
             if R::EXTENDED && ext.is_some() {
                 // A batch the extended API does not take whole goes the classic way.
                 let head = ring.head;
-                for i in 0..n {
+                for (i, Slot { sges, raw, count }) in scratch.slots[..n].iter_mut().enumerate() {
                     // SAFETY: 0..n were staged by `stage` (one C request each).
                     let wr = unsafe { ring.staged(i) };
-                    let (first, last) =
-                        wr.c_request(tag, head + i as u64, &mut sges[i], usize::from(counts[i]), &mut raws[i], TOKEN());
+                    let (first, last) = wr.c_request(tag, head + i as u64, sges, usize::from(*count), raw, TOKEN());
                     chain.classic.link_span(first, last);
                 }
             }
@@ -865,8 +894,8 @@ fn refusal<R>(error: Error, wr: R) -> Box<Refused<R>> {
     Box::new(Refused::new(error, wr))
 }
 
-/// Posts the `n` requests staged in `ring` through the extended API in one batch; returns
-/// how many went in (all or none) and the error. A batch's way (a single request goes
+/// Posts the requests staged in `ring` (their SGEs in `staged`) through the extended API
+/// in one batch; returns how many went in (all or none) and the error. A batch's way (a single request goes
 /// through `post_one`). Out of line: inlined into every post (scripts/instructions,
 /// 2026-12-04) it cost a batch 10 instructions a request.
 #[cold]
@@ -874,10 +903,9 @@ fn post_extended<R: SendRequest>(
     ext: Ext,
     ring: &mut Ring<R>,
     tag: u64,
-    n: usize,
-    sges: &[Sges],
-    counts: &[u8],
+    staged: &[Slot],
 ) -> (usize, Option<Box<Error>>) {
+    let n = staged.len();
     let Some((qpx, _)) = ext else { return (0, Some(Box::new(Error::invalid(Verb::WrStart, "not an extended QP")))) };
     let qpx = qpx.as_ptr();
     let head = ring.head;
@@ -886,9 +914,9 @@ fn post_extended<R: SendRequest>(
     // bytes of buffers the ring keeps until completion.
     let rc = unsafe {
         ffi::ibv_wr_start(qpx);
-        for i in 0..n {
+        for (i, Slot { sges, count, .. }) in staged.iter().enumerate() {
             let seq = wr_id(tag, head + i as u64);
-            ring.staged(i).extended(qpx, seq, &sges[i], usize::from(counts[i]), TOKEN());
+            ring.staged(i).extended(qpx, seq, sges, usize::from(*count), TOKEN());
         }
         ffi::ibv_wr_complete(qpx)
     };

@@ -434,15 +434,7 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         // Built in the scratch space (every field written), not on the stack.
         // SAFETY: 0 is below MAX_BATCH and below the ring's capacity (at least 1).
         let RecvSlot { sges, raw } = unsafe { self.scratch.slot(0) };
-        let wr = match fill_recv(
-            Verb::RecvQueuePost,
-            &*buf,
-            range,
-            wr_id,
-            (self.max_sge, self.pd),
-            sges,
-            raw,
-        ) {
+        let wr = match fill_recv(Verb::RecvQueuePost, &*buf, range, wr_id, (self.max_sge, self.pd), sges, raw) {
             Ok(wr) => wr,
             Err(e) => return Err(Refused::new(e, ManuallyDrop::into_inner(buf))),
         };

@@ -76,7 +76,7 @@ impl QueuePair {
         Ok(RecvQueue {
             room: Some(room),
             ring: Ring::new(depth),
-            scratch: R::Scratch::default(),
+            scratch: R::Scratch::with_room(depth),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
             max_sge: self.inner.caps.max_recv_sge,
@@ -131,14 +131,50 @@ pub(super) const EMPTY_RECV: ffi::ibv_recv_wr =
 /// queue (on the stack it would cost every post stack probes and cold pages); nothing in
 /// it outlives a post. Only the queues of receives built at each post have one: prepared
 /// receives bring their C form. (Public in name only: this module is private.)
+/// One slot (160 bytes: a C receive and its SGEs) for each receive one post can stage:
+/// the queue's depth, at most [`MAX_BATCH`], so a shallow queue's memory stays small. One
+/// allocation of slots, as the send queue's (see there why).
 pub struct RecvScratch {
-    sges: [Sges; MAX_BATCH],
-    raws: [ffi::ibv_recv_wr; MAX_BATCH],
+    /// Never empty, and exactly `ring.cap.min(MAX_BATCH)` long (`with_room`).
+    slots: Box<[RecvSlot]>,
 }
 
-impl Default for Box<RecvScratch> {
-    fn default() -> Self {
-        Box::new(RecvScratch { sges: [NO_SGES; MAX_BATCH], raws: [EMPTY_RECV; MAX_BATCH] })
+/// Where one C receive of a post is built.
+struct RecvSlot {
+    sges: Sges,
+    raw: ffi::ibv_recv_wr,
+}
+
+impl RecvScratch {
+    /// The slot of the `n`th receive of a post.
+    ///
+    /// # Safety
+    /// `n` is below the ring's capacity and below [`MAX_BATCH`] (so below the slots'
+    /// length).
+    #[inline(always)]
+    unsafe fn slot(&mut self, n: usize) -> &mut RecvSlot {
+        debug_assert!(n < self.slots.len());
+        // SAFETY: the caller's bound; the slots are `ring.cap.min(MAX_BATCH)` long.
+        unsafe { self.slots.get_unchecked_mut(n) }
+    }
+}
+
+/// A receive queue's scratch space for a queue `depth` deep. (Public in name only.)
+#[doc(hidden)]
+pub trait WithRoom {
+    /// The scratch space of a queue `depth` deep.
+    fn with_room(depth: u32) -> Self;
+}
+
+impl WithRoom for () {
+    fn with_room(_: u32) {}
+}
+
+impl WithRoom for RecvScratch {
+    fn with_room(depth: u32) -> Self {
+        // The ring's capacity is `depth.max(1)`.
+        let room = (depth as usize).clamp(1, MAX_BATCH);
+        RecvScratch { slots: (0..room).map(|_| RecvSlot { sges: NO_SGES, raw: EMPTY_RECV }).collect() }
     }
 }
 
@@ -156,7 +192,7 @@ pub trait RecvRequest: Sealed + Sized + Send + 'static {
     /// Where its queue builds C receives at post time: [`RecvScratch`] for receives built
     /// at each post, nothing (`()`) for the kinds that bring their C form.
     #[doc(hidden)]
-    type Scratch: Default;
+    type Scratch: WithRoom;
 
     /// Whether a request of this kind may be a chain of several C receives
     /// ([`width`](Self::width)). A chain sits in the ring slot of its first C receive,
@@ -181,7 +217,7 @@ impl<T: ExclusiveBuf> Sealed for (T, u64) {}
 
 impl<T: ExclusiveBuf> RecvRequest for (T, u64) {
     type Back = T;
-    type Scratch = Box<RecvScratch>;
+    type Scratch = RecvScratch;
 
     #[inline(always)]
     fn finish(self, wc: &WorkCompletion, _: Token) -> Done<T> {
@@ -396,16 +432,9 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         }
         let wr_id = self.wr_id(self.ring.head);
         // Built in the scratch space (every field written), not on the stack.
-        let RecvScratch { sges, raws } = &mut *self.scratch;
-        let wr = match fill_recv(
-            Verb::RecvQueuePost,
-            &*buf,
-            range,
-            wr_id,
-            (self.max_sge, self.pd),
-            &mut sges[0],
-            &mut raws[0],
-        ) {
+        // SAFETY: 0 is below MAX_BATCH and below the ring's capacity (at least 1).
+        let RecvSlot { sges, raw } = unsafe { self.scratch.slot(0) };
+        let wr = match fill_recv(Verb::RecvQueuePost, &*buf, range, wr_id, (self.max_sge, self.pd), sges, raw) {
             Ok(wr) => wr,
             Err(e) => return Err(Refused::new(e, ManuallyDrop::into_inner(buf))),
         };
@@ -427,7 +456,6 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     where
         I: IntoIterator<Item = (T, Range<usize>, u64)>,
     {
-        let RecvScratch { sges, raws } = &mut *self.scratch;
         let room = MAX_BATCH.min(self.ring.free());
         let (mut n, mut refused) = (0, None);
         let mut chain = Chain::new();
@@ -438,15 +466,10 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
                 break;
             }
             let wr_id = wr_id(self.tag_bits, self.ring.head + n as u64);
-            match fill_recv(
-                Verb::RecvQueuePostBatch,
-                &buf,
-                range,
-                wr_id,
-                (self.max_sge, self.pd),
-                &mut sges[n],
-                &mut raws[n],
-            ) {
+            // SAFETY: n < room (checked above), at most the ring's free slots (so its
+            // capacity) and MAX_BATCH.
+            let RecvSlot { sges, raw } = unsafe { self.scratch.slot(n) };
+            match fill_recv(Verb::RecvQueuePostBatch, &buf, range, wr_id, (self.max_sge, self.pd), sges, raw) {
                 Ok(wr) => {
                     chain.link(wr);
                     self.ring.stage(n, (buf, id));

@@ -105,7 +105,7 @@ pub struct SendQueue<T: SendBuf, R: SendRequest = SendWr<T>> {
     ring: Ring<R>,
     /// Where a batch's C requests and SGEs are built (requests that bring their own C
     /// form leave it unused).
-    scratch: Box<SendScratch>,
+    scratch: SendScratch,
     /// This queue's share of the send CQ (buried with what is still posted).
     room: Option<CqReservation>,
     raw: *mut ffi::ibv_qp,
@@ -135,23 +135,46 @@ pub struct SendQueue<T: SendBuf, R: SendRequest = SendWr<T>> {
 // ibv_post_send; the raw pointers are the QP that `claim` keeps alive.
 unsafe impl<T: SendBuf, R: SendRequest> Send for SendQueue<T, R> {}
 
-/// Scratch space where a batch's C requests and their SGEs are built: 16 KiB kept with the
-/// send queue (allocated when it is claimed) rather than on the stack, where every post
-/// would pay for stack probes and cold pages. Nothing in it outlives a post.
+/// Scratch space where a batch's C requests and their SGEs are built, kept with the send
+/// queue (allocated when it is claimed) rather than on the stack, where every post would
+/// pay for stack probes and cold pages. Nothing in it outlives a post. One [`Slot`] for
+/// each C request one post can stage: the queue's depth, at most [`MAX_BATCH`], so a
+/// shallow queue's memory stays small (#45: 16 KiB whatever the depth before). One
+/// allocation of slots, not a slice of each part: a post then reads one base address
+/// and indexes it once (three slices cost 3 to 4 instructions a single post and 9 to 10
+/// a request in batches, scripts/instructions 2026-12-07).
 struct SendScratch {
-    sges: [Sges; MAX_BATCH],
-    /// Zeroed once; only `classic` writes them (see there).
-    raws: [ffi::ibv_send_wr; MAX_BATCH],
-    counts: [u8; MAX_BATCH],
+    /// Never empty, and exactly `ring.cap.min(MAX_BATCH)` long (`new`): a post's index
+    /// is below that (see `stage`).
+    slots: Box<[Slot]>,
+}
+
+/// Where one C request of a post is built: its SGEs, the request, and (for the extended
+/// API's way) how many SGEs it has.
+struct Slot {
+    sges: Sges,
+    /// Zeroed once; only `classic` writes it (see there).
+    raw: ffi::ibv_send_wr,
+    count: u8,
 }
 
 impl SendScratch {
-    fn new() -> Box<SendScratch> {
-        Box::new(SendScratch {
-            sges: [NO_SGES; MAX_BATCH],
-            raws: std::array::from_fn(|_| zeroed_wr()),
-            counts: [0; MAX_BATCH],
-        })
+    /// The scratch of a queue `depth` deep (a ring of capacity `depth.max(1)`).
+    fn new(depth: u32) -> SendScratch {
+        let room = (depth as usize).clamp(1, MAX_BATCH);
+        SendScratch { slots: (0..room).map(|_| Slot { sges: NO_SGES, raw: zeroed_wr(), count: 0 }).collect() }
+    }
+
+    /// The slot of the `n`th C request of a post.
+    ///
+    /// # Safety
+    /// `n` is below the ring's capacity and below [`MAX_BATCH`] (so below the slots'
+    /// length, `ring.cap.min(MAX_BATCH)`).
+    #[inline(always)]
+    unsafe fn slot(&mut self, n: usize) -> &mut Slot {
+        debug_assert!(n < self.slots.len());
+        // SAFETY: the caller's bound; the slots are `ring.cap.min(MAX_BATCH)` long.
+        unsafe { self.slots.get_unchecked_mut(n) }
     }
 }
 
@@ -228,7 +251,7 @@ impl QueuePair {
         }
         Ok(SendQueue {
             ring: Ring::new(depth),
-            scratch: SendScratch::new(),
+            scratch: SendScratch::new(depth),
             room: Some(room),
             raw: self.as_raw(),
             qp_num: self.qp_num(),
@@ -338,7 +361,8 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let most = MAX_BATCH;
         let room = self.ring.free().min(most);
         let mut chain = Staging::new();
-        let (n, refused) = match self.stage(verb, 0, room, most, wr, &mut chain) {
+        // SAFETY: room is at most the free slots and MAX_BATCH.
+        let (n, refused) = match unsafe { self.stage(verb, 0, room, most, wr, &mut chain) } {
             Ok(w) => (w, None),
             Err(r) => (0, Some(r)),
         };
@@ -369,7 +393,8 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             return Err(full(verb, ring.cap, wr));
         }
         let seq = ring.head;
-        let SendScratch { sges, raws, .. } = &mut **scratch;
+        // SAFETY: 0 is below MAX_BATCH and below the ring's capacity (at least 1).
+        let Slot { sges, raw: out, .. } = unsafe { scratch.slot(0) };
         // Checked and built where the caller built it (its constant fields fold into the
         // checks), and moved into the ring once posted, as `stage` does. Held without
         // drop glue meanwhile: every way out below moves it (into the refusal or the
@@ -378,7 +403,7 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         // edge, the compiler kept the whole request on the stack and copied it into its
         // slot from there (scripts/instructions: 5 to 11 instructions a single post).
         let mut wr = ManuallyDrop::new(wr);
-        let k = match wr.check(verb, limits, *key, &mut sges[0], TOKEN()) {
+        let k = match wr.check(verb, limits, *key, sges, TOKEN()) {
             Ok(k) => k,
             Err(e) => return Err(Refused::new(e, ManuallyDrop::into_inner(wr))),
         };
@@ -389,11 +414,11 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             // buffer it owns, which the ring keeps from the post to the completion.
             Some(qpx) if wr.ext_takes(*ext, k, TOKEN()) => unsafe {
                 ffi::ibv_wr_start(qpx);
-                wr.extended(qpx, wr_id(*tag_bits, seq), &sges[0], k, TOKEN());
+                wr.extended(qpx, wr_id(*tag_bits, seq), sges, k, TOKEN());
                 ffi::ibv_wr_complete(qpx)
             },
             _ => {
-                let (first, _) = wr.c_request(*tag_bits, seq, &mut sges[0], k, &mut raws[0], TOKEN());
+                let (first, _) = wr.c_request(*tag_bits, seq, sges, k, out, TOKEN());
                 let mut bad = std::ptr::null_mut();
                 // SAFETY: as in post_staged: one valid C request (its `next` NULL) in the
                 // scratch space or in the request (its heap block, or a bind's own C
@@ -470,7 +495,8 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         let mut chain = Staging::new();
         let (mut n, mut items, mut refused) = (0, 0, None);
         for wr in wrs.by_ref() {
-            match self.stage(Verb::SendQueuePostBatch, n, room, MAX_BATCH, wr, &mut chain) {
+            // SAFETY: room is at most the free slots and MAX_BATCH.
+            match unsafe { self.stage(Verb::SendQueuePostBatch, n, room, MAX_BATCH, wr, &mut chain) } {
                 Ok(w) => {
                     n += w;
                     items += 1;
@@ -498,8 +524,12 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     /// is how many C requests this post may stage, `most` the longest post allowed,
     /// `verb` the post method (a refusal names it). Returns how many C requests it
     /// staged.
+    ///
+    /// # Safety
+    /// `room` is at most the ring's free slots and at most [`MAX_BATCH`] (the C requests
+    /// staged go into scratch slots `n..n + w`, unchecked).
     #[inline(always)]
-    fn stage(
+    unsafe fn stage(
         &mut self,
         verb: Verb,
         n: usize,
@@ -513,7 +543,9 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         // `post_one`.
         let mut wr = ManuallyDrop::new(wr);
         let w = wr.width();
-        if n + w > room {
+        // (Every kind's width is at least 1; `max` makes `n < room` follow whatever a
+        // width says, and folds away for a request of one C request.)
+        if n + w.max(1) > room {
             let e = if n + w > most {
                 batch_too_long(verb)
             } else if w as u64 > ring.cap {
@@ -523,13 +555,15 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             };
             return Err(refusal(e, ManuallyDrop::into_inner(wr)));
         }
-        let SendScratch { sges, raws, counts } = &mut **scratch;
+        // SAFETY: n < room (checked above), and room is at most the ring's free slots
+        // (so its capacity) and MAX_BATCH (the caller).
+        let Slot { sges, raw: out, count } = unsafe { scratch.slot(n) };
         let seq = ring.head + n as u64;
         // Checked where the caller built it (its constant fields fold into the checks),
         // then built and moved into its ring slot, where it stays (in the order its kind
         // says: `SendRequest::BUILD_IN_SLOT`); a refused one goes back as it came. A
         // chain's other C requests leave their slots empty.
-        let k = match wr.check(verb, limits, *key, &mut sges[n], TOKEN()) {
+        let k = match wr.check(verb, limits, *key, sges, TOKEN()) {
             Ok(k) => k,
             Err(e) => return Err(refusal(e, ManuallyDrop::into_inner(wr))),
         };
@@ -544,11 +578,11 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         }
         // (A function, not a closure: a closure here stopped being inlined, and its
         // call and the request's copy into it cost 35 instructions a request in batches.)
-        let at = Staged { seq, n, k, tag: *tag_bits, ext: *ext };
+        let at = Staged { seq, k, tag: *tag_bits, ext: *ext };
         if R::BUILD_IN_SLOT {
-            build(ManuallyDrop::into_inner(wr).keep(ring.slot(seq), TOKEN()), at, sges, raws, counts, chain);
+            build(ManuallyDrop::into_inner(wr).keep(ring.slot(seq), TOKEN()), at, sges, out, count, chain);
         } else {
-            build(&mut *wr, at, sges, raws, counts, chain);
+            build(&mut *wr, at, sges, out, count, chain);
             ManuallyDrop::into_inner(wr).keep(ring.slot(seq), TOKEN());
         }
         Ok(w)
@@ -560,20 +594,18 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     fn post_staged(&mut self, n: usize, mut chain: Staging, refused: Option<Box<Refused<R>>>) -> Batch<R> {
         let SendQueue { ring, scratch, raw, ext, tag_bits, .. } = self;
         let (raw, ext, tag) = (*raw, *ext, *tag_bits);
-        let SendScratch { sges, raws, counts } = &mut **scratch;
         let (posted, failure) = if n == 0 {
             (0, None)
         } else if R::EXTENDED && ext.is_some() && chain.all_ext {
-            post_extended(ext, ring, tag, n, sges, counts)
+            post_extended(ext, ring, tag, &scratch.slots[..n])
         } else {
             if R::EXTENDED && ext.is_some() {
                 // A batch the extended API does not take whole goes the classic way.
                 let head = ring.head;
-                for i in 0..n {
+                for (i, Slot { sges, raw, count }) in scratch.slots[..n].iter_mut().enumerate() {
                     // SAFETY: 0..n were staged by `stage` (one C request each).
                     let wr = unsafe { ring.staged(i) };
-                    let (first, last) =
-                        wr.c_request(tag, head + i as u64, &mut sges[i], usize::from(counts[i]), &mut raws[i], TOKEN());
+                    let (first, last) = wr.c_request(tag, head + i as u64, sges, usize::from(*count), raw, TOKEN());
                     chain.classic.link_span(first, last);
                 }
             }
@@ -802,38 +834,37 @@ impl Staging {
     }
 }
 
-/// Where `stage` builds a checked request: its sequence number, its place `n` in the
-/// scratch space, its SGE count `k`, and the queue's tag and extended API.
+/// What `stage` builds a checked request with: its sequence number, its SGE count `k`,
+/// and the queue's tag and extended API.
 #[derive(Clone, Copy)]
 struct Staged {
     seq: u64,
-    n: usize,
     k: usize,
     tag: u64,
     ext: Ext,
 }
 
-/// Builds the checked request `r` at `at` into `chain`: its C request(s) in the scratch
-/// space (on a QP without the extended API, or for a kind that never goes that way:
-/// prepared requests and chains compile to this branch alone), or, for the extended API,
-/// whether it takes the request and its SGE count.
+/// Builds the checked request `r` into `chain`: its C request(s) in its scratch slot
+/// (`sges`, `out`) on a QP without the extended API, or for a kind that never goes that
+/// way (prepared requests and chains compile to this branch alone); for the extended API,
+/// whether it takes the request, and its SGE count in `count`.
 #[inline(always)]
 fn build<R: SendRequest>(
     r: &mut R,
     at: Staged,
-    sges: &mut [Sges],
-    raws: &mut [ffi::ibv_send_wr],
-    counts: &mut [u8],
+    sges: &mut Sges,
+    out: &mut ffi::ibv_send_wr,
+    count: &mut u8,
     chain: &mut Staging,
 ) {
-    let Staged { seq, n, k, tag, ext } = at;
+    let Staged { seq, k, tag, ext } = at;
     if !R::EXTENDED || ext.is_none() {
-        let (first, last) = r.c_request(tag, seq, &mut sges[n], k, &mut raws[n], TOKEN());
+        let (first, last) = r.c_request(tag, seq, sges, k, out, TOKEN());
         chain.classic.link_span(first, last);
         chain.all_ext &= R::EXTENDED;
     } else {
         chain.all_ext &= r.ext_takes(ext, k, TOKEN());
-        counts[n] = k as u8;
+        *count = k as u8;
     }
 }
 
@@ -888,8 +919,8 @@ fn refusal<R>(error: Error, wr: R) -> Box<Refused<R>> {
     Box::new(Refused::new(error, wr))
 }
 
-/// Posts the `n` requests staged in `ring` through the extended API in one batch; returns
-/// how many went in (all or none) and the error. A batch's way (a single request goes
+/// Posts the requests staged in `ring` (their SGEs in `staged`) through the extended API
+/// in one batch; returns how many went in (all or none) and the error. A batch's way (a single request goes
 /// through `post_one`). Out of line: inlined into every post (scripts/instructions,
 /// 2026-12-04) it cost a batch 10 instructions a request.
 #[cold]
@@ -897,10 +928,9 @@ fn post_extended<R: SendRequest>(
     ext: Ext,
     ring: &mut Ring<R>,
     tag: u64,
-    n: usize,
-    sges: &[Sges; MAX_BATCH],
-    counts: &[u8; MAX_BATCH],
+    staged: &[Slot],
 ) -> (usize, Option<Box<Error>>) {
+    let n = staged.len();
     let Some((qpx, _)) = ext else { return (0, Some(Box::new(Error::invalid(Verb::WrStart, "not an extended QP")))) };
     let qpx = qpx.as_ptr();
     let head = ring.head;
@@ -909,9 +939,9 @@ fn post_extended<R: SendRequest>(
     // bytes of buffers the ring keeps until completion.
     let rc = unsafe {
         ffi::ibv_wr_start(qpx);
-        for i in 0..n {
+        for (i, Slot { sges, count, .. }) in staged.iter().enumerate() {
             let seq = wr_id(tag, head + i as u64);
-            ring.staged(i).extended(qpx, seq, &sges[i], usize::from(counts[i]), TOKEN());
+            ring.staged(i).extended(qpx, seq, sges, usize::from(*count), TOKEN());
         }
         ffi::ibv_wr_complete(qpx)
     };

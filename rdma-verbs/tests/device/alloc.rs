@@ -35,6 +35,12 @@ thread_local! {
     // allocator can use them.
     static ALLOCS: Cell<u64> = const { Cell::new(0) };
     static FREES: Cell<u64> = const { Cell::new(0) };
+    /// Bytes this thread holds (allocated minus freed by it).
+    static BYTES: Cell<i64> = const { Cell::new(0) };
+}
+
+fn add_bytes(n: i64) {
+    let _ = BYTES.try_with(|b| b.set(b.get() + n));
 }
 
 fn bump(counter: &'static LocalKey<Cell<u64>>) {
@@ -50,24 +56,28 @@ struct Counting;
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         bump(&ALLOCS);
+        add_bytes(layout.size() as i64);
         // SAFETY: forwarded as is; the caller upholds GlobalAlloc::alloc's contract.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         bump(&ALLOCS);
+        add_bytes(layout.size() as i64);
         // SAFETY: as in alloc.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         bump(&ALLOCS);
+        add_bytes(new_size as i64 - layout.size() as i64);
         // SAFETY: `ptr` came from this allocator, which is System's; contract forwarded.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         bump(&FREES);
+        add_bytes(-(layout.size() as i64));
         // SAFETY: as in realloc.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -541,4 +551,39 @@ fn a_prepared_receive_chain_posts_and_completes_without_allocating_in_steady_sta
         }
     });
     assert_eq!(cq_.outstanding() + rcq.outstanding(), 0);
+}
+
+/// The heap bytes claiming a QP's send and receive queues adds, for a QP `depth` deep
+/// each way (the queues kept alive while counted).
+fn queue_bytes(depth: u32) -> i64 {
+    let ctx = crate::open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 2 * depth).unwrap();
+    let qp = rdma_verbs::QueuePair::builder(&pd, rdma_verbs::QpType::Rc, &cq, &cq)
+        .max_send_wr(depth)
+        .max_recv_wr(depth)
+        .build()
+        .unwrap();
+    let before = BYTES.with(Cell::get);
+    let sq = qp.send_queue::<Chunk>().unwrap();
+    let rq = qp.recv_queue::<Chunk>().unwrap();
+    let bytes = BYTES.with(Cell::get) - before;
+    drop((sq, rq));
+    bytes
+}
+
+/// #45: a queue's scratch space is sized by its depth (at most MAX_BATCH C requests), so
+/// what claiming a QP's queues costs grows with the depth, and a 16-deep QP's stays below
+/// what rxe's own QP costs (about 15 KiB), where it was 29.7 KB whatever the depth.
+#[test]
+#[ignore = "needs an RDMA device: run scripts/test"]
+fn claiming_a_qps_queues_holds_memory_by_their_depth_and_a_16_deep_pair_below_15_kib() {
+    let by_depth: Vec<(u32, i64)> = [4, 16, 64, 256].into_iter().map(|d| (d, queue_bytes(d))).collect();
+    eprintln!("heap bytes of a QP's send and receive queues, by depth: {by_depth:?}");
+    for w in by_depth.windows(2) {
+        assert!(w[0].1 < w[1].1, "deeper queues must hold more, not the same: {by_depth:?}");
+    }
+    let (b4, b16) = (by_depth[0].1, by_depth[1].1);
+    assert!(b16 < 15 * 1024, "a 16-deep QP's queues hold {b16} bytes, not below rxe's QP (15 KiB)");
+    assert!(b4 * 3 < b16, "4 deep ({b4} B) must hold under a third of 16 deep ({b16} B)");
 }

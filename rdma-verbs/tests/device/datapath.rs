@@ -27,7 +27,11 @@ pub fn rc_pair<T: rdma_verbs::SendBuf>(access: QpAccess) -> (ProtectionDomain, S
     rc_pair_with(access, |b| b)
 }
 
-/// [`rc_pair`] with QPs built by `tune` from a builder with 64 WRs each way.
+/// The `max_send_wr` and `max_recv_wr` [`rc_pair`] builds its QPs with: the depth of their
+/// queues (a provider may grant more, as rxe does from Linux 6.2: `caps()` says so).
+pub const PAIR_DEPTH: u32 = 64;
+
+/// [`rc_pair`] with QPs built by `tune` from a builder with [`PAIR_DEPTH`] WRs each way.
 pub fn rc_pair_with<T: rdma_verbs::SendBuf>(
     access: QpAccess,
     tune: impl Fn(QueuePairBuilder<'_>) -> QueuePairBuilder<'_>,
@@ -36,7 +40,8 @@ pub fn rc_pair_with<T: rdma_verbs::SendBuf>(
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let make = || {
         let cq = CompletionQueue::new(&ctx, 256).unwrap();
-        let qp = tune(QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(64).max_recv_wr(64)).build().unwrap();
+        let b = QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(PAIR_DEPTH).max_recv_wr(PAIR_DEPTH);
+        let qp = tune(b).build().unwrap();
         (cq, qp)
     };
     let (cq_a, a) = make();

@@ -15,7 +15,7 @@ use rdma_verbs::{
 };
 use rdma_verbs::{Done, ExclusiveBuf, RecvQueue, SendBuf, SendQueue, SendWr};
 
-use crate::datapath::{chunks, poll_one, random_bytes, rc_pair, Side};
+use crate::datapath::{chunks, poll_one, random_bytes, rc_pair, Side, PAIR_DEPTH};
 use crate::{gid_index, open, LeakCheck};
 
 /// Bytes of the global route header in front of every UD receive on RoCE.
@@ -995,8 +995,12 @@ fn full_queues_refuse_before_c_and_take_the_refused_work_once_completions_free_a
     let _leaks = LeakCheck::new();
     let (pd, mut a, mut b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
 
-    // Receive side: exactly max_recv_wr receives fit.
-    let depth = b.qp.caps().max_recv_wr as usize;
+    // Receive side: exactly as many receives as the QP was built for fit (its queue's
+    // depth: the max_recv_wr asked; rxe from Linux 6.2 grants more, and caps() says so).
+    let granted = (b.qp.caps().max_recv_wr, b.qp.caps().max_send_wr);
+    eprintln!("asked {PAIR_DEPTH} each way, granted (recv, send) {granted:?}");
+    assert!(granted.0 >= PAIR_DEPTH && granted.1 >= PAIR_DEPTH, "{granted:?}");
+    let depth = PAIR_DEPTH as usize;
     let mut bufs = chunks(&pd, depth + 1, 64, AccessFlags::LOCAL_WRITE);
     for (i, c) in bufs.drain(..depth).enumerate() {
         posted(b.rq.post(c, 0..64, i as u64));
@@ -1021,7 +1025,7 @@ fn full_queues_refuse_before_c_and_take_the_refused_work_once_completions_free_a
 
     // Send side: max_send_wr unsignaled-but-last WRITEs fill it; one more is refused and
     // comes back; after the one completion releases all of them it posts.
-    let depth = a.qp.caps().max_send_wr as usize;
+    let depth = PAIR_DEPTH as usize;
     let t = target(&pd, (depth + 1) * 64);
     let remote = t.remote().unwrap();
     let mut srcs = chunks(&pd, depth + 1, 64, AccessFlags::LOCAL_WRITE);

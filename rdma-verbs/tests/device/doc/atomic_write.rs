@@ -15,6 +15,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     let pd = ProtectionDomain::new(&ctx)?;
     let mut cq = CompletionQueue::new(&ctx, 16)?;
     let built = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
+        .max_send_wr(4)
+        .max_recv_wr(4)
         .extended_send_ops(SendOps::ATOMIC_WRITE | SendOps::RDMA_WRITE)
         .build();
     let qp = match built {

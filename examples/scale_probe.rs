@@ -32,6 +32,11 @@ use rdma_verbs::{
     QueuePair, RecvQueue, SendQueue, SendWr, WorkCompletion,
 };
 
+/// callgrind's client request that starts the counting (`start_instrumentation`).
+#[path = "shared/callgrind.rs"]
+mod callgrind;
+use callgrind::start_instrumentation;
+
 /// Counts the bytes our Rust code holds on the heap.
 struct Counting;
 
@@ -99,25 +104,6 @@ fn settle(n: usize) {
 
 /// Polls that found the CQ empty: timing that leaked into a count (printed at the end).
 static EMPTY: AtomicIsize = AtomicIsize::new(0);
-
-/// Starts callgrind's instrumentation (as examples/syscall_probe does; a no-op outside it).
-#[inline(never)]
-fn start_instrumentation() {
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    {
-        let request: [u64; 6] = [(u64::from(b'C') << 24 | u64::from(b'T') << 16) + 4, 0, 0, 0, 0, 0];
-        // SAFETY: valgrind.h's client request for amd64 (see examples/syscall_probe):
-        // natively only the flags change.
-        unsafe {
-            std::arch::asm!(
-                "rol rdi, 3", "rol rdi, 13", "rol rdi, 61", "rol rdi, 51", "xchg rbx, rbx",
-                in("rax") request.as_ptr(),
-                inout("rdx") 0u64 => _,
-                inout("rdi") 0u64 => _,
-            );
-        }
-    }
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -66,6 +66,11 @@ use rdma_verbs::{
     QpType, QueuePair, RemoteMr, RemoteWritable, SendOps, SendWr, WorkCompletion,
 };
 
+/// callgrind's client request that starts the counting (`start_instrumentation`).
+#[path = "shared/callgrind.rs"]
+mod callgrind;
+use callgrind::start_instrumentation;
+
 /// The phase's names, for the usage errors.
 const PHASES: &str = "poll N | recv N | OP-WAY N K (OP: write, send, recv; WAY: safe, prepared, chain, raw, rawbuilt, \
      floorlocal, floorring, floordeque, floorslots, extsafe, extprepared, extraw, extfloorlocal, extfloorring, \
@@ -285,30 +290,6 @@ fn settle() {
     static SETTLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if *SETTLE.get_or_init(|| std::env::var_os("SYSCALL_PROBE_SETTLE").is_some()) {
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Starts callgrind's instrumentation (CALLGRIND_START_INSTRUMENTATION of valgrind's
-/// callgrind.h, a client request); outside Valgrind these instructions change nothing.
-/// scripts/instructions runs callgrind with `--instr-atstart=no`, so that loading the
-/// libraries and the setup, the same in every run, run uninstrumented, which is faster.
-#[inline(never)]
-fn start_instrumentation() {
-    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-    {
-        // VG_USERREQ_TOOL_BASE('C', 'T') + 4, and its five arguments.
-        let request: [u64; 6] = [(u64::from(b'C') << 24 | u64::from(b'T') << 16) + 4, 0, 0, 0, 0, 0];
-        // SAFETY: valgrind.h's client request for amd64: rdi rotated by 3 + 13 + 61 + 51 =
-        // 128 bits (unchanged), then `xchg rbx, rbx` (unchanged); Valgrind reads the request
-        // at rax and answers in rdx. Natively only the flags change.
-        unsafe {
-            std::arch::asm!(
-                "rol rdi, 3", "rol rdi, 13", "rol rdi, 61", "rol rdi, 51", "xchg rbx, rbx",
-                in("rax") request.as_ptr(),
-                inout("rdx") 0u64 => _,
-                inout("rdi") 0u64 => _,
-            );
-        }
     }
 }
 

@@ -144,16 +144,18 @@ pub(crate) fn saved_state(boot_id: &str, line: &str) -> String {
     format!(r#"{{"format":"{FORMAT}","boot_id":"{boot_id}","lines":["{line}"]}}"#)
 }
 
+/// A fresh, empty directory of this process for a test named `name`.
+#[cfg(test)]
+pub(crate) fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("rdma-doctor-said-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("rdma-doctor-said-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
 
     #[test]
     fn the_state_keeps_the_newest_lines_and_their_first_bytes_only() {

@@ -111,17 +111,8 @@ pub(crate) fn unsaved(error: &str) -> Finding {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
     use super::*;
-    use crate::facts::said::{read, saved_state, STATE_FILE};
-
-    fn temp_dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("rdma-doctor-qpt-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
+    use crate::facts::said::{read, saved_state, temp_dir, STATE_FILE};
 
     fn log(lines: &[&str]) -> KernelLog {
         KernelLog { readable: true, lines: lines.iter().map(|l| l.to_string()).collect(), ..KernelLog::default() }

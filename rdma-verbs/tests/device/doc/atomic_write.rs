@@ -6,8 +6,8 @@
 use std::error::Error;
 
 use rdma_verbs::{
-    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Error as VerbsError, InitAttr, ProtectionDomain, QpAccess,
-    QpType, QueuePair, SendOps, SendWr, WorkCompletion,
+    AccessFlags, AlignedBuf, Chunk, CompletionQueue, Context, Error as VerbsError, InitAttr, ProtectionDomain,
+    QpAccess, QpType, QueuePair, SendOps, SendWr, WorkCompletion,
 };
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -32,7 +32,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     // The target must be writable by peers (REMOTE_WRITE, as for an RDMA WRITE).
     let init = InitAttr { access: QpAccess::REMOTE_WRITE, ..InitAttr::default() };
     qp.connect(&init, &qp.local_info(1)?)?; // to itself
-    let target = pd.register_remote_writable(AlignedBuf::new(64)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+    let target =
+        pd.register_remote_writable(AlignedBuf::new(64)?, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
     let remote = target.remote()?; // what a peer would get
     let mut sq = qp.send_queue::<Chunk>()?;
     let mut word = pd.register(AlignedBuf::new(64)?, AccessFlags::LOCAL_WRITE)?.into_chunks(64)?.remove(0);

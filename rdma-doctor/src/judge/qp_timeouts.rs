@@ -1,8 +1,8 @@
 //! `timeout event on QP` lines of the kernel log: a warning about the device the line
 //! names (else the host), with what to check, said once per line and boot. Which lines
-//! were said this boot is [`Reported`], read (and written back by the diagnosis) from the
+//! were said this boot is `Reported`, read (and written back by the diagnosis) from the
 //! state directory by [`crate::facts::said`]; a state that cannot be written is a note
-//! ([`unsaved`]: the warning will come again), never a failure of the run. A pure
+//! (`unsaved`: the warning will come again), never a failure of the run. A pure
 //! judgment: it reads nothing.
 
 use crate::facts::device::is_pci_address;

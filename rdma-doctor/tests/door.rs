@@ -34,12 +34,14 @@ impl Write for Log {
 }
 
 impl Log {
-    /// Waits (5 s at most) for a line containing `what`.
+    /// Waits (5 s at most) for a whole line containing `what`: the door writes a line in
+    /// pieces, so the text is returned once the line holding `what` has its newline.
     fn wait_for(&self, what: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-            if text.contains(what) || Instant::now() > deadline {
+            let whole = text.find(what).is_some_and(|at| text[at..].contains('\n'));
+            if whole || Instant::now() > deadline {
                 return text;
             }
             std::thread::sleep(Duration::from_millis(20));

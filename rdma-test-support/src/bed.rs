@@ -3,7 +3,9 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use rdma_verbs::Context;
+use std::sync::OnceLock;
+
+use rdma_verbs::{Context, Transport};
 
 /// The device under test: `RDMA_DEVICE`, else the first device. Skipping is not an
 /// option: name the device or fail.
@@ -14,6 +16,17 @@ pub fn device_name() -> String {
     let list = rdma_verbs::devices().expect("ibv_get_device_list");
     let name = list.iter().next().map(|d| d.name().to_owned());
     name.expect("no RDMA device: device tests need one; run them with scripts/test (rxe in a VM)")
+}
+
+/// The transport of the device under test (found once): iWARP connects its QPs only
+/// through rdma_cm, which [`connect_rc`](crate::connect_rc) and the leak check follow.
+pub fn device_transport() -> Transport {
+    static TRANSPORT: OnceLock<Transport> = OnceLock::new();
+    *TRANSPORT.get_or_init(|| {
+        let name = device_name();
+        let list = rdma_verbs::devices().expect("ibv_get_device_list");
+        list.find(&name).unwrap_or_else(|e| panic!("the device under test: {e}")).transport()
+    })
 }
 
 /// The device under test, opened.

@@ -2,6 +2,10 @@
 //! of each transition from the CM (`rdma_init_qp_attr`), connect and accept naming the
 //! QP, the RTU of the active side (`rdma_establish`), and the passive side's word that
 //! its QP saw the connection come up (`rdma_notify`).
+//!
+//! On iWARP the connection is a TCP stream the kernel sets up, and the kernel moves the QP
+//! from INIT to RTS as it comes up: the user moves the QP to INIT only, `connect_with`
+//! returns [`CmEventKind::Established`], and there is no RTR, RTS or RTU to do by hand.
 
 use std::ffi::c_int;
 use std::time::Duration;
@@ -10,6 +14,7 @@ use super::event::{CmEvent, CmEventKind};
 use super::id::CmId;
 use super::{ConnParam, PrivateDataOp};
 use crate::ah::AhAttr;
+use crate::device::Transport;
 use crate::conv;
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
@@ -173,22 +178,33 @@ impl CmId {
         Ok(CmQpAttr { raw, mask: ffi::ibv_qp_attr_mask(mask as u32) })
     }
 
-    /// Moves `qp`, which you made ([`QueuePair::builder`] on this id's
-    /// [`context`](Self::context)), to `state` with the attributes the CM computes
-    /// ([`qp_attr`](Self::qp_attr)), then `ibv_modify_qp`. The active side moves its QP
-    /// to INIT, and after [`connect_with`](Self::connect_with) to RTR and RTS, then calls
+    /// Moves `qp`, which you made ([`QueuePair::builder`] on the id's device: on its
+    /// [`context`](Self::context) or on a context of your own of the same device), to
+    /// `state` with the attributes the CM computes ([`qp_attr`](Self::qp_attr)), then
+    /// `ibv_modify_qp`. The active side moves its QP to INIT, and after
+    /// [`connect_with`](Self::connect_with) to RTR and RTS, then calls
     /// [`establish`](Self::establish); the passive side moves it through all three before
-    /// [`accept_with`](Self::accept_with).
+    /// [`accept_with`](Self::accept_with). On iWARP both sides move it to INIT only: the
+    /// kernel moves it on to RTS as the connection comes up.
     ///
-    /// Refused before C ([`Verb::CmModifyQp`]): a QP of another device context or of
-    /// another type than the port space's, the QP made through the id (librdmacm moves
-    /// that one itself), and (naming `ibv_modify_qp`) a transition the QP's current state
-    /// does not allow.
+    /// Refused before C ([`Verb::CmModifyQp`]): a QP of another device or of another type
+    /// than the port space's, the QP made through the id (librdmacm moves that one
+    /// itself), RTR and RTS on iWARP, and (naming `ibv_modify_qp`) a transition the QP's
+    /// current state does not allow.
     #[doc(alias = "rdma_init_qp_attr")]
     pub fn modify_qp(&self, qp: &QueuePair, state: QpState) -> Result<()> {
         const CHECK: Verb = Verb::CmModifyQp;
         self.check_user_qp(CHECK, qp)?;
         check_target(CHECK, state)?;
+        if state != QpState::Init && self.on_iwarp(qp) {
+            return Err(Error::invalid(
+                CHECK,
+                format!(
+                    "{state} on iWARP: the kernel moves the QP from INIT to RTS as the connection comes up \
+                     (connect_with, accept_with); move it to INIT only"
+                ),
+            ));
+        }
         check_transition(qp.qp_num(), qp.qp_type(), qp.state()?, state)?;
         let mut attr = self.qp_attr_for(CHECK, state)?;
         let port = attr.raw.port_num;
@@ -222,10 +238,16 @@ impl CmId {
         if verbs.is_null() {
             return Err(Error::invalid(verb, "the id is bound to no device yet: resolve its address first"));
         }
-        if qp.context().as_raw() != verbs {
+        // SAFETY: both contexts are open (the id's while the id lives, the QP's while the
+        // QP does); libibverbs set their `device`, which outlives them.
+        let (ours, theirs) = unsafe { ((*verbs).device, (*qp.context().as_raw()).device) };
+        if ours != theirs {
             return Err(Error::invalid(
                 verb,
-                "the QP belongs to another device context: build it on the id's context()",
+                format!(
+                    "the QP belongs to {}, the id to another device: build it on the id's context()",
+                    qp.context().name()
+                ),
             ));
         }
         if own == qp.as_raw() {
@@ -240,8 +262,9 @@ impl CmId {
     /// Connects with a QP you made (`rdma_connect` naming its number) and waits at most
     /// `timeout` for the server's answer, [`CmEventKind::ConnectResponse`] (with the
     /// server's private data and QP number): then move the QP to RTR and RTS
-    /// ([`modify_qp`](Self::modify_qp)) and call [`establish`](Self::establish). A
-    /// rejection is [`Error::Rejected`].
+    /// ([`modify_qp`](Self::modify_qp)) and call [`establish`](Self::establish). On iWARP
+    /// (the QP in INIT) the answer is [`CmEventKind::Established`], with the QP already in
+    /// RTS: the connection is up, nothing more to do. A rejection is [`Error::Rejected`].
     ///
     /// Refused before C ([`Verb::CmConnectWith`]): an id with a QP made through it (use
     /// [`connect`](Self::connect)), a route not resolved, a QP of another context or type.
@@ -256,23 +279,26 @@ impl CmId {
         // for the call (librdmacm copies them).
         let rc = self.locked(|id| unsafe { ffi::rdma_connect(id, &mut c) });
         conv::rc(Verb::Connect, rc)?;
-        self.expect(CmEventKind::ConnectResponse, timeout, Verb::Connect)
+        let answer = if self.on_iwarp(qp) { CmEventKind::Established } else { CmEventKind::ConnectResponse };
+        self.expect(answer, timeout, Verb::Connect)
     }
 
     /// Accepts the connection request this id came with for a QP you made (`rdma_accept`
     /// naming its number), after moving the QP to RTR (or RTS) with
     /// [`modify_qp`](Self::modify_qp), and waits at most `timeout` for
     /// [`CmEventKind::Established`]: the peer's [`establish`](Self::establish), or this
-    /// side's [`notify`](Self::notify).
+    /// side's [`notify`](Self::notify). On iWARP the QP stays in INIT, and the kernel moves
+    /// it to RTS as the connection comes up.
     ///
     /// Refused before C ([`Verb::CmAcceptWith`]): an id with a QP made through it (use
-    /// [`accept`](Self::accept)), a QP of another context or type, a QP not yet in RTR or
-    /// RTS (it could not take the peer's first packets).
+    /// [`accept`](Self::accept)), a QP of another device or type, a QP not yet in RTR or
+    /// RTS (it could not take the peer's first packets), except on iWARP.
     #[doc(alias = "rdma_accept")]
     pub fn accept_with(&self, qp: &QueuePair, param: &ConnParam<'_>, timeout: Duration) -> Result<()> {
         const CHECK: Verb = Verb::CmAcceptWith;
         self.user_qp_checks(CHECK, qp)?;
-        let state = qp.state()?;
+        // On iWARP the QP is in INIT (and siw's ibv_query_qp reads RESET whatever the state).
+        let state = if self.on_iwarp(qp) { QpState::Rts } else { qp.state()? };
         if !matches!(state, QpState::Rtr | QpState::Rts) {
             return Err(Error::invalid(
                 CHECK,
@@ -288,6 +314,11 @@ impl CmId {
         self.expect(CmEventKind::Established, timeout, Verb::Accept).map(drop)
     }
 
+    /// Whether `qp` (checked to be of the id's device) is on an iWARP device.
+    fn on_iwarp(&self, qp: &QueuePair) -> bool {
+        qp.context().transport() == Transport::Iwarp
+    }
+
     fn user_qp_checks(&self, verb: Verb, qp: &QueuePair) -> Result<()> {
         if self.has_qp() {
             return Err(Error::invalid(verb, "the id has a QP made through it: use connect() and accept()"));
@@ -299,13 +330,20 @@ impl CmId {
     /// of the active side with a QP it made, after [`connect_with`](Self::connect_with)
     /// and the QP's move to RTS. No event follows on this side. Refused before C
     /// ([`Verb::CmEstablish`]) for an id with a QP made through it (librdmacm does this
-    /// itself then).
+    /// itself then), and on iWARP, whose connection is up when
+    /// [`connect_with`](Self::connect_with) returns.
     #[doc(alias = "rdma_establish")]
     pub fn establish(&self) -> Result<()> {
         if self.has_qp() {
             return Err(Error::invalid(
                 Verb::CmEstablish,
                 "the id has a QP made through it: librdmacm establishes the connection itself in connect()",
+            ));
+        }
+        if self.context().is_ok_and(|c| c.transport() == Transport::Iwarp) {
+            return Err(Error::invalid(
+                Verb::CmEstablish,
+                "on iWARP the connection is up when connect_with() returns Established: there is no RTU to send",
             ));
         }
         // SAFETY: the id is live, under the CM lock.

@@ -2,6 +2,7 @@
 //! device connected to each other, every byte that arrives compared with what was sent,
 //! on tokio (current-thread and multi-thread) and on async-io.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdma_verbs::{
@@ -11,7 +12,7 @@ use rdma_verbs::{
 
 use crate::alloc::heap_ops;
 use crate::datapath::chunks;
-use crate::{open, LeakCheck};
+use crate::{connect_rc, open, LeakCheck, Link};
 
 /// Bytes per message.
 const LEN: usize = 1024;
@@ -22,6 +23,7 @@ struct Side {
     sq: SendQueue<Chunk>,
     rq: RecvQueue<Chunk>,
     _qp: QueuePair,
+    _link: Arc<Link>,
 }
 
 /// Two connected RC QPs, each with its own channel CQ.
@@ -32,10 +34,13 @@ fn pair(ctx: &Context, pd: &ProtectionDomain) -> ((CompletionQueue, Side), (Comp
         (cq, qp)
     };
     let ((cq_a, a), (cq_b, b)) = (make(), make());
-    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
-    a.connect(&InitAttr::default(), &ib).unwrap();
-    b.connect(&InitAttr::default(), &ia).unwrap();
-    let side = |qp: QueuePair| Side { sq: qp.send_queue().unwrap(), rq: qp.recv_queue().unwrap(), _qp: qp };
+    let link = Arc::new(connect_rc(&a, &b, &InitAttr::default()));
+    let side = |qp: QueuePair| Side {
+        sq: qp.send_queue().unwrap(),
+        rq: qp.recv_queue().unwrap(),
+        _qp: qp,
+        _link: Arc::clone(&link),
+    };
     ((cq_a, side(a)), (cq_b, side(b)))
 }
 

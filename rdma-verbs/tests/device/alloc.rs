@@ -400,7 +400,7 @@ fn raw_api_post_chain_and_poll_allocate_nothing_in_steady_state() {
 fn prepared_requests_post_post_batch_and_poll_allocate_nothing_in_steady_state() {
     let _leaks = LeakCheck::new();
     let (pd, a, mut b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
-    let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp } = a;
+    let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp, link: _link } = a;
     drop(sq);
     let mut pq = a_qp.prepared_send_queue::<Chunk>().unwrap();
     let target = write_target(&pd);
@@ -458,8 +458,8 @@ fn prepared_requests_post_post_batch_and_poll_allocate_nothing_in_steady_state()
 fn prepared_receives_and_a_prepared_chain_post_and_complete_without_allocating_in_steady_state() {
     let _leaks = LeakCheck::new();
     let (pd, a, b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
-    let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp } = a;
-    let Side { cq: mut b_cq, sq: _b_sq, rq, qp: b_qp } = b;
+    let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp, link: _link } = a;
+    let Side { cq: mut b_cq, sq: _b_sq, rq, qp: b_qp, .. } = b;
     drop((sq, rq));
     let mut cq_ = a_qp.send_chain_queue::<Chunk>().unwrap();
     let mut prq = b_qp.prepared_recv_queue::<Chunk>().unwrap();
@@ -509,8 +509,8 @@ fn prepared_receives_and_a_prepared_chain_post_and_complete_without_allocating_i
 fn a_prepared_receive_chain_posts_and_completes_without_allocating_in_steady_state() {
     let _leaks = LeakCheck::new();
     let (pd, a, b) = rc_pair::<Chunk>(QpAccess::empty());
-    let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp } = a;
-    let Side { cq: mut b_cq, sq: _b_sq, rq, qp: b_qp } = b;
+    let Side { cq: mut a_cq, sq, rq: _a_rq, qp: a_qp, link: _link } = a;
+    let Side { cq: mut b_cq, sq: _b_sq, rq, qp: b_qp, .. } = b;
     drop((sq, rq));
     let mut cq_ = a_qp.send_chain_queue::<Chunk>().unwrap();
     let mut rcq = b_qp.recv_chain_queue::<Chunk>().unwrap();

@@ -4,6 +4,7 @@
 //! tasks await.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_verbs::{
@@ -14,7 +15,7 @@ use rdma_verbs::{
 use crate::alloc::heap_ops;
 use crate::datapath::chunks;
 use crate::faults::{failure_bound, qp_peer, qp_peer_connected, role, PEER_RECVS, SEND_LEN};
-use crate::{open, LeakCheck};
+use crate::{connect_rc, open, LeakCheck, Link};
 
 /// Bytes per message; requests each queue may hold.
 const LEN: usize = 512;
@@ -30,6 +31,7 @@ struct End<R> {
     sq: AsyncSendQueue<Chunk, R>,
     rq: AsyncRecvQueue<Chunk, R>,
     _qp: QueuePair,
+    _link: Arc<Link>,
 }
 
 /// A QP whose send and receive sides each complete on a channel CQ of their own.
@@ -51,13 +53,12 @@ fn pair<R: Readiness>(
         let (b, sb, rb) = qp_with_own_cqs(pd);
         ((a, (sa, ra)), (b, (sb, rb)))
     };
-    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
-    a.connect(&InitAttr::default(), &ib).unwrap();
-    b.connect(&InitAttr::default(), &ia).unwrap();
+    let link = Arc::new(connect_rc(&a, &b, &InitAttr::default()));
     let end = |qp: QueuePair, (scq, rcq): (CompletionQueue, CompletionQueue)| End {
         sq: AsyncSendQueue::new(qp.send_queue().unwrap(), wrap(scq).unwrap()).unwrap(),
         rq: AsyncRecvQueue::new(qp.recv_queue().unwrap(), wrap(rcq).unwrap()).unwrap(),
         _qp: qp,
+        _link: Arc::clone(&link),
     };
     (end(a, acq), end(b, bcq))
 }
@@ -258,7 +259,7 @@ fn a_dropped_wait_loses_nothing_and_a_dropped_queue_keeps_its_buffers_until_the_
         for n in 0..4 {
             b.rq.post(bufs.pop().unwrap(), 0..LEN, 100 + n).unwrap();
         }
-        let End { rq, sq: bsq, _qp: bqp } = b;
+        let End { rq, sq: bsq, _qp: bqp, _link } = b;
         drop(rq);
         for n in 0..4 {
             let mut src = bufs.pop().unwrap();
@@ -491,9 +492,7 @@ fn an_awaited_prepared_chain_takes_one_ticket_and_comes_back_whole_once() {
     rt.block_on(async {
         let (a, asq, _arq) = qp_with_own_cqs(&pd);
         let (b, _bsq, brq) = qp_with_own_cqs(&pd);
-        let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
-        a.connect(&InitAttr::default(), &ib).unwrap();
-        b.connect(&InitAttr::default(), &ia).unwrap();
+        let _link = connect_rc(&a, &b, &InitAttr::default());
         let pq = a.send_chain_queue::<Chunk>().unwrap();
         let mut rq = AsyncRecvQueue::new(b.recv_queue().unwrap(), AsyncCq::tokio(brq).unwrap()).unwrap();
         for (n, c) in chunks(&pd, 5, LEN, AccessFlags::LOCAL_WRITE).into_iter().enumerate() {

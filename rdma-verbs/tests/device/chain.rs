@@ -18,13 +18,14 @@ struct CSide {
     cq_: SendChainQueue<Chunk>,
     _rq: RecvQueue<Chunk>,
     _qp: QueuePair,
+    _link: std::sync::Arc<crate::Link>,
 }
 
 fn chained(side: Side<Chunk>, depth: u32) -> CSide {
-    let Side { cq, sq, rq, qp } = side;
+    let Side { cq, sq, rq, qp, link } = side;
     drop(sq);
     let cq_ = qp.send_chain_queue_with_depth::<Chunk>(depth).unwrap();
-    CSide { cq, cq_, _rq: rq, _qp: qp }
+    CSide { cq, cq_, _rq: rq, _qp: qp, _link: link }
 }
 
 /// Polls until `n` chains have come back.

@@ -126,7 +126,7 @@ fn a_queue_never_has_more_requests_outstanding_than_its_depth() {
     let _leaks = LeakCheck::new();
     let (pd, a, mut b) = rc_pair::<Chunk>(QpAccess::empty());
     // Swap the 64-deep send queue of A for a 4-deep one.
-    let Side { sq, rq: _rq, qp, mut cq } = a;
+    let Side { sq, rq: _rq, qp, mut cq, link: _link } = a;
     drop(sq);
     let mut sq: SendQueue<Chunk> = qp.send_queue_with_depth(4).unwrap();
     let mut bufs = chunks(&pd, 8, 64, AccessFlags::LOCAL_WRITE);

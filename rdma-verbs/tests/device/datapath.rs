@@ -12,7 +12,7 @@ use rdma_verbs::{
 };
 use rdma_verbs::{Done, RecvQueue, SendQueue, SendWr};
 
-use crate::{open, LeakCheck};
+use crate::{connect_rc, open, LeakCheck, Link};
 
 /// One side of a loopback connection: a QP with its own CQ and both of its queues.
 pub struct Side<T: rdma_verbs::SendBuf> {
@@ -20,6 +20,8 @@ pub struct Side<T: rdma_verbs::SendBuf> {
     pub sq: SendQueue<T>,
     pub rq: RecvQueue<Chunk>,
     pub qp: QueuePair,
+    /// What keeps the connection up (rdma_cm's ids on iWARP), shared by both sides.
+    pub link: Arc<Link>,
 }
 
 /// Two connected RC QPs on the device under test, and the PD their memory comes from.
@@ -47,10 +49,14 @@ pub fn rc_pair_with<T: rdma_verbs::SendBuf>(
     let (cq_a, a) = make();
     let (cq_b, b) = make();
     let init = InitAttr { access, ..InitAttr::default() };
-    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
-    a.connect(&init, &ib).unwrap();
-    b.connect(&init, &ia).unwrap();
-    let side = |cq, qp: QueuePair| Side { sq: qp.send_queue().unwrap(), rq: qp.recv_queue().unwrap(), cq, qp };
+    let link = Arc::new(connect_rc(&a, &b, &init));
+    let side = |cq, qp: QueuePair| Side {
+        sq: qp.send_queue().unwrap(),
+        rq: qp.recv_queue().unwrap(),
+        cq,
+        qp,
+        link: Arc::clone(&link),
+    };
     (pd, side(cq_a, a), side(cq_b, b))
 }
 

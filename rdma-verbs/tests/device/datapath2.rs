@@ -16,7 +16,7 @@ use rdma_verbs::{
 use rdma_verbs::{Done, ExclusiveBuf, RecvQueue, SendBuf, SendQueue, SendWr};
 
 use crate::datapath::{chunks, poll_one, random_bytes, rc_pair, Side, PAIR_DEPTH};
-use crate::{gid_index, open, LeakCheck};
+use crate::{connect_rc, gid_index, open, LeakCheck, Link};
 
 /// Bytes of the global route header in front of every UD receive on RoCE.
 const GRH: usize = 40;
@@ -32,6 +32,7 @@ struct End<S: SendBuf, R: ExclusiveBuf = Chunk> {
     scq: CompletionQueue,
     rcq: CompletionQueue,
     qp: QueuePair,
+    _link: Arc<Link>,
 }
 
 /// Two connected RC QPs of `pd`, each built through `tune`; with `recv_channel` the
@@ -54,22 +55,20 @@ fn connected<S: SendBuf, R: ExclusiveBuf>(
         (scq, rcq, qp)
     };
     let (a, b) = (make(), make());
-    connect(&a.2, &b.2, access);
+    let link = Arc::new(connect(&a.2, &b.2, access));
     let end = |(scq, rcq, qp): (CompletionQueue, CompletionQueue, QueuePair)| End {
         sq: qp.send_queue().unwrap(),
         rq: qp.recv_queue().unwrap(),
         scq,
         rcq,
         qp,
+        _link: Arc::clone(&link),
     };
     (end(a), end(b))
 }
 
-fn connect(a: &QueuePair, b: &QueuePair, access: QpAccess) {
-    let init = InitAttr { access, ..InitAttr::default() };
-    let (ia, ib) = (a.local_info(1).unwrap(), b.local_info(1).unwrap());
-    a.connect(&init, &ib).unwrap();
-    b.connect(&init, &ia).unwrap();
+fn connect(a: &QueuePair, b: &QueuePair, access: QpAccess) -> Link {
+    connect_rc(a, b, &InitAttr { access, ..InitAttr::default() })
 }
 
 /// A region of `len` bytes that peers may write and read, filled with [`UNTOUCHED`].
@@ -435,8 +434,8 @@ fn an_srq_feeds_two_qps_and_takes_their_completions_back_in_any_order_but_never_
     let recv_qp = || QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(8).srq(&srq).build().unwrap();
     let send_qp = || QueuePair::builder(&pd, QpType::Rc, &scq, &scq).max_send_wr(16).max_recv_wr(1).build().unwrap();
     let (r1, r2, s1, s2) = (recv_qp(), recv_qp(), send_qp(), send_qp());
-    connect(&s1, &r1, QpAccess::empty());
-    connect(&s2, &r2, QpAccess::empty());
+    let _l1 = connect(&s1, &r1, QpAccess::empty());
+    let _l2 = connect(&s2, &r2, QpAccess::empty());
     assert!(r1.recv_queue::<Chunk>().is_err(), "a QP on an SRQ has no receive queue of its own");
     let mut srqq = srq.queue::<Chunk>().unwrap();
     assert!(srq.queue::<Chunk>().is_err(), "an SRQ's posting side has one owner");
@@ -517,7 +516,7 @@ fn an_srq_queue_refuses_a_receive_completion_of_a_qp_on_another_srq() {
     let ra = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(8).srq(&srq_a).build().unwrap();
     let _rb = QueuePair::builder(&pd, QpType::Rc, &scq, &rcq).max_send_wr(8).srq(&srq_b).build().unwrap();
     let sa = QueuePair::builder(&pd, QpType::Rc, &scq, &scq).max_send_wr(16).max_recv_wr(1).build().unwrap();
-    connect(&sa, &ra, QpAccess::empty());
+    let _link = connect(&sa, &ra, QpAccess::empty());
     let (mut qa, mut qb) = (srq_a.queue::<Chunk>().unwrap(), srq_b.queue::<Chunk>().unwrap());
     let mut bufs = chunks(&pd, 3, 256, AccessFlags::LOCAL_WRITE);
     for b in &mut bufs {
@@ -555,7 +554,7 @@ fn an_srq_queue_refuses_a_receive_completion_of_a_qp_on_another_srq() {
 fn a_receive_queue_claimed_again_refuses_the_completion_of_a_receive_its_predecessor_posted() {
     let _leaks = LeakCheck::new();
     let (pd, mut a, b) = rc_pair::<Chunk>(QpAccess::empty());
-    let Side { cq: mut b_cq, sq: b_sq, rq: b_rq, qp: b_qp } = b;
+    let Side { cq: mut b_cq, sq: b_sq, rq: b_rq, qp: b_qp, link: _link } = b;
     let mut rq1 = b_rq;
     let mut bufs = chunks(&pd, 4, 256, AccessFlags::LOCAL_WRITE);
     for c in &mut bufs {
@@ -695,8 +694,8 @@ fn each_side_of_two_qps_runs_on_its_own_thread_and_two_streams_arrive_in_order()
     let ctx = open();
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let (a, b) = connected::<Chunk, Chunk>(&pd, QpAccess::empty(), false, |q| q.max_send_wr(32).max_recv_wr(32));
-    let End { sq: a_sq, rq: a_rq, scq: a_scq, rcq: a_rcq, qp: a_qp } = a;
-    let End { sq: b_sq, rq: b_rq, scq: b_scq, rcq: b_rcq, qp: b_qp } = b;
+    let End { sq: a_sq, rq: a_rq, scq: a_scq, rcq: a_rcq, qp: a_qp, _link } = a;
+    let End { sq: b_sq, rq: b_rq, scq: b_scq, rcq: b_rcq, qp: b_qp, .. } = b;
     let pool = || chunks(&pd, 16, STREAM_LEN, AccessFlags::LOCAL_WRITE);
     let (to_a, credits_a) = mpsc::channel();
     let (to_b, credits_b) = mpsc::channel();

@@ -55,4 +55,4 @@ mod ud_more;
 mod xrc_dm;
 
 // The test bed, shared with rdma-doctor's device tests (rdma-test-support).
-pub use rdma_test_support::{device_name, example, gid_index, open, LeakCheck, ResourceCounts};
+pub use rdma_test_support::{connect_rc, device_name, example, gid_index, open, LeakCheck, Link, ResourceCounts};

@@ -17,6 +17,7 @@ pub struct PSide {
     pub pq: PreparedSendQueue<Chunk>,
     _rq: RecvQueue<Chunk>,
     qp: QueuePair,
+    _link: std::sync::Arc<crate::Link>,
 }
 
 /// Gives up a side's `SendQueue` (the claim passes on) and takes a `PreparedSendQueue`.
@@ -25,10 +26,10 @@ pub fn prepared_side(side: Side<Chunk>) -> PSide {
 }
 
 fn prepared(side: Side<Chunk>) -> PSide {
-    let Side { cq, sq, rq, qp } = side;
+    let Side { cq, sq, rq, qp, link } = side;
     drop(sq);
     let pq = qp.prepared_send_queue::<Chunk>().unwrap();
-    PSide { cq, pq, _rq: rq, qp }
+    PSide { cq, pq, _rq: rq, qp, _link: link }
 }
 
 /// A region peers may write and read.
@@ -258,7 +259,7 @@ fn an_errored_qp_flushes_every_outstanding_prepared_request_once_none_as_success
 fn a_full_prepared_queue_refuses_before_c_and_a_dropped_one_keeps_its_requests_until_the_qp_is_gone() {
     let _leaks = LeakCheck::new();
     let (pd, a, b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
-    let Side { cq, sq, rq: _rq, qp } = a;
+    let Side { cq, sq, rq: _rq, qp, link: _link } = a;
     drop(sq);
     let mut pq = qp.prepared_send_queue_with_depth::<Chunk>(4).unwrap();
     let t = target(&pd, 4096);

@@ -18,14 +18,15 @@ struct RSide {
     _sq: SendQueue<Chunk>,
     prq: PreparedRecvQueue<Chunk>,
     qp: QueuePair,
+    _link: std::sync::Arc<crate::Link>,
 }
 
 /// Gives up a side's `RecvQueue` (the claim passes on) and takes a `PreparedRecvQueue`.
 fn receiving(side: Side<Chunk>, depth: u32) -> RSide {
-    let Side { cq, sq, rq, qp } = side;
+    let Side { cq, sq, rq, qp, link } = side;
     drop(rq);
     let prq = qp.prepared_recv_queue_with_depth::<Chunk>(depth).unwrap();
-    RSide { cq, _sq: sq, prq, qp }
+    RSide { cq, _sq: sq, prq, qp, _link: link }
 }
 
 /// Polls `s`'s CQ until `n` prepared receives have come back, in order of completion.

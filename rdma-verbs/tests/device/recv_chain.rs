@@ -17,14 +17,15 @@ struct RSide {
     _sq: SendQueue<Chunk>,
     rq: RecvChainQueue<Chunk>,
     qp: QueuePair,
+    _link: std::sync::Arc<crate::Link>,
 }
 
 /// Gives up a side's `RecvQueue` (the claim passes on) and takes a `RecvChainQueue`.
 fn receiving(side: Side<Chunk>, depth: u32) -> RSide {
-    let Side { cq, sq, rq, qp } = side;
+    let Side { cq, sq, rq, qp, link } = side;
     drop(rq);
     let rq = qp.recv_chain_queue_with_depth::<Chunk>(depth).unwrap();
-    RSide { cq, _sq: sq, rq, qp }
+    RSide { cq, _sq: sq, rq, qp, _link: link }
 }
 
 /// `n` receive buffers of `len` bytes with ids `first..`.
@@ -332,7 +333,7 @@ fn dropping_a_receive_chain_queue_with_chains_posted_and_one_half_complete_is_so
     assert_eq!(b.rq.outstanding(), 5);
     // The queue goes with two chains posted (one half complete): they are kept until the
     // QP is destroyed. The receive side can be claimed again meanwhile.
-    let RSide { cq, _sq, rq, qp } = b;
+    let RSide { cq, _sq, rq, qp, _link } = b;
     drop(rq);
     let again = qp.recv_chain_queue_with_depth::<Chunk>(8).unwrap();
     assert_eq!(again.outstanding(), 0);

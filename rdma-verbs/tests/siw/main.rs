@@ -87,3 +87,82 @@ fn write_bw_over_rdma_cm_runs_on_iwarp_with_its_data_check_and_meets_perftest_in
     iwarp_device();
     rdma_test_support::tool::write_bw_over_rdma_cm_meets_itself_and_perftest(18631);
 }
+
+#[test]
+#[ignore = "needs an iWARP device: scripts/test runs it on siw"]
+fn a_qp_the_user_built_connects_through_rdma_cm_on_iwarp_from_init_and_rtr_is_refused() {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use rdma_test_support::{cm_leak_check, rdma_ip};
+    use rdma_verbs::{AccessFlags, AlignedBuf, CmEventKind, CmId, ConnParam, EventChannel, PortSpace, SendWr};
+
+    const T: Duration = Duration::from_secs(10);
+    iwarp_device();
+    let _leaks = cm_leak_check();
+    // QPs of a context of the test's own, not the ids' (librdmacm's): the same device.
+    let ctx = open();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let qp = || QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(4).max_recv_wr(4).build().unwrap();
+    let (a, b) = (qp(), qp());
+    let mut chunks = pd
+        .register(AlignedBuf::new(2 * 4096).unwrap(), AccessFlags::LOCAL_WRITE)
+        .unwrap()
+        .into_chunks(4096)
+        .unwrap();
+    let (mut buf, dst) = (chunks.pop().unwrap(), chunks.pop().unwrap());
+    let mut rq = b.recv_queue::<rdma_verbs::Chunk>().unwrap();
+    let mut sq = a.send_queue::<rdma_verbs::Chunk>().unwrap();
+
+    let (server_channel, client_channel) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
+    let listener = CmId::new(&server_channel, PortSpace::Tcp).unwrap();
+    listener.bind(SocketAddr::new(rdma_ip(), 0)).unwrap();
+    listener.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let ids = std::thread::scope(|s| {
+        let server = s.spawn(|| {
+            let id = listener.get_request(T).unwrap().into_id();
+            let e = id.modify_qp(&b, QpState::Rtr).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument { verb: Verb::CmModifyQp, .. }), "{e:?}");
+            assert!(e.to_string().contains("iWARP") && e.to_string().contains("INIT only"), "{e}");
+            id.modify_qp(&b, QpState::Init).unwrap();
+            id.accept_with(&b, &ConnParam::new(), T).unwrap();
+            id
+        });
+        let id = CmId::new(&client_channel, PortSpace::Tcp).unwrap();
+        id.resolve_addr(None, addr, T).unwrap();
+        id.resolve_route(T).unwrap();
+        id.modify_qp(&a, QpState::Init).unwrap();
+        let ev = id.connect_with(&a, &ConnParam::new(), T).unwrap();
+        assert_eq!(ev.kind(), CmEventKind::Established, "iWARP answers a connect with ESTABLISHED");
+        let e = id.establish().unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { verb: Verb::CmEstablish, .. }), "{e:?}");
+        (id, server.join().unwrap())
+    });
+
+    // The connection carries a SEND whose bytes arrive.
+    let data: Vec<u8> = (0..1000u32).map(|i| (i * 7 + 3) as u8).collect();
+    rq.post(dst, 0..4096, 7).unwrap();
+    buf[..data.len()].copy_from_slice(&data);
+    sq.post(SendWr::send(buf, 0..data.len()).id(9)).unwrap();
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + T;
+    let mut wc = [rdma_verbs::WorkCompletion::EMPTY; 2];
+    while got.len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no completion within {T:?}");
+        for w in cq.poll(&mut wc).unwrap().iter_mut() {
+            got.push(std::mem::take(w));
+        }
+    }
+    for mut w in got {
+        if w.opcode() == rdma_verbs::WcOpcode::Recv {
+            let done = rq.complete(&mut w).unwrap();
+            assert_eq!((done.id, done.byte_len as usize), (7, data.len()));
+            assert!(done.value[..data.len()] == data[..], "the received bytes differ");
+        } else {
+            sq.complete(&mut w, |d| assert_eq!((d.id, d.status), (9, rdma_verbs::WcStatus::Success))).unwrap();
+        }
+    }
+    drop((sq, rq, ids, a, b));
+}

@@ -69,7 +69,7 @@ pub struct Connection {
 }
 
 /// A UD peer, as [`Handshake::ready_ud`] found it: where to send datagrams.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct UdPeer {
     /// The address handle of the peer.
     pub ah: AddressHandle,
@@ -82,6 +82,8 @@ pub struct UdPeer {
     /// What the peer sent.
     pub remote: Endpoint,
 }
+
+crate::debug_hex::debug_hex!(UdPeer { ah, qpn: hex, qkey: hex, local, remote });
 
 impl UdPeer {
     /// The largest datagram both sides can carry: the smaller of the two MTUs. A receive

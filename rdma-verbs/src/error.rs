@@ -459,7 +459,8 @@ impl Verb {
                 "the queue is full: poll completions before posting more"
             }
             (V::PostSend | V::PostRecv | V::PostSrqRecv, libc::EINVAL) => {
-                "the work request is malformed for this QP (too many SGEs, inline data too large, or wrong QP state)"
+                "the work request is malformed for this QP (too many SGEs, inline data too large, or wrong QP state), \
+                 or asks for what the device lacks (iWARP carries no immediate data, siw no atomics)"
             }
             (_, libc::ENOMEM) => {
                 "the device or the kernel ran out of resources: check the device limits (max_qp, max_cqe, ...)"
@@ -595,7 +596,7 @@ pub enum Error {
         private_data: Vec<u8>,
     },
     /// A wait ran out of time.
-    #[error("{verb}: timed out after {timeout:?}{}", Hint(.verb.timeout_hint()))]
+    #[error("{verb}: timed out after {}{}", Readable(*.timeout), Hint(.verb.timeout_hint()))]
     Timeout {
         /// What was being waited for.
         verb: Verb,
@@ -670,6 +671,26 @@ impl fmt::Display for NotSupportedErrno {
 }
 
 struct Hint<'a>(Option<&'a str>);
+
+/// A duration as people read it: "10 s", "1.5 s", "329 ms", "250 µs".
+pub(crate) struct Readable(pub(crate) Duration);
+
+impl fmt::Display for Readable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        if d >= Duration::from_secs(1) {
+            let tenths = (d.as_millis() + 50) / 100;
+            match tenths % 10 {
+                0 => write!(f, "{} s", tenths / 10),
+                t => write!(f, "{}.{t} s", tenths / 10),
+            }
+        } else if d >= Duration::from_millis(1) {
+            write!(f, "{} ms", (d.as_micros() + 500) / 1000)
+        } else {
+            write!(f, "{} µs", d.as_micros())
+        }
+    }
+}
 
 impl fmt::Display for Hint<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1083,6 +1104,22 @@ mod tests {
     fn timeouts_carry_a_hint() {
         let e = Error::Timeout { verb: Verb::GetCqEvent, timeout: Duration::from_millis(5) };
         assert!(e.to_string().contains("hint: no completion arrived"), "{e}");
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        let cases = [
+            (Duration::from_secs(10), "10 s"),
+            (Duration::from_millis(1500), "1.5 s"),
+            (Duration::from_millis(999_960), "1000 s"),
+            (Duration::from_nanos(328_590_150), "329 ms"),
+            (Duration::from_micros(250), "250 µs"),
+        ];
+        for (d, want) in cases {
+            assert_eq!(Readable(d).to_string(), want, "{d:?}");
+        }
+        let e = Error::Timeout { verb: Verb::Handshake, timeout: Duration::from_nanos(328_590_150) };
+        assert!(e.to_string().contains("timed out after 329 ms"), "{e}");
     }
 
     #[test]

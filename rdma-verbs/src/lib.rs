@@ -158,6 +158,7 @@ mod conv;
 mod counters;
 mod cq;
 mod cq_ex;
+mod debug_hex;
 mod device;
 mod dm;
 mod endpoint;

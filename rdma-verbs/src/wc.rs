@@ -216,7 +216,9 @@ impl WorkCompletion {
 impl fmt::Debug for WorkCompletion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("WorkCompletion");
-        d.field("wr_id", &self.wr_id()).field("status", &self.status()).field("qp_num", &self.qp_num());
+        d.field("wr_id", &self.wr_id())
+            .field("status", &self.status())
+            .field("qp_num", &format_args!("{:#x}", self.qp_num()));
         if !self.is_success() {
             // Only these fields are defined for a failed completion.
             return d.field("vendor_err", &self.vendor_err()).finish_non_exhaustive();
@@ -228,7 +230,7 @@ impl fmt::Debug for WorkCompletion {
         if let Some(rkey) = self.invalidated_rkey() {
             d.field("invalidated_rkey", &format_args!("{rkey:#x}"));
         }
-        d.field("src_qp", &self.src_qp())
+        d.field("src_qp", &format_args!("{:#x}", self.src_qp()))
             .field("pkey_index", &self.pkey_index())
             .field("slid", &self.slid())
             .field("sl", &self.sl())

@@ -500,7 +500,6 @@ impl<T: ExclusiveBuf> SendWr<T> {
 /// [`Done::result`] turns it into a `Result`: itself on success, its value with an
 /// [`Error::WorkCompletion`] that names the operation, your id, the QP, the status and the
 /// usual cause on failure (a [`Refused`], as a refused post is).
-#[derive(Debug)]
 pub struct Done<T> {
     /// The caller's identifier ([`SendWr::id`], [`RecvQueue::post`](crate::RecvQueue::post)).
     pub id: u64,
@@ -518,6 +517,20 @@ pub struct Done<T> {
     pub qp_num: u32,
     /// The provider's own error code (0 when it gives none).
     pub vendor_err: u32,
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Done<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Done")
+            .field("id", &self.id)
+            .field("value", &self.value)
+            .field("status", &self.status)
+            .field("byte_len", &self.byte_len)
+            .field("op", &self.op)
+            .field("qp_num", &format_args!("{:#x}", self.qp_num))
+            .field("vendor_err", &format_args!("{:#x}", self.vendor_err))
+            .finish()
+    }
 }
 
 impl<T> Done<T> {

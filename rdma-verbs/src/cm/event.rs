@@ -172,7 +172,7 @@ impl RejectReason {
 }
 
 /// The peer's connection parameters, as a connect request or response reports them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub struct ConnInfo {
     /// RDMA READs and atomics the peer accepts outstanding at its side.
     pub responder_resources: u8,
@@ -191,7 +191,7 @@ pub struct ConnInfo {
 }
 
 /// What a UD peer reports: how to address it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct UdInfo {
     /// The peer's QP number.
     pub qp_num: u32,
@@ -200,6 +200,17 @@ pub struct UdInfo {
     /// The address handle attributes that reach it.
     pub ah: AhAttr,
 }
+
+crate::debug_hex::debug_hex!(ConnInfo {
+    responder_resources,
+    initiator_depth,
+    flow_control,
+    retry_count,
+    rnr_retry_count,
+    srq,
+    qp_num: hex,
+});
+crate::debug_hex::debug_hex!(UdInfo { qp_num: hex, qkey: hex, ah });
 
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Params {

@@ -14,8 +14,8 @@ use super::event::{CmEvent, CmEventKind};
 use super::id::CmId;
 use super::{ConnParam, PrivateDataOp};
 use crate::ah::AhAttr;
-use crate::device::Transport;
 use crate::conv;
+use crate::device::Transport;
 use crate::error::{Error, Result, Verb};
 use crate::ffi;
 use crate::port::Mtu;
@@ -106,9 +106,9 @@ impl std::fmt::Debug for CmQpAttr {
         f.debug_struct("CmQpAttr")
             .field("state", &self.state())
             .field("mask", &mask_names(self.mask))
-            .field("dest_qp_num", &self.raw.dest_qp_num)
-            .field("rq_psn", &self.raw.rq_psn)
-            .field("sq_psn", &self.raw.sq_psn)
+            .field("dest_qp_num", &format_args!("{:#x}", self.raw.dest_qp_num))
+            .field("rq_psn", &format_args!("{:#x}", self.raw.rq_psn))
+            .field("sq_psn", &format_args!("{:#x}", self.raw.sq_psn))
             .field("timeout", &self.raw.timeout)
             .finish_non_exhaustive()
     }

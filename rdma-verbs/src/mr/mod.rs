@@ -35,7 +35,7 @@ pub use special::{DmabufRegion, NullRegion};
 /// What a peer needs to target a region with RDMA READ, WRITE or atomics: its remote
 /// address, length and rkey. Plain data; [`to_bytes`](RemoteMr::to_bytes) and
 /// [`from_bytes`](RemoteMr::from_bytes) give a fixed wire layout for the exchange.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RemoteMr {
     /// The address the peer puts in its work request (`wr.rdma.remote_addr`).
     pub addr: u64,
@@ -44,6 +44,8 @@ pub struct RemoteMr {
     /// The remote key (`wr.rdma.rkey`).
     pub rkey: u32,
 }
+
+crate::debug_hex::debug_hex!(RemoteMr { addr: hex, len, rkey: hex });
 
 impl RemoteMr {
     /// A part of the region (offsets from its start), for a work request that targets

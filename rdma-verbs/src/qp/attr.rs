@@ -163,7 +163,7 @@ impl QpCaps {
 /// // A UD peer sends with the Q_Key the receiver's QP was given at INIT.
 /// assert_eq!(InitAttr::default().qkey, DEFAULT_QKEY);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct InitAttr {
     /// The local port, from 1 (default 1).
     pub port: u8,
@@ -174,6 +174,8 @@ pub struct InitAttr {
     /// The Q_Key (UD; default [`DEFAULT_QKEY`]). Senders must use the same one.
     pub qkey: u32,
 }
+
+crate::debug_hex::debug_hex!(InitAttr { port, pkey_index, access, qkey: hex });
 
 impl Default for InitAttr {
     fn default() -> Self {
@@ -187,7 +189,7 @@ impl Default for InitAttr {
 /// `max_dest_rd_atomic` 16 (clamped to the device's `max_qp_rd_atom`), `min_rnr_timer` 12
 /// (0.64 ms). `remote` and `dest_qpn` have no meaningful default: [`RtrAttr::new`] takes
 /// them, and a transition with the placeholders is refused before C.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct RtrAttr {
     /// The local port to send from, from 1.
     pub port: u8,
@@ -208,6 +210,17 @@ pub struct RtrAttr {
     /// receive posted waits before retrying.
     pub min_rnr_timer: u8,
 }
+
+crate::debug_hex::debug_hex!(RtrAttr {
+    port,
+    remote,
+    sl,
+    path_mtu,
+    dest_qpn: hex,
+    rq_psn: hex,
+    max_dest_rd_atomic,
+    min_rnr_timer
+});
 
 impl Default for RtrAttr {
     fn default() -> Self {
@@ -243,7 +256,7 @@ impl RtrAttr {
 /// peer is silent"; both turn a peer's fault into a silent hang. They are allowed but
 /// never the default (perftest gives `retry_cnt` 7). `max_rd_atomic` 16 is clamped to the
 /// device's `max_qp_init_rd_atom`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct RtsAttr {
     /// The first PSN this QP sends (24 bits): the peer's `rq_psn`, so [`QueuePair::psn`](crate::QueuePair::psn)
     /// (what [`QueuePair::local_info`](crate::QueuePair::local_info) told the peer). Default 0.
@@ -259,6 +272,8 @@ pub struct RtsAttr {
     pub max_rd_atomic: u8,
 }
 
+crate::debug_hex::debug_hex!(RtsAttr { sq_psn: hex, timeout, retry_cnt, rnr_retry, max_rd_atomic });
+
 impl Default for RtsAttr {
     fn default() -> Self {
         RtsAttr { sq_psn: 0, timeout: 14, retry_cnt: 6, rnr_retry: 6, max_rd_atomic: 16 }
@@ -266,7 +281,7 @@ impl Default for RtsAttr {
 }
 
 /// What a peer needs to connect to a QP: exchange it out of band (TCP, a file, ...).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct RemoteQpInfo {
     /// QP number.
     pub qpn: u32,
@@ -277,6 +292,8 @@ pub struct RemoteQpInfo {
     /// Its GID (the source GID it will use).
     pub gid: Gid,
 }
+
+crate::debug_hex::debug_hex!(RemoteQpInfo { qpn: hex, psn: hex, lid: hex, gid });
 
 /// What `ibv_query_qp` reports, the commonly needed fields typed.
 #[derive(Clone)]
@@ -327,9 +344,9 @@ impl fmt::Debug for QpAttrs {
             .field("state", &self.state)
             .field("path_mtu", &self.path_mtu)
             .field("qkey", &format_args!("{:#x}", self.qkey))
-            .field("rq_psn", &self.rq_psn)
-            .field("sq_psn", &self.sq_psn)
-            .field("dest_qp_num", &self.dest_qp_num)
+            .field("rq_psn", &format_args!("{:#x}", self.rq_psn))
+            .field("sq_psn", &format_args!("{:#x}", self.sq_psn))
+            .field("dest_qp_num", &format_args!("{:#x}", self.dest_qp_num))
             .field("access", &self.access)
             .field("cap", &self.cap)
             .field("path", &self.path)

@@ -61,7 +61,7 @@ const FIRST_MULTICAST_LID: u16 = 0xC000;
 /// says whether it is usable, and [`from_bytes`](Self::from_bytes) returns only usable
 /// ones. [`to_bytes`](Self::to_bytes) encodes whatever it is given, and out-of-range
 /// values come out as bytes `from_bytes` rejects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
     /// The QP's transport.
     pub transport: QpType,
@@ -80,6 +80,8 @@ pub struct Endpoint {
     /// A memory region it lets the peer reach by RDMA, if any (RC and UC only).
     pub mr: Option<RemoteMr>,
 }
+
+crate::debug_hex::debug_hex!(Endpoint { transport, qpn: hex, psn: hex, qkey: hex, lid: hex, gid, mtu, mr });
 
 impl Endpoint {
     /// Length of the version-1 wire form.

@@ -106,11 +106,8 @@ fn a_qp_the_user_built_connects_through_rdma_cm_on_iwarp_from_init_and_rtr_is_re
     let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
     let qp = || QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(4).max_recv_wr(4).build().unwrap();
     let (a, b) = (qp(), qp());
-    let mut chunks = pd
-        .register(AlignedBuf::new(2 * 4096).unwrap(), AccessFlags::LOCAL_WRITE)
-        .unwrap()
-        .into_chunks(4096)
-        .unwrap();
+    let mut chunks =
+        pd.register(AlignedBuf::new(2 * 4096).unwrap(), AccessFlags::LOCAL_WRITE).unwrap().into_chunks(4096).unwrap();
     let (mut buf, dst) = (chunks.pop().unwrap(), chunks.pop().unwrap());
     let mut rq = b.recv_queue::<rdma_verbs::Chunk>().unwrap();
     let mut sq = a.send_queue::<rdma_verbs::Chunk>().unwrap();

@@ -377,6 +377,10 @@ impl<'a> QueuePairBuilder<'a> {
                 sq_sig_all: self.sq_sig_all,
                 max_qp_rd_atom: rd_atom(dev.max_qp_rd_atom),
                 max_qp_init_rd_atom: rd_atom(dev.max_qp_init_rd_atom),
+                max_sge_rd: match u32::try_from(dev.raw.max_sge_rd) {
+                    Ok(0) | Err(_) => dev.max_sge,
+                    Ok(n) => n,
+                },
                 pd: self.pd.clone(),
                 _creator: keep,
                 send_cq: Arc::clone(&self.send_cq.inner),

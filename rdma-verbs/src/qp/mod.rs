@@ -86,6 +86,8 @@ pub(crate) struct QpInner {
     sq_sig_all: bool,
     max_qp_rd_atom: u8,
     max_qp_init_rd_atom: u8,
+    /// The device's `max_sge_rd` (its `max_sge` when it reports none).
+    pub(crate) max_sge_rd: u32,
     pd: ProtectionDomain,
     /// What a QP was made through (a CM id), released only after the QP is destroyed.
     _creator: Option<Arc<dyn Send + Sync>>,

@@ -19,6 +19,11 @@ use crate::wr::{Done, Op, SendWr};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SendLimits {
     pub(crate) max_sge: u32,
+    /// The device's `max_sge_rd`: most SGEs an RDMA READ may scatter into (siw: 1; a
+    /// provider may silently fill only that many).
+    pub(crate) max_sge_rd: u32,
+    /// The smaller of the two: one comparison tells every request within both.
+    pub(crate) sge_fast: u32,
     pub(crate) max_inline: u32,
     /// A UD QP: every request needs an address handle, and none other may have one.
     pub(crate) ud: bool,
@@ -48,8 +53,9 @@ impl SendLimits {
     #[inline]
     pub(crate) fn key(self) -> u64 {
         let sge = self.max_sge.min(MAX_SGE as u32);
+        let rd = self.max_sge_rd.min(MAX_SGE as u32);
         let aw = u64::from(self.atomic_write == AtomicWrite::Takes);
-        u64::from(self.max_inline) << 32 | aw << 31 | u64::from(sge) << 1 | u64::from(self.ud)
+        u64::from(self.max_inline) << 32 | aw << 31 | u64::from(rd) << 16 | u64::from(sge) << 1 | u64::from(self.ud)
     }
 }
 
@@ -409,14 +415,14 @@ pub(super) fn check_send<T: SendBuf>(
     wr: &SendWr<T>,
     sges: &mut Sges,
 ) -> Result<usize> {
-    let SendLimits { max_sge, max_inline, ud, pd, atomic_write } = *limits;
+    let SendLimits { max_sge, max_sge_rd, sge_fast, max_inline, ud, pd, atomic_write } = *limits;
     // A UD send without an address handle would have the provider read a NULL one.
     if wr.ah.is_some() != ud {
         return Err(refused(verb, SendRefusal::Transport { ud }));
     }
     let n = wr.buf.sges(verb, wr.range.clone(), pd, sges)?;
-    if n as u32 > max_sge {
-        return Err(refused(verb, SendRefusal::Sges { n, max: max_sge }));
+    if n as u32 > sge_fast {
+        sges_within(verb, wr.op, n, max_sge, max_sge_rd)?;
     }
     let len = wr.range.end - wr.range.start;
     if wr.is_inline() && len > max_inline as usize {
@@ -442,6 +448,18 @@ pub(super) fn check_send<T: SendBuf>(
     Ok(n)
 }
 
+/// `n` SGEs, more than one of the limits: refused when over the one of `op`.
+#[inline(never)]
+fn sges_within(verb: Verb, op: Op, n: usize, max_sge: u32, max_sge_rd: u32) -> Result<()> {
+    if n as u32 > max_sge {
+        return Err(refused(verb, SendRefusal::Sges { n, max: max_sge }));
+    }
+    if op == Op::Read && n as u32 > max_sge_rd {
+        return Err(refused(verb, SendRefusal::ReadSges { n, max: max_sge_rd }));
+    }
+    Ok(())
+}
+
 /// Whether the extended API of a QP built with `ext` takes this request (checked, `n`
 /// SGEs): its operation is among the send ops, and the loaded rdma-core has no known bug
 /// for its SGE or inline list ([`compat::quirks`]).
@@ -459,6 +477,7 @@ fn ext_takes<T: SendBuf>(ext: Ext, wr: &SendWr<T>, n: usize) -> bool {
 /// Why the safe send path refused a work request before calling the provider.
 enum SendRefusal {
     Sges { n: usize, max: u32 },
+    ReadSges { n: usize, max: u32 },
     Inline { len: usize, max: u32 },
     Remote { len: usize, remote: u64 },
     Atomic,
@@ -471,6 +490,9 @@ enum SendRefusal {
 fn refused(verb: Verb, why: SendRefusal) -> Error {
     let what = match why {
         SendRefusal::Sges { n, max } => format!("{n} SGEs, but the QP takes {max} (max_send_sge)"),
+        SendRefusal::ReadSges { n, max } => {
+            format!("an RDMA READ into {n} SGEs, but the device scatters a READ into {max} (max_sge_rd)")
+        }
         SendRefusal::Inline { len, max } => format!("{len} bytes inline, but the QP allows {max} (max_inline_data)"),
         SendRefusal::Remote { len, remote } => format!("{len} bytes do not fit the remote region of {remote} bytes"),
         SendRefusal::Atomic => "an atomic needs an 8-byte aligned remote address with 8 bytes".into(),

@@ -190,6 +190,8 @@ impl QueuePair {
         };
         SendLimits {
             max_sge: caps.max_send_sge,
+            max_sge_rd: self.inner.max_sge_rd,
+            sge_fast: caps.max_send_sge.min(self.inner.max_sge_rd),
             max_inline: caps.max_inline_data,
             ud: self.qp_type() == QpType::Ud,
             pd: PdId::of(self.pd()),

@@ -191,3 +191,59 @@ fn extended_cqs_and_cq_resizing_are_not_supported_as_the_provider_answers() {
     assert_eq!(cq.cqe(), before);
     assert!(cq.poll(&mut [rdma_verbs::WorkCompletion::EMPTY; 4]).unwrap().is_empty());
 }
+
+#[test]
+#[ignore = "needs an iWARP device: scripts/test runs it on siw"]
+fn an_rdma_read_into_more_sges_than_max_sge_rd_is_refused_before_c_and_one_within_lands() {
+    use rdma_test_support::connect_rc;
+    use rdma_verbs::{AccessFlags, AlignedBuf, Chunk, InitAttr, QpAccess, SendQueue, SendWr, WcStatus, WorkCompletion};
+
+    iwarp_device();
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    let dev = ctx.query_device().unwrap();
+    assert!(dev.raw.max_sge_rd == 1 && dev.max_sge > 1, "siw: max_sge_rd 1, max_sge {}", dev.max_sge);
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let qp = || QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(4).max_recv_wr(4).max_send_sge(2).build();
+    let (a, b) = (qp().unwrap(), qp().unwrap());
+    let link = connect_rc(&a, &b, &InitAttr { access: QpAccess::REMOTE_READ, ..InitAttr::default() });
+    assert!(link.through_rdma_cm());
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    let mut target = pd.register_remote_writable(AlignedBuf::new(4096).unwrap(), access).unwrap();
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+    target.write_at(0, &data).unwrap();
+    let mut chunks =
+        pd.register(AlignedBuf::new(2 * 4096).unwrap(), AccessFlags::LOCAL_WRITE).unwrap().into_chunks(4096).unwrap();
+    let two = [chunks.remove(0), chunks.remove(0)];
+    let mut sq: SendQueue<[Chunk; 2]> = a.send_queue().unwrap();
+
+    // 6000 bytes span both chunks: two SGEs, one more than siw scatters a READ into (it
+    // would fill the first and leave the second untouched, without an error).
+    let remote = target.remote().unwrap();
+    let refused = sq.post(SendWr::read(two, 0..4096 + 1904, remote.slice(..6000).unwrap())).unwrap_err();
+    let text = refused.error.to_string();
+    assert!(
+        matches!(refused.error, Error::InvalidArgument { .. }) && text.contains("max_sge_rd") && text.contains("1"),
+        "{text}"
+    );
+    assert!(text.contains("refused before the call"), "{text}");
+    assert_eq!(sq.outstanding(), 0, "nothing was posted");
+
+    // Within the first chunk: one SGE, and every byte lands.
+    let two = refused.value.into_buf();
+    sq.post(SendWr::read(two, 100..4096, remote.slice(..3996).unwrap()).id(3)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut wc = [WorkCompletion::EMPTY; 1];
+    let back = loop {
+        assert!(std::time::Instant::now() < deadline, "no completion within 10 s");
+        if let Some(w) = cq.poll(&mut wc).unwrap().first_mut() {
+            let mut done = None;
+            sq.complete(w, |d| done = Some(d)).unwrap();
+            break done.expect("the READ came back");
+        }
+    };
+    assert_eq!((back.id, back.status), (3, WcStatus::Success));
+    assert!(back.value[0][100..] == data[..3996], "the READ's bytes differ from the target's");
+    drop((sq, link, a, b));
+}

@@ -491,6 +491,11 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         I: IntoIterator<Item = R>,
     {
         let mut wrs = wrs.into_iter();
+        // A request built at each post (a `SendWr`) on a QP without the extended API: the
+        // lean loop, with nothing of the other kinds' or the extended API's in it.
+        if !R::CHAIN && !R::BUILD_IN_SLOT && (!R::EXTENDED || self.ext.is_none()) {
+            return self.post_batch_built(wrs);
+        }
         let room = self.ring.free().min(MAX_BATCH);
         let mut chain = Staging::new();
         let (mut n, mut items, mut refused) = (0, 0, None);
@@ -514,6 +519,85 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             return Ok(items);
         }
         let (error, unposted) = self.failed(batch, wrs);
+        Err(Refused::new(error, unposted))
+    }
+
+    /// [`post_batch`](Self::post_batch) of requests built at each post (one C request
+    /// each, built after the check and before the move: not [`SendRequest::CHAIN`] nor
+    /// [`SendRequest::BUILD_IN_SLOT`]) going through `ibv_post_send`: each request checked
+    /// where the caller built it, its C request and SGEs built in place in its scratch
+    /// slot straight from it, linked through the last one's `next` (no test of a first
+    /// one), and the request moved into its ring slot; the queue's state read once for the
+    /// batch, not once a request (`stage` serves every kind: scripts/instructions,
+    /// 2026-12-07). The same steps, refusals and failure path as `stage` and
+    /// `post_staged`.
+    #[inline(always)]
+    fn post_batch_built(&mut self, mut wrs: impl Iterator<Item = R>) -> Result<usize, Refused<Vec<R>>> {
+        debug_assert!(!R::CHAIN && !R::BUILD_IN_SLOT && (!R::EXTENDED || self.ext.is_none()));
+        const VERB: Verb = Verb::SendQueuePostBatch;
+        let SendQueue { ring, scratch, limits, key, tag_bits, raw, .. } = self;
+        let (limits, key, tag, raw) = (*limits, *key, *tag_bits, *raw);
+        let room = ring.free().min(MAX_BATCH);
+        let head = ring.head;
+        let slots = scratch.slots.as_mut_ptr();
+        let (base, mask) = ring.slot_base();
+        let (mut n, mut refused) = (0, None);
+        let mut first: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+        // Where the next C request's address goes: `first`, then the last one's `next`.
+        let mut link: *mut *mut ffi::ibv_send_wr = &mut first;
+        for wr in wrs.by_ref() {
+            // Without drop glue until it is moved (into the refusal or its slot), as in
+            // `post_one`: else the compiler builds it on the stack first, to drop it on
+            // the way out of a refusal.
+            let mut wr = ManuallyDrop::new(wr);
+            if n == room {
+                let e = if n == MAX_BATCH { batch_too_long(VERB) } else { queue_full(VERB, ring.cap) };
+                refused = Some(refusal(e, ManuallyDrop::into_inner(wr)));
+                break;
+            }
+            // SAFETY: n < room, at most MAX_BATCH and the ring's free slots (so below its
+            // capacity): below the scratch's length, `ring.cap.min(MAX_BATCH)`.
+            let Slot { sges, raw: out, .. } = unsafe { &mut *slots.add(n) };
+            let k = match wr.check(VERB, &limits, key, sges, TOKEN()) {
+                Ok(k) => k,
+                Err(e) => {
+                    refused = Some(refusal(e, ManuallyDrop::into_inner(wr)));
+                    break;
+                }
+            };
+            let seq = head + n as u64;
+            let (cur, last) = wr.c_request(tag, seq, sges, k, out, TOKEN());
+            // SAFETY: `link` is `first` or the `next` of the C request built just before,
+            // in its scratch slot, which nothing moved since.
+            unsafe { *link = cur };
+            // SAFETY: `last` is the C request just built, in its scratch slot.
+            link = unsafe { &raw mut (*last).next };
+            // Staged `n` past the head, as `Ring::stage` puts it.
+            // SAFETY: a masked index is in bounds (`slot_base`), and the ring is not
+            // borrowed whole in this loop.
+            ManuallyDrop::into_inner(wr).keep(unsafe { &mut *base.add((seq & mask) as usize) }, TOKEN());
+            n += 1;
+        }
+        let (posted, failure) = if n == 0 {
+            (0, None)
+        } else {
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: `first` heads the n C requests built above, each in its scratch slot,
+            // linked, the last `next` NULL (as `c_request` left it), with SGEs naming bytes
+            // of buffers the ring keeps until their completion; the QP is alive (claim).
+            let rc = unsafe { ffi::ibv_post_send(raw, first, &mut bad) };
+            match conv::errno(Verb::PostSend, rc) {
+                Ok(()) => (n, None),
+                // SAFETY: as above: a valid chain whose last `next` is NULL.
+                Err(e) => (unsafe { super::stopped_at(first, bad) }, Some(Box::new(e))),
+            }
+        };
+        if failure.is_none() && refused.is_none() {
+            self.ring.commit(n);
+            self.items += n as u64;
+            return Ok(n);
+        }
+        let (error, unposted) = self.failed(Batch { staged: n, posted, failure, refused }, wrs);
         Err(Refused::new(error, unposted))
     }
 

@@ -467,9 +467,6 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         let slots = scratch.slots.as_mut_ptr();
         let (base, mask) = ring.slot_base();
         let (mut n, mut refused) = (0, None);
-        let mut first: *mut ffi::ibv_recv_wr = std::ptr::null_mut();
-        // Where the next C receive's address goes: `first`, then the last one's `next`.
-        let mut link: *mut *mut ffi::ibv_recv_wr = &mut first;
         let mut recvs = recvs.into_iter();
         for (buf, range, id) in recvs.by_ref() {
             if n == room {
@@ -482,14 +479,12 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
             let RecvSlot { sges, raw: out } = unsafe { &mut *slots.add(n) };
             match fill_recv(VERB, &buf, range, wr_id(tag, seq), limits, sges, out) {
                 Ok(wr) => {
-                    let wr: *mut ffi::ibv_recv_wr = wr;
-                    // SAFETY: `link` is `first` or the `next` of the C receive built just
-                    // before, in its scratch slot, which nothing moved since; `wr` is the
-                    // one just built (its `next` NULL).
-                    unsafe {
-                        *link = wr;
-                        link = &raw mut (*wr).next;
-                    }
+                    // Linked to the C receive of the next scratch slot, as far as the slot
+                    // after the last one (the last's `next` is set NULL below): no link to
+                    // carry from one receive to the next. (An address only, never read
+                    // past the scratch.)
+                    let next = (&raw mut *wr).cast::<u8>().wrapping_add(std::mem::size_of::<RecvSlot>());
+                    wr.next = next.cast();
                     // Staged: `n` past the head, as `Ring::stage` puts it.
                     // SAFETY: a masked index is in bounds (`slot_base`), and the ring is
                     // not borrowed whole in this loop.
@@ -505,10 +500,16 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
         let (posted, failure) = if n == 0 {
             (0, None)
         } else {
+            // SAFETY: the first and the last of the n scratch slots staged: the chain ends
+            // at the last one.
+            let first = unsafe {
+                (*slots.add(n - 1)).raw.next = std::ptr::null_mut();
+                &raw mut (*slots).raw
+            };
             let mut bad = std::ptr::null_mut();
             // SAFETY: the QP is alive (claim); `first` heads the n C receives built above,
-            // linked, the last `next` NULL, their SGEs naming bytes of buffers the ring
-            // keeps and nobody else can reach (ExclusiveBuf).
+            // each linked to the next, the last `next` NULL, their SGEs naming bytes of
+            // buffers the ring keeps and nobody else can reach (ExclusiveBuf).
             let rc = unsafe { ffi::ibv_post_recv(raw, first, &mut bad) };
             match conv::errno(Verb::PostRecv, rc) {
                 Ok(()) => (n, None),

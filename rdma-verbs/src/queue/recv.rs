@@ -11,7 +11,7 @@ use super::request::sealed::Sealed;
 use super::request::{Token, TOKEN};
 use super::ring::{refuse, Batch, Ring};
 use super::tag::{ours, wr_id, Tag, LOW_MASK, RECV_TAG, SLOT_BITS, TAG_SHIFT};
-use super::{depth, not_ours, queue_full, Chain, Sges, MAX_BATCH, NO_SGES};
+use super::{depth, not_ours, queue_full, Sges, MAX_BATCH, NO_SGES};
 use crate::buf::{ExclusiveBuf, PdId};
 use crate::conv;
 use crate::cq::CqReservation;
@@ -456,23 +456,39 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
     where
         I: IntoIterator<Item = (T, Range<usize>, u64)>,
     {
-        let room = MAX_BATCH.min(self.ring.free());
+        const VERB: Verb = Verb::RecvQueuePostBatch;
+        // The queue's state read once for the batch, not once a receive, and each C
+        // receive linked through the last one's `next` (no test of a first one):
+        // scripts/instructions, 2026-12-07.
+        let RecvQueue { ring, scratch, raw, max_sge, pd, tag_bits, .. } = self;
+        let (limits, tag, raw) = ((*max_sge, *pd), *tag_bits, *raw);
+        let room = MAX_BATCH.min(ring.free());
+        let head = ring.head;
+        let slots = scratch.slots.as_mut_ptr();
+        let (base, mask) = ring.slot_base();
         let (mut n, mut refused) = (0, None);
-        let mut chain = Chain::new();
         let mut recvs = recvs.into_iter();
         for (buf, range, id) in recvs.by_ref() {
             if n == room {
-                refused = refuse(queue_full(Verb::RecvQueuePostBatch, self.ring.cap), (buf, id));
+                refused = refuse(queue_full(VERB, ring.cap), (buf, id));
                 break;
             }
-            let wr_id = wr_id(self.tag_bits, self.ring.head + n as u64);
+            let seq = head + n as u64;
             // SAFETY: n < room (checked above), at most the ring's free slots (so its
-            // capacity) and MAX_BATCH.
-            let RecvSlot { sges, raw } = unsafe { self.scratch.slot(n) };
-            match fill_recv(Verb::RecvQueuePostBatch, &buf, range, wr_id, (self.max_sge, self.pd), sges, raw) {
+            // capacity) and MAX_BATCH: below the scratch's length, `ring.cap.min(MAX_BATCH)`.
+            let RecvSlot { sges, raw: out } = unsafe { &mut *slots.add(n) };
+            match fill_recv(VERB, &buf, range, wr_id(tag, seq), limits, sges, out) {
                 Ok(wr) => {
-                    chain.link(wr);
-                    self.ring.stage(n, (buf, id));
+                    // Linked to the C receive of the next scratch slot, as far as the slot
+                    // after the last one (the last's `next` is set NULL below): no link to
+                    // carry from one receive to the next. (An address only, never read
+                    // past the scratch.)
+                    let next = (&raw mut *wr).cast::<u8>().wrapping_add(std::mem::size_of::<RecvSlot>());
+                    wr.next = next.cast();
+                    // Staged: `n` past the head, as `Ring::stage` puts it.
+                    // SAFETY: a masked index is in bounds (`slot_base`), and the ring is
+                    // not borrowed whole in this loop.
+                    unsafe { (*base.add((seq & mask) as usize)).write((buf, id)) };
                     n += 1;
                 }
                 Err(e) => {
@@ -481,9 +497,26 @@ impl<T: ExclusiveBuf> RecvQueue<T> {
                 }
             }
         }
-        let raw = self.raw;
-        // SAFETY: the QP is alive; a valid chain whose buffers the ring keeps.
-        let (posted, failure) = chain.post(Verb::PostRecv, n, |wr, bad| unsafe { ffi::ibv_post_recv(raw, wr, bad) });
+        let (posted, failure) = if n == 0 {
+            (0, None)
+        } else {
+            // SAFETY: the first and the last of the n scratch slots staged: the chain ends
+            // at the last one.
+            let first = unsafe {
+                (*slots.add(n - 1)).raw.next = std::ptr::null_mut();
+                &raw mut (*slots).raw
+            };
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: the QP is alive (claim); `first` heads the n C receives built above,
+            // each linked to the next, the last `next` NULL, their SGEs naming bytes of
+            // buffers the ring keeps and nobody else can reach (ExclusiveBuf).
+            let rc = unsafe { ffi::ibv_post_recv(raw, first, &mut bad) };
+            match conv::errno(Verb::PostRecv, rc) {
+                Ok(()) => (n, None),
+                // SAFETY: as above: a valid chain whose last `next` is NULL.
+                Err(e) => (unsafe { super::stopped_at(first, bad) }, Some(Box::new(e))),
+            }
+        };
         let batch = Batch { staged: n, posted, failure, refused };
         self.ring
             .finish_batch(batch, recvs.map(|(buf, _, id)| (buf, id)))

@@ -151,6 +151,23 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
         _: Token,
     ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr);
 
+    /// [`c_request`](Self::c_request) of a kind of one C request, whose `wr_id` is `id`
+    /// (its tag and sequence number already joined): the one C request.
+    #[doc(hidden)]
+    #[inline(always)]
+    fn c_request_with_id(
+        &mut self,
+        id: u64,
+        sges: &mut Sges,
+        n: usize,
+        out: &mut ffi::ibv_send_wr,
+        _: Token,
+    ) -> *mut ffi::ibv_send_wr {
+        // `wr_id(tag, seq)` with the tag bits of `id` and its low bits as the sequence
+        // number gives `id` back.
+        self.c_request(id & !super::tag::LOW_MASK, id, sges, n, out, TOKEN()).0
+    }
+
     /// Whether the extended API of `ext` takes this checked request (`n` SGEs). Never,
     /// unless a kind says so: a prebuilt C request is what makes a prepared kind cheap,
     /// and the `ibv_wr_*` calls build the request anew each time.
@@ -261,6 +278,18 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
     ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr) {
         let wr: *mut ffi::ibv_send_wr = classic(self, super::tag::wr_id(tag, seq), sges, n, out);
         (wr, wr)
+    }
+
+    #[inline(always)]
+    fn c_request_with_id(
+        &mut self,
+        id: u64,
+        sges: &mut Sges,
+        n: usize,
+        out: &mut ffi::ibv_send_wr,
+        _: Token,
+    ) -> *mut ffi::ibv_send_wr {
+        classic(self, id, sges, n, out)
     }
 
     #[inline(always)]

@@ -278,7 +278,8 @@ fn classic_only(limits: Limits) -> Limits {
 #[cold]
 fn takes<T: SendBuf>(verb: Verb, p: &Inner<T>, limits: &Limits) -> Result<usize> {
     let (sges, inline) = p.needs;
-    let Limits { max_sge, max_inline, ud, pd, .. } = *limits;
+    let Limits { send_sge, read_sge, max_inline, ud, pd, .. } = *limits;
+    let max_sge = u32::from(if p.wr.op == crate::wr::Op::Read { send_sge.min(read_sge) } else { send_sge });
     if p.limits.ud != ud {
         return Err(Error::invalid(verb, "a request prepared for a QP of another transport (UD or not)"));
     }

@@ -18,12 +18,14 @@ use crate::wr::{Done, Op, SendWr};
 /// (Public only because [`SendRequest`] names it; not reachable from outside.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SendLimits {
+    /// The smaller of the QP's `max_send_sge` and the device's `max_sge_rd`: one
+    /// comparison tells every request within both (the two are below).
     pub(crate) max_sge: u32,
-    /// The device's `max_sge_rd`: most SGEs an RDMA READ may scatter into (siw: 1; a
-    /// provider may silently fill only that many).
-    pub(crate) max_sge_rd: u32,
-    /// The smaller of the two: one comparison tells every request within both.
-    pub(crate) sge_fast: u32,
+    /// The QP's `max_send_sge` (at most `u16::MAX`).
+    pub(crate) send_sge: u16,
+    /// The device's `max_sge_rd`: most SGEs an RDMA READ may scatter into (siw: 1; siw
+    /// silently filled only that many).
+    pub(crate) read_sge: u16,
     pub(crate) max_inline: u32,
     /// A UD QP: every request needs an address handle, and none other may have one.
     pub(crate) ud: bool,
@@ -52,8 +54,8 @@ impl SendLimits {
     /// and `max_sge` equal or both at least [`MAX_SGE`] (no safe request has more SGEs).
     #[inline]
     pub(crate) fn key(self) -> u64 {
-        let sge = self.max_sge.min(MAX_SGE as u32);
-        let rd = self.max_sge_rd.min(MAX_SGE as u32);
+        let sge = u32::from(self.send_sge).min(MAX_SGE as u32);
+        let rd = u32::from(self.read_sge).min(MAX_SGE as u32);
         let aw = u64::from(self.atomic_write == AtomicWrite::Takes);
         u64::from(self.max_inline) << 32 | aw << 31 | u64::from(rd) << 16 | u64::from(sge) << 1 | u64::from(self.ud)
     }
@@ -444,14 +446,14 @@ pub(super) fn check_send<T: SendBuf>(
     wr: &SendWr<T>,
     sges: &mut Sges,
 ) -> Result<usize> {
-    let SendLimits { max_sge, max_sge_rd, sge_fast, max_inline, ud, pd, atomic_write } = *limits;
+    let SendLimits { max_sge, max_inline, ud, pd, atomic_write, .. } = *limits;
     // A UD send without an address handle would have the provider read a NULL one.
     if wr.ah.is_some() != ud {
         return Err(refused(verb, SendRefusal::Transport { ud }));
     }
     let n = wr.buf.sges(verb, wr.range.clone(), pd, sges)?;
-    if n as u32 > sge_fast {
-        sges_within(verb, wr.op, n, max_sge, max_sge_rd)?;
+    if n as u32 > max_sge {
+        sges_within(verb, wr.op, n, limits)?;
     }
     let len = wr.range.end - wr.range.start;
     if wr.is_inline() && len > max_inline as usize {
@@ -477,14 +479,18 @@ pub(super) fn check_send<T: SendBuf>(
     Ok(n)
 }
 
-/// `n` SGEs, more than one of the limits: refused when over the one of `op`.
+/// `n` SGEs, more than one of the limits: refused when over the one of `op`. Cold: only
+/// a device whose `max_sge_rd` is below its `max_send_sge` (siw) comes here with requests
+/// it takes, and the hot path keeps its registers as it had them.
+#[cold]
 #[inline(never)]
-fn sges_within(verb: Verb, op: Op, n: usize, max_sge: u32, max_sge_rd: u32) -> Result<()> {
-    if n as u32 > max_sge {
-        return Err(refused(verb, SendRefusal::Sges { n, max: max_sge }));
+fn sges_within(verb: Verb, op: Op, n: usize, limits: &SendLimits) -> Result<()> {
+    let (send, read) = (u32::from(limits.send_sge), u32::from(limits.read_sge));
+    if n as u32 > send {
+        return Err(refused(verb, SendRefusal::Sges { n, max: send }));
     }
-    if op == Op::Read && n as u32 > max_sge_rd {
-        return Err(refused(verb, SendRefusal::ReadSges { n, max: max_sge_rd }));
+    if op == Op::Read && n as u32 > read {
+        return Err(refused(verb, SendRefusal::ReadSges { n, max: read }));
     }
     Ok(())
 }

@@ -189,9 +189,9 @@ impl QueuePair {
             AtomicWrite::NoDevice
         };
         SendLimits {
-            max_sge: caps.max_send_sge,
-            max_sge_rd: self.inner.max_sge_rd,
-            sge_fast: caps.max_send_sge.min(self.inner.max_sge_rd),
+            max_sge: caps.max_send_sge.min(self.inner.max_sge_rd),
+            send_sge: u16::try_from(caps.max_send_sge).unwrap_or(u16::MAX),
+            read_sge: u16::try_from(self.inner.max_sge_rd).unwrap_or(u16::MAX),
             max_inline: caps.max_inline_data,
             ud: self.qp_type() == QpType::Ud,
             pd: PdId::of(self.pd()),

@@ -210,8 +210,8 @@ fn an_rdma_read_into_more_sges_than_max_sge_rd_is_refused_before_c_and_one_withi
     let link = connect_rc(&a, &b, &InitAttr { access: QpAccess::REMOTE_READ, ..InitAttr::default() });
     assert!(link.through_rdma_cm());
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
-    let mut target = pd.register_remote_writable(AlignedBuf::new(4096).unwrap(), access).unwrap();
-    let data: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+    let mut target = pd.register_remote_writable(AlignedBuf::new(8192).unwrap(), access).unwrap();
+    let data: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 5) as u8).collect();
     target.write_at(0, &data).unwrap();
     let mut chunks =
         pd.register(AlignedBuf::new(2 * 4096).unwrap(), AccessFlags::LOCAL_WRITE).unwrap().into_chunks(4096).unwrap();
@@ -224,10 +224,12 @@ fn an_rdma_read_into_more_sges_than_max_sge_rd_is_refused_before_c_and_one_withi
     let refused = sq.post(SendWr::read(two, 0..4096 + 1904, remote.slice(..6000).unwrap())).unwrap_err();
     let text = refused.error.to_string();
     assert!(
-        matches!(refused.error, Error::InvalidArgument { .. }) && text.contains("max_sge_rd") && text.contains("1"),
+        matches!(refused.error, Error::InvalidArgument { verb: Verb::SendQueuePost, .. })
+            && text.contains("into 2 SGEs")
+            && text.contains("scatters a READ into 1 (max_sge_rd)"),
         "{text}"
     );
-    assert!(text.contains("refused before the call"), "{text}");
+    assert!(text.contains("refused before ibv_post_send, nothing posted"), "{text}");
     assert_eq!(sq.outstanding(), 0, "nothing was posted");
 
     // Within the first chunk: one SGE, and every byte lands.

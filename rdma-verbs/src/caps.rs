@@ -18,6 +18,16 @@ pub(crate) const NO_ATOMIC_WRITE: &str =
     "RDMA ATOMIC WRITE: the device's device_cap_flags_ex lack IB_UVERBS_DEVICE_ATOMIC_WRITE (bit 40, \
      ibv_query_device_ex; rxe has it from Linux 6.2)";
 
+/// What a device whose `atomic_cap` is `IBV_ATOMIC_NONE` lacks (siw), as
+/// [`Error::NotSupported`](crate::Error::NotSupported) names it.
+pub(crate) const NO_ATOMICS: &str =
+    "atomics (compare and swap, fetch and add): the device's atomic_cap is IBV_ATOMIC_NONE";
+
+/// What an iWARP device lacks: RDMAP (RFC 5040) carries no immediate data, and iWARP
+/// providers (siw) refuse it at post.
+pub(crate) const NO_IMM: &str = "immediate data (SEND and RDMA WRITE with immediate): the device is iWARP \
+     (transport iWARP), and RDMAP (RFC 5040) carries no immediate data";
+
 /// The device's extended attributes; the fields a provider does not fill stay zero (a
 /// capability reported absent).
 pub(crate) fn device_attr_ex(ctx: &Context) -> Result<ffi::ibv_device_attr_ex> {

@@ -206,6 +206,13 @@ impl Op {
     pub(crate) fn is_word(self) -> bool {
         matches!(self, Op::CompSwap | Op::FetchAdd | Op::AtomicWrite)
     }
+
+    /// The operations the send path checks beyond sizes: the words above, and those
+    /// with immediate data (which an iWARP device lacks). One test keeps them off the
+    /// path of a WRITE, SEND or READ.
+    pub(crate) fn is_word_or_imm(self) -> bool {
+        matches!(self, Op::CompSwap | Op::FetchAdd | Op::AtomicWrite | Op::WriteImm | Op::SendImm)
+    }
 }
 
 /// The `wr` union of a C send request, built with the request: the remote address and
@@ -394,7 +401,8 @@ impl<T: SendBuf> SendWr<T> {
     }
 
     /// Adds immediate data (SEND with immediate, RDMA WRITE with immediate; other
-    /// operations carry none).
+    /// operations carry none). An iWARP device carries none: the queue refuses such a
+    /// request there with [`Error::NotSupported`](crate::Error::NotSupported), before C.
     #[doc(alias = "ibv_wr_send_imm", alias = "ibv_wr_rdma_write_imm")]
     #[inline]
     pub fn imm(mut self, imm: u32) -> Self {
@@ -479,7 +487,10 @@ impl<T: ExclusiveBuf> SendWr<T> {
     }
 
     /// Atomic compare-and-swap on the 8 bytes at `remote.addr`; the old value lands in
-    /// the first 8 bytes of `buf` at `offset`.
+    /// the first 8 bytes of `buf` at `offset`. A device whose `atomic_cap` is
+    /// `IBV_ATOMIC_NONE` (siw) has no atomics: the queue refuses the request there with
+    /// [`Error::NotSupported`](crate::Error::NotSupported), before C (so does
+    /// [`fetch_add`](Self::fetch_add)).
     #[doc(alias = "ibv_wr_atomic_cmp_swp")]
     pub fn compare_swap(buf: T, offset: usize, remote: RemoteMr, compare: u64, swap: u64) -> Self {
         Self::new(Op::CompSwap, buf, offset..offset + 8, Target::atomic(&remote, compare, swap), remote.len)

@@ -1,7 +1,7 @@
 //! Building a QP: capabilities checked against the device and its CQs.
 
 use super::*;
-use crate::caps::{device_attr_ex, DEVICE_ATOMIC_WRITE, NO_ATOMIC_WRITE};
+use crate::caps::{device_attr_ex, DEVICE_ATOMIC_WRITE, NO_ATOMICS, NO_ATOMIC_WRITE, NO_IMM};
 use crate::context::Context;
 use crate::conv;
 use crate::cq::CompletionQueue;
@@ -282,7 +282,8 @@ impl<'a> QueuePairBuilder<'a> {
         };
         let dev = ctx.query_device()?;
         // iWARP (RFC 5040) is reliable and connected: its devices make RC QPs only.
-        if ctx.transport() == Transport::Iwarp && self.req.qp_type != QpType::Rc {
+        let iwarp = ctx.transport() == Transport::Iwarp;
+        if iwarp && self.req.qp_type != QpType::Rc {
             return Err(Error::not_supported(
                 Verb::QueuePairBuilderBuild,
                 format!(
@@ -298,9 +299,13 @@ impl<'a> QueuePairBuilder<'a> {
                 Verb::QueuePairBuilderBuild,
                 match dev.atomic_cap {
                     AtomicCap::Unknown(v) => format!("atomics (compare and swap, fetch and add): atomic_cap {v}"),
-                    _ => "atomics (compare and swap, fetch and add): the device's atomic_cap is IBV_ATOMIC_NONE".into(),
+                    _ => NO_ATOMICS.into(),
                 },
             ));
+        }
+        let imm = SendOps::RDMA_WRITE_WITH_IMM | SendOps::SEND_WITH_IMM;
+        if iwarp && self.req.send_ops.is_some_and(|ops| ops.intersects(imm)) {
+            return Err(Error::not_supported(Verb::QueuePairBuilderBuild, NO_IMM));
         }
         let cap = self.req.check(dev.max_qp_wr, dev.max_sge, dev.max_cqe)?;
         self.check_cq_room(&cap)?;
@@ -377,6 +382,8 @@ impl<'a> QueuePairBuilder<'a> {
                 sq_sig_all: self.sq_sig_all,
                 max_qp_rd_atom: rd_atom(dev.max_qp_rd_atom),
                 max_qp_init_rd_atom: rd_atom(dev.max_qp_init_rd_atom),
+                lacks_imm: iwarp,
+                lacks_atomics: !dev.atomic_cap.supported(),
                 max_sge_rd: match u32::try_from(dev.raw.max_sge_rd) {
                     Ok(0) | Err(_) => dev.max_sge,
                     Ok(n) => n,

@@ -88,6 +88,10 @@ pub(crate) struct QpInner {
     max_qp_init_rd_atom: u8,
     /// The device's `max_sge_rd` (its `max_sge` when it reports none).
     pub(crate) max_sge_rd: u32,
+    /// An iWARP device: no immediate data ([`NO_IMM`](crate::caps::NO_IMM)).
+    pub(crate) lacks_imm: bool,
+    /// The device's `atomic_cap` is `IBV_ATOMIC_NONE` (or one we do not know).
+    pub(crate) lacks_atomics: bool,
     pd: ProtectionDomain,
     /// What a QP was made through (a CM id), released only after the QP is destroyed.
     _creator: Option<Arc<dyn Send + Sync>>,

@@ -278,8 +278,15 @@ fn classic_only(limits: Limits) -> Limits {
 #[cold]
 fn takes<T: SendBuf>(verb: Verb, p: &Inner<T>, limits: &Limits) -> Result<usize> {
     let (sges, inline) = p.needs;
-    let Limits { send_sge, read_sge, max_inline, ud, pd, .. } = *limits;
-    let max_sge = u32::from(if p.wr.op == crate::wr::Op::Read { send_sge.min(read_sge) } else { send_sge });
+    let Limits { send_sge, read_sge, max_inline, ud, pd, lacks_imm, lacks_atomics, .. } = *limits;
+    let op = p.wr.op;
+    if op.is_atomic() && lacks_atomics {
+        return Err(Error::not_supported(verb, crate::caps::NO_ATOMICS));
+    }
+    if op.is_word_or_imm() && !op.is_word() && lacks_imm {
+        return Err(Error::not_supported(verb, crate::caps::NO_IMM));
+    }
+    let max_sge = u32::from(if op == crate::wr::Op::Read { send_sge.min(read_sge) } else { send_sge });
     if p.limits.ud != ud {
         return Err(Error::invalid(verb, "a request prepared for a QP of another transport (UD or not)"));
     }

@@ -33,7 +33,15 @@ pub struct SendLimits {
     pub(crate) pd: crate::buf::PdId,
     /// Whether an RDMA ATOMIC WRITE may be posted, and if not, why.
     pub(crate) atomic_write: AtomicWrite,
+    /// The device has no immediate data (iWARP): a request with it is not supported.
+    pub(crate) lacks_imm: bool,
+    /// The device has no atomics (`IBV_ATOMIC_NONE`): compare-and-swap and fetch-and-add
+    /// are not supported.
+    pub(crate) lacks_atomics: bool,
 }
+
+// Three words, as before the flags were kept: they fill what was padding.
+const _: () = assert!(std::mem::size_of::<SendLimits>() == 24);
 
 /// Whether a send queue takes an RDMA ATOMIC WRITE ([`SendWr::atomic_write`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +65,13 @@ impl SendLimits {
         let sge = u32::from(self.send_sge).min(MAX_SGE as u32);
         let rd = u32::from(self.read_sge).min(MAX_SGE as u32);
         let aw = u64::from(self.atomic_write == AtomicWrite::Takes);
-        u64::from(self.max_inline) << 32 | aw << 31 | u64::from(rd) << 16 | u64::from(sge) << 1 | u64::from(self.ud)
+        let lacks = u64::from(self.lacks_imm) << 1 | u64::from(self.lacks_atomics);
+        u64::from(self.max_inline) << 32
+            | aw << 31
+            | lacks << 24
+            | u64::from(rd) << 16
+            | u64::from(sge) << 1
+            | u64::from(self.ud)
     }
 }
 
@@ -463,8 +477,18 @@ pub(super) fn check_send<T: SendBuf>(
     if len as u64 > wr.remote_len {
         return Err(refused(verb, SendRefusal::Remote { len, remote: wr.remote_len }));
     }
-    // One test for the common operations (a WRITE or SEND is not a word's), the rest inside.
-    if wr.op.is_word() {
+    // One test for the common operations (a WRITE or SEND has neither a word nor
+    // immediate data), the rest inside.
+    if wr.op.is_word_or_imm() {
+        if !wr.op.is_word() {
+            if limits.lacks_imm {
+                return Err(Error::not_supported(verb, crate::caps::NO_IMM));
+            }
+            return Ok(n);
+        }
+        if wr.op.is_atomic() && limits.lacks_atomics {
+            return Err(Error::not_supported(verb, crate::caps::NO_ATOMICS));
+        }
         if wr.remote().is_some_and(|r| r.addr % 8 != 0 || r.len < 8) {
             return Err(refused(verb, SendRefusal::Atomic));
         }

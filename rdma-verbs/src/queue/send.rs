@@ -196,6 +196,8 @@ impl QueuePair {
             ud: self.qp_type() == QpType::Ud,
             pd: PdId::of(self.pd()),
             atomic_write,
+            lacks_imm: self.inner.lacks_imm,
+            lacks_atomics: self.inner.lacks_atomics,
         }
     }
 

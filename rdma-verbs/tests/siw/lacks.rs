@@ -1,7 +1,8 @@
 //! What siw lacks, each refused by type and naming the capability the device reports
 //! absent: memory windows (`max_mw` 0), address handles (`max_ah` 0), multicast
 //! (`max_mcast_grp` 0), UC and UD QPs (iWARP is RC only), atomics (`IBV_ATOMIC_NONE`), and
-//! the extended send API (the provider answers `EOPNOTSUPP`). Each test first reads the
+//! the extended send API (the provider answers `EOPNOTSUPP`), and immediate data (iWARP
+//! carries none) and atomics on the queues users post to. Each test first reads the
 //! capability from the device, so it proves the refusal matches what the device says.
 
 use rdma_test_support::{open, LeakCheck};
@@ -248,4 +249,93 @@ fn an_rdma_read_into_more_sges_than_max_sge_rd_is_refused_before_c_and_one_withi
     assert_eq!((back.id, back.status), (3, WcStatus::Success));
     assert!(back.value[0][100..] == data[..3996], "the READ's bytes differ from the target's");
     drop((sq, link, a, b));
+}
+
+#[test]
+#[ignore = "needs an iWARP device: scripts/test runs it on siw"]
+fn immediate_data_and_atomics_built_posted_or_prepared_are_not_supported_before_c_and_a_write_after_lands() {
+    use rdma_test_support::connect_rc;
+    use rdma_verbs::{
+        AccessFlags, AlignedBuf, Chunk, InitAttr, PreparedSendQueue, QpAccess, SendQueue, SendWr, WcStatus,
+        WorkCompletion,
+    };
+
+    iwarp_device();
+    let _leaks = LeakCheck::new();
+    let ctx = open();
+    assert_eq!(ctx.query_device().unwrap().atomic_cap, AtomicCap::None, "siw has no atomics");
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let mut cq = CompletionQueue::new(&ctx, 16).unwrap();
+    let imm = ["immediate data", "the device is iWARP", "RFC 5040"];
+    let atomics = ["atomics (compare and swap, fetch and add)", "atomic_cap is IBV_ATOMIC_NONE"];
+    // A QP built for the extended API with immediate data is refused at build.
+    for ops in [SendOps::SEND_WITH_IMM, SendOps::RDMA_WRITE_WITH_IMM] {
+        let e = QueuePair::builder(&pd, QpType::Rc, &cq, &cq)
+            .max_send_wr(4)
+            .max_recv_wr(4)
+            .extended_send_ops(SendOps::SEND | ops)
+            .build()
+            .unwrap_err();
+        refused_before_c(e, Verb::QueuePairBuilderBuild, &imm);
+    }
+    let qp = || QueuePair::builder(&pd, QpType::Rc, &cq, &cq).max_send_wr(4).max_recv_wr(4).build();
+    let (a, b) = (qp().unwrap(), qp().unwrap());
+    let link = connect_rc(&a, &b, &InitAttr { access: QpAccess::REMOTE_WRITE, ..InitAttr::default() });
+    assert!(link.through_rdma_cm());
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+    let target = pd.register_remote_writable(AlignedBuf::new(4096).unwrap(), access).unwrap();
+    let remote = target.remote().unwrap();
+    let mut chunk: Chunk = pd
+        .register(AlignedBuf::new(4096).unwrap(), AccessFlags::LOCAL_WRITE)
+        .unwrap()
+        .into_chunks(4096)
+        .unwrap()
+        .remove(0);
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    chunk.copy_from_slice(&data);
+
+    type Kind = fn(Chunk, rdma_verbs::RemoteMr) -> SendWr<Chunk>;
+    let kinds: [(&str, Kind, &[&str]); 4] = [
+        ("WRITE with immediate", |c, r| SendWr::write(c, 0..64, r.slice(..64).unwrap()).imm(7), &imm),
+        ("SEND with immediate", |c, _| SendWr::send(c, 0..64).imm(7), &imm),
+        ("compare and swap", |c, r| SendWr::compare_swap(c, 0, r.slice(..8).unwrap(), 0, 1), &atomics),
+        ("fetch and add", |c, r| SendWr::fetch_add(c, 0, r.slice(..8).unwrap(), 1), &atomics),
+    ];
+
+    let mut sq: SendQueue<Chunk> = a.send_queue().unwrap();
+    for (what, kind, words) in kinds {
+        let refused = sq.post(kind(chunk, remote).id(1)).unwrap_err();
+        println!("{what}:");
+        refused_before_c(refused.error, Verb::SendQueuePost, words);
+        assert_eq!(sq.outstanding(), 0, "{what}: nothing was posted");
+        chunk = refused.value.into_buf();
+    }
+    // The queue works on: a WRITE lands every byte.
+    sq.post(SendWr::write(chunk, 0..4096, remote).id(9)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut wc = [WorkCompletion::EMPTY; 1];
+    let back = loop {
+        assert!(std::time::Instant::now() < deadline, "no completion within 10 s");
+        if let Some(w) = cq.poll(&mut wc).unwrap().first_mut() {
+            let mut done = None;
+            sq.complete(w, |d| done = Some(d)).unwrap();
+            break done.expect("the WRITE came back");
+        }
+    };
+    assert_eq!((back.id, back.status), (9, WcStatus::Success));
+    let mut got = vec![0u8; 4096];
+    target.read_at(0, &mut got).unwrap();
+    assert!(got == data, "the WRITE's bytes differ from the source's");
+    chunk = back.value;
+    drop(sq);
+
+    // A prepared request is refused when it is prepared, the same way.
+    let psq: PreparedSendQueue<Chunk> = a.prepared_send_queue().unwrap();
+    for (what, kind, words) in kinds {
+        let refused = psq.prepare(kind(chunk, remote)).unwrap_err();
+        println!("prepared {what}:");
+        refused_before_c(refused.error, Verb::SendQueuePrepare, words);
+        chunk = refused.value.into_buf();
+    }
+    drop((psq, link, a, b));
 }

@@ -495,23 +495,36 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
         I: IntoIterator<Item = R>,
     {
         let mut wrs = wrs.into_iter();
-        // A request built at each post (a `SendWr`) on a QP without the extended API: the
-        // lean loop, with nothing of the other kinds' or the extended API's in it.
-        // (Unless the low bits of the `wr_id`s could wrap inside the batch, once in 2^40
-        // requests: that loop numbers them by adding one.)
-        if !R::CHAIN
-            && !R::BUILD_IN_SLOT
-            && (!R::EXTENDED || self.ext.is_none())
-            && (self.ring.head & LOW_MASK) + (MAX_BATCH as u64) <= LOW_MASK
-        {
+        // A request built at each post (a `SendWr`): a lean loop, with nothing of the
+        // other kinds' in it, one for each API. (Unless the low bits of the `wr_id`s could
+        // wrap inside the batch, once in 2^40 requests: those loops number them by adding
+        // one.)
+        let lean = !R::CHAIN && !R::BUILD_IN_SLOT && (self.ring.head & LOW_MASK) + (MAX_BATCH as u64) <= LOW_MASK;
+        if lean && (!R::EXTENDED || self.ext.is_none()) {
             return self.post_batch_built(wrs);
         }
-        let room = self.ring.free().min(MAX_BATCH);
+        if let (true, Some((qpx, _))) = (lean, self.ext) {
+            return match self.post_batch_extended(qpx.as_ptr(), &mut wrs)? {
+                (n, None) => Ok(n),
+                // A request the extended API does not take: it and the rest go the general
+                // way, in a post of their own.
+                (n, Some(wr)) => self.post_batch_staged(std::iter::once(wr).chain(wrs), MAX_BATCH - n).map(|m| n + m),
+            };
+        }
+        self.post_batch_staged(wrs, MAX_BATCH)
+    }
+
+    /// [`post_batch`](Self::post_batch) through `stage` and `post_staged`, which serve
+    /// every kind: at most `most` C requests (MAX_BATCH, less what a lean loop posted of
+    /// the same batch).
+    #[inline(always)]
+    fn post_batch_staged(&mut self, mut wrs: impl Iterator<Item = R>, most: usize) -> Result<usize, Refused<Vec<R>>> {
+        let room = self.ring.free().min(most);
         let mut chain = Staging::new();
         let (mut n, mut items, mut refused) = (0, 0, None);
         for wr in wrs.by_ref() {
             // SAFETY: room is at most the free slots and MAX_BATCH.
-            match unsafe { self.stage(Verb::SendQueuePostBatch, n, room, MAX_BATCH, wr, &mut chain) } {
+            match unsafe { self.stage(Verb::SendQueuePostBatch, n, room, most, wr, &mut chain) } {
                 Ok(w) => {
                     n += w;
                     items += 1;
@@ -629,6 +642,90 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             return Ok(n);
         }
         let (error, unposted) = self.failed(Batch { staged: n, posted, failure, refused }, wrs);
+        Err(Refused::new(error, unposted))
+    }
+
+    /// [`post_batch`](Self::post_batch) of requests built at each post on a QP with the
+    /// extended API: each request checked where the caller built it, added to one
+    /// `ibv_wr_start` batch straight from it with its `wr_id` (a running count, as in
+    /// `post_batch_built`), and moved into its ring slot; `ibv_wr_complete` posts them.
+    /// Nothing is staged in the scratch slots but the SGE list of the request at hand
+    /// (the provider copies it). Returns how many it posted and, when it met a checked
+    /// request the extended API does not take (an operation the QP was built without, an
+    /// SGE list the loaded rdma-core mishandles: `ext_takes`), that request, not posted:
+    /// the caller posts it and the rest the general way.
+    #[inline(always)]
+    // `id` moves on with `n`, as in `post_batch_built`.
+    #[allow(clippy::type_complexity, clippy::explicit_counter_loop)]
+    fn post_batch_extended(
+        &mut self,
+        qpx: *mut ffi::ibv_qp_ex,
+        wrs: &mut impl Iterator<Item = R>,
+    ) -> Result<(usize, Option<R>), Refused<Vec<R>>> {
+        const VERB: Verb = Verb::SendQueuePostBatch;
+        let SendQueue { ring, scratch, limits, key, tag_bits, ext, .. } = self;
+        let (limits, key, ext) = (*limits, *key, *ext);
+        let room = ring.free().min(MAX_BATCH);
+        let (base, mask) = ring.slot_base();
+        let mut id = wr_id(*tag_bits, ring.head);
+        debug_assert!(mask <= LOW_MASK && (id & LOW_MASK) + MAX_BATCH as u64 <= LOW_MASK);
+        // SAFETY: slot 0 exists (the scratch holds `ring.cap.min(MAX_BATCH)` slots, the
+        // capacity at least 1).
+        let sges = unsafe { &mut scratch.slot(0).sges };
+        let (mut n, mut refused, mut other) = (0, None, None);
+        for wr in wrs.by_ref() {
+            // Without drop glue until it is moved, as in `post_batch_built`.
+            let wr = ManuallyDrop::new(wr);
+            if n == room {
+                let e = if room == MAX_BATCH { batch_too_long(VERB) } else { queue_full(VERB, ring.cap) };
+                refused = Some(refusal(e, ManuallyDrop::into_inner(wr)));
+                break;
+            }
+            let k = match wr.check(VERB, &limits, key, sges, TOKEN()) {
+                Ok(k) => k,
+                Err(e) => {
+                    refused = Some(refusal(e, ManuallyDrop::into_inner(wr)));
+                    break;
+                }
+            };
+            if !wr.ext_takes(ext, k, TOKEN()) {
+                other = Some(ManuallyDrop::into_inner(wr));
+                break;
+            }
+            // SAFETY: `qpx` is this queue's extended QP, posted to by this queue alone
+            // (&mut, claimed), so the batch opened here is ours; the request was checked
+            // and the extended API takes it; its SGEs name bytes of the buffer it owns,
+            // which the ring keeps from the post to the completion (or, should the post
+            // fail, hands back).
+            unsafe {
+                if n == 0 {
+                    ffi::ibv_wr_start(qpx);
+                }
+                wr.extended(qpx, id, sges, k, TOKEN());
+            }
+            // Staged past the head, as `Ring::stage` puts it.
+            // SAFETY: a masked index is in bounds (`slot_base`), and the ring is not
+            // borrowed whole in this loop.
+            ManuallyDrop::into_inner(wr).keep(unsafe { &mut *base.add((id & mask) as usize) }, TOKEN());
+            n += 1;
+            id += 1;
+        }
+        let failure = if n == 0 {
+            None
+        } else {
+            // SAFETY: the batch opened above, with the n requests added to it.
+            let rc = unsafe { ffi::ibv_wr_complete(qpx) };
+            // A failed ibv_wr_complete posts nothing of the batch.
+            conv::errno(Verb::PostSend, rc).err().map(Box::new)
+        };
+        if failure.is_none() && refused.is_none() {
+            self.ring.commit(n);
+            self.items += n as u64;
+            return Ok((n, other));
+        }
+        let posted = if failure.is_some() { 0 } else { n };
+        let (error, unposted) =
+            self.failed(Batch { staged: n, posted, failure, refused }, other.into_iter().chain(wrs.by_ref()));
         Err(Refused::new(error, unposted))
     }
 

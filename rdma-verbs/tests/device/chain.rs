@@ -1,12 +1,12 @@
 //! Prepared chains (`SendChainQueue`): requests checked and built once, linked, posted whole
 //! and handed back whole; every byte that arrives is compared with what was written.
 
-use rdma_verbs::{AccessFlags, Chunk, CompletionQueue, Error, ProtectionDomain, QpAccess, QueuePair, Refused};
+use rdma_verbs::{AccessFlags, Chunk, CompletionQueue, Error, ProtectionDomain, QpAccess, QueuePair, Refused, SendOps};
 use rdma_verbs::{
     Done, PreparedSendChain, RecvQueue, RemoteMr, SendChainQueue, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
-use crate::datapath::{chunks, poll_one, rc_pair, Side};
+use crate::datapath::{chunks, poll_one, rc_pair, rc_pair_with, Side};
 use crate::prepared::{bytes, posted, read_back, target, Target};
 use crate::LeakCheck;
 
@@ -345,42 +345,52 @@ fn chains_whose_sequence_numbers_wrap_inside_them_land_every_byte_and_come_back_
     back(&mut a, 1);
 }
 
+/// On a classic QP and on one built with extended send ops (each with a loop of its own
+/// for batches built at each post).
 #[test]
 #[ignore = "needs an RDMA device: scripts/test runs it on rxe"]
 fn send_batches_built_at_each_post_land_every_byte_and_come_back_once_where_sequence_numbers_wrap_and_not() {
     let _leaks = LeakCheck::new();
-    let (pd, mut a, _b) = rc_pair::<Chunk>(QpAccess::REMOTE_WRITE);
-    let mut t = target(&pd, 16 * LEN);
-    let mut wrs = writes(&pd, &t, 16);
-    // A batch whose sequence numbers wrap inside it, one that ends just before the wrap
-    // (both through the queue's shared loop: a batch that could wrap) and one far from it
-    // (the loop that builds each C request in place, its wr_ids a running count).
-    for (r, start) in [(0u64, WRAP - 3), (1, 2 * WRAP - 16), (2, 5)] {
-        t.write_at(0, &[0u8; 16 * LEN]).unwrap();
-        a.sq.restart_sequence_at(start).unwrap();
-        assert_eq!(a.sq.post_batch(wrs.drain(..)).unwrap(), 16, "round {r}");
-        let (mut low, mut came) = (Vec::new(), Vec::new());
-        for _ in 0..16 {
-            let mut wc = poll_one(&mut a.cq);
-            low.push(wc.wr_id() % WRAP);
-            assert_eq!(a.sq.complete(&mut wc, |d| came.push(d)).unwrap(), 1, "round {r}");
+    for extended in [false, true] {
+        let (pd, mut a, _b) = if extended {
+            rc_pair_with::<Chunk>(QpAccess::REMOTE_WRITE, |q| q.extended_send_ops(SendOps::RDMA_WRITE))
+        } else {
+            rc_pair::<Chunk>(QpAccess::REMOTE_WRITE)
+        };
+        assert_eq!(a.sq.uses_extended_api(), extended);
+        let mut t = target(&pd, 16 * LEN);
+        let mut wrs = writes(&pd, &t, 16);
+        // A batch whose sequence numbers wrap inside it, one that ends just before the
+        // wrap (both through the queue's shared loop: a batch that could wrap) and one far
+        // from it (the lean loop of the QP's API, its wr_ids a running count).
+        for (r, start) in [(0u64, WRAP - 3), (1, 2 * WRAP - 16), (2, 5)] {
+            let r = format!("extended {extended}, round {r}");
+            t.write_at(0, &[0u8; 16 * LEN]).unwrap();
+            a.sq.restart_sequence_at(start).unwrap();
+            assert_eq!(a.sq.post_batch(wrs.drain(..)).unwrap(), 16, "{r}");
+            let (mut low, mut came) = (Vec::new(), Vec::new());
+            for _ in 0..16 {
+                let mut wc = poll_one(&mut a.cq);
+                low.push(wc.wr_id() % WRAP);
+                assert_eq!(a.sq.complete(&mut wc, |d| came.push(d)).unwrap(), 1, "{r}");
+            }
+            let want: Vec<u64> = (start..start + 16).map(|s| s % WRAP).collect();
+            assert_eq!(low, want, "{r}: the wr_ids' sequence numbers");
+            assert_eq!(
+                came.iter().map(|d| (d.id, d.status)).collect::<Vec<_>>(),
+                (0..16).map(|k| (k, WcStatus::Success)).collect::<Vec<_>>(),
+                "{r}: each request back once, in order"
+            );
+            assert_eq!(a.sq.outstanding(), 0);
+            for k in 0..16 {
+                assert_eq!(read_back(&t, k * LEN, LEN), bytes(0, k as u64, LEN), "{r}: request {k}'s bytes");
+            }
+            let remote = t.remote().unwrap();
+            wrs = came
+                .into_iter()
+                .enumerate()
+                .map(|(k, d)| SendWr::write(d.value, 0..LEN, remote.slice((k * LEN) as u64..).unwrap()).id(k as u64))
+                .collect();
         }
-        let want: Vec<u64> = (start..start + 16).map(|s| s % WRAP).collect();
-        assert_eq!(low, want, "round {r}: the wr_ids' sequence numbers");
-        assert_eq!(
-            came.iter().map(|d| (d.id, d.status)).collect::<Vec<_>>(),
-            (0..16).map(|k| (k, WcStatus::Success)).collect::<Vec<_>>(),
-            "round {r}: each request back once, in order"
-        );
-        assert_eq!(a.sq.outstanding(), 0);
-        for k in 0..16 {
-            assert_eq!(read_back(&t, k * LEN, LEN), bytes(0, k as u64, LEN), "round {r}: request {k}'s bytes");
-        }
-        let remote = t.remote().unwrap();
-        wrs = came
-            .into_iter()
-            .enumerate()
-            .map(|(k, d)| SendWr::write(d.value, 0..LEN, remote.slice((k * LEN) as u64..).unwrap()).id(k as u64))
-            .collect();
     }
 }

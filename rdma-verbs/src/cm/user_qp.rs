@@ -241,7 +241,18 @@ impl CmId {
         // SAFETY: both contexts are open (the id's while the id lives, the QP's while the
         // QP does); libibverbs set their `device`, which outlives them.
         let (ours, theirs) = unsafe { ((*verbs).device, (*qp.context().as_raw()).device) };
-        if ours != theirs {
+        // The same device object, or one of the same name: libibverbs hands every device
+        // list the same objects while a context holds them, but a refreshed list may hold
+        // another object for the same device (a wrong match is C's to refuse at connect;
+        // a wrong refusal would leave the user no way on).
+        // SAFETY: both devices outlive their open contexts (above), and ibv_get_device_name
+        // gives the NUL-terminated name held in the device.
+        let same = ours == theirs
+            || unsafe {
+                std::ffi::CStr::from_ptr(ffi::ibv_get_device_name(ours))
+                    == std::ffi::CStr::from_ptr(ffi::ibv_get_device_name(theirs))
+            };
+        if !same {
             return Err(Error::invalid(
                 verb,
                 format!(

@@ -12,10 +12,10 @@ mod lacks;
 
 use std::net::{TcpListener, TcpStream};
 
-use rdma_test_support::{device_name, open};
+use rdma_test_support::{device_name, device_transport, open};
 use rdma_verbs::{
-    devices, CompletionQueue, Error, Handshake, InitAttr, ProtectionDomain, QpState, QpType, QueuePair, RemoteQpInfo,
-    Transport, Verb,
+    CompletionQueue, Error, Handshake, InitAttr, ProtectionDomain, QpState, QpType, QueuePair, RemoteQpInfo, Transport,
+    Verb,
 };
 
 /// The device under test, which must be iWARP: these tests prove nothing on another
@@ -23,10 +23,8 @@ use rdma_verbs::{
 #[track_caller]
 fn iwarp_device() -> String {
     let name = device_name();
-    let list = devices().unwrap_or_else(|e| panic!("no device list ({e}): these tests need an iWARP device"));
-    let dev = list.find(&name).unwrap_or_else(|e| panic!("{e}: these tests need an iWARP device"));
     assert_eq!(
-        dev.transport(),
+        device_transport(),
         Transport::Iwarp,
         "{name} is no iWARP device: run these tests with RXE_PROVIDER=siw scripts/rxe (scripts/test does)"
     );

@@ -383,7 +383,8 @@ impl<'a> QueuePairBuilder<'a> {
                 max_qp_rd_atom: rd_atom(dev.max_qp_rd_atom),
                 max_qp_init_rd_atom: rd_atom(dev.max_qp_init_rd_atom),
                 lacks_imm: iwarp,
-                lacks_atomics: !dev.atomic_cap.supported(),
+                // Only a device that says it has none: an atomic_cap we do not know goes to C.
+                lacks_atomics: matches!(dev.atomic_cap, AtomicCap::None),
                 max_sge_rd: match u32::try_from(dev.raw.max_sge_rd) {
                     Ok(0) | Err(_) => dev.max_sge,
                     Ok(n) => n,

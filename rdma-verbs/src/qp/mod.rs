@@ -90,7 +90,7 @@ pub(crate) struct QpInner {
     pub(crate) max_sge_rd: u32,
     /// An iWARP device: no immediate data ([`NO_IMM`](crate::caps::NO_IMM)).
     pub(crate) lacks_imm: bool,
-    /// The device's `atomic_cap` is `IBV_ATOMIC_NONE` (or one we do not know).
+    /// The device's `atomic_cap` is `IBV_ATOMIC_NONE`.
     pub(crate) lacks_atomics: bool,
     pd: ProtectionDomain,
     /// What a QP was made through (a CM id), released only after the QP is destroyed.

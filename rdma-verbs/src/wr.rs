@@ -207,6 +207,11 @@ impl Op {
         matches!(self, Op::CompSwap | Op::FetchAdd | Op::AtomicWrite)
     }
 
+    /// The operations that carry immediate data.
+    pub(crate) fn has_imm(self) -> bool {
+        matches!(self, Op::WriteImm | Op::SendImm)
+    }
+
     /// The operations the send path checks beyond sizes: the words above, and those
     /// with immediate data (which an iWARP device lacks). One test keeps them off the
     /// path of a WRITE, SEND or READ.

@@ -283,7 +283,7 @@ fn takes<T: SendBuf>(verb: Verb, p: &Inner<T>, limits: &Limits) -> Result<usize>
     if op.is_atomic() && lacks_atomics {
         return Err(Error::not_supported(verb, crate::caps::NO_ATOMICS));
     }
-    if op.is_word_or_imm() && !op.is_word() && lacks_imm {
+    if op.has_imm() && lacks_imm {
         return Err(Error::not_supported(verb, crate::caps::NO_IMM));
     }
     let max_sge = u32::from(if op == crate::wr::Op::Read { send_sge.min(read_sge) } else { send_sge });

@@ -478,8 +478,9 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     }
 
     /// Posts up to [`MAX_BATCH`] C requests with one provider call (one doorbell): that
-    /// many requests, or fewer when some are prepared chains. Returns how many requests
-    /// were posted. When one is refused (by our checks or by the provider), the ones
+    /// many requests, or fewer when some are prepared chains. (On a QP with extended send
+    /// ops, a request the extended API does not take, with the rest after it, goes the
+    /// classic way in a second call, in order.) Returns how many requests were posted. When one is refused (by our checks or by the provider), the ones
     /// before it are posted, and the error comes back with the requests that were not
     /// posted, in order (that path allocates, the fast path does not).
     #[doc(

@@ -7,8 +7,8 @@
 
 use rdma_test_support::{open, LeakCheck};
 use rdma_verbs::{
-    ffi, AddressHandle, AhAttr, AtomicCap, CompletionQueue, Error, Gid, MwType, ProtectionDomain, QpType, QueuePair,
-    SendOps, Verb, WcFields,
+    ffi, AddressHandle, AhAttr, AtomicCap, CompletionQueue, Done, Error, Gid, MwType, ProtectionDomain, QpType,
+    QueuePair, SendBuf, SendOps, SendQueue, Verb, WcFields, WorkCompletion,
 };
 
 use crate::iwarp_device;
@@ -25,6 +25,21 @@ fn refused_before_c(e: Error, verb: Verb, words: &[&str]) {
         assert!(text.contains(word), "{word:?} missing from: {text}");
     }
     println!("{verb:?}: {text}");
+}
+
+/// The one request `sq` has outstanding, handed back by its completion (within 10 s).
+#[track_caller]
+fn the_one_back<T: SendBuf>(cq: &mut CompletionQueue, sq: &mut SendQueue<T>) -> Done<T> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut wc = [WorkCompletion::EMPTY; 1];
+    loop {
+        assert!(std::time::Instant::now() < deadline, "no completion within 10 s");
+        if let Some(w) = cq.poll(&mut wc).unwrap().first_mut() {
+            let mut done = None;
+            sq.complete(w, |d| done = Some(d)).unwrap();
+            return done.expect("the request came back");
+        }
+    }
 }
 
 #[test]
@@ -197,7 +212,7 @@ fn extended_cqs_and_cq_resizing_are_not_supported_as_the_provider_answers() {
 #[ignore = "needs an iWARP device: scripts/test runs it on siw"]
 fn an_rdma_read_into_more_sges_than_max_sge_rd_is_refused_before_c_and_one_within_lands() {
     use rdma_test_support::connect_rc;
-    use rdma_verbs::{AccessFlags, AlignedBuf, Chunk, InitAttr, QpAccess, SendQueue, SendWr, WcStatus, WorkCompletion};
+    use rdma_verbs::{AccessFlags, AlignedBuf, Chunk, InitAttr, QpAccess, SendWr, WcStatus};
 
     iwarp_device();
     let _leaks = LeakCheck::new();
@@ -236,16 +251,7 @@ fn an_rdma_read_into_more_sges_than_max_sge_rd_is_refused_before_c_and_one_withi
     // Within the first chunk: one SGE, and every byte lands.
     let two = refused.value.into_buf();
     sq.post(SendWr::read(two, 100..4096, remote.slice(..3996).unwrap()).id(3)).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut wc = [WorkCompletion::EMPTY; 1];
-    let back = loop {
-        assert!(std::time::Instant::now() < deadline, "no completion within 10 s");
-        if let Some(w) = cq.poll(&mut wc).unwrap().first_mut() {
-            let mut done = None;
-            sq.complete(w, |d| done = Some(d)).unwrap();
-            break done.expect("the READ came back");
-        }
-    };
+    let back = the_one_back(&mut cq, &mut sq);
     assert_eq!((back.id, back.status), (3, WcStatus::Success));
     assert!(back.value[0][100..] == data[..3996], "the READ's bytes differ from the target's");
     drop((sq, link, a, b));
@@ -255,10 +261,7 @@ fn an_rdma_read_into_more_sges_than_max_sge_rd_is_refused_before_c_and_one_withi
 #[ignore = "needs an iWARP device: scripts/test runs it on siw"]
 fn immediate_data_and_atomics_built_posted_or_prepared_are_not_supported_before_c_and_a_write_after_lands() {
     use rdma_test_support::connect_rc;
-    use rdma_verbs::{
-        AccessFlags, AlignedBuf, Chunk, InitAttr, PreparedSendQueue, QpAccess, SendQueue, SendWr, WcStatus,
-        WorkCompletion,
-    };
+    use rdma_verbs::{AccessFlags, AlignedBuf, Chunk, InitAttr, PreparedSendQueue, QpAccess, SendWr, WcStatus};
 
     iwarp_device();
     let _leaks = LeakCheck::new();
@@ -312,16 +315,7 @@ fn immediate_data_and_atomics_built_posted_or_prepared_are_not_supported_before_
     }
     // The queue works on: a WRITE lands every byte.
     sq.post(SendWr::write(chunk, 0..4096, remote).id(9)).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut wc = [WorkCompletion::EMPTY; 1];
-    let back = loop {
-        assert!(std::time::Instant::now() < deadline, "no completion within 10 s");
-        if let Some(w) = cq.poll(&mut wc).unwrap().first_mut() {
-            let mut done = None;
-            sq.complete(w, |d| done = Some(d)).unwrap();
-            break done.expect("the WRITE came back");
-        }
-    };
+    let back = the_one_back(&mut cq, &mut sq);
     assert_eq!((back.id, back.status), (9, WcStatus::Success));
     let mut got = vec![0u8; 4096];
     target.read_at(0, &mut got).unwrap();

@@ -87,7 +87,7 @@ bitflags::bitflags! {
 bitflags::bitflags! {
     /// The operations a QP may post through the extended `ibv_wr_*` API
     /// (`enum ibv_qp_create_send_ops_flags`), chosen at creation with
-    /// [`QueuePairBuilder::extended_send_ops`].
+    /// [`QueuePairBuilder::extended_send_ops`](crate::QueuePairBuilder::extended_send_ops).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct SendOps: u64 {
         /// RDMA WRITE.

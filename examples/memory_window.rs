@@ -51,9 +51,11 @@ fn main() -> Result<(), AnyError> {
     let window = pd.alloc_mw(MwType::Type2)?;
     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
     owner.bind_mw(MwBind::new(window, &region, 1024..2048, access).id(1))?;
-    let mut bound = None;
-    owner.complete(&mut poll_one(&mut cq_b)?, |done| bound = done.result().ok().and_then(|d| d.value.into_bound()))?;
-    let bound = bound.ok_or("the bind failed")?;
+    // Its completion hands the window back, bound (a failed bind: the error says why).
+    let mut bind = None;
+    owner.complete(&mut poll_one(&mut cq_b)?, |done| bind = Some(done.result()))?;
+    let bound = bind.ok_or("no completion for the bind")??.value.into_bound().ok_or("no bound window")?;
+    // What A is sent: the window's descriptor, through its wire form as between two hosts.
     let remote = RemoteMr::from_bytes(&bound.key().remote().to_bytes())?;
     ensure(remote.addr == region.addr() + 1024 && remote.len == 1024, format!("the window is {remote:?}"))?;
     println!(
@@ -85,10 +87,9 @@ fn main() -> Result<(), AnyError> {
 
     // B invalidates the window: its rkey opens nothing any more.
     owner.invalidate_mw(bound, 4)?;
-    let mut window = None;
-    owner
-        .complete(&mut poll_one(&mut cq_b)?, |done| window = done.result().ok().and_then(|d| d.value.into_unbound()))?;
-    let window = window.ok_or("the invalidation failed")?;
+    let mut invalidation = None;
+    owner.complete(&mut poll_one(&mut cq_b)?, |done| invalidation = Some(done.result()))?;
+    let window = invalidation.ok_or("no completion for the invalidation")??.value.into_unbound().ok_or("no window")?;
     let mut src = bufs.pop().unwrap();
     src[..64].fill(0xff);
     peer.post(SendWr::write(src, 0..64, remote).id(5))?;

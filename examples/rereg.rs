@@ -4,8 +4,9 @@
 //! B registers a buffer holding "old" bytes with remote read, and A reads it. B then
 //! re-registers the region over a second buffer holding "new" bytes: the old buffer comes
 //! back with its contents, and A's READ through the region's new descriptor returns the
-//! new bytes. A kernel whose driver has no re-registration (rxe of Linux 6.1) refuses with
-//! `Error::NotSupported` naming `ibv_rereg_mr`; the region then comes back unchanged, the
+//! new bytes. A device without re-registration refuses with `Error::NotSupported` naming
+//! `ibv_rereg_mr` (rxe with Debian 12's rdma-core 44, whose provider has no `rereg_mr`, on
+//! Linux 6.1 and 6.12 alike); the region then comes back unchanged, the
 //! example says so, checks that A still reads the old bytes under the old rkey, and
 //! succeeds: the device lacks the feature, nothing failed.
 //!

@@ -104,9 +104,10 @@ fn cq_resize_example_keeps_the_pending_completions_and_takes_a_second_qps_after_
     );
 }
 
-/// rxe of Linux 6.1 (the test bed's default kernel) has no re-registration: there the
-/// example must take its NotSupported branch and still read the old buffer; elsewhere
-/// either branch, each with its bytes checked.
+/// rxe has no re-registration on the test bed (rdma-core 44's provider has no `rereg_mr`;
+/// seen on Linux 6.1 and 6.12): on the default kernel, 6.1, the example must take its
+/// NotSupported branch and still read the old buffer; elsewhere either branch, each with
+/// its bytes checked.
 #[test]
 #[ignore = "needs an RDMA device: run scripts/test"]
 fn rereg_example_reads_the_new_buffer_or_on_rxe_of_6_1_reports_not_supported_and_reads_the_old_one() {

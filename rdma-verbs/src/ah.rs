@@ -304,6 +304,11 @@ impl AddressHandle {
     /// (`ibv_create_ah_from_wc`): [`AhAttr::from_completion`] (whose checks it makes, before
     /// any C call), then [`AddressHandle::new`]. Send the reply to
     /// [`wc.src_qp()`](WorkCompletion::src_qp) with the Q_Key both sides agreed on.
+    ///
+    /// `wc` may already be taken by its queue: after [`RecvQueue::complete`](crate::RecvQueue::complete)
+    /// (which clears only its `wr_id`) the completion still says where the datagram came
+    /// from, and the GRH is in the buffer that call handed back (`&done.value[..GRH_LEN]`).
+    /// examples/ah_from_completion.rs replies that way.
     #[doc(alias = "ibv_create_ah_from_wc")]
     pub fn from_completion(pd: &ProtectionDomain, port: u8, wc: &WorkCompletion, grh: &[u8]) -> Result<AddressHandle> {
         let attr = AhAttr::from_completion(pd.context(), port, wc, grh)?;

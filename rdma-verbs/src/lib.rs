@@ -137,6 +137,14 @@
 //!   [`DeviceMemory`] and its [`DmRegion`]s, [`ThreadDomain`] and [`ParentDomain`], the QP's
 //!   [`RateLimit`] and [`Ece`], [`NullRegion`], [`DmabufRegion`], [`Counters`], [`Flow`]s,
 //!   [`WorkQueue`]s and [`RssTable`]s.
+//!
+//! Short programs in the repository's `examples/` show one area each on one device, with
+//! the data checked (`scripts/rxe cargo run --example NAME`; the device tests run each on
+//! rxe): `memory_window`, `multicast` (with the IP-level join that
+//! [`QueuePair::attach_multicast`] does not make), `cq_ex`, `cq_resize`, `rereg`,
+//! `ah_from_completion` ([`AddressHandle::from_completion`] after the queue took the
+//! completion), and `not_supported` (the [`Error::NotSupported`] of each feature above
+//! that the device lacks).
 #![warn(missing_docs)]
 
 pub use rdma_verbs_sys as ffi;

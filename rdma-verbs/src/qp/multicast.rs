@@ -23,11 +23,22 @@ pub(crate) fn is_multicast_gid(gid: Gid) -> bool {
 }
 
 impl QueuePair {
-    /// Attaches this UD QP to the multicast group `gid` (`ibv_attach_mcast`): from now on
-    /// it receives the datagrams sent to the group, through its receive queue, as any
-    /// datagram (with a GRH, and the sender's QP number as the source). The group is left
-    /// when the returned [`MulticastMembership`] is dropped or
+    /// Attaches this UD QP to the multicast group `gid` (`ibv_attach_mcast`); on RoCE it
+    /// makes no IP-level join: the host must join the IP group too (a socket's
+    /// `join_multicast_v4`/`v6`), or use [`CmId::join_multicast`](crate::CmId::join_multicast),
+    /// which does both.
+    ///
+    /// From then on the QP receives the datagrams sent to the group, through its receive
+    /// queue, as any datagram (with a GRH, and the sender's QP number as the source). The
+    /// group is left when the returned [`MulticastMembership`] is dropped or
     /// [`detach`](MulticastMembership::detach)ed; it keeps the QP alive until then.
+    ///
+    /// Why the IP join: on RoCE v2 the device sends a datagram to the group as IP multicast
+    /// on its netdev. rxe's own datagrams reach this host's members only while a socket here
+    /// is a member of that IP group (the kernel's loopback of multicast), and across hosts
+    /// the switches deliver the group only to ports that joined it (IGMP or MLD snooping).
+    /// examples/multicast.rs does it with a `std::net::UdpSocket`, kept open while the QP
+    /// is attached. InfiniBand instead needs the subnet manager's join (rdma_cm makes it).
     ///
     /// `lid` is the group's multicast LID on InfiniBand (`0xC000..=0xFFFE`, from the
     /// subnet manager); RoCE ignores it (pass 0). On RoCE v2 over IPv4 the group is an

@@ -37,6 +37,8 @@ mod datapath_ext;
 mod doc_examples;
 mod endpoint;
 mod events;
+/// The area examples (examples/memory_window.rs and the others) run on the device.
+mod examples_areas;
 mod faults;
 mod import;
 /// libibverbs and librdmacm hidden: Error::Library with `dlopen`, no start when linked.

@@ -145,6 +145,27 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
         slot.write(self)
     }
 
+    /// Copies this request bit for bit into `slot`, its ring slot, leaving `self` in
+    /// place, as [`keep`](Self::keep) moves it. The lean batch loops copy each request
+    /// into its slot before its checks, then read the checks and the C request from
+    /// `self` (whose constant fields fold into them): its fields then go into the slot
+    /// where they are loaded, not spilled to the stack and reloaded after the checks
+    /// (scripts/instructions, 2026-12-08: 4.1 instructions fewer a WRITE in batches of 32,
+    /// 7.2 on an extended QP). A kind that goes through those loops (neither
+    /// [`CHAIN`](Self::CHAIN) nor [`BUILD_IN_SLOT`](Self::BUILD_IN_SLOT): a `SendWr`)
+    /// must not change itself in `c_request_with_id` or `extended`.
+    ///
+    /// # Safety
+    /// Exactly one of the two is treated as the owner from then on: the copy (`self` is
+    /// then forgotten, never dropped) or `self` (the slot is then never read). Neither is
+    /// changed while both are around.
+    #[doc(hidden)]
+    #[inline(always)]
+    unsafe fn keep_copy(&self, slot: &mut MaybeUninit<Self>, _: Token) {
+        // SAFETY: the caller's contract.
+        slot.write(unsafe { std::ptr::read(self) });
+    }
+
     /// Checks the request against the QP and writes its SGEs (if it builds them) into
     /// `sges`; returns how many.
     #[doc(hidden)]
@@ -274,6 +295,24 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
             (&raw mut (*p).op).write(op);
             (&raw mut (*p).flags).write(flags);
             slot.assume_init_mut()
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn keep_copy(&self, slot: &mut MaybeUninit<Self>, _: Token) {
+        let p = slot.as_mut_ptr();
+        // SAFETY: `p` points at the slot, valid for writes; each field is copied once
+        // (the caller's contract says which copy owns them).
+        unsafe {
+            (&raw mut (*p).buf).write(std::ptr::read(&self.buf));
+            (&raw mut (*p).range).write(self.range.clone());
+            (&raw mut (*p).id).write(self.id);
+            (&raw mut (*p).target).write(self.target);
+            (&raw mut (*p).remote_len).write(self.remote_len);
+            (&raw mut (*p).ah).write(std::ptr::read(&self.ah));
+            (&raw mut (*p).imm).write(self.imm);
+            (&raw mut (*p).op).write(self.op);
+            (&raw mut (*p).flags).write(self.flags);
         }
     }
 

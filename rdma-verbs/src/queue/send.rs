@@ -591,6 +591,12 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             // the ring's free slots (so its capacity), so below the scratch's length,
             // `ring.cap.min(MAX_BATCH)`.
             let Slot { sges, raw: out, .. } = unsafe { &mut *at };
+            // Staged past the head, as `Ring::stage` puts it.
+            // SAFETY: a masked index is in bounds (`slot_base`), and the ring is not
+            // borrowed whole in this loop. The copy owns the request once it is posted
+            // (`wr` is never dropped); until then `wr` does, and a refusal hands it back
+            // (the slot, past the head, is never read).
+            unsafe { wr.keep_copy(&mut *base.add((id & mask) as usize), TOKEN()) };
             let k = match wr.check(VERB, &limits, key, sges, TOKEN()) {
                 Ok(k) => k,
                 Err(e) => {
@@ -604,10 +610,6 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             // one request to the next. (An address only, never read past the scratch.)
             // SAFETY: `cur` is the C request just built, in its scratch slot.
             unsafe { (*cur).next = cur.cast::<u8>().wrapping_add(std::mem::size_of::<Slot>()).cast() };
-            // Staged past the head, as `Ring::stage` puts it.
-            // SAFETY: a masked index is in bounds (`slot_base`), and the ring is not
-            // borrowed whole in this loop.
-            ManuallyDrop::into_inner(wr).keep(unsafe { &mut *base.add((id & mask) as usize) }, TOKEN());
             at = at.wrapping_add(1);
             id += 1;
         }
@@ -683,6 +685,12 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
                 refused = Some(refusal(e, ManuallyDrop::into_inner(wr)));
                 break;
             }
+            // Staged past the head, as in `post_batch_built`: the copy owns the request
+            // once it is added to the batch, `wr` until then.
+            // SAFETY: a masked index is in bounds (`slot_base`), and the ring is not
+            // borrowed whole in this loop; `wr` is never dropped, and the slot (past the
+            // head) is never read unless the request is added below.
+            unsafe { wr.keep_copy(&mut *base.add((id & mask) as usize), TOKEN()) };
             let k = match wr.check(VERB, &limits, key, sges, TOKEN()) {
                 Ok(k) => k,
                 Err(e) => {
@@ -705,10 +713,6 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
                 }
                 wr.extended(qpx, id, sges, k, TOKEN());
             }
-            // Staged past the head, as `Ring::stage` puts it.
-            // SAFETY: a masked index is in bounds (`slot_base`), and the ring is not
-            // borrowed whole in this loop.
-            ManuallyDrop::into_inner(wr).keep(unsafe { &mut *base.add((id & mask) as usize) }, TOKEN());
             n += 1;
             id += 1;
         }

@@ -591,16 +591,20 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             // the ring's free slots (so its capacity), so below the scratch's length,
             // `ring.cap.min(MAX_BATCH)`.
             let Slot { sges, raw: out, .. } = unsafe { &mut *at };
-            // Staged past the head, as `Ring::stage` puts it.
+            // Staged past the head, as `Ring::stage` puts it: a copy, which owns the
+            // request from here on (`wr` is never dropped, only read); a refusal reads it
+            // back out (then the fields of `wr` need not outlive the checks).
             // SAFETY: a masked index is in bounds (`slot_base`), and the ring is not
-            // borrowed whole in this loop. The copy owns the request once it is posted
-            // (`wr` is never dropped); until then `wr` does, and a refusal hands it back
-            // (the slot, past the head, is never read).
-            unsafe { wr.keep_copy(&mut *base.add((id & mask) as usize), TOKEN()) };
+            // borrowed whole in this loop.
+            let slot = unsafe { &mut *base.add((id & mask) as usize) };
+            // SAFETY: the copy is the owner; `wr` is not changed while it is read below.
+            unsafe { wr.keep_copy(slot, TOKEN()) };
             let k = match wr.check(VERB, &limits, key, sges, TOKEN()) {
                 Ok(k) => k,
                 Err(e) => {
-                    refused = Some(refusal(e, ManuallyDrop::into_inner(wr)));
+                    // SAFETY: the copy just made, read out once (past the head, the ring
+                    // never reads it).
+                    refused = Some(refusal(e, unsafe { slot.assume_init_read() }));
                     break;
                 }
             };
@@ -685,21 +689,25 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
                 refused = Some(refusal(e, ManuallyDrop::into_inner(wr)));
                 break;
             }
-            // Staged past the head, as in `post_batch_built`: the copy owns the request
-            // once it is added to the batch, `wr` until then.
+            // Staged past the head, a copy that owns the request, as in
+            // `post_batch_built`.
             // SAFETY: a masked index is in bounds (`slot_base`), and the ring is not
-            // borrowed whole in this loop; `wr` is never dropped, and the slot (past the
-            // head) is never read unless the request is added below.
-            unsafe { wr.keep_copy(&mut *base.add((id & mask) as usize), TOKEN()) };
+            // borrowed whole in this loop.
+            let slot = unsafe { &mut *base.add((id & mask) as usize) };
+            // SAFETY: the copy is the owner; `wr` is not changed while it is read below.
+            unsafe { wr.keep_copy(slot, TOKEN()) };
             let k = match wr.check(VERB, &limits, key, sges, TOKEN()) {
                 Ok(k) => k,
                 Err(e) => {
-                    refused = Some(refusal(e, ManuallyDrop::into_inner(wr)));
+                    // SAFETY: the copy just made, read out once (past the head, the ring
+                    // never reads it).
+                    refused = Some(refusal(e, unsafe { slot.assume_init_read() }));
                     break;
                 }
             };
             if !wr.ext_takes(ext, k, TOKEN()) {
-                other = Some(ManuallyDrop::into_inner(wr));
+                // SAFETY: as above.
+                other = Some(unsafe { slot.assume_init_read() });
                 break;
             }
             // SAFETY: `qpx` is this queue's extended QP, posted to by this queue alone

@@ -18,9 +18,15 @@ use crate::wr::{Done, Op, SendWr};
 /// (Public only because [`SendRequest`] names it; not reachable from outside.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SendLimits {
-    /// The smaller of the QP's `max_send_sge` and the device's `max_sge_rd`: one
-    /// comparison tells every request within both (the two are below).
-    pub(crate) max_sge: u32,
+    /// One more than the SGEs a request without an address handle may have without a
+    /// closer look: the smaller of the QP's `max_send_sge` and the device's `max_sge_rd`
+    /// (capped at [`MAX_SGE`], which no request passes), plus one; 0 on a UD QP, where
+    /// such a request is refused. One comparison, `n >= sge_lim`, tells every request
+    /// within both limits and on the right transport (the cold path then says which
+    /// failed).
+    pub(crate) sge_lim: u16,
+    /// The same for a request with an address handle: 0 unless the QP is UD.
+    pub(crate) sge_lim_ah: u16,
     /// The QP's `max_send_sge` (at most `u16::MAX`).
     pub(crate) send_sge: u16,
     /// The device's `max_sge_rd`: most SGEs an RDMA READ may scatter into (siw: 1; siw
@@ -189,7 +195,8 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
     ) -> (*mut ffi::ibv_send_wr, *mut ffi::ibv_send_wr);
 
     /// [`c_request`](Self::c_request) of a kind of one C request, whose `wr_id` is `id`
-    /// (its tag and sequence number already joined): the one C request.
+    /// (its tag and sequence number already joined): the one C request. `out` is a
+    /// scratch slot's C request, whose `sg_list` already points at `sges`.
     #[doc(hidden)]
     #[inline(always)]
     fn c_request_with_id(
@@ -344,7 +351,10 @@ impl<T: SendBuf> SendRequest for SendWr<T> {
         out: &mut ffi::ibv_send_wr,
         _: Token,
     ) -> *mut ffi::ibv_send_wr {
-        classic(self, id, sges, n, out)
+        // The lean loop's `out` is a scratch slot's C request, which points at its slot's
+        // SGEs, `sges`, from the start (`SendScratch::new`).
+        debug_assert!(std::ptr::eq(out.sg_list, sges.as_ptr().cast()));
+        classic_fields(self, id, n, out)
     }
 
     #[inline(always)]
@@ -390,8 +400,12 @@ pub(super) fn zeroed_wr() -> ffi::ibv_send_wr {
 /// Builds the C work request for a checked `wr` whose `n` SGEs are in `sges` (which must
 /// not move before the post) into `out`, in place: no allocation, no call, and no zeroing
 /// of the 128 bytes. `out` starts zeroed ([`zeroed_wr`]) and only [`classic`] writes it,
-/// so it writes every field any request of its own may have set (`next`, the immediate,
-/// the `wr` union); the fields it never sets (XRC, memory-window bind, TSO) stay zero.
+/// so it writes every field any request of its own may have set (`next`, the `wr` union);
+/// the fields it never sets (XRC, memory-window bind, TSO) stay zero. The immediate (or
+/// the key a SEND with invalidate names) is written for the operations that carry one
+/// only: the providers read it for no other (rdma-core's mlx5 gives 0 for the rest, and
+/// rxe's kernel side takes it only for an operation with immediate data), so an earlier
+/// request's value left there is never sent.
 #[inline(always)]
 pub(super) fn classic<'o, T: SendBuf>(
     wr: &SendWr<T>,
@@ -400,13 +414,28 @@ pub(super) fn classic<'o, T: SendBuf>(
     n: usize,
     out: &'o mut ffi::ibv_send_wr,
 ) -> &'o mut ffi::ibv_send_wr {
+    out.sg_list = sges.as_mut_ptr().cast();
+    classic_fields(wr, seq, n, out)
+}
+
+/// [`classic`] but for `sg_list`, which already points at the request's SGE list (a
+/// scratch slot's C request points at its slot's SGEs from the start: one store a request
+/// fewer, scripts/instructions).
+#[inline(always)]
+pub(super) fn classic_fields<'o, T: SendBuf>(
+    wr: &SendWr<T>,
+    seq: u64,
+    n: usize,
+    out: &'o mut ffi::ibv_send_wr,
+) -> &'o mut ffi::ibv_send_wr {
     out.next = std::ptr::null_mut();
     out.wr_id = seq;
-    out.sg_list = sges.as_mut_ptr().cast();
     out.num_sge = n as i32;
     out.send_flags = wr.send_flags();
     out.opcode = wr.op.codes().wr;
-    out.__bindgen_anon_1.imm_data = wr.imm.to_be();
+    if wr.op.has_imm() || wr.op == Op::SendInv {
+        out.__bindgen_anon_1.imm_data = wr.imm.to_be();
+    }
     out.wr = wr.target.0;
     out
 }
@@ -499,14 +528,14 @@ pub(super) fn check_send<T: SendBuf>(
     wr: &SendWr<T>,
     sges: &mut Sges,
 ) -> Result<usize> {
-    let SendLimits { max_sge, max_inline, ud, pd, atomic_write, .. } = *limits;
-    // A UD send without an address handle would have the provider read a NULL one.
-    if wr.ah.is_some() != ud {
-        return Err(refused(verb, SendRefusal::Transport { ud }));
-    }
+    let SendLimits { max_inline, pd, atomic_write, .. } = *limits;
     let n = wr.buf.sges(verb, wr.range.clone(), pd, sges)?;
-    if n as u32 > max_sge {
-        sges_within(verb, wr.op, n, limits)?;
+    // Within the SGE limits and with an address handle on a UD QP only: one comparison
+    // (`SendLimits::sge_lim`). A UD send without an address handle would have the
+    // provider read a NULL one.
+    let lim = if wr.ah.is_some() { limits.sge_lim_ah } else { limits.sge_lim };
+    if n >= usize::from(lim) {
+        sges_within(verb, wr.op, n, wr.ah.is_some(), limits)?;
     }
     let len = wr.range.end - wr.range.start;
     if wr.is_inline() && len > max_inline as usize {
@@ -542,12 +571,16 @@ pub(super) fn check_send<T: SendBuf>(
     Ok(n)
 }
 
-/// `n` SGEs, more than one of the limits: refused when over the one of `op`. Cold: only
-/// a device whose `max_sge_rd` is below its `max_send_sge` (siw) comes here with requests
+/// `n` SGEs, not below the limit of `SendLimits::sge_lim`: refused when the address
+/// handle does not match the transport, or `n` is over the limit of `op`. Cold: only a
+/// device whose `max_sge_rd` is below its `max_send_sge` (siw) comes here with requests
 /// it takes, and the hot path keeps its registers as it had them.
 #[cold]
 #[inline(never)]
-fn sges_within(verb: Verb, op: Op, n: usize, limits: &SendLimits) -> Result<()> {
+fn sges_within(verb: Verb, op: Op, n: usize, ah: bool, limits: &SendLimits) -> Result<()> {
+    if ah != limits.ud {
+        return Err(refused(verb, SendRefusal::Transport { ud: limits.ud }));
+    }
     let (send, read) = (u32::from(limits.send_sge), u32::from(limits.read_sge));
     if n as u32 > send {
         return Err(refused(verb, SendRefusal::Sges { n, max: send }));

@@ -162,7 +162,14 @@ impl SendScratch {
     /// The scratch of a queue `depth` deep (a ring of capacity `depth.max(1)`).
     fn new(depth: u32) -> SendScratch {
         let room = (depth as usize).clamp(1, MAX_BATCH);
-        SendScratch { slots: (0..room).map(|_| Slot { sges: NO_SGES, raw: zeroed_wr(), count: 0 }).collect() }
+        let mut slots: Box<[Slot]> = (0..room).map(|_| Slot { sges: NO_SGES, raw: zeroed_wr(), count: 0 }).collect();
+        // Each C request points at its own slot's SGEs from the start, and every build
+        // writes the same (`classic`), so the lean batch loop need not (`classic_fields`).
+        // The slots never move: a boxed slice.
+        for slot in slots.iter_mut() {
+            slot.raw.sg_list = slot.sges.as_mut_ptr().cast();
+        }
+        SendScratch { slots }
     }
 
     /// The slot of the `n`th C request of a post.
@@ -188,12 +195,16 @@ impl QueuePair {
         } else {
             AtomicWrite::NoDevice
         };
+        let ud = self.qp_type() == QpType::Ud;
+        // MAX_SGE is small: the limit plus one fits a u16.
+        let lim = caps.max_send_sge.min(self.inner.max_sge_rd).min(crate::buf::MAX_SGE as u32) as u16 + 1;
         SendLimits {
-            max_sge: caps.max_send_sge.min(self.inner.max_sge_rd),
+            sge_lim: if ud { 0 } else { lim },
+            sge_lim_ah: if ud { lim } else { 0 },
             send_sge: u16::try_from(caps.max_send_sge).unwrap_or(u16::MAX),
             read_sge: u16::try_from(self.inner.max_sge_rd).unwrap_or(u16::MAX),
             max_inline: caps.max_inline_data,
-            ud: self.qp_type() == QpType::Ud,
+            ud,
             pd: PdId::of(self.pd()),
             atomic_write,
             lacks_imm: self.inner.lacks_imm,

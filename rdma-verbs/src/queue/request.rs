@@ -529,7 +529,16 @@ pub(super) fn check_send<T: SendBuf>(
     sges: &mut Sges,
 ) -> Result<usize> {
     let SendLimits { max_inline, pd, atomic_write, .. } = *limits;
+    let len = wr.range.end.wrapping_sub(wr.range.start);
+    // A SEND's remote_len is u64::MAX (SendWr::new): one comparison for every operation.
+    // Made first, so that the remote length need not outlive the rest; refused after
+    // `sges`, whose refusal of a range the buffer does not hold (where this length means
+    // nothing) comes first.
+    let remote_short = len as u64 > wr.remote_len;
     let n = wr.buf.sges(verb, wr.range.clone(), pd, sges)?;
+    if remote_short {
+        return Err(refused(verb, SendRefusal::Remote { len, remote: wr.remote_len }));
+    }
     // Within the SGE limits and with an address handle on a UD QP only: one comparison
     // (`SendLimits::sge_lim`). A UD send without an address handle would have the
     // provider read a NULL one.
@@ -537,13 +546,8 @@ pub(super) fn check_send<T: SendBuf>(
     if n >= usize::from(lim) {
         sges_within(verb, wr.op, n, wr.ah.is_some(), limits)?;
     }
-    let len = wr.range.end - wr.range.start;
     if wr.is_inline() && len > max_inline as usize {
         return Err(refused(verb, SendRefusal::Inline { len, max: max_inline }));
-    }
-    // A SEND's remote_len is u64::MAX (SendWr::new): one comparison for every operation.
-    if len as u64 > wr.remote_len {
-        return Err(refused(verb, SendRefusal::Remote { len, remote: wr.remote_len }));
     }
     // One test for the common operations (a WRITE or SEND has neither a word nor
     // immediate data), the rest inside.

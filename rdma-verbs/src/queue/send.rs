@@ -610,6 +610,15 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
             let slot = unsafe { &mut *base.add((id & mask) as usize) };
             // SAFETY: the copy is the owner; `wr` is not changed while it is read below.
             unsafe { wr.keep_copy(slot, TOKEN()) };
+            // The C request is built before the checks, all but its SGE count (a refused
+            // request's stays in the scratch, never posted): the request's fields go into
+            // it where they are loaded, and need not outlive the checks.
+            let cur = wr.c_request_with_id(id, sges, 0, out, TOKEN());
+            // Linked to the C request of the next scratch slot, as far as the slot after
+            // the last one (the last's `next` is set NULL below): no link to carry from
+            // one request to the next. (An address only, never read past the scratch.)
+            // SAFETY: `cur` is the C request just built, in its scratch slot.
+            unsafe { (*cur).next = cur.cast::<u8>().wrapping_add(std::mem::size_of::<Slot>()).cast() };
             let k = match wr.check(VERB, &limits, key, sges, TOKEN()) {
                 Ok(k) => k,
                 Err(e) => {
@@ -619,12 +628,8 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
                     break;
                 }
             };
-            let cur = wr.c_request_with_id(id, sges, k, out, TOKEN());
-            // Linked to the C request of the next scratch slot, as far as the slot after
-            // the last one (the last's `next` is set NULL below): no link to carry from
-            // one request to the next. (An address only, never read past the scratch.)
-            // SAFETY: `cur` is the C request just built, in its scratch slot.
-            unsafe { (*cur).next = cur.cast::<u8>().wrapping_add(std::mem::size_of::<Slot>()).cast() };
+            // SAFETY: as above.
+            unsafe { (*cur).num_sge = k as i32 };
             at = at.wrapping_add(1);
             id += 1;
         }

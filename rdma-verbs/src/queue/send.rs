@@ -558,16 +558,18 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     }
 
     /// [`post_batch`](Self::post_batch) of requests built at each post (one C request
-    /// each, built after the check and before the move: not [`SendRequest::CHAIN`] nor
-    /// [`SendRequest::BUILD_IN_SLOT`]) going through `ibv_post_send`: each request checked
-    /// where the caller built it, its C request and SGEs built in place in its scratch
-    /// slot straight from it with its `wr_id` (a running count: the caller made sure its
-    /// low bits do not wrap within the batch), linked to the next scratch slot's, and the
-    /// request moved into its ring slot; the queue's state read once for the batch, not
-    /// once a request. Through `stage`, which serves every kind, a WRITE in batches of 32
-    /// cost 312.6 instructions a request, here 293.7 (scripts/instructions, 2026-12-07:
-    /// the fewer values the loop carries, the fewer the compiler spills to the stack).
-    /// The same checks, refusals and failure path as `stage` and `post_staged`.
+    /// each, built from the caller's request: not [`SendRequest::CHAIN`] nor
+    /// [`SendRequest::BUILD_IN_SLOT`]) going through `ibv_post_send`: each request copied
+    /// into its ring slot (`keep_copy`, the copy its owner from then on), its C request
+    /// built in place in its scratch slot straight from the caller's with its `wr_id` (a
+    /// running count: the caller made sure its low bits do not wrap within the batch) and
+    /// linked to the next scratch slot's, then checked where the caller built it (its
+    /// SGEs written into its scratch slot, and their count into the C request); the
+    /// queue's state read once for the batch, not once a request. Through `stage`, which
+    /// serves every kind, a WRITE in batches of 32 cost 312.6 instructions a request,
+    /// here 281.6 (scripts/instructions, 2026-12-08: the fewer values the loop carries
+    /// across the checks, the fewer the compiler spills to the stack). The same checks,
+    /// refusals and failure path as `stage` and `post_staged`.
     #[inline(always)]
     // `id` moves on with the scratch slot `at`, the loop's state as counted (a zip with a
     // range of ids was not measured).
@@ -669,15 +671,17 @@ impl<T: SendBuf, R: SendRequest> SendQueue<T, R> {
     }
 
     /// [`post_batch`](Self::post_batch) of requests built at each post on a QP with the
-    /// extended API: each request checked where the caller built it, added to one
-    /// `ibv_wr_start` batch straight from it with its `wr_id` (a running count, as in
-    /// `post_batch_built`), and moved into its ring slot; `ibv_wr_complete` posts them.
+    /// extended API: each request copied into its ring slot (as in `post_batch_built`),
+    /// checked where the caller built it, and added to one `ibv_wr_start` batch straight
+    /// from it with its `wr_id` (a running count, as in `post_batch_built`);
+    /// `ibv_wr_complete` posts them.
     /// Nothing is staged in the scratch slots: the SGE list of the request at hand is on
     /// the stack (the provider copies it during the call; read from scratch slot 0, it
-    /// cost 3.9 instructions a request more: scripts/instructions, 2026-12-08). Returns how many it posted and, when it met a checked
-    /// request the extended API does not take (an operation the QP was built without, an
-    /// SGE list the loaded rdma-core mishandles: `ext_takes`), that request, not posted:
-    /// the caller posts it and the rest the general way.
+    /// cost 3.9 instructions a request more: scripts/instructions, 2026-12-08). Returns
+    /// how many it posted and, when it met a checked request the extended API does not
+    /// take (an operation the QP was built without, an SGE list the loaded rdma-core
+    /// mishandles: `ext_takes`), that request, not posted: the caller posts it and the
+    /// rest the general way.
     #[inline(always)]
     // `id` moves on with `n`, as in `post_batch_built`.
     #[allow(clippy::type_complexity, clippy::explicit_counter_loop)]

@@ -157,14 +157,15 @@ pub trait SendRequest: sealed::Sealed + Sized + Send + 'static {
     /// `self` (whose constant fields fold into them): its fields then go into the slot
     /// where they are loaded, not spilled to the stack and reloaded after the checks
     /// (scripts/instructions, 2026-12-08: 4.1 instructions fewer a WRITE in batches of 32,
-    /// 7.2 on an extended QP). A kind that goes through those loops (neither
+    /// 7.2 on an extended QP; a refusal hands back the copy, so `self` is dead after the
+    /// checks: 4.0 fewer again). A kind that goes through those loops (neither
     /// [`CHAIN`](Self::CHAIN) nor [`BUILD_IN_SLOT`](Self::BUILD_IN_SLOT): a `SendWr`)
     /// must not change itself in `c_request_with_id` or `extended`.
     ///
     /// # Safety
-    /// Exactly one of the two is treated as the owner from then on: the copy (`self` is
-    /// then forgotten, never dropped) or `self` (the slot is then never read). Neither is
-    /// changed while both are around.
+    /// The copy is the owner from then on: `self` is only read, never changed, dropped or
+    /// moved out of (the caller holds it in a `ManuallyDrop` and forgets it); the copy is
+    /// read out once, by the ring or by a refusal.
     #[doc(hidden)]
     #[inline(always)]
     unsafe fn keep_copy(&self, slot: &mut MaybeUninit<Self>, _: Token) {
